@@ -1,0 +1,92 @@
+"""`python -m pipeline COMMAND`: one module per subcommand, each with `main(argv)`.
+
+Errors a user can cause (a missing device, a bad config value, a broken file) print one
+paragraph and exit 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+COMMANDS = {
+    "check-env": ("pipeline.commands.check_env", "report Python, torch, CPU and every backend"),
+    "prepare-data": ("pipeline.commands.prepare_data", "generate the built-in synthetic detection set"),
+    "train": ("pipeline.commands.train", "train a detector with the resolved device and AMP"),
+    "eval": ("pipeline.commands.evaluate", "evaluate a checkpoint: P/R/F1 and COCO AP"),
+    "bench": ("pipeline.commands.bench", "time one backend x precision x mode, with numerics and memory"),
+    "profile": ("pipeline.commands.profile", "inference latency per batch size and a torch.profiler trace"),
+    "report": ("pipeline.commands.report", "build the self-contained HTML comparison report"),
+}
+log = logging.getLogger("pipeline")
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every subcommand accepts; pass as `parents=[common_options()]`."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    parser.add_argument("--log", metavar="FILE", help="also write the log to FILE")
+    return parser
+
+
+def command_parser(name: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=f"python -m pipeline {name}", description=description, parents=[common_options()]
+    )
+
+
+def configure_logging(log_file: str | None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, mode="w", encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    log.handlers[:] = handlers
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _root_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="Which backend and precision to train with on this machine: check the "
+        "environment, benchmark, train, evaluate, profile and report.",
+        epilog="Run 'python -m pipeline COMMAND --help' for a command's options.",
+        parents=[common_options()],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, summary) in COMMANDS.items():
+        sub.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    root = _root_parser()
+    position = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), None)
+    if position is None:
+        root.print_help()
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    name = argv[position]
+    if name not in COMMANDS:
+        root.error(f"unknown command {name!r}; choose one of: {', '.join(COMMANDS)}")
+    rest = argv[:position] + argv[position + 1 :]
+    options, _ = common_options().parse_known_args(rest)
+    configure_logging(options.log)
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.main(rest) or 0)
+    except PipelineError as error:
+        if options.debug:
+            raise
+        log.error("%s", error)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130

@@ -1,0 +1,1 @@
+"""One module per `python -m pipeline` subcommand, each with `main(argv) -> int`."""

@@ -1,0 +1,378 @@
+"""The one device layer: which backend to run on, its AMP policy, and how to measure it.
+
+Every stage chooses, describes and measures its device through this module, so a
+requested backend that is missing fails loudly, in the same words, everywhere. There is
+never a silent fallback to CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import ConfigError, PipelineError
+
+BACKEND_PRIORITY = ("cuda", "mps", "cpu")
+DISABLE_ENV = "PIPELINE_DISABLE_BACKENDS"
+PRECISIONS = ("fp32", "fp16", "bf16")
+_MB = 1024 * 1024
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# First torch releases with MPS autocast for each dtype, and with GradScaler("mps").
+_MPS_AUTOCAST_SINCE = {"fp16": (2, 5), "bf16": (2, 6)}
+_MPS_GRAD_SCALER_SINCE = (2, 8)
+
+DeviceLike = str | torch.device
+
+
+class DeviceNotAvailableError(PipelineError, RuntimeError):
+    """A backend was asked for by name and is not usable here (or the name is unknown)."""
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend can be used in this process, and if not, the likely reason."""
+
+    name: str
+    available: bool
+    reason: str | None = None
+
+
+def backend_name(backend: DeviceLike) -> str:
+    """The backend part of a device spec ('cuda:1' -> 'cuda'); unknown names raise."""
+    text = backend.type if isinstance(backend, torch.device) else str(backend).strip().lower()
+    name = text.partition(":")[0]
+    if name not in BACKEND_PRIORITY:
+        raise DeviceNotAvailableError(
+            f"Unknown device {str(backend)!r}: valid choices are {_valid_choices()}."
+        )
+    return name
+
+
+def disabled_backends() -> frozenset[str]:
+    """Backends hidden by the environment switch, so users and tests can force the absent case."""
+    names = {part.strip().lower() for part in os.environ.get(DISABLE_ENV, "").split(",")}
+    names.discard("")
+    hideable = {"cuda", "mps"}
+    unknown = sorted(names - hideable)
+    if unknown:
+        raise ConfigError(
+            f"{DISABLE_ENV}={os.environ[DISABLE_ENV]!r} names {', '.join(unknown)}, which cannot be "
+            f"disabled: it may list only {', '.join(sorted(hideable))} (cpu is always available)."
+        )
+    return frozenset(names)
+
+
+def backend_status(name: str) -> BackendStatus:
+    """Probe one backend; the reason says what a user would have to change to get it."""
+    name = backend_name(name)
+    if name == "cpu":
+        return BackendStatus("cpu", True)
+    if name in disabled_backends():
+        return BackendStatus(name, False, f"disabled by the environment variable {DISABLE_ENV}")
+    reason = _cuda_missing_reason() if name == "cuda" else _mps_missing_reason()
+    return BackendStatus(name, reason is None, reason)
+
+
+def _cuda_missing_reason() -> str | None:
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (
+            f"this torch build ({torch.__version__}) has no CUDA support; install a CUDA build of "
+            "PyTorch to use an NVIDIA GPU"
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES is set to {visible!r}, which hides every CUDA device"
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        driver = "" if os.path.exists("/proc/driver/nvidia/version") else " (no NVIDIA driver is loaded)"
+        return f"no CUDA device is visible{driver}: torch {torch.__version__} built for CUDA {torch.version.cuda} found no usable GPU"
+    return None
+
+
+def _mps_missing_reason() -> str | None:
+    if not torch.backends.mps.is_built():
+        where = "" if sys.platform == "darwin" else f"; MPS needs an Apple-silicon Mac and this is {platform.system()}"
+        return f"MPS is not built into this torch build ({torch.__version__}){where}"
+    if not torch.backends.mps.is_available():
+        if sys.platform != "darwin":
+            return f"MPS needs an Apple-silicon Mac and this is {platform.system()}"
+        return (
+            f"MPS is built but not available: it needs macOS 12.3 or newer on Apple silicon "
+            f"(this is macOS {platform.mac_ver()[0] or 'unknown'} on {platform.machine()})"
+        )
+    return None
+
+
+def available_backends() -> list[str]:
+    """Usable backends in priority order; 'cpu' is always present and last."""
+    return [name for name in BACKEND_PRIORITY if backend_status(name).available]
+
+
+def _valid_choices() -> str:
+    return "auto, cpu, cuda, cuda:N, mps"
+
+
+def resolve_device(spec: DeviceLike | None = "auto") -> torch.device:
+    """Turn a device spec into a usable device, or raise DeviceNotAvailableError saying why not."""
+    text = "auto" if spec is None else str(spec).strip().lower()
+    if text in ("", "auto"):
+        return torch.device(available_backends()[0])
+    name, has_index, index_text = text.partition(":")
+    if name not in BACKEND_PRIORITY or (has_index and not index_text.isdigit()):
+        raise DeviceNotAvailableError(
+            f"Unknown device {str(spec)!r}: valid choices are {_valid_choices()}."
+        )
+    status = backend_status(name)
+    if not status.available:
+        raise DeviceNotAvailableError(
+            f"Device {str(spec)!r} is not available: {status.reason}. Available backends: "
+            f"{available_backends()}. Ask for one of those, or 'auto' to take the best one."
+        )
+    if not has_index:
+        return torch.device(name)
+    index = int(index_text)
+    count = torch.cuda.device_count() if name == "cuda" else 1
+    if index >= count:
+        visible = f"{name}:0" if count == 1 else f"{name}:0 to {name}:{count - 1}"
+        raise DeviceNotAvailableError(
+            f"Device {str(spec)!r} is not available: index {index} is out of range, only {count} "
+            f"{name} device(s) are visible ({visible}). Available backends: {available_backends()}."
+        )
+    return torch.device(name, index)
+
+
+def default_amp(backend: DeviceLike) -> bool:
+    """AMP policy: on for CUDA; off for MPS (autocast measured slower there) and CPU."""
+    return backend_name(backend) == "cuda"
+
+
+def amp_supported(backend: DeviceLike) -> bool:
+    """Whether AMP may be switched on: CPU autocast is 14-31x slower without bf16 hardware, so never."""
+    return backend_name(backend) in ("cuda", "mps")
+
+
+def resolve_amp(requested: str | bool | None, backend: DeviceLike) -> bool:
+    """Whether a run uses AMP: 'auto'/None follow the backend's default; True needs support."""
+    if requested is None or requested == "auto":
+        return default_amp(backend)
+    if requested is True:
+        return amp_supported(backend)
+    if requested is False:
+        return False
+    raise ConfigError(
+        f"amp={requested!r} is not understood: use 'auto', true or false "
+        "(the config loader also accepts the strings 'true'/'false', 'yes'/'no', 'on'/'off')."
+    )
+
+
+def autocast_unsupported_reason(backend: DeviceLike, precision: str) -> str | None:
+    """Why autocast in this precision cannot run on this backend with this torch, or None."""
+    if precision == "fp32":
+        return None
+    if precision not in _DTYPES:
+        raise ConfigError(f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
+    name = backend_name(backend)
+    version = torch.__version__
+    if name == "mps" and _torch_version() < _MPS_AUTOCAST_SINCE[precision]:
+        since = ".".join(map(str, _MPS_AUTOCAST_SINCE[precision]))
+        return f"{precision} autocast on MPS needs torch >= {since} (this is {version})"
+    if name == "mps" and precision == "fp16" and _torch_version() < _MPS_GRAD_SCALER_SINCE:
+        since = ".".join(map(str, _MPS_GRAD_SCALER_SINCE))
+        return f"fp16 training on MPS needs GradScaler('mps'), which needs torch >= {since} (this is {version})"
+    if name == "cuda" and precision == "bf16" and _cuda_bf16_unsupported():
+        return "this GPU has no bf16 support (compute capability below 8.0)"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autocast(device_type=name, dtype=_DTYPES[precision]):
+                pass
+        except (RuntimeError, ValueError) as error:
+            return f"torch {version} cannot autocast to {precision} on {name}: {error}"
+    disabled = [str(w.message) for w in caught if "autocast" in str(w.message).lower()]
+    if disabled:
+        return f"torch {version} disables {precision} autocast on {name}: {disabled[0]}"
+    return None
+
+
+def _cuda_bf16_unsupported() -> bool:
+    try:
+        return not torch.cuda.is_bf16_supported()
+    except (RuntimeError, AssertionError):
+        return False
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a precision name; None for fp32 (no autocast)."""
+    if precision == "fp32":
+        return None
+    if precision not in _DTYPES:
+        raise ConfigError(f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
+    return _DTYPES[precision]
+
+
+def pin_memory_supported(backend: DeviceLike) -> bool:
+    """Pinned host memory only speeds up copies to a CUDA device."""
+    return backend_name(backend) == "cuda"
+
+
+def describe_device(backend: DeviceLike) -> str:
+    """A one-line human description; never raises, also when the backend is absent."""
+    try:
+        name = backend_name(backend)
+    except DeviceNotAvailableError:
+        return f"unknown device {str(backend)!r}"
+    if name == "cpu":
+        return "CPU"
+    try:
+        status = backend_status(name)
+    except PipelineError as error:
+        return f"{name.upper()} (unknown: {error})"
+    if not status.available:
+        return f"{name.upper()} (not available: {status.reason})"
+    if name == "mps":
+        return f"MPS (Apple GPU, macOS {platform.mac_ver()[0] or 'unknown'})"
+    try:
+        index = torch.device(backend).index if ":" in str(backend) else None
+        props = torch.cuda.get_device_properties(index or 0)
+        gib = props.total_memory / 1024**3
+        return f"CUDA: {props.name}, {gib:.0f} GiB, sm_{props.major}{props.minor}"
+    except Exception as error:  # a broken driver must not break a description
+        return f"CUDA (device properties unreadable: {error})"
+
+
+def memory_stats(device: DeviceLike) -> dict[str, float]:
+    """Current device memory in MB; {} on CPU, where device memory is host memory."""
+    name = backend_name(device)
+    if name == "cuda":
+        dev = torch.device(device)
+        return {
+            "allocated_mb": torch.cuda.memory_allocated(dev) / _MB,
+            "reserved_mb": torch.cuda.memory_reserved(dev) / _MB,
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(dev) / _MB,
+            "peak_reserved_mb": torch.cuda.max_memory_reserved(dev) / _MB,
+        }
+    if name == "mps":
+        stats = {
+            "allocated_mb": torch.mps.current_allocated_memory() / _MB,
+            "driver_allocated_mb": torch.mps.driver_allocated_memory() / _MB,
+        }
+        if hasattr(torch.mps, "recommended_max_memory"):
+            stats["recommended_max_mb"] = torch.mps.recommended_max_memory() / _MB
+        return stats
+    return {}
+
+
+MemoryReader = Callable[[], tuple[float, float]]
+
+
+def _read_mps_memory() -> tuple[float, float]:
+    return torch.mps.current_allocated_memory() / _MB, torch.mps.driver_allocated_memory() / _MB
+
+
+def _mps_accelerator_peak_available() -> bool:
+    """Newer torch wires MPS into torch.accelerator's allocator statistics; use them if present."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not hasattr(accelerator, "memory_stats"):
+        return False
+    try:
+        current = accelerator.current_accelerator()
+        return current is not None and current.type == "mps" and (
+            "allocated_bytes.all.peak" in accelerator.memory_stats()
+        )
+    except (RuntimeError, AttributeError, TypeError, ValueError):
+        return False
+
+
+class PeakMemory:
+    """Peak device memory over a span of work, and whether the figure is exact.
+
+    CUDA reads torch's own peak counters (exact). MPS has no peak API up to torch 2.14, so
+    it keeps the largest of the samples taken at each `update()`: a lower bound
+    (`exact=False`) that every output must label as such. CPU has no device memory: 0.0.
+    """
+
+    def __init__(self, device: DeviceLike, reader: MemoryReader | None = None) -> None:
+        self.device = torch.device(device) if not isinstance(device, torch.device) else device
+        self.backend = backend_name(self.device)
+        self._accelerator = (
+            self.backend == "mps" and reader is None and _mps_accelerator_peak_available()
+        )
+        self._reader = reader or _read_mps_memory
+        self.exact = self.backend != "mps" or self._accelerator
+        self._sampled_peak = 0.0
+        self._sampled_reserved = 0.0
+        self.reset()
+
+    @property
+    def label(self) -> str:
+        """How to read `peak_mb` in a table: exact, a sampled lower bound, or not applicable."""
+        if self.backend == "cpu":
+            return "n/a (CPU: see host RSS)"
+        return "exact" if self.exact else "lower bound (sampled)"
+
+    def reset(self) -> None:
+        self._sampled_peak = 0.0
+        self._sampled_reserved = 0.0
+        if self.backend == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._accelerator:
+            torch.accelerator.reset_peak_memory_stats()
+        elif self.backend == "mps":
+            self.update()
+
+    def update(self) -> None:
+        """Take a sample (MPS); call it where memory is highest, e.g. after optimizer.step()."""
+        if self.backend == "mps" and not self._accelerator:
+            allocated, reserved = self._reader()
+            self._sampled_peak = max(self._sampled_peak, allocated)
+            self._sampled_reserved = max(self._sampled_reserved, reserved)
+
+    @property
+    def peak_mb(self) -> float:
+        if self.backend == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / _MB
+        if self._accelerator:
+            return torch.accelerator.max_memory_allocated() / _MB
+        return self._sampled_peak
+
+    @property
+    def reserved_mb(self) -> float:
+        if self.backend == "cuda":
+            return torch.cuda.max_memory_reserved(self.device) / _MB
+        if self._accelerator:
+            return torch.accelerator.max_memory_reserved() / _MB
+        return self._sampled_reserved
+
+    def as_dict(self) -> dict[str, float | bool | str]:
+        return {
+            "peak_mb": round(self.peak_mb, 2),
+            "reserved_mb": round(self.reserved_mb, 2),
+            "exact": self.exact,
+            "label": self.label,
+        }
+
+
+def host_peak_rss_mb() -> float:
+    """This process's peak resident memory, so CPU runs still report memory."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / _MB if sys.platform == "darwin" else peak / 1024
+
+
+def synchronize(device: DeviceLike) -> None:
+    """Wait for queued device work; timings on accelerators mean nothing without it."""
+    name = backend_name(device)
+    if name == "cuda":
+        torch.cuda.synchronize(torch.device(device))
+    elif name == "mps":
+        torch.mps.synchronize()

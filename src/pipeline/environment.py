@@ -1,0 +1,175 @@
+"""What this machine offers: versions, CPU, and every backend with the reason it is missing.
+
+The workflow reads the JSON written from `collect()` to decide the benchmark matrix and
+to name run folders after the backend that 'auto' picks, without probing torch itself.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline import device as dev
+
+FORMAT = "pipeline.env/1"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name where the OS tells it, else the architecture."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    if sys.platform == "darwin":
+        import subprocess
+
+        try:
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            ).stdout.strip() or platform.machine()
+        except OSError:
+            pass
+    return platform.processor() or platform.machine()
+
+
+def _backend_entry(name: str) -> dict[str, Any]:
+    status = dev.backend_status(name)
+    entry: dict[str, Any] = {
+        "available": status.available,
+        "reason": status.reason,
+        "description": dev.describe_device(name),
+        "amp_default": dev.default_amp(name),
+        "amp_supported": dev.amp_supported(name),
+        "resolved_amp": {
+            key: dev.resolve_amp(value, name)
+            for key, value in (("auto", "auto"), ("true", True), ("false", False))
+        },
+        "pin_memory": dev.pin_memory_supported(name),
+        "error": None,
+    }
+    if not status.available:
+        try:
+            dev.resolve_device(name)
+        except dev.DeviceNotAvailableError as error:
+            entry["error"] = str(error)
+    return entry
+
+
+def _cuda_details() -> dict[str, Any]:
+    details: dict[str, Any] = {
+        "built": torch.version.cuda is not None,
+        "version": torch.version.cuda,
+        "cudnn": None,
+        "devices": [],
+        "visible_devices_env": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if not dev.backend_status("cuda").available:
+        return details
+    details["cudnn"] = torch.backends.cudnn.version()
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        details["devices"].append(
+            {
+                "index": index,
+                "name": props.name,
+                "total_memory_gib": round(props.total_memory / 1024**3, 1),
+                "capability": f"{props.major}.{props.minor}",
+                "multiprocessors": props.multi_processor_count,
+            }
+        )
+    return details
+
+
+def collect(requested_device: str | None = None) -> dict[str, Any]:
+    """Everything check-env reports; with `requested_device`, also resolve it (raises if absent)."""
+    backends = {name: _backend_entry(name) for name in dev.BACKEND_PRIORITY}
+    info: dict[str, Any] = {
+        "format": FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": _version("torchvision"),
+            "snakemake": _version("snakemake"),
+            "pipeline": _version("pipeline"),
+        },
+        "platform": {
+            "os": platform.platform(),
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "backends": backends,
+        "available": dev.available_backends(),
+        "auto": dev.resolve_device("auto").type,
+        "cuda": _cuda_details(),
+        "mps": {
+            "built": torch.backends.mps.is_built(),
+            "available": backends["mps"]["available"],
+            "macos": platform.mac_ver()[0] or None,
+        },
+    }
+    if requested_device is not None:
+        resolved = dev.resolve_device(requested_device)
+        info["requested"] = {
+            "device": requested_device,
+            "resolved": str(resolved),
+            "description": dev.describe_device(resolved),
+        }
+    return info
+
+
+def format_table(info: dict[str, Any]) -> str:
+    """A readable summary of `collect()` for the terminal."""
+    versions = ", ".join(f"{key} {value}" for key, value in info["versions"].items() if value)
+    plat = info["platform"]
+    lines = [
+        f"Versions: {versions}",
+        f"Machine:  {plat['os']}; {plat['cpu_model']}, {plat['cpu_count']} cores, "
+        f"torch uses {plat['torch_threads']} threads",
+        "",
+        f"{'backend':<8} {'available':<10} {'AMP default':<12} {'AMP ok':<7} {'pin mem':<8} detail",
+    ]
+    for name, entry in info["backends"].items():
+        detail = entry["description"] if entry["available"] else f"missing: {entry['reason']}"
+        lines.append(
+            f"{name:<8} {'yes' if entry['available'] else 'no':<10} "
+            f"{'on' if entry['amp_default'] else 'off':<12} "
+            f"{'yes' if entry['amp_supported'] else 'no':<7} "
+            f"{'yes' if entry['pin_memory'] else 'no':<8} {detail}"
+        )
+    lines += ["", f"auto resolves to: {info['auto']}"]
+    cuda = info["cuda"]
+    if cuda["built"]:
+        lines.append(f"CUDA: torch built for {cuda['version']}, cuDNN {cuda['cudnn']}")
+        for gpu in cuda["devices"]:
+            lines.append(
+                f"  cuda:{gpu['index']} {gpu['name']}, {gpu['total_memory_gib']} GiB, "
+                f"sm {gpu['capability']}, {gpu['multiprocessors']} SMs"
+            )
+    if info["mps"]["built"] or info["mps"]["macos"]:
+        lines.append(
+            f"MPS: built {info['mps']['built']}, available {info['mps']['available']}, "
+            f"macOS {info['mps']['macos']}"
+        )
+    if "requested" in info:
+        req = info["requested"]
+        lines.append(f"requested {req['device']!r} resolves to {req['resolved']}: {req['description']}")
+    return "\n".join(lines)

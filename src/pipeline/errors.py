@@ -1,0 +1,27 @@
+"""Errors a user can cause, each answered with one actionable paragraph and exit status 2.
+
+The CLI prints these without a traceback (unless `--debug`); anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base for errors caused by input the user controls (config, device, data, files)."""
+
+
+class ConfigError(PipelineError):
+    """A config key, value or command-line setting is wrong."""
+
+
+class DataError(PipelineError):
+    """A data set, image or annotation file is missing or malformed."""
+
+
+class CheckpointError(PipelineError):
+    """A checkpoint is missing, damaged, unsafe or does not fit the model."""
+
+
+class TrainingError(PipelineError):
+    """Training cannot go on (for example the loss stopped being finite)."""
