@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,10 @@ def write_with(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on a temporary file beside `path`, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # Exclusive create like mkstemp, but with mode 0o666 so the umask applies: mkstemp's 0600
+    # would leave every output unreadable to the group, e.g. on a shared cluster.
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(tmp)
         with open(tmp, "rb+") as handle:

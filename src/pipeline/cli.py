@@ -16,13 +16,24 @@ from pipeline.errors import PipelineError
 
 COMMANDS = {
     "check-env": ("pipeline.commands.check_env", "report Python, torch, CPU and every backend"),
-    "prepare-data": ("pipeline.commands.prepare_data", "generate the built-in synthetic detection set"),
+    "prepare-data": (
+        "pipeline.commands.prepare_data",
+        "generate the built-in synthetic detection set",
+    ),
     "train": ("pipeline.commands.train", "train a detector with the resolved device and AMP"),
     "eval": ("pipeline.commands.evaluate", "evaluate a checkpoint: P/R/F1 and COCO AP"),
-    "bench": ("pipeline.commands.bench", "time one backend x precision x mode, with numerics and memory"),
-    "profile": ("pipeline.commands.profile", "inference latency per batch size and a torch.profiler trace"),
+    "bench": (
+        "pipeline.commands.bench",
+        "time one backend x precision x mode, with numerics and memory",
+    ),
+    "profile": (
+        "pipeline.commands.profile",
+        "inference latency per batch size and a torch.profiler trace",
+    ),
     "report": ("pipeline.commands.report", "build the self-contained HTML comparison report"),
 }
+# Commands that run torch, and take every CPU they may use (see device.set_cpu_threads).
+COMPUTE_COMMANDS = frozenset({"check-env", "train", "eval", "bench", "profile"})
 log = logging.getLogger("pipeline")
 
 
@@ -31,6 +42,12 @@ def common_options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     parser.add_argument("--log", metavar="FILE", help="also write the log to FILE")
+    parser.add_argument(
+        "--cpu-threads",
+        default="auto",
+        metavar="N",
+        help="torch CPU threads for compute commands (default auto: every CPU this process may use)",
+    )
     return parser
 
 
@@ -66,22 +83,38 @@ def _root_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_position(argv: list[str]) -> int | None:
+    """Index of the command word, skipping the value of a common option such as `--log FILE`."""
+    skip_next = False
+    for index, arg in enumerate(argv):
+        if skip_next:
+            skip_next = False
+        elif arg in ("--log", "--cpu-threads"):
+            skip_next = True
+        elif not arg.startswith("-"):
+            return index
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     root = _root_parser()
-    position = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), None)
+    position = _command_position(argv)
     if position is None:
         root.print_help()
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0 if {"-h", "--help"} & set(argv) else 2
     name = argv[position]
     if name not in COMMANDS:
         root.error(f"unknown command {name!r}; choose one of: {', '.join(COMMANDS)}")
     rest = argv[:position] + argv[position + 1 :]
     options, _ = common_options().parse_known_args(rest)
     configure_logging(options.log)
-    module = importlib.import_module(COMMANDS[name][0])
     try:
-        return int(module.main(rest) or 0)
+        if name in COMPUTE_COMMANDS:
+            from pipeline.device import set_cpu_threads
+
+            set_cpu_threads(options.cpu_threads)
+        return int(importlib.import_module(COMMANDS[name][0]).main(rest) or 0)
     except PipelineError as error:
         if options.debug:
             raise

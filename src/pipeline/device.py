@@ -55,6 +55,11 @@ def backend_name(backend: DeviceLike) -> str:
     return name
 
 
+def as_device(device: DeviceLike) -> torch.device:
+    """A torch.device from a spec in any letter case ('CUDA:1' works as well as 'cuda:1')."""
+    return device if isinstance(device, torch.device) else torch.device(str(device).strip().lower())
+
+
 def disabled_backends() -> frozenset[str]:
     """Backends hidden by the environment switch, so users and tests can force the absent case."""
     names = {part.strip().lower() for part in os.environ.get(DISABLE_ENV, "").split(",")}
@@ -72,9 +77,10 @@ def disabled_backends() -> frozenset[str]:
 def backend_status(name: str) -> BackendStatus:
     """Probe one backend; the reason says what a user would have to change to get it."""
     name = backend_name(name)
+    hidden = disabled_backends()  # validated on every probe, so a bad switch fails for cpu too
     if name == "cpu":
         return BackendStatus("cpu", True)
-    if name in disabled_backends():
+    if name in hidden:
         return BackendStatus(name, False, f"disabled by the environment variable {DISABLE_ENV}")
     reason = _cuda_missing_reason() if name == "cuda" else _mps_missing_reason()
     return BackendStatus(name, reason is None, reason)
@@ -90,14 +96,20 @@ def _cuda_missing_reason() -> str | None:
     if visible is not None and visible.strip() in ("", "-1"):
         return f"CUDA_VISIBLE_DEVICES is set to {visible!r}, which hides every CUDA device"
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        driver = "" if os.path.exists("/proc/driver/nvidia/version") else " (no NVIDIA driver is loaded)"
+        driver = (
+            "" if os.path.exists("/proc/driver/nvidia/version") else " (no NVIDIA driver is loaded)"
+        )
         return f"no CUDA device is visible{driver}: torch {torch.__version__} built for CUDA {torch.version.cuda} found no usable GPU"
     return None
 
 
 def _mps_missing_reason() -> str | None:
     if not torch.backends.mps.is_built():
-        where = "" if sys.platform == "darwin" else f"; MPS needs an Apple-silicon Mac and this is {platform.system()}"
+        where = (
+            ""
+            if sys.platform == "darwin"
+            else f"; MPS needs an Apple-silicon Mac and this is {platform.system()}"
+        )
         return f"MPS is not built into this torch build ({torch.__version__}){where}"
     if not torch.backends.mps.is_available():
         if sys.platform != "darwin":
@@ -171,12 +183,21 @@ def resolve_amp(requested: str | bool | None, backend: DeviceLike) -> bool:
     )
 
 
+def training_precision(
+    requested_amp: str | bool | None, amp_dtype: str, backend: DeviceLike
+) -> str:
+    """The precision a run really trains in: `amp_dtype` if AMP resolves on, else fp32."""
+    return amp_dtype if resolve_amp(requested_amp, backend) else "fp32"
+
+
 def autocast_unsupported_reason(backend: DeviceLike, precision: str) -> str | None:
     """Why autocast in this precision cannot run on this backend with this torch, or None."""
     if precision == "fp32":
         return None
     if precision not in _DTYPES:
-        raise ConfigError(f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
+        raise ConfigError(
+            f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}."
+        )
     name = backend_name(backend)
     version = torch.__version__
     if name == "mps" and _torch_version() < _MPS_AUTOCAST_SINCE[precision]:
@@ -217,7 +238,9 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     if precision == "fp32":
         return None
     if precision not in _DTYPES:
-        raise ConfigError(f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
+        raise ConfigError(
+            f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}."
+        )
     return _DTYPES[precision]
 
 
@@ -243,8 +266,7 @@ def describe_device(backend: DeviceLike) -> str:
     if name == "mps":
         return f"MPS (Apple GPU, macOS {platform.mac_ver()[0] or 'unknown'})"
     try:
-        index = torch.device(backend).index if ":" in str(backend) else None
-        props = torch.cuda.get_device_properties(index or 0)
+        props = torch.cuda.get_device_properties(as_device(backend).index or 0)
         gib = props.total_memory / 1024**3
         return f"CUDA: {props.name}, {gib:.0f} GiB, sm_{props.major}{props.minor}"
     except Exception as error:  # a broken driver must not break a description
@@ -255,7 +277,7 @@ def memory_stats(device: DeviceLike) -> dict[str, float]:
     """Current device memory in MB; {} on CPU, where device memory is host memory."""
     name = backend_name(device)
     if name == "cuda":
-        dev = torch.device(device)
+        dev = as_device(device)
         return {
             "allocated_mb": torch.cuda.memory_allocated(dev) / _MB,
             "reserved_mb": torch.cuda.memory_reserved(dev) / _MB,
@@ -287,8 +309,10 @@ def _mps_accelerator_peak_available() -> bool:
         return False
     try:
         current = accelerator.current_accelerator()
-        return current is not None and current.type == "mps" and (
-            "allocated_bytes.all.peak" in accelerator.memory_stats()
+        return (
+            current is not None
+            and current.type == "mps"
+            and ("allocated_bytes.all.peak" in accelerator.memory_stats())
         )
     except (RuntimeError, AttributeError, TypeError, ValueError):
         return False
@@ -303,7 +327,7 @@ class PeakMemory:
     """
 
     def __init__(self, device: DeviceLike, reader: MemoryReader | None = None) -> None:
-        self.device = torch.device(device) if not isinstance(device, torch.device) else device
+        self.device = as_device(device)
         self.backend = backend_name(self.device)
         self._accelerator = (
             self.backend == "mps" and reader is None and _mps_accelerator_peak_available()
@@ -369,10 +393,70 @@ def host_peak_rss_mb() -> float:
     return peak / _MB if sys.platform == "darwin" else peak / 1024
 
 
+class DeviceTimer:
+    """GPU-side time of a region from device events (CUDA or MPS); `None` where there are none.
+
+    Wall-clock time around a synchronized region includes launch and driver overhead;
+    events measure what the GPU itself spent, which is what differs between backends.
+    """
+
+    def __init__(self, device: DeviceLike) -> None:
+        name = backend_name(device)
+        self._events = None
+        if name == "cuda":
+            self._events = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
+        elif name == "mps" and hasattr(torch.mps, "Event"):
+            self._events = (
+                torch.mps.Event(enable_timing=True),
+                torch.mps.Event(enable_timing=True),
+            )
+
+    @property
+    def available(self) -> bool:
+        return self._events is not None
+
+    def start(self) -> None:
+        if self._events:
+            self._events[0].record()
+
+    def stop_ms(self) -> float | None:
+        """Milliseconds between start() and now, after waiting for the device; None without events."""
+        if not self._events:
+            return None
+        self._events[1].record()
+        self._events[1].synchronize()
+        return float(self._events[0].elapsed_time(self._events[1]))
+
+
+def usable_cpu_count() -> int:
+    """CPUs this process may run on: its affinity (a cluster job's allocation), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity API
+        return os.cpu_count() or 1
+
+
+def set_cpu_threads(requested: int | str = "auto") -> int:
+    """Set torch's intra-op threads; 'auto' takes every CPU this process may use.
+
+    Snakemake sets OMP_NUM_THREADS to a job's `threads` (1 under `--cores 1`), which would
+    time and train CPU runs on one core. The workflow runs those jobs one at a time, so
+    they take the cores they may run on, and every record says how many that was.
+    """
+    count = usable_cpu_count() if requested in ("auto", None) else int(requested)
+    if count < 1:
+        raise ConfigError(f"cpu_threads must be 'auto' or a positive integer, got {requested!r}.")
+    torch.set_num_threads(count)
+    return count
+
+
 def synchronize(device: DeviceLike) -> None:
     """Wait for queued device work; timings on accelerators mean nothing without it."""
     name = backend_name(device)
     if name == "cuda":
-        torch.cuda.synchronize(torch.device(device))
+        torch.cuda.synchronize(as_device(device))
     elif name == "mps":
         torch.mps.synchronize()

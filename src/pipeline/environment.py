@@ -39,9 +39,15 @@ def cpu_model() -> str:
         import subprocess
 
         try:
-            return subprocess.run(
-                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
-            ).stdout.strip() or platform.machine()
+            return (
+                subprocess.run(
+                    ["sysctl", "-n", "machdep.cpu.brand_string"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout.strip()
+                or platform.machine()
+            )
         except OSError:
             pass
     return platform.processor() or platform.machine()
@@ -171,5 +177,7 @@ def format_table(info: dict[str, Any]) -> str:
         )
     if "requested" in info:
         req = info["requested"]
-        lines.append(f"requested {req['device']!r} resolves to {req['resolved']}: {req['description']}")
+        lines.append(
+            f"requested {req['device']!r} resolves to {req['resolved']}: {req['description']}"
+        )
     return "\n".join(lines)

@@ -22,6 +22,8 @@ def main(argv: list[str]) -> int:
         try:
             atomic.write_json(args.output, info)
         except OSError as error:
-            raise PipelineError(f"Cannot write the environment report to {args.output}: {error}.") from error
+            raise PipelineError(
+                f"Cannot write the environment report to {args.output}: {error}."
+            ) from error
         print(f"\nwritten: {args.output}")
     return 0

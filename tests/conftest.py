@@ -1,0 +1,143 @@
+"""Shared fixtures: simulated CUDA and MPS hardware, so every device branch runs on a CPU-only machine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+class FakeCuda:
+    """State behind the torch.cuda functions that `fake_cuda` replaces; tests change it freely."""
+
+    def __init__(self) -> None:
+        self.names = ["NVIDIA Fake A100", "NVIDIA Fake H100"]
+        self.capabilities = [(8, 0), (9, 0)]
+        self.multiprocessors = [108, 132]
+        self.total_memory = 80 * 1024**3
+        self.bf16 = True
+        self.allocated = 0
+        self.reserved = 0
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.resets: list[object] = []
+        self.synchronized: list[object] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def allocate(self, n_bytes: int) -> None:
+        self.allocated += n_bytes
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, n_bytes: int) -> None:
+        self.allocated -= n_bytes
+
+    def reset_peak(self, device: object = None) -> None:
+        self.resets.append(device)
+        self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
+
+    def properties(self, device: object = None) -> SimpleNamespace:
+        if isinstance(device, torch.device):
+            device = device.index
+        index = 0 if device is None else int(device)
+        if not 0 <= index < self.count:
+            raise AssertionError(f"Invalid device id {index}")  # what torch raises
+        major, minor = self.capabilities[index]
+        return SimpleNamespace(
+            name=self.names[index],
+            total_memory=self.total_memory,
+            major=major,
+            minor=minor,
+            multi_processor_count=self.multiprocessors[index],
+        )
+
+
+class FakeMps:
+    """State behind the torch.mps functions that `fake_mps` replaces."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.driver_allocated = 0
+        self.recommended_max = 16 * 1024**3
+        self.synchronized = 0
+
+
+@pytest.fixture
+def no_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clear the variables that hide backends, so a developer's shell cannot change the results."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("PIPELINE_DISABLE_BACKENDS", raising=False)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, no_backend_env: None) -> FakeCuda:
+    """Two simulated CUDA GPUs with memory counters; set `.names = []` for a build without devices."""
+    fake = FakeCuda()
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: fake.count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: fake.count)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_name", lambda device=None: fake.properties(device).name
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fake.properties)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: fake.bf16)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: fake.allocated)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: fake.reserved)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: fake.peak_allocated)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: fake.peak_reserved)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset_peak)
+    monkeypatch.setattr(
+        torch.cuda, "synchronize", lambda device=None: fake.synchronized.append(device)
+    )
+    return fake
+
+
+@pytest.fixture
+def fake_mps(monkeypatch: pytest.MonkeyPatch, no_backend_env: None) -> FakeMps:
+    """A simulated Apple GPU: MPS built and available, with the torch.mps memory readers."""
+    fake = FakeMps()
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: fake.allocated)
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: fake.driver_allocated)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: fake.recommended_max)
+
+    def synchronize() -> None:
+        fake.synchronized += 1
+
+    monkeypatch.setattr(torch.mps, "synchronize", synchronize)
+    return fake
+
+
+@pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch, no_backend_env: None) -> None:
+    """A CUDA build of torch that sees no GPU, whatever the real machine has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.fixture
+def no_mps(monkeypatch: pytest.MonkeyPatch, no_backend_env: None) -> None:
+    """A torch without MPS, whatever the real machine has."""
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+@pytest.fixture
+def restore_pipeline_logger() -> Iterator[None]:
+    """`cli.main` points the 'pipeline' logger at the current stderr; undo that after the test."""
+    logger = logging.getLogger("pipeline")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    for handler in logger.handlers:
+        if handler not in saved[0]:
+            handler.close()
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
