@@ -1,0 +1,212 @@
+"""Load, normalise and validate the configuration: one schema for the CLI and the workflow.
+
+Values arrive as YAML, as `key=value` on the command line, or through Snakemake's
+`--config`, which passes `amp=true` as the *string* 'true' and nested values as strings.
+`normalize()` turns such strings into the types the schema asks for, in this one place,
+and never reads 'false' as true. No torch here: the Snakefile imports this at parse time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from pipeline.errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
+TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
+FALSE_WORDS = frozenset({"false", "no", "off", "0"})
+
+
+def load_schema() -> dict[str, Any]:
+    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def parse_bool(value: Any) -> Any:
+    """'true'/'yes'/'on'/'1' -> True, 'false'/'no'/'off'/'0' -> False; anything else unchanged."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+    return value
+
+
+def _parse_number(value: str, integer: bool) -> Any:
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    if integer:
+        return (
+            int(number)
+            if number.is_integer() and "." not in value and "e" not in value.lower()
+            else value
+        )
+    return number
+
+
+def _types(schema: dict[str, Any]) -> set[str]:
+    kinds = schema.get("type", [])
+    found = {kinds} if isinstance(kinds, str) else set(kinds)
+    for option in schema.get("anyOf", []):
+        found |= _types(option)
+    if any(isinstance(item, bool) for item in schema.get("enum", [])):
+        found.add("boolean")
+    return found
+
+
+def normalize(value: Any, schema: dict[str, Any] | None = None) -> Any:
+    """Coerce strings to the schema's types where unambiguous ('3' -> 3, 'true' -> True)."""
+    schema = load_schema() if schema is None else schema
+    kinds = _types(schema)
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        return {key: normalize(item, properties.get(key, {})) for key, item in value.items()}
+    if isinstance(value, list):
+        return [normalize(item, schema.get("items", {})) for item in value]
+    if isinstance(value, str):
+        if value.strip().lower() == "null" and "null" in kinds:
+            return None
+        if "boolean" in kinds and parse_bool(value) is not value:
+            return parse_bool(value)
+        if "integer" in kinds:
+            value = _parse_number(value, integer=True)
+        if isinstance(value, str) and "number" in kinds:
+            value = _parse_number(value, integer=False)
+    return value
+
+
+def _extend_with_default(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema:
+                    instance.setdefault(name, copy.deepcopy(subschema["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultingValidator = _extend_with_default(jsonschema.Draft202012Validator)
+
+
+def _describe(error: jsonschema.ValidationError, source: str) -> str:
+    key = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        where = f"{key}." if error.absolute_path else ""
+        return (
+            f"Unknown config key(s) {', '.join(where + name for name in unknown)} in {source}. "
+            f"Valid keys{' in ' + key if error.absolute_path else ''}: {', '.join(allowed)}."
+        )
+    hint = error.schema.get("description")
+    expected = f" ({key}: {hint})" if hint else ""
+    return f"Config key {key} = {error.instance!r} in {source} is not valid: {error.message}{expected}."
+
+
+def validate(config: dict[str, Any], source: str = "the configuration") -> dict[str, Any]:
+    """Normalise, fill defaults and validate; raises ConfigError naming the key and value."""
+    config = normalize(copy.deepcopy(config))
+    validator = _DefaultingValidator(load_schema())
+    errors = sorted(
+        validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path))
+    )
+    if errors:
+        raise ConfigError(_describe(errors[0], source))
+    check_relations(config, source)
+    return config
+
+
+def check_relations(config: dict[str, Any], source: str) -> None:
+    """Rules across keys that a JSON schema cannot say."""
+    synthetic = config["data"]["synthetic"]
+    if synthetic["min_objects"] > synthetic["max_objects"]:
+        raise ConfigError(
+            f"Config keys data.synthetic.min_objects = {synthetic['min_objects']} and max_objects = "
+            f"{synthetic['max_objects']} in {source} are not valid: min_objects must not exceed max_objects."
+        )
+    if synthetic["min_object_size"] > synthetic["max_object_size"]:
+        raise ConfigError(
+            f"Config keys data.synthetic.min_object_size = {synthetic['min_object_size']} and "
+            f"max_object_size = {synthetic['max_object_size']} in {source} are not valid: the minimum "
+            "must not exceed the maximum."
+        )
+    if synthetic["max_object_size"] > synthetic["image_size"]:
+        raise ConfigError(
+            f"Config key data.synthetic.max_object_size = {synthetic['max_object_size']} in {source} is "
+            f"larger than data.synthetic.image_size = {synthetic['image_size']}."
+        )
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """`train.lr=0.01 data.classes=[a,b]` -> nested dict; values are read as YAML."""
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"Setting {item!r} is not of the form key=value (for example train.epochs=5)."
+            )
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as error:
+            raise ConfigError(
+                f"Setting {item!r}: the value is not valid YAML ({error})."
+            ) from error
+        node = result
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"Setting {item!r} conflicts with an earlier setting of {part}.")
+        node[parts[-1]] = value
+    return result
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge: `update` wins; neither input is changed."""
+    merged = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise ConfigError(f"Config file {path} does not exist.") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"Config file {path} is not valid YAML: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"Config file {path} must hold a mapping of keys, not {type(data).__name__}."
+        )
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """YAML file (or the schema's defaults), then `key=value` overrides, validated."""
+    config = read_yaml(path) if path else {}
+    items = list(overrides)
+    source = str(path) if path else "the defaults"
+    if items:
+        config = merge(config, parse_overrides(items))
+        source += " with command-line settings"
+    return validate(config, source)
