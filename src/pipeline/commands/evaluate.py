@@ -1,0 +1,169 @@
+"""`python -m pipeline eval`: evaluate a checkpoint on the validation split (P/R/F1, COCO AP)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from pipeline import atomic
+from pipeline.cli import command_parser
+from pipeline.config import merge, parse_bool, parse_overrides, validate
+from pipeline.errors import ConfigError
+
+log = logging.getLogger("pipeline")
+FORMAT = "pipeline.eval/1"
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("eval", __doc__)
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="PATH", help="best.pth or last.pth of a run"
+    )
+    parser.add_argument(
+        "--device", help="device to evaluate on (default: the checkpoint's config device)"
+    )
+    parser.add_argument("--amp", help="auto, true or false (default: the checkpoint's amp)")
+    parser.add_argument(
+        "--data", metavar="ROOT", help="evaluate on this data root instead of the checkpoint's"
+    )
+    parser.add_argument("--out", required=True, metavar="FILE.json", help="metrics JSON")
+    parser.add_argument(
+        "--predictions",
+        metavar="FILE.json",
+        help="per-image ground truth and detections in image pixels",
+    )
+    parser.add_argument(
+        "settings",
+        nargs="*",
+        metavar="key=value",
+        help="data and eval overrides, e.g. eval.score_threshold=0.4",
+    )
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from pipeline import device as dev
+    from pipeline.data import load_split
+    from pipeline.data.dataset import DetectionDataset, default_num_workers, make_loader
+    from pipeline.engine import checkpoint
+    from pipeline.engine.evaluator import Evaluator
+
+    state = checkpoint.load(args.checkpoint)
+    overrides = parse_overrides(args.settings)
+    if set(overrides) - {"data", "eval"}:
+        raise ConfigError(
+            f"eval only takes data.* and eval.* settings, not {sorted(set(overrides) - {'data', 'eval'})}."
+        )
+    if args.data:
+        overrides = merge(overrides, {"data": {"root": args.data}})
+    config = validate(
+        merge(state["config"], overrides), f"{args.checkpoint} with command-line settings"
+    )
+    device = dev.resolve_device(args.device or config["device"])
+    amp = config["amp"] if args.amp is None else parse_bool(args.amp)
+    precision = dev.training_precision(amp, config["amp_dtype"], device)
+
+    class_names = state["class_names"]
+    split = load_split(config, "val", class_names)
+    model_cfg = config["model"]
+    checkpoint.check_compatible(
+        state,
+        args.checkpoint,
+        model_name=model_cfg["name"],
+        num_classes=len(split.class_names),
+        label_mode=model_cfg["label_mode"],
+    )
+    memory_format = (
+        torch.channels_last if config["train"]["channels_last"] else torch.contiguous_format
+    )
+    model = checkpoint.restore_model(state, device, memory_format)
+
+    data = config["data"]
+    dataset = DetectionDataset(
+        split, data["image_size"], data["resize"], None, data["cache"], config["seed"]
+    )
+    workers = (
+        default_num_workers(data["cache"]) if data["num_workers"] == "auto" else data["num_workers"]
+    )
+    loader = make_loader(
+        dataset,
+        config["eval"]["batch_size"],
+        shuffle=False,
+        seed=0,
+        num_workers=workers,
+        pin_memory=dev.pin_memory_supported(device),
+        drop_last=False,
+    )
+    evaluator = Evaluator(
+        class_names,
+        label_mode=model_cfg["label_mode"],
+        image_size=data["image_size"],
+        score_threshold=config["eval"]["score_threshold"],
+        iou_threshold=config["eval"]["iou_threshold"],
+        max_detections=config["eval"]["max_detections"],
+    )
+    memory = dev.PeakMemory(device)
+    metrics, detections = evaluator.evaluate(model, loader, device, precision)
+    memory.update()
+    result = {
+        "format": FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "checkpoint": str(args.checkpoint),
+        "checkpoint_epoch": state["epoch"],
+        "model": model_cfg["name"],
+        "label_mode": model_cfg["label_mode"],
+        "device": str(device),
+        "backend": device.type,
+        "device_description": dev.describe_device(device),
+        "precision": precision,
+        "data_root": data["root"],
+        "split": data["val_split"],
+        "class_names": class_names,
+        "metrics": metrics,
+        "peak_memory": memory.as_dict(),
+        "host_peak_rss_mb": dev.host_peak_rss_mb(),
+    }
+    if args.predictions:
+        atomic.write_json(args.predictions, _predictions(dataset, detections, class_names))
+    atomic.write_json(args.out, result)
+    log.info(
+        "%s on %s (%s): F1 %.3f (P %.3f R %.3f) at score %.2f, best F1 %.3f, AP@.5 %.3f, AP %.3f -> %s",
+        args.checkpoint,
+        split.source,
+        precision,
+        metrics["f1"],
+        metrics["precision"],
+        metrics["recall"],
+        metrics["score_threshold"],
+        metrics["best_f1"],
+        metrics["ap50"],
+        metrics["ap"],
+        args.out,
+    )
+    return 0
+
+
+def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:
+    """Ground truth and detections per image, in the image's own pixels (what a viewer draws)."""
+    by_id = {d["image_id"]: d for d in detections}
+    images = []
+    for index, record in enumerate(dataset.records):
+        found = by_id.get(record.image_id, {"boxes": [], "scores": [], "labels": []})
+        images.append(
+            {
+                "image_id": record.image_id,
+                "file": str(record.path),
+                "width": record.width,
+                "height": record.height,
+                "ground_truth": {
+                    "boxes": record.boxes.round(2).tolist(),
+                    "labels": record.labels.tolist(),
+                },
+                "detections": {
+                    "boxes": dataset.to_original(index, found["boxes"]).round(2).tolist(),
+                    "scores": [round(float(s), 4) for s in found["scores"]],
+                    "labels": found["labels"],
+                },
+            }
+        )
+    return {"format": "pipeline.predictions/1", "class_names": class_names, "images": images}

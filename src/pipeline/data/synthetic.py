@@ -1,0 +1,339 @@
+"""The built-in synthetic detection set: shapes on noisy, textured backgrounds, in COCO format.
+
+Each sample has its own RNG seeded by (seed, split, index), so the same settings give
+byte-identical files, and any sample can be regenerated on its own. Boxes are taken from
+the rendered pixels (what is visible after occlusion and truncation), never from the
+shape's nominal size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from pipeline import atomic
+from pipeline.errors import ConfigError
+
+log = logging.getLogger("pipeline")
+
+SHAPES = ("circle", "square", "triangle", "cross", "ring", "star")
+_SPLIT_CODES = {"train": 1, "val": 2, "test": 3}
+_SUPERSAMPLE = 4
+_ALPHA_VISIBLE = 0.5
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """The knobs of the synthetic set; defaults are the documented difficulty (config `data.synthetic`)."""
+
+    num_train: int = 1024
+    num_val: int = 256
+    image_size: int = 128
+    classes: tuple[str, ...] = ("circle", "square", "triangle", "cross")
+    min_objects: int = 0
+    max_objects: int = 6
+    min_object_size: float = 8.0
+    max_object_size: float = 48.0
+    max_overlap: float = 0.3
+    max_truncation: float = 0.35
+    min_visible: float = 0.5
+    min_contrast: float = 90.0
+    noise_std: float = 12.0
+    texture_strength: float = 40.0
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, settings: dict[str, Any]) -> SyntheticSpec:
+        known = {field.name for field in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(f"Unknown key(s) in data.synthetic: {', '.join(unknown)}.")
+        values = dict(settings)
+        if "classes" in values:
+            values["classes"] = tuple(values["classes"])
+        spec = cls(**values)
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        bad = [name for name in self.classes if name not in SHAPES]
+        if bad or not self.classes or len(set(self.classes)) != len(self.classes):
+            raise ConfigError(
+                f"data.synthetic.classes={list(self.classes)} is not valid: give distinct shapes "
+                f"from {', '.join(SHAPES)}."
+            )
+        if not 0 <= self.min_objects <= self.max_objects:
+            raise ConfigError(
+                f"data.synthetic: min_objects={self.min_objects} and max_objects={self.max_objects} "
+                "must satisfy 0 <= min_objects <= max_objects."
+            )
+        if not 2 <= self.min_object_size <= self.max_object_size <= self.image_size:
+            raise ConfigError(
+                "data.synthetic: object sizes must satisfy 2 <= min_object_size <= max_object_size "
+                f"<= image_size, got {self.min_object_size}, {self.max_object_size}, {self.image_size}."
+            )
+
+    def count(self, split: str) -> int:
+        return {"train": self.num_train, "val": self.num_val}[split]
+
+
+@dataclass
+class _Placed:
+    label: int
+    alpha: np.ndarray  # full-image coverage in [0, 1] of this object's own rendering
+
+
+def _background(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
+    """A textured background (low-frequency blotches plus stripes) and its base colour."""
+    size = spec.image_size
+    base = rng.uniform(30, 225, size=3)
+    coarse = rng.normal(0.0, 1.0, size=(rng.integers(3, 9), rng.integers(3, 9), 3))
+    blotches = np.asarray(
+        Image.fromarray(
+            ((coarse - coarse.min()) / (np.ptp(coarse) + 1e-6) * 255).astype(np.uint8)
+        ).resize((size, size), Image.BICUBIC),
+        dtype=np.float32,
+    )
+    blotches = (blotches / 255.0 - 0.5) * 2.0 * spec.texture_strength
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    angle = rng.uniform(0, math.pi)
+    period = rng.uniform(6, 24)
+    stripes = np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / period)
+    stripes = stripes[..., None] * rng.uniform(0, 0.5) * spec.texture_strength
+    return base[None, None, :] + blotches + stripes, base
+
+
+def _shape_polygon(
+    shape: str, radius: float, angle: float, rng: np.random.Generator
+) -> list[tuple[float, float]]:
+    def rotate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        c, s = math.cos(angle), math.sin(angle)
+        return [(x * c - y * s, x * s + y * c) for x, y in points]
+
+    if shape == "square":
+        r = radius / math.sqrt(2)
+        return rotate([(-r, -r), (r, -r), (r, r), (-r, r)])
+    if shape == "triangle":
+        return rotate(
+            [
+                (radius * math.cos(a), radius * math.sin(a))
+                for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)
+            ]
+        )
+    if shape == "cross":
+        arm = radius * rng.uniform(0.3, 0.42)
+        r = radius / math.sqrt(1 + (arm / radius) ** 2)
+        outline = [
+            (-arm, -r),
+            (arm, -r),
+            (arm, -arm),
+            (r, -arm),
+            (r, arm),
+            (arm, arm),
+            (arm, r),
+            (-arm, r),
+            (-arm, arm),
+            (-r, arm),
+            (-r, -arm),
+            (-arm, -arm),
+        ]
+        return rotate(outline)
+    if shape == "star":
+        inner = radius * 0.45
+        return rotate(
+            [
+                (
+                    (radius if k % 2 == 0 else inner) * math.cos(k * math.pi / 5 - math.pi / 2),
+                    (radius if k % 2 == 0 else inner) * math.sin(k * math.pi / 5 - math.pi / 2),
+                )
+                for k in range(10)
+            ]
+        )
+    raise ValueError(shape)
+
+
+def _render_alpha(
+    shape: str, size: float, center: tuple[float, float], image_size: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Anti-aliased coverage of one shape over the whole image (supersampled, then averaged).
+
+    Only the window around the shape is drawn, at `_SUPERSAMPLE` times the resolution.
+    """
+    ss = _SUPERSAMPLE
+    x0 = max(math.floor(center[0] - size / 2) - 1, 0)
+    y0 = max(math.floor(center[1] - size / 2) - 1, 0)
+    x1 = min(math.ceil(center[0] + size / 2) + 1, image_size)
+    y1 = min(math.ceil(center[1] + size / 2) + 1, image_size)
+    alpha = np.zeros((image_size, image_size), dtype=np.float32)
+    angle = rng.uniform(0, 2 * math.pi)
+    if x1 <= x0 or y1 <= y0:
+        return alpha
+    canvas = Image.new("L", ((x1 - x0) * ss, (y1 - y0) * ss), 0)
+    draw = ImageDraw.Draw(canvas)
+    cx, cy = (center[0] - x0) * ss, (center[1] - y0) * ss
+    radius = size * ss / 2
+    if shape in ("circle", "ring"):
+        draw.ellipse((cx - radius, cy - radius, cx + radius, cy + radius), fill=255)
+        if shape == "ring":
+            hole = radius * rng.uniform(0.45, 0.6)
+            draw.ellipse((cx - hole, cy - hole, cx + hole, cy + hole), fill=0)
+    else:
+        points = [(cx + x, cy + y) for x, y in _shape_polygon(shape, radius, angle, rng)]
+        draw.polygon(points, fill=255)
+    window = canvas.resize((x1 - x0, y1 - y0), Image.BOX)
+    alpha[y0:y1, x0:x1] = np.asarray(window, dtype=np.float32) / 255.0
+    return alpha
+
+
+def _box_of(mask: np.ndarray) -> tuple[float, float, float, float] | None:
+    ys, xs = np.nonzero(mask)
+    if len(xs) == 0:
+        return None
+    return float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)
+
+
+def _iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _contrasting_colour(
+    rng: np.random.Generator, base: np.ndarray, min_contrast: float
+) -> np.ndarray:
+    """A random colour (independent of class) far enough from the background to be visible."""
+    for _ in range(100):
+        colour = rng.uniform(0, 255, size=3)
+        if np.linalg.norm(colour - base) >= min_contrast:
+            return colour
+    return 255.0 - base
+
+
+def render_sample(
+    spec: SyntheticSpec, split: str, index: int
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """One image (HxWx3 uint8) and its objects: class index and tight box from visible pixels."""
+    rng = np.random.default_rng([spec.seed, _SPLIT_CODES[split], index])
+    size = spec.image_size
+    image, base = _background(rng, spec)
+    wanted = int(rng.integers(spec.min_objects, spec.max_objects + 1))
+    placed: list[_Placed] = []
+    nominal: list[tuple[float, float, float, float]] = []
+    log_min, log_max = math.log(spec.min_object_size), math.log(spec.max_object_size)
+    for _ in range(wanted):
+        for _attempt in range(30):
+            obj_size = math.exp(rng.uniform(log_min, log_max))
+            # the centre may come this close to the border, so up to max_truncation is cut off
+            margin = obj_size / 2 - spec.max_truncation * obj_size
+            cx, cy = rng.uniform(margin, size - margin, size=2)
+            box = (cx - obj_size / 2, cy - obj_size / 2, cx + obj_size / 2, cy + obj_size / 2)
+            if any(_iou(box, other) > spec.max_overlap for other in nominal):
+                continue
+            label = int(rng.integers(len(spec.classes)))
+            alpha = _render_alpha(spec.classes[label], obj_size, (cx, cy), size, rng)
+            if (alpha >= _ALPHA_VISIBLE).sum() < 4:
+                continue
+            # earlier objects must stay mostly visible under this one
+            covered = [
+                ((p.alpha >= _ALPHA_VISIBLE) & (alpha < _ALPHA_VISIBLE)).sum()
+                / max((p.alpha >= _ALPHA_VISIBLE).sum(), 1)
+                for p in placed
+            ]
+            if any(fraction < spec.min_visible for fraction in covered):
+                continue
+            placed.append(_Placed(label, alpha))
+            nominal.append(box)
+            colour = _contrasting_colour(rng, base, spec.min_contrast)
+            image = image * (1 - alpha[..., None]) + colour[None, None, :] * alpha[..., None]
+            break
+    image = image + rng.normal(0.0, spec.noise_std, size=image.shape)
+    pixels = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+
+    objects = []
+    for i, obj in enumerate(placed):
+        visible = obj.alpha >= _ALPHA_VISIBLE
+        for later in placed[i + 1 :]:
+            visible &= later.alpha < _ALPHA_VISIBLE
+        box = _box_of(visible)
+        if box is not None:
+            objects.append({"label": obj.label, "box": box})
+    return pixels, objects
+
+
+def _coco_document(
+    spec: SyntheticSpec, split: str, images: list[dict], annotations: list[dict]
+) -> dict:
+    return {
+        "info": {
+            "description": "pipeline synthetic shapes",
+            "version": "1",
+            "split": split,
+            "generator": {"seed": spec.seed, "image_size": spec.image_size},
+        },
+        "images": images,
+        "annotations": annotations,
+        "categories": [
+            {"id": i + 1, "name": name, "supercategory": "shape"}
+            for i, name in enumerate(spec.classes)
+        ],
+    }
+
+
+def generate(spec: SyntheticSpec, root: str | Path) -> dict[str, Path]:
+    """Write `<root>/<split>/NNNNNN.png` and `<root>/instances_<split>.json` for train and val.
+
+    The annotation file of a split is written last and atomically: its presence means the
+    split is complete.
+    """
+    root = Path(root)
+    written = {}
+    for split in ("train", "val"):
+        folder = root / split
+        folder.mkdir(parents=True, exist_ok=True)
+        images, annotations = [], []
+        for index in range(spec.count(split)):
+            pixels, objects = render_sample(spec, split, index)
+            file_name = f"{split}/{index:06d}.png"
+            atomic.write_with(
+                root / file_name, lambda tmp, p=pixels: Image.fromarray(p).save(tmp, format="PNG")
+            )
+            image_id = index + 1
+            images.append(
+                {
+                    "id": image_id,
+                    "file_name": file_name,
+                    "width": spec.image_size,
+                    "height": spec.image_size,
+                }
+            )
+            for obj in objects:
+                x0, y0, x1, y1 = obj["box"]
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": obj["label"] + 1,
+                        "bbox": [x0, y0, x1 - x0, y1 - y0],
+                        "area": (x1 - x0) * (y1 - y0),
+                        "iscrowd": 0,
+                    }
+                )
+        path = root / f"instances_{split}.json"
+        atomic.write_text(
+            path,
+            json.dumps(_coco_document(spec, split, images, annotations), indent=1, sort_keys=True),
+        )
+        written[split] = path
+        log.info(
+            "synthetic %s: %d images, %d objects -> %s", split, len(images), len(annotations), path
+        )
+    return written

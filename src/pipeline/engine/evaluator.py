@@ -1,0 +1,571 @@
+"""Detection metrics and the evaluation loop: the one place where P/R/F1 and COCO AP are computed.
+
+Conventions: boxes are xyxy pixels in the model's input frame, labels are 0-based class
+indices; ground truth and detections are per-image dicts of numpy arrays keyed by
+`image_id`. Ratios whose denominator is zero (0/0) are defined as 0, never NaN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+from pipeline.device import DeviceLike, autocast_dtype, backend_name, synchronize
+from pipeline.errors import ConfigError, DataError
+
+LABEL_MODES = ("multilabel", "single")
+TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
+
+Record = Mapping[str, Any]
+
+
+def _boxes(value: Any) -> np.ndarray:
+    # float64 so that IoU at the threshold is decided as pycocotools (double precision) decides it
+    return np.asarray(value, dtype=np.float64).reshape(-1, 4)
+
+
+def _vector(value: Any, dtype: type) -> np.ndarray:
+    return np.asarray(value, dtype=dtype).reshape(-1)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return float(numerator) / float(denominator) if denominator else 0.0
+
+
+def _counts(tp: int, fp: int, fn: int) -> dict[str, float | int]:
+    """P/R/F1 from counts; F1 = 2TP / (2TP + FP + FN), which is 0 rather than NaN when P = R = 0."""
+    return {
+        "precision": _ratio(tp, tp + fp),
+        "recall": _ratio(tp, tp + fn),
+        "f1": _ratio(2 * tp, 2 * tp + fp + fn),
+        "tp": int(tp),
+        "fp": int(fp),
+        "fn": int(fn),
+    }
+
+
+def _macro(rows: Sequence[Mapping[str, Any]], active: np.ndarray) -> dict[str, float | int]:
+    """Unweighted mean over the active classes; F1 is the mean of per-class F1s (as sklearn's)."""
+    chosen = [row for row, keep in zip(rows, active, strict=True) if keep]
+    if not chosen:
+        return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "num_classes": 0}
+    return {
+        "precision": float(np.mean([row["precision"] for row in chosen])),
+        "recall": float(np.mean([row["recall"] for row in chosen])),
+        "f1": float(np.mean([row["f1"] for row in chosen])),
+        "num_classes": len(chosen),
+    }
+
+
+def match_detections(
+    det_boxes: Any,
+    det_scores: Any,
+    det_labels: Any,
+    gt_boxes: Any,
+    gt_labels: Any,
+    iou_threshold: float = 0.5,
+) -> np.ndarray:
+    """True-positive flag for each detection of one image, in the detections' original order.
+
+    Greedy in descending score (stable for ties), each detection takes the unmatched ground
+    truth of its class with the highest IoU >= threshold. Because a detection's fate never
+    depends on lower-scored ones, matching once and then dropping detections below a score
+    threshold gives the same flags as matching only those above it: one pass serves every
+    threshold.
+    """
+    boxes, scores = _boxes(det_boxes), _vector(det_scores, np.float64)
+    labels = _vector(det_labels, np.int64)
+    truth_boxes, truth_labels = _boxes(gt_boxes), _vector(gt_labels, np.int64)
+    if not len(boxes) == len(scores) == len(labels):
+        raise ValueError(
+            f"Detections disagree in length: {len(boxes)} boxes, {len(scores)} scores, "
+            f"{len(labels)} labels."
+        )
+    if len(truth_boxes) != len(truth_labels):
+        raise ValueError(
+            f"Ground truth disagrees in length: {len(truth_boxes)} boxes, {len(truth_labels)} labels."
+        )
+    is_tp = np.zeros(len(scores), dtype=bool)
+    if len(scores) == 0 or len(truth_labels) == 0:
+        return is_tp
+    iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth_boxes)).numpy()
+    iou[labels[:, None] != truth_labels[None, :]] = -1.0
+    free = np.ones(len(truth_labels), dtype=bool)
+    for index in np.argsort(-scores, kind="stable"):
+        candidates = np.where(free, iou[index], -1.0)
+        best = int(np.argmax(candidates))
+        if candidates[best] >= iou_threshold:
+            free[best] = False
+            is_tp[index] = True
+    return is_tp
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """Every detection of every image after one matching pass, plus ground-truth counts."""
+
+    scores: np.ndarray  # float64 [D]
+    labels: np.ndarray  # int64 [D]
+    is_tp: np.ndarray  # bool [D]
+    gt_per_class: np.ndarray  # int64 [C]
+
+
+def _index_by_image(records: Iterable[Record], what: str) -> dict[int, Record]:
+    indexed: dict[int, Record] = {}
+    for record in records:
+        image_id = int(record["image_id"])
+        if image_id in indexed:
+            raise DataError(
+                f"The {what} list holds image_id {image_id} twice; image ids must be unique."
+            )
+        indexed[image_id] = record
+    return indexed
+
+
+def _check_labels(labels: np.ndarray, num_classes: int, image_id: int, what: str) -> None:
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = labels[(labels < 0) | (labels >= num_classes)][0]
+        message = (
+            f"{what} of image {image_id} has label {int(bad)}, outside [0, {num_classes}): "
+            "labels are 0-based class indices, so check the class list against the data."
+        )
+        raise DataError(message) if what == "Ground truth" else ValueError(message)
+
+
+def _pool(
+    gts: Iterable[Record], dets: Iterable[Record], num_classes: int, iou_threshold: float
+) -> _Pooled:
+    truth = _index_by_image(gts, "ground truth")
+    found = _index_by_image(dets, "detections")
+    unknown = sorted(set(found) - set(truth))
+    if unknown:
+        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    scores, labels, flags = [], [], []
+    gt_per_class = np.zeros(num_classes, dtype=np.int64)
+    for image_id, gt in truth.items():
+        gt_labels = _vector(gt["labels"], np.int64)
+        _check_labels(gt_labels, num_classes, image_id, "Ground truth")
+        gt_per_class += np.bincount(gt_labels, minlength=num_classes)
+        det = found.get(image_id)
+        if det is None:
+            continue
+        det_labels = _vector(det["labels"], np.int64)
+        _check_labels(det_labels, num_classes, image_id, "Detections")
+        det_scores = _vector(det["scores"], np.float64)
+        flags.append(
+            match_detections(
+                det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
+            )
+        )
+        scores.append(det_scores)
+        labels.append(det_labels)
+    return _Pooled(
+        scores=np.concatenate(scores) if scores else np.zeros(0, dtype=np.float64),
+        labels=np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64),
+        is_tp=np.concatenate(flags) if flags else np.zeros(0, dtype=bool),
+        gt_per_class=gt_per_class,
+    )
+
+
+def _best_f1(pooled: _Pooled, fallback_threshold: float) -> dict[str, float]:
+    """Sweep every distinct detection score as a threshold (keep score >= t) for the best micro F1.
+
+    Tied scores stay together: a threshold cannot split them. Among equal F1s the highest
+    threshold wins (fewer detections). With no detections there is nothing to sweep: F1 is 0
+    and the threshold reported is the configured one.
+    """
+    num_gt = int(pooled.gt_per_class.sum())
+    if pooled.scores.size == 0:
+        return {"threshold": float(fallback_threshold), "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    order = np.argsort(-pooled.scores, kind="stable")
+    sorted_scores = pooled.scores[order]
+    cum_tp = np.cumsum(pooled.is_tp[order])
+    kept = np.arange(1, len(order) + 1)
+    group_ends = np.flatnonzero(np.r_[sorted_scores[1:] != sorted_scores[:-1], True])
+    f1 = 2 * cum_tp[group_ends] / (kept[group_ends] + num_gt)
+    end = int(group_ends[int(np.argmax(f1))])
+    return {
+        "threshold": float(sorted_scores[end]),
+        "precision": _ratio(cum_tp[end], kept[end]),
+        "recall": _ratio(cum_tp[end], num_gt),
+        "f1": float(f1.max()),
+    }
+
+
+def precision_recall_f1(
+    gts: Iterable[Record],
+    dets: Iterable[Record],
+    num_classes: int,
+    score_threshold: float,
+    iou_threshold: float = 0.5,
+) -> dict[str, Any]:
+    """Micro, macro and per-class P/R/F1 at one score threshold, plus the best-F1 operating point.
+
+    Detections with score >= score_threshold count. Micro pools TP/FP/FN over classes.
+    Macro is the unweighted mean over classes that have ground truth or kept detections: a
+    class absent from both has no defined P/R and would only drag the mean to 0, while a
+    class with detections but no ground truth is all false positives and must count.
+    0/0 is 0. With no ground truth at all, recall is 0/0 and precision is 0 (or 0/0), so every
+    figure is 0 even for a model that rightly predicts nothing: check `num_ground_truth`.
+    """
+    pooled = _pool(gts, dets, num_classes, iou_threshold)
+    kept = pooled.scores >= score_threshold
+    tp = np.bincount(pooled.labels[kept & pooled.is_tp], minlength=num_classes)
+    detected = np.bincount(pooled.labels[kept], minlength=num_classes)
+    fp = detected - tp
+    fn = pooled.gt_per_class - tp
+    per_class = [
+        {"label": c, "num_gt": int(pooled.gt_per_class[c]), **_counts(tp[c], fp[c], fn[c])}
+        for c in range(num_classes)
+    ]
+    return {
+        "score_threshold": float(score_threshold),
+        "iou_threshold": float(iou_threshold),
+        "micro": _counts(tp.sum(), fp.sum(), fn.sum()),
+        "macro": _macro(per_class, (pooled.gt_per_class > 0) | (detected > 0)),
+        "per_class": per_class,
+        "best": _best_f1(pooled, score_threshold),
+        "num_ground_truth": int(pooled.gt_per_class.sum()),
+        "num_detections": int(pooled.scores.size),
+    }
+
+
+def _xywh(box: np.ndarray) -> list[float]:
+    x1, y1, x2, y2 = (float(v) for v in box)
+    return [x1, y1, x2 - x1, y2 - y1]
+
+
+def coco_ap(
+    gts: Iterable[Record],
+    dets: Iterable[Record],
+    num_classes: int,
+    image_size: tuple[int, int],
+    class_names: Sequence[str],
+) -> dict[str, Any]:
+    """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
+
+    `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
+    and class). Per-class AP is None for a class without ground truth (pycocotools' -1).
+    With no detections every AP is 0; with no ground truth at all AP is undefined and
+    reported as 0 (per-class None).
+    """
+    if len(class_names) != num_classes:
+        raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
+    truth = _index_by_image(gts, "ground truth")
+    found = _index_by_image(dets, "detections")
+    unknown = sorted(set(found) - set(truth))
+    if unknown:
+        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    height, width = (int(v) for v in image_size)
+    images, annotations, results = [], [], []
+    gt_per_class = np.zeros(num_classes, dtype=np.int64)
+    for image_id, gt in truth.items():
+        images.append({"id": image_id, "height": height, "width": width})
+        labels = _vector(gt["labels"], np.int64)
+        _check_labels(labels, num_classes, image_id, "Ground truth")
+        gt_per_class += np.bincount(labels, minlength=num_classes)
+        for box, label in zip(_boxes(gt["boxes"]), labels, strict=True):
+            xywh = _xywh(box)
+            annotations.append(
+                {
+                    # ids start at 1: COCOeval stores matched ids and reads 0 as "unmatched"
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": int(label) + 1,
+                    "bbox": xywh,
+                    "area": xywh[2] * xywh[3],
+                    "iscrowd": 0,
+                }
+            )
+    for image_id, det in found.items():
+        labels = _vector(det["labels"], np.int64)
+        _check_labels(labels, num_classes, image_id, "Detections")
+        for box, score, label in zip(
+            _boxes(det["boxes"]), _vector(det["scores"], np.float64), labels, strict=True
+        ):
+            results.append(
+                {
+                    "image_id": image_id,
+                    "category_id": int(label) + 1,
+                    "bbox": _xywh(box),
+                    "score": float(score),
+                }
+            )
+
+    def per_class(ap: Sequence[float | None], ap50: Sequence[float | None]) -> list[dict[str, Any]]:
+        return [
+            {
+                "label": c,
+                "name": class_names[c],
+                "num_gt": int(gt_per_class[c]),
+                "ap": ap[c],
+                "ap50": ap50[c],
+            }
+            for c in range(num_classes)
+        ]
+
+    if not results or not annotations:  # loadRes([]) raises; no ground truth leaves stats at -1
+        zeros = [0.0 if n else None for n in gt_per_class]
+        return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0, "per_class": per_class(zeros, zeros)}
+
+    from pycocotools.coco import COCO  # imported here: only evaluation needs it
+    from pycocotools.cocoeval import COCOeval
+
+    dataset = {
+        "info": {},
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": c + 1, "name": class_names[c]} for c in range(num_classes)],
+    }
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_gt = COCO()
+        coco_gt.dataset = dataset
+        coco_gt.createIndex()
+        coco_dt = coco_gt.loadRes(results)
+        evaluation = COCOeval(coco_gt, coco_dt, "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    params = evaluation.params
+    # precision: [IoU thresholds T, recall thresholds R, classes K, area ranges A, maxDets M]
+    precision = evaluation.eval["precision"][:, :, :, params.areaRngLbl.index("all"), -1]
+    at_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
+    ap: list[float | None] = [None] * num_classes
+    ap50: list[float | None] = [None] * num_classes
+    for k, category_id in enumerate(params.catIds):
+        values = precision[:, :, k]
+        if (values > -1).any():
+            ap[category_id - 1] = float(values[values > -1].mean())
+            ap50[category_id - 1] = float(values[at_50].mean())
+    stats = evaluation.stats
+    return {
+        "ap": float(stats[0]),
+        "ap50": float(stats[1]),
+        "ap75": float(stats[2]),
+        "per_class": per_class(ap, ap50),
+    }
+
+
+def image_level_f1(image_scores: Any, present: Any, threshold: float = 0.5) -> dict[str, Any]:
+    """Multi-label "which classes are in this image" F1: a class is predicted when score >= threshold.
+
+    Micro pools over all (image, class) pairs; macro averages over classes present in the
+    ground truth or predicted in some image, the same rule as the detection macro. 0/0 is 0.
+    """
+    scores = np.asarray(image_scores, dtype=np.float64)
+    truth = np.asarray(present, dtype=bool)
+    if scores.ndim != 2 or scores.shape != truth.shape:
+        raise ValueError(
+            f"image_scores {scores.shape} and present {truth.shape} must both be [images, classes]."
+        )
+    predicted = scores >= threshold
+    tp = (predicted & truth).sum(axis=0)
+    fp = (predicted & ~truth).sum(axis=0)
+    fn = (~predicted & truth).sum(axis=0)
+    per_class = [_counts(tp[c], fp[c], fn[c]) for c in range(scores.shape[1])]
+    micro = _counts(tp.sum(), fp.sum(), fn.sum())
+    macro = _macro(per_class, truth.any(axis=0) | predicted.any(axis=0))
+    return {
+        "threshold": float(threshold),
+        "num_images": int(scores.shape[0]),
+        "f1": micro["f1"],
+        "precision": micro["precision"],
+        "recall": micro["recall"],
+        "f1_macro": macro["f1"],
+        "micro": micro,
+        "macro": macro,
+    }
+
+
+def _numpy(tensor: Any, dtype: torch.dtype) -> np.ndarray:
+    # through the CPU in float32/int64 first: MPS has no float64, and metrics must not care
+    return torch.as_tensor(tensor).detach().to(device="cpu", dtype=dtype).numpy()
+
+
+_FIELDS = {
+    "boxes": (torch.float32, (-1, 4)),
+    "scores": (torch.float32, (-1,)),
+    "labels": (torch.int64, (-1,)),
+}
+
+
+def _record(image_id: int, tensors: Record, keys: Sequence[str]) -> dict[str, Any]:
+    """One image's tensors as the numpy record the metric functions take."""
+    record: dict[str, Any] = {"image_id": image_id}
+    for key in keys:
+        dtype, shape = _FIELDS[key]
+        record[key] = _numpy(tensors[key], dtype).reshape(shape)
+    return record
+
+
+def _autocast(backend: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext() if dtype is None else torch.autocast(backend, dtype=dtype)
+
+
+class Evaluator:
+    """Runs a model over a loader and turns its detections into the metrics every stage reports."""
+
+    def __init__(
+        self,
+        class_names: Sequence[str],
+        *,
+        label_mode: str,
+        image_size: int,
+        score_threshold: float = 0.3,
+        iou_threshold: float = 0.5,
+        max_detections: int = 100,
+        image_threshold: float = 0.5,
+    ) -> None:
+        if label_mode not in LABEL_MODES:
+            raise ConfigError(
+                f"label_mode={label_mode!r} is not understood: use one of {LABEL_MODES}."
+            )
+        if not class_names:
+            raise ConfigError("The evaluator needs at least one class name.")
+        self.class_names = list(class_names)
+        self.label_mode = label_mode
+        self.image_size = int(image_size)
+        self.score_threshold = float(score_threshold)
+        self.iou_threshold = float(iou_threshold)
+        self.max_detections = int(max_detections)
+        self.image_threshold = float(image_threshold)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def evaluate(
+        self,
+        model: torch.nn.Module,
+        loader: Iterable[tuple[torch.Tensor, Sequence[Record]]],
+        device: DeviceLike,
+        precision: str = "fp32",
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Metrics and JSON-ready detections for one pass over `loader`.
+
+        `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
+        included); `images_per_s` and `ms_per_image` derive from it. Decoding and the copy
+        to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
+        """
+        device = torch.device(device)
+        backend = backend_name(device)
+        dtype = autocast_dtype(precision)
+        gts: list[dict[str, Any]] = []
+        dets: list[dict[str, Any]] = []
+        score_rows: list[np.ndarray] = []
+        model_s = postprocess_s = 0.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for images, targets in loader:
+                    images = images.to(device, non_blocking=True)
+                    synchronize(device)
+                    start = time.perf_counter()
+                    with _autocast(backend, dtype):
+                        outputs = model(images)
+                    synchronize(device)
+                    model_s += time.perf_counter() - start
+
+                    start = time.perf_counter()
+                    decoded = model.decode(outputs, max_detections=self.max_detections)
+                    if len(decoded) != len(targets) or len(targets) != images.shape[0]:
+                        raise ValueError(
+                            f"A batch of {images.shape[0]} images came with {len(targets)} targets "
+                            f"and {len(decoded)} decoded predictions; they must match one to one."
+                        )
+                    for prediction, target in zip(decoded, targets, strict=True):
+                        image_id = int(target["image_id"])
+                        dets.append(_record(image_id, prediction, ("boxes", "scores", "labels")))
+                        gts.append(_record(image_id, target, ("boxes", "labels")))
+                    if self.label_mode == "multilabel":
+                        score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
+                    postprocess_s += time.perf_counter() - start
+        finally:
+            model.train(was_training)
+        return self._metrics(gts, dets, score_rows, model_s, postprocess_s), [
+            {
+                "image_id": det["image_id"],
+                "boxes": det["boxes"].tolist(),
+                "scores": det["scores"].tolist(),
+                "labels": det["labels"].tolist(),
+            }
+            for det in dets
+        ]
+
+    def _metrics(
+        self,
+        gts: list[dict[str, Any]],
+        dets: list[dict[str, Any]],
+        score_rows: list[np.ndarray],
+        model_s: float,
+        postprocess_s: float,
+    ) -> dict[str, Any]:
+        counts = precision_recall_f1(
+            gts, dets, self.num_classes, self.score_threshold, self.iou_threshold
+        )
+        coco = coco_ap(
+            gts, dets, self.num_classes, (self.image_size, self.image_size), self.class_names
+        )
+        image_level = None
+        if self.label_mode == "multilabel":
+            present = np.zeros((len(gts), self.num_classes), dtype=bool)
+            for row, gt in enumerate(gts):
+                present[row, gt["labels"]] = True
+            scores = (
+                np.concatenate(score_rows)
+                if score_rows
+                else np.zeros((0, self.num_classes), dtype=np.float32)
+            )
+            image_level = image_level_f1(scores, present, self.image_threshold)
+        num_images = len(gts)
+        per_class = [
+            {
+                "name": self.class_names[c],
+                "num_gt": counts["per_class"][c]["num_gt"],
+                "ap": coco["per_class"][c]["ap"],
+                "ap50": coco["per_class"][c]["ap50"],
+                "precision": counts["per_class"][c]["precision"],
+                "recall": counts["per_class"][c]["recall"],
+                "f1": counts["per_class"][c]["f1"],
+                "tp": counts["per_class"][c]["tp"],
+                "fp": counts["per_class"][c]["fp"],
+                "fn": counts["per_class"][c]["fn"],
+            }
+            for c in range(self.num_classes)
+        ]
+        return {
+            "f1": counts["micro"]["f1"],
+            "precision": counts["micro"]["precision"],
+            "recall": counts["micro"]["recall"],
+            "f1_macro": counts["macro"]["f1"],
+            "best_f1": counts["best"]["f1"],
+            "best_f1_threshold": counts["best"]["threshold"],
+            "ap": coco["ap"],
+            "ap50": coco["ap50"],
+            "ap75": coco["ap75"],
+            "per_class": per_class,
+            "micro": counts["micro"],
+            "macro": counts["macro"],
+            "best": counts["best"],
+            "image_level": image_level,
+            "num_images": num_images,
+            "num_ground_truth": counts["num_ground_truth"],
+            "num_detections": counts["num_detections"],
+            "score_threshold": self.score_threshold,
+            "iou_threshold": self.iou_threshold,
+            "timing": {
+                "model_s": model_s,
+                "postprocess_s": postprocess_s,
+                "images_per_s": _ratio(num_images, model_s),
+                "ms_per_image": 1000.0 * _ratio(model_s, num_images),
+            },
+        }

@@ -1,0 +1,57 @@
+"""Model registry: `build_model(name, num_classes, label_mode)`; nothing is ever downloaded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from pipeline.errors import ConfigError
+from pipeline.models import centernet
+
+MODELS: dict[str, Callable[..., centernet.CenterNet]] = {
+    "tiny_conv": centernet.tiny_conv,
+    "resnet18": centernet.resnet18,
+}
+LABEL_MODES = centernet.LABEL_MODES
+
+
+def build_model(
+    name: str, num_classes: int, label_mode: str = "multilabel", **options
+) -> centernet.CenterNet:
+    """Build a registered detector with fresh weights (weights=None for torchvision parts)."""
+    if name not in MODELS:
+        raise ConfigError(
+            f"Unknown model {name!r}: choose one of {', '.join(MODELS)} (config key model.name)."
+        )
+    if label_mode not in LABEL_MODES:
+        raise ConfigError(
+            f"Unknown label_mode {label_mode!r}: choose one of {', '.join(LABEL_MODES)}."
+        )
+    if num_classes < 1:
+        raise ConfigError(f"A detector needs at least one class, got num_classes={num_classes}.")
+    return MODELS[name](num_classes, label_mode, **options)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# How many pixels the deepest feature map of each model spans: inputs must be multiples of it.
+INPUT_MULTIPLE = {"tiny_conv": 16, "resnet18": 32}
+
+
+def check_input_size(name: str, image_size: int) -> None:
+    multiple = INPUT_MULTIPLE.get(name, 1)
+    if image_size % multiple:
+        lower = max(multiple, image_size // multiple * multiple)
+        raise ConfigError(
+            f"data.image_size={image_size} does not fit model {name!r}: its total stride is {multiple}, so the "
+            f"input size must be a multiple of {multiple} (for example {lower} or {lower + multiple})."
+        )
+
+
+def build_from_config(model_config: dict, num_classes: int) -> centernet.CenterNet:
+    """The model a config's `model` section describes (the trainer, eval and profile agree)."""
+    options = {"width": model_config["width"]} if model_config["name"] == "tiny_conv" else {}
+    return build_model(model_config["name"], num_classes, model_config["label_mode"], **options)

@@ -1,0 +1,182 @@
+"""Anchor-free CenterNet-style detectors: a per-class heatmap at stride 4 plus, at every cell,
+the offset to the object's centre and the object's size.
+
+Decoding keeps heatmap peaks (3x3 max-pool test) and the top K: no NMS. The box branch is
+trained densely around each centre (TTFNet-style), which converges far faster than
+supervising the centre cell alone: on a CPU, training time is the budget.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LABEL_MODES = ("multilabel", "single")
+STRIDE = 4
+_MEAN = (0.5, 0.5, 0.5)
+_STD = (0.25, 0.25, 0.25)
+_MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
+
+
+def conv_bn(c_in: int, c_out: int, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, stride, 1, groups=groups, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    )
+
+
+class TinyBackbone(nn.Module):
+    """A plain conv net giving features at strides 4, 8 and 16 (small and fast on a CPU)."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        w = width
+        self.stem = nn.Sequential(conv_bn(3, w // 2, 2), conv_bn(w // 2, w // 2))
+        self.stage4 = nn.Sequential(conv_bn(w // 2, w, 2), conv_bn(w, w))
+        self.stage8 = nn.Sequential(conv_bn(w, 2 * w, 2), conv_bn(2 * w, 2 * w))
+        self.stage16 = nn.Sequential(
+            conv_bn(2 * w, 3 * w, 2), conv_bn(3 * w, 3 * w), conv_bn(3 * w, 3 * w)
+        )
+        self.channels = (w, 2 * w, 3 * w)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        c4 = self.stage4(self.stem(x))
+        c8 = self.stage8(c4)
+        c16 = self.stage16(c8)
+        return [c4, c8, c16]
+
+
+class ResNetBackbone(nn.Module):
+    """torchvision's resnet18 trunk (weights=None: nothing is downloaded), strides 4 to 32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None)
+        self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
+        self.layers = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
+        self.channels = (64, 128, 256, 512)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        features = []
+        x = self.stem(x)
+        for layer in self.layers:
+            x = layer(x)
+            features.append(x)
+        return features
+
+
+class TopDownNeck(nn.Module):
+    """Brings the coarse, wide-context features back to stride 4 (an FPN top-down path)."""
+
+    def __init__(self, channels: tuple[int, ...], out_channels: int) -> None:
+        super().__init__()
+        self.lateral = nn.ModuleList(nn.Conv2d(c, out_channels, 1) for c in channels)
+        self.smooth = conv_bn(out_channels, out_channels)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.lateral[-1](features[-1])
+        for feature, lateral in zip(
+            reversed(features[:-1]), reversed(self.lateral[:-1]), strict=True
+        ):
+            x = F.interpolate(x, size=feature.shape[-2:], mode="nearest") + lateral(feature)
+        return self.smooth(x)
+
+
+class CenterNet(nn.Module):
+    """Backbone + neck + two heads: class heatmap logits and box (dx, dy, log w, log h) per cell."""
+
+    def __init__(
+        self, backbone: nn.Module, num_classes: int, label_mode: str, neck_channels: int
+    ) -> None:
+        super().__init__()
+        if label_mode not in LABEL_MODES:
+            raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
+        self.num_classes = num_classes
+        self.label_mode = label_mode
+        self.stride = STRIDE
+        self.backbone = backbone
+        self.neck = TopDownNeck(backbone.channels, neck_channels)
+        heat_channels = num_classes if label_mode == "multilabel" else num_classes + 1
+        self.heatmap_head = nn.Sequential(
+            conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, heat_channels, 1)
+        )
+        self.box_head = nn.Sequential(
+            conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4, 1)
+        )
+        self.register_buffer("mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
+        self._init_heads()
+
+    def _init_heads(self) -> None:
+        # Start the heatmap near 1% positives (focal-loss prior), so early training is stable.
+        last = self.heatmap_head[-1]
+        nn.init.constant_(last.bias, -4.6 if self.label_mode == "multilabel" else 0.0)
+        if self.label_mode == "single":
+            with torch.no_grad():
+                last.bias[-1] = 4.6  # background starts likely
+        nn.init.zeros_(self.box_head[-1].weight)
+        nn.init.zeros_(self.box_head[-1].bias)
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """images: uint8 [B,3,H,W] (or float in [0, 1]); H and W divisible by the backbone's stride."""
+        x = images.float() / 255.0 if images.dtype == torch.uint8 else images
+        x = (x - self.mean) / self.std
+        features = self.neck(self.backbone(x))
+        return {"heatmap": self.heatmap_head(features), "box": self.box_head(features)}
+
+    def class_probs(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-class probabilities [B,C,h,w]: sigmoid (multilabel) or softmax without background (single)."""
+        logits = outputs["heatmap"].float()
+        if self.label_mode == "multilabel":
+            return logits.sigmoid()
+        return logits.softmax(dim=1)[:, : self.num_classes]
+
+    def boxes(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Decoded xyxy boxes in input pixels at every cell: [B,4,h,w]."""
+        reg = outputs["box"].float()
+        _, _, h, w = reg.shape
+        ys = torch.arange(h, device=reg.device, dtype=reg.dtype).view(1, h, 1) + 0.5
+        xs = torch.arange(w, device=reg.device, dtype=reg.dtype).view(1, 1, w) + 0.5
+        cx = (xs + reg[:, 0]) * self.stride
+        cy = (ys + reg[:, 1]) * self.stride
+        half_w = reg[:, 2].clamp(max=_MAX_LOG_SIZE).exp() * self.stride / 2
+        half_h = reg[:, 3].clamp(max=_MAX_LOG_SIZE).exp() * self.stride / 2
+        return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
+
+    def image_scores(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Image-level class scores [B,C]: the highest heatmap value of each class."""
+        return self.class_probs(outputs).amax(dim=(2, 3))
+
+    @torch.no_grad()
+    def decode(
+        self, outputs: dict[str, torch.Tensor], max_detections: int = 100
+    ) -> list[dict[str, torch.Tensor]]:
+        """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells, with their boxes."""
+        probs = self.class_probs(outputs)
+        batch, classes, h, w = probs.shape
+        peaks = probs * (F.max_pool2d(probs, 3, stride=1, padding=1) == probs)
+        k = min(max_detections, classes * h * w)
+        scores, flat = peaks.reshape(batch, -1).topk(k, dim=1)
+        labels = flat // (h * w)
+        cells = flat % (h * w)
+        boxes = self.boxes(outputs).reshape(batch, 4, h * w)
+        size = torch.tensor([w, h, w, h], device=probs.device, dtype=probs.dtype) * self.stride
+        results = []
+        for i in range(batch):
+            keep = scores[i] > 0
+            picked = boxes[i][:, cells[i][keep]].T
+            picked = torch.minimum(picked.clamp(min=0), size)
+            results.append({"boxes": picked, "scores": scores[i][keep], "labels": labels[i][keep]})
+        return results
+
+
+def tiny_conv(num_classes: int, label_mode: str, width: int = 32) -> CenterNet:
+    return CenterNet(TinyBackbone(width), num_classes, label_mode, neck_channels=width)
+
+
+def resnet18(num_classes: int, label_mode: str) -> CenterNet:
+    return CenterNet(ResNetBackbone(), num_classes, label_mode, neck_channels=64)

@@ -1,0 +1,539 @@
+"""Detection metrics: greedy matching, P/R/F1, COCO AP through pycocotools, and the Evaluator loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline.engine import evaluator as evaluator_module
+from pipeline.engine.evaluator import (
+    TIMING_KEYS,
+    Evaluator,
+    coco_ap,
+    image_level_f1,
+    match_detections,
+    precision_recall_f1,
+)
+from pipeline.errors import ConfigError, DataError
+
+RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCO's 101 recall points
+
+
+def gt(image_id: int, boxes: list[list[float]], labels: list[int]) -> dict[str, Any]:
+    return {
+        "image_id": image_id,
+        "boxes": np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
+        "labels": np.asarray(labels, dtype=np.int64),
+    }
+
+
+def det(
+    image_id: int, boxes: list[list[float]], scores: list[float], labels: list[int]
+) -> dict[str, Any]:
+    return {
+        "image_id": image_id,
+        "boxes": np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
+        "scores": np.asarray(scores, dtype=np.float32),
+        "labels": np.asarray(labels, dtype=np.int64),
+    }
+
+
+def perfect(gts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        det(g["image_id"], g["boxes"].tolist(), [1.0] * len(g["labels"]), g["labels"].tolist())
+        for g in gts
+    ]
+
+
+@pytest.fixture
+def scene() -> list[dict[str, Any]]:
+    """Four images, three classes with ground truth, a fourth class without any."""
+    return [
+        gt(1, [[0, 0, 10, 10], [20, 20, 40, 40], [50, 5, 60, 30]], [0, 1, 0]),
+        gt(2, [[5, 5, 25, 25]], [2]),
+        gt(3, [], []),
+        gt(4, [[0, 0, 64, 64], [10, 10, 20, 20]], [1, 2]),
+    ]
+
+
+# The hand-built case. Image 1: A, B of class 0 and C of class 1. Image 2: D of class 1, never
+# detected. Image 3: no objects, one confident false positive. At score >= 0.5 (d4 dropped):
+#   d0 0.9 class 0 = A exactly                 -> TP (A)
+#   d1 0.8 class 0 shifted A, IoU 0.82         -> FP, A is taken: duplicate
+#   d2 0.7 class 1 on B                        -> FP, B is class 0: wrong class
+#   d3 0.6 class 1 over 40% of C, IoU 0.4      -> FP, low IoU
+#   d4 0.2 class 0 on B, IoU 0.9               -> TP (B), but below 0.5
+#   e0 0.95 class 0 on the empty image 3       -> FP
+HAND_GTS = [
+    gt(1, [[0, 0, 10, 10], [20, 20, 30, 30], [0, 20, 10, 30]], [0, 0, 1]),
+    gt(2, [[50, 50, 70, 70]], [1]),
+    gt(3, [], []),
+]
+HAND_DETS = [
+    det(
+        1,
+        [[0, 0, 10, 10], [1, 0, 11, 10], [20, 20, 30, 30], [0, 20, 4, 30], [20, 20, 30, 29]],
+        [0.9, 0.8, 0.7, 0.6, 0.2],
+        [0, 0, 1, 1, 0],
+    ),
+    det(3, [[0, 0, 5, 5]], [0.95], [0]),
+]
+
+
+def test_matching_marks_duplicate_wrong_class_and_low_iou_detections_as_false_positives() -> None:
+    d = HAND_DETS[0]
+    g = HAND_GTS[0]
+    flags = match_detections(d["boxes"], d["scores"], d["labels"], g["boxes"], g["labels"])
+    assert flags.tolist() == [True, False, False, False, True]
+
+
+def test_matching_is_greedy_by_score_and_reports_flags_in_the_input_order() -> None:
+    gt_boxes = np.array([[0, 0, 10, 10]], dtype=np.float32)
+    # Listed low score first: the 0.9 detection (IoU 0.6) claims the object before the
+    # 0.5 detection with the perfect box, which becomes the false positive.
+    boxes = np.array([[0, 0, 10, 10], [0, 0, 10, 6]], dtype=np.float32)
+    flags = match_detections(boxes, np.array([0.5, 0.9]), np.array([0, 0]), gt_boxes, np.array([0]))
+    assert flags.tolist() == [False, True]
+
+
+def test_matching_takes_the_unmatched_ground_truth_with_the_highest_iou() -> None:
+    gt_boxes = np.array([[0, 0, 10, 10], [5, 0, 15, 10]], dtype=np.float32)
+    # The first detection overlaps both (IoU 0.54 and 0.67): it must take the second, which
+    # leaves the first object for the second detection. First-found matching would give 1 TP.
+    boxes = np.array([[3, 0, 13, 10], [0, 0, 10, 10]], dtype=np.float32)
+    flags = match_detections(
+        boxes, np.array([0.9, 0.8]), np.array([0, 0]), gt_boxes, np.array([0, 0])
+    )
+    assert flags.tolist() == [True, True]
+
+
+def test_matching_with_no_ground_truth_or_no_detections_returns_all_false() -> None:
+    empty_boxes = np.zeros((0, 4), dtype=np.float32)
+    assert match_detections(
+        [[0, 0, 1, 1]], [0.9], [0], empty_boxes, np.zeros(0, dtype=np.int64)
+    ).tolist() == [False]
+    assert match_detections(empty_boxes, [], [], [[0, 0, 1, 1]], [0]).tolist() == []
+
+
+def test_hand_built_precision_recall_f1_micro_macro_and_per_class() -> None:
+    result = precision_recall_f1(HAND_GTS, HAND_DETS, num_classes=3, score_threshold=0.5)
+    micro = result["micro"]
+    assert (micro["tp"], micro["fp"], micro["fn"]) == (1, 4, 3)
+    assert micro["precision"] == pytest.approx(1 / 5)
+    assert micro["recall"] == pytest.approx(1 / 4)
+    assert micro["f1"] == pytest.approx(2 / 9)
+    class0, class1, class2 = result["per_class"]
+    assert (class0["num_gt"], class0["tp"], class0["fp"], class0["fn"]) == (2, 1, 2, 1)
+    assert class0["precision"] == pytest.approx(1 / 3)
+    assert class0["recall"] == pytest.approx(1 / 2)
+    assert class0["f1"] == pytest.approx(2 / 5)
+    assert (class1["num_gt"], class1["tp"], class1["fp"], class1["fn"]) == (2, 0, 2, 2)
+    assert class1["f1"] == 0.0
+    assert (class2["num_gt"], class2["tp"], class2["fp"]) == (0, 0, 0)
+    # Class 2 has neither ground truth nor detections: left out of the macro mean.
+    macro = result["macro"]
+    assert macro["num_classes"] == 2
+    assert macro["precision"] == pytest.approx(1 / 6)
+    assert macro["recall"] == pytest.approx(1 / 4)
+    assert macro["f1"] == pytest.approx(1 / 5)
+    assert result["num_ground_truth"] == 4
+    assert result["num_detections"] == 6
+
+
+def test_best_f1_on_the_hand_built_case_lowers_the_threshold_to_catch_the_last_true_positive() -> (
+    None
+):
+    # Sweep (0.95 FP, 0.9 TP, 0.8 FP, 0.7 FP, 0.6 FP, 0.2 TP; 4 objects): F1 0, 1/3, 2/7, 1/4, 2/9, 2/5.
+    best = precision_recall_f1(HAND_GTS, HAND_DETS, num_classes=3, score_threshold=0.5)["best"]
+    assert best["threshold"] == pytest.approx(0.2, abs=1e-6)
+    assert best["f1"] == pytest.approx(2 / 5)
+    assert best["precision"] == pytest.approx(2 / 6)
+    assert best["recall"] == pytest.approx(2 / 4)
+
+
+def test_best_f1_threshold_picks_the_middle_score_that_maximises_micro_f1() -> None:
+    # Three objects; detections by score: TP, TP, FP, FP, FP, TP -> F1 0.5, 0.8, 0.67, 0.57, 0.5, 0.67.
+    objects = [[0, 0, 10, 10], [20, 0, 30, 10], [40, 0, 50, 10]]
+    gts = [gt(1, objects, [0, 0, 0])]
+    boxes = [
+        objects[0],
+        objects[1],
+        [60, 0, 70, 10],
+        [80, 0, 90, 10],
+        [100, 0, 110, 10],
+        objects[2],
+    ]
+    dets = [det(1, boxes, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4], [0] * 6)]
+    best = precision_recall_f1(gts, dets, num_classes=1, score_threshold=0.3)["best"]
+    assert best["threshold"] == pytest.approx(0.8, abs=1e-6)
+    assert best["f1"] == pytest.approx(0.8)
+    assert best["precision"] == pytest.approx(1.0)
+    assert best["recall"] == pytest.approx(2 / 3)
+
+
+def test_best_f1_never_splits_tied_scores_and_prefers_the_higher_threshold_on_equal_f1() -> None:
+    # 0.9 TP, then three detections tied at 0.7 (one TP). Keeping only the first 0.7 one would
+    # give F1 1.0, but a threshold cannot split a tie: F1 is 2/3 at 0.9 and 2/3 at 0.7.
+    objects = [[0, 0, 10, 10], [20, 0, 30, 10]]
+    boxes = [objects[0], objects[1], [60, 0, 70, 10], [80, 0, 90, 10]]
+    dets = [det(1, boxes, [0.9, 0.7, 0.7, 0.7], [0] * 4)]
+    best = precision_recall_f1([gt(1, objects, [0, 0])], dets, 1, score_threshold=0.5)["best"]
+    assert best["f1"] == pytest.approx(2 / 3)
+    assert best["threshold"] == pytest.approx(0.9, abs=1e-6)
+
+
+def test_ground_truth_given_as_predictions_scores_ap_1_and_f1_1(
+    scene: list[dict[str, Any]],
+) -> None:
+    names = ["a", "b", "c", "d"]
+    ap = coco_ap(scene, perfect(scene), 4, (64, 64), names)
+    # pycocotools divides by tp + fp + eps, so a perfect precision is 1 - 2e-16.
+    assert ap["ap"] == pytest.approx(1.0, abs=1e-9)
+    assert ap["ap50"] == pytest.approx(1.0, abs=1e-9)
+    assert ap["ap75"] == pytest.approx(1.0, abs=1e-9)
+    assert [row["ap"] for row in ap["per_class"][:3]] == pytest.approx([1.0] * 3, abs=1e-9)
+    counts = precision_recall_f1(scene, perfect(scene), 4, score_threshold=0.3)
+    assert counts["micro"]["f1"] == 1.0
+    assert counts["macro"]["f1"] == 1.0
+    assert counts["best"]["f1"] == 1.0
+
+
+def test_no_predictions_gives_zero_everywhere_without_crashing(scene: list[dict[str, Any]]) -> None:
+    empty = [det(g["image_id"], [], [], []) for g in scene]
+    for dets in ([], empty):
+        counts = precision_recall_f1(scene, dets, 4, score_threshold=0.3)
+        assert counts["micro"] == {
+            "precision": 0.0,
+            "recall": 0.0,
+            "f1": 0.0,
+            "tp": 0,
+            "fp": 0,
+            "fn": 6,
+        }
+        assert counts["macro"]["f1"] == 0.0
+        assert counts["best"] == {"threshold": 0.3, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+        ap = coco_ap(scene, dets, 4, (64, 64), ["a", "b", "c", "d"])
+        assert (ap["ap"], ap["ap50"], ap["ap75"]) == (0.0, 0.0, 0.0)
+        assert [row["ap"] for row in ap["per_class"]] == [0.0, 0.0, 0.0, None]
+
+
+def test_no_ground_truth_at_all_gives_zero_and_per_class_ap_none() -> None:
+    gts = [gt(1, [], []), gt(2, [], [])]
+    dets = [det(1, [[0, 0, 10, 10]], [0.9], [0])]
+    counts = precision_recall_f1(gts, dets, 2, score_threshold=0.3)
+    assert counts["micro"]["f1"] == counts["micro"]["precision"] == counts["micro"]["recall"] == 0.0
+    assert counts["micro"]["fp"] == 1
+    assert counts["num_ground_truth"] == 0
+    ap = coco_ap(gts, dets, 2, (64, 64), ["a", "b"])
+    assert ap["ap"] == 0.0
+    assert [row["ap"] for row in ap["per_class"]] == [None, None]
+
+
+def test_per_class_ap_is_none_for_a_class_without_ground_truth(scene: list[dict[str, Any]]) -> None:
+    dets = [*perfect(scene[:3]), det(4, [[0, 0, 64, 64], [30, 30, 40, 40]], [0.8, 0.7], [1, 3])]
+    ap = coco_ap(scene, dets, 4, (64, 64), ["a", "b", "c", "d"])
+    rows = ap["per_class"]
+    assert rows[3]["ap"] is None and rows[3]["ap50"] is None
+    assert rows[3]["name"] == "d" and rows[3]["num_gt"] == 0
+    # A class with ground truth it never detects scores 0, not None: class 2 misses image 4.
+    assert rows[2]["ap50"] == pytest.approx(np.mean(RECALL_THRESHOLDS <= 0.5), abs=1e-9)
+
+
+def _iou(a: list[float], b: list[float]) -> float:
+    width = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = width * height
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def reference_ap50(
+    gts: list[dict[str, Any]], dets: list[dict[str, Any]], num_classes: int
+) -> list[float | None]:
+    """COCO-style AP@.5 per class, written out plainly: 101-point interpolated precision."""
+    found = {d["image_id"]: d for d in dets}
+    result: list[float | None] = []
+    for c in range(num_classes):
+        ranked: list[tuple[float, bool]] = []
+        positives = 0
+        for g in gts:
+            truth = [
+                box.tolist()
+                for box, label in zip(g["boxes"], g["labels"], strict=True)
+                if label == c
+            ]
+            positives += len(truth)
+            d = found.get(g["image_id"])
+            if d is None:
+                continue
+            mine = sorted(
+                (
+                    (float(score), box.tolist())
+                    for box, score, label in zip(d["boxes"], d["scores"], d["labels"], strict=True)
+                    if label == c
+                ),
+                key=lambda item: -item[0],
+            )
+            taken = [False] * len(truth)
+            for score, box in mine:
+                best, best_iou = None, 0.5
+                for index, other in enumerate(truth):
+                    overlap = _iou(box, other)
+                    if not taken[index] and overlap >= best_iou:
+                        best, best_iou = index, overlap
+                if best is not None:
+                    taken[best] = True
+                ranked.append((score, best is not None))
+        if positives == 0:
+            result.append(None)
+            continue
+        ranked.sort(key=lambda item: -item[0])
+        hits = np.cumsum([hit for _, hit in ranked])
+        recall = hits / positives
+        precision = hits / np.arange(1, len(ranked) + 1)
+        points = [
+            max((p for p, r in zip(precision, recall, strict=True) if r >= level), default=0.0)
+            for level in RECALL_THRESHOLDS
+        ]
+        result.append(float(np.mean(points)))
+    return result
+
+
+def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
+    rng = np.random.default_rng(7)
+    num_classes, gts, dets = 3, [], []
+    for image_id in range(1, 6):
+        count = int(rng.integers(1, 5))
+        corners = rng.uniform(0, 80, size=(count, 2))
+        sizes = rng.uniform(8, 40, size=(count, 2))
+        boxes = np.concatenate([corners, corners + sizes], axis=1)
+        labels = rng.integers(0, num_classes, size=count)
+        gts.append(gt(image_id, boxes.tolist(), labels.tolist()))
+        # Jittered copies (some fall under IoU 0.5), a few with the wrong class, plus clutter.
+        noisy = boxes + rng.normal(0, 3.5, size=boxes.shape)
+        noisy_labels = np.where(rng.random(count) < 0.2, (labels + 1) % num_classes, labels)
+        clutter = np.concatenate(
+            [rng.uniform(0, 80, (2, 2)), rng.uniform(0, 80, (2, 2)) + 90], axis=1
+        )
+        all_boxes = np.concatenate([noisy, clutter])
+        all_labels = np.concatenate([noisy_labels, rng.integers(0, num_classes, 2)])
+        dets.append(
+            det(image_id, all_boxes.tolist(), rng.random(count + 2).tolist(), all_labels.tolist())
+        )
+
+    expected = reference_ap50(gts, dets, num_classes)
+    ap = coco_ap(gts, dets, num_classes, (128, 128), ["x", "y", "z"])
+    assert [row["ap50"] for row in ap["per_class"]] == pytest.approx(expected, abs=1e-6)
+    present = [value for value in expected if value is not None]
+    assert ap["ap50"] == pytest.approx(np.mean(present), abs=1e-6)
+    assert 0.0 < ap["ap50"] < 1.0  # a fixture where the interpolation actually matters
+
+
+def test_detections_for_an_unknown_image_or_out_of_range_labels_are_refused() -> None:
+    gts = [gt(1, [[0, 0, 10, 10]], [0])]
+    with pytest.raises(ValueError, match="without ground truth"):
+        precision_recall_f1(gts, [det(2, [[0, 0, 1, 1]], [0.9], [0])], 1, 0.3)
+    with pytest.raises(DataError, match="outside"):
+        precision_recall_f1([gt(1, [[0, 0, 10, 10]], [1])], [], 1, 0.3)
+
+
+def test_image_level_f1_on_a_known_matrix() -> None:
+    scores = np.array(
+        [
+            [0.9, 0.2, 0.6, 0.0],
+            [0.4, 0.5, 0.1, 0.1],  # 0.5 sits on the threshold: predicted
+            [0.8, 0.1, 0.3, 0.2],
+        ]
+    )
+    present = np.array(
+        [
+            [True, False, False, False],
+            [True, True, False, False],
+            [True, False, False, False],
+        ]
+    )
+    result = image_level_f1(scores, present, threshold=0.5)
+    # Class 0: TP 2, FN 1 (F1 0.8). Class 1: TP 1 (F1 1). Class 2: FP 1 (F1 0). Class 3: unused.
+    assert (result["micro"]["tp"], result["micro"]["fp"], result["micro"]["fn"]) == (3, 1, 1)
+    assert result["f1"] == pytest.approx(0.75)
+    assert result["precision"] == pytest.approx(0.75)
+    assert result["recall"] == pytest.approx(0.75)
+    assert result["macro"]["num_classes"] == 3
+    assert result["f1_macro"] == pytest.approx(0.6)
+    assert result["macro"]["precision"] == pytest.approx(2 / 3)
+    assert result["macro"]["recall"] == pytest.approx(5 / 9)
+
+
+# --- The Evaluator loop --------------------------------------------------------------------
+
+SIZE = 32
+TRUTH = {  # image_id: (boxes, labels)
+    10: ([[2, 2, 12, 12]], [0]),
+    11: ([[4, 4, 20, 20]], [1]),
+    12: ([[0, 10, 8, 30]], [0]),
+    13: ([[16, 16, 30, 30]], [1]),
+}
+PREDICTIONS = {  # image_id: (boxes, scores, labels)
+    10: ([[2, 2, 12, 12]], [0.9], [0]),
+    11: ([[4, 4, 20, 20]], [0.8], [1]),
+    12: ([[0, 10, 8, 30], [20, 0, 30, 8]], [0.7, 0.1], [0, 1]),  # 0.1: below the threshold
+    13: ([[16, 16, 30, 30]], [0.6], [0]),  # right place, wrong class
+}
+IMAGE_SCORES = {10: [0.9, 0.1], 11: [0.2, 0.8], 12: [0.7, 0.6], 13: [0.4, 0.3]}
+
+
+class FakeDetector(torch.nn.Module):
+    """Each image is filled with its id; decode looks the fixed predictions up by that id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.seen: list[dict[str, bool]] = []
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.seen.append(
+            {
+                "training": self.training,
+                "inference_mode": torch.is_inference_mode_enabled(),
+                "autocast": torch.is_autocast_enabled("cpu"),
+            }
+        )
+        return images[:, 0, 0, 0] * self.weight
+
+    def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, torch.Tensor]]:
+        assert max_detections == 100
+        decoded = []
+        for image_id in outputs.round().long().tolist():
+            boxes, scores, labels = PREDICTIONS[image_id]
+            decoded.append(
+                {
+                    "boxes": torch.tensor(boxes, dtype=torch.float32),
+                    "scores": torch.tensor(scores, dtype=torch.float16),  # as under autocast
+                    "labels": torch.tensor(labels),
+                }
+            )
+        return decoded
+
+    def image_scores(self, outputs: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([IMAGE_SCORES[i] for i in outputs.round().long().tolist()])
+
+
+def collate(
+    batch: list[tuple[torch.Tensor, dict[str, Any]]],
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    images, targets = zip(*batch, strict=True)
+    return torch.stack(images), list(targets)
+
+
+@pytest.fixture
+def loader() -> DataLoader:
+    samples = [
+        (
+            torch.full((3, SIZE, SIZE), float(image_id)),
+            {
+                "boxes": torch.tensor(boxes, dtype=torch.float32),
+                "labels": torch.tensor(labels),
+                "image_id": image_id,
+            },
+        )
+        for image_id, (boxes, labels) in TRUTH.items()
+    ]
+    return DataLoader(samples, batch_size=2, collate_fn=collate)
+
+
+def test_evaluator_reports_metrics_timing_and_json_ready_detections(loader: DataLoader) -> None:
+    model = FakeDetector()
+    model.train()
+    evaluator = Evaluator(["circle", "square"], label_mode="multilabel", image_size=SIZE)
+    metrics, detections = evaluator.evaluate(model, loader, "cpu")
+
+    # At score >= 0.3: three exact hits, one wrong-class detection (FP) and its missed object.
+    assert (metrics["micro"]["tp"], metrics["micro"]["fp"], metrics["micro"]["fn"]) == (3, 1, 1)
+    assert metrics["f1"] == metrics["precision"] == metrics["recall"] == pytest.approx(0.75)
+    assert metrics["f1_macro"] == pytest.approx((0.8 + 2 / 3) / 2)
+    # Sweep: TP 0.9, TP 0.8, TP 0.7, FP 0.6, FP 0.1 over 4 objects -> best 6/7 at 0.7.
+    assert metrics["best_f1"] == pytest.approx(6 / 7)
+    assert metrics["best_f1_threshold"] == pytest.approx(0.7, abs=1e-3)
+    # Class 0 ranks TP, TP, FP: AP 1. Class 1 reaches recall 0.5 at precision 1. Boxes are
+    # exact, so AP@[.5:.95] = AP@.5 = AP@.75.
+    class1_ap = np.mean(RECALL_THRESHOLDS <= 0.5)
+    for key in ("ap", "ap50", "ap75"):
+        assert metrics[key] == pytest.approx((1.0 + class1_ap) / 2, abs=1e-6)
+    circle, square = metrics["per_class"]
+    assert circle["name"] == "circle" and circle["num_gt"] == 2
+    assert circle["ap"] == pytest.approx(1.0, abs=1e-9)
+    assert circle["precision"] == pytest.approx(2 / 3) and circle["recall"] == 1.0
+    assert square["ap50"] == pytest.approx(class1_ap, abs=1e-6)
+    assert square["f1"] == pytest.approx(2 / 3)
+    assert metrics["image_level"]["f1"] == pytest.approx(0.75)
+    assert (metrics["num_images"], metrics["num_ground_truth"], metrics["num_detections"]) == (
+        4,
+        4,
+        5,
+    )
+    assert (metrics["score_threshold"], metrics["iou_threshold"]) == (0.3, 0.5)
+
+    assert set(metrics["timing"]) == set(TIMING_KEYS)
+    assert metrics["timing"]["model_s"] > 0 and metrics["timing"]["images_per_s"] > 0
+    assert metrics["timing"]["ms_per_image"] == pytest.approx(
+        1000 * metrics["timing"]["model_s"] / 4
+    )
+
+    assert [d["image_id"] for d in detections] == [10, 11, 12, 13]
+    third = detections[2]
+    assert type(third["boxes"]) is list and type(third["boxes"][0]) is list
+    assert type(third["scores"][0]) is float and type(third["labels"][0]) is int
+    assert third["boxes"] == [[0.0, 10.0, 8.0, 30.0], [20.0, 0.0, 30.0, 8.0]]
+    assert third["labels"] == [0, 1]
+    json.dumps({"metrics": metrics, "detections": detections})
+
+    # Two batches, each run in eval mode under inference_mode; the caller's mode comes back.
+    assert model.seen == [{"training": False, "inference_mode": True, "autocast": False}] * 2
+    assert model.training
+
+
+def test_evaluator_single_label_mode_skips_image_level_metrics(loader: DataLoader) -> None:
+    class NoImageScores(FakeDetector):
+        def image_scores(self, outputs: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("single-label evaluation must not ask for image scores")
+
+    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    metrics, _ = evaluator.evaluate(NoImageScores(), loader, "cpu")
+    assert metrics["image_level"] is None
+    assert metrics["f1"] == pytest.approx(0.75)
+
+
+def test_evaluator_autocasts_the_forward_when_precision_is_not_fp32(loader: DataLoader) -> None:
+    model = FakeDetector()
+    evaluator = Evaluator(["circle", "square"], label_mode="multilabel", image_size=SIZE)
+    metrics, _ = evaluator.evaluate(model, loader, "cpu", precision="bf16")
+    assert [seen["autocast"] for seen in model.seen] == [True, True]
+    assert metrics["f1"] == pytest.approx(0.75)
+
+
+def test_evaluator_synchronizes_the_device_around_each_timed_forward(
+    loader: DataLoader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(
+        evaluator_module, "synchronize", lambda device: events.append(f"sync {device}")
+    )
+
+    class Recording(FakeDetector):
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            events.append("forward")
+            return super().forward(images)
+
+    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    evaluator.evaluate(Recording(), loader, "cpu")
+    assert events == ["sync cpu", "forward", "sync cpu"] * 2
+
+
+def test_evaluator_refuses_an_unknown_label_mode() -> None:
+    with pytest.raises(ConfigError, match="label_mode"):
+        Evaluator(["a"], label_mode="multi", image_size=SIZE)
