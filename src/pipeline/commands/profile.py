@@ -1,0 +1,113 @@
+"""`python -m pipeline profile`: inference latency per batch size and a torch.profiler trace."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline import atomic
+from pipeline.cli import command_parser
+from pipeline.config import load_schema, parse_bool
+from pipeline.errors import ConfigError
+
+log = logging.getLogger("pipeline")
+DEFAULTS = {
+    key: spec["default"]
+    for key, spec in load_schema()["properties"]["profile"]["properties"].items()
+}
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise ConfigError(
+            f"--batch-sizes {text!r} must be positive integers separated by commas, e.g. 1,8,32."
+        ) from error
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(
+            f"--batch-sizes {text!r} must be positive integers separated by commas, e.g. 1,8,32."
+        )
+    return sizes
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("profile", __doc__)
+    parser.add_argument("--checkpoint", required=True, metavar="PATH")
+    parser.add_argument(
+        "--device", help="device to profile on (default: the checkpoint's config device)"
+    )
+    parser.add_argument("--amp", help="auto, true or false (default: the checkpoint's amp)")
+    parser.add_argument(
+        "--batch-sizes", default=",".join(map(str, DEFAULTS["batch_sizes"])), metavar="1,8,32"
+    )
+    parser.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
+    parser.add_argument("--repeats", type=int, default=DEFAULTS["repeats"])
+    parser.add_argument(
+        "--time-budget", type=float, default=DEFAULTS["time_budget_s"], metavar="SECONDS"
+    )
+    parser.add_argument("--trace-steps", type=int, default=DEFAULTS["trace_steps"])
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="writes profile.json, operators.json, trace.json",
+    )
+    args = parser.parse_args(argv)
+    settings = {
+        "batch_sizes": _batch_sizes(args.batch_sizes),
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "time_budget_s": args.time_budget,
+        "trace_steps": args.trace_steps,
+    }
+    if args.repeats < 1 or args.trace_steps < 1 or args.warmup < 0 or args.time_budget <= 0:
+        raise ConfigError(
+            "--repeats and --trace-steps must be at least 1, --warmup at least 0, --time-budget positive."
+        )
+
+    import torch
+
+    from pipeline import device as dev
+    from pipeline import profiling
+    from pipeline.engine import checkpoint
+
+    state = checkpoint.load(args.checkpoint)
+    config = state["config"]
+    device = dev.resolve_device(args.device or config["device"])
+    amp = config["amp"] if args.amp is None else parse_bool(args.amp)
+    precision = dev.training_precision(amp, config["amp_dtype"], device)
+    memory_format = (
+        torch.channels_last if config["train"]["channels_last"] else torch.contiguous_format
+    )
+    model = checkpoint.restore_model(state, device, memory_format)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "profiling %s on %s (%s), batch sizes %s",
+        args.checkpoint,
+        dev.describe_device(device),
+        precision,
+        settings["batch_sizes"],
+    )
+    result = profiling.run(
+        model, device, precision, config["data"]["image_size"], settings, out, memory_format
+    )
+    atomic.write_json(
+        out / "profile.json",
+        {
+            "format": profiling.FORMAT,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "checkpoint": str(args.checkpoint),
+            "model": config["model"]["name"],
+            "device": str(device),
+            "backend": device.type,
+            "device_description": dev.describe_device(device),
+            "precision": precision,
+            "image_size": config["data"]["image_size"],
+            "settings": settings,
+            **result,
+        },
+    )
+    return 0

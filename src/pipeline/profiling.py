@@ -1,0 +1,193 @@
+"""Inference profile of a trained model: latency per batch size and a torch.profiler trace.
+
+Latency is wall time around a synchronized forward pass (p50/p90/p99 after warm-up), plus
+GPU-side event time where the backend has events. `torch.profiler` has no MPS activity:
+on MPS its operator table shows CPU-side dispatch only, and the output says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pipeline import atomic, timing
+from pipeline import device as dev
+
+log = logging.getLogger("pipeline")
+FORMAT = "pipeline.profile/1"
+MPS_NOTE = (
+    "torch.profiler has no MPS activity: the operator table shows CPU-side dispatch only, not GPU "
+    "kernel time. GPU-side latency comes from torch.mps.Event timing where available; for kernel "
+    "detail use torch.mps.profiler with Instruments, or PYTORCH_MPS_LOG_PROFILE_INFO."
+)
+TOP_OPERATORS = 25
+
+
+def _forward(model: torch.nn.Module, images: torch.Tensor, device: torch.device, precision: str):
+    dtype = dev.autocast_dtype(precision)
+    autocast = (
+        torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    )
+
+    def run() -> None:
+        with torch.inference_mode(), autocast:
+            model(images)
+
+    return run
+
+
+def latency(
+    model: torch.nn.Module,
+    device: torch.device,
+    precision: str,
+    image_size: int,
+    batch_size: int,
+    settings: dict[str, Any],
+    memory_format: torch.memory_format,
+) -> dict[str, Any]:
+    """Latency statistics of one batch size; device-event time alongside wall time."""
+    images = torch.randint(
+        0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device
+    )
+    images = images.contiguous(memory_format=memory_format)
+    forward = _forward(model, images, device, precision)
+    timer = dev.DeviceTimer(device)
+    gpu_ms: list[float] = []
+
+    def timed() -> None:
+        timer.start()
+        forward()
+        measured = timer.stop_ms()
+        if measured is not None:
+            gpu_ms.append(measured)
+
+    memory = dev.PeakMemory(device)
+    samples, details = timing.timed_runs(
+        _sampled(timed, memory),
+        device,
+        warmup=settings["warmup"],
+        max_steps=settings["repeats"],
+        budget_s=settings["time_budget_s"],
+    )
+    summary = timing.summarize(samples)
+    gpu = timing.summarize([ms / 1000 for ms in gpu_ms[-len(samples) :]]) if gpu_ms else None
+    return {
+        "batch_size": batch_size,
+        "wall": {**summary, **details},
+        "device_events": gpu,
+        "throughput_images_per_s": batch_size / (summary["median_ms"] / 1000),
+        "memory": memory.as_dict(),
+    }
+
+
+def _sampled(step, memory: dev.PeakMemory):
+    def run() -> None:
+        step()
+        memory.update()
+
+    return run
+
+
+def operator_profile(
+    model: torch.nn.Module,
+    device: torch.device,
+    precision: str,
+    image_size: int,
+    batch_size: int,
+    steps: int,
+    trace_path: Path,
+    memory_format: torch.memory_format,
+) -> dict[str, Any]:
+    """Top operators by self time over `steps` forward passes, and a Chrome trace file."""
+    images = torch.randint(
+        0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device
+    )
+    forward = _forward(model, images.contiguous(memory_format=memory_format), device, precision)
+    forward()  # warm-up outside the trace
+    dev.synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            forward()
+        dev.synchronize(device)
+    atomic.write_with(trace_path, lambda tmp: prof.export_chrome_trace(str(tmp)))
+    rows = []
+    for event in prof.key_averages():
+        device_self = getattr(event, "self_device_time_total", None) or getattr(
+            event, "self_cuda_time_total", 0
+        )
+        rows.append(
+            {
+                "name": event.key,
+                "calls": event.count,
+                "self_cpu_ms": event.self_cpu_time_total / 1000,
+                "cpu_total_ms": event.cpu_time_total / 1000,
+                "self_device_ms": (device_self or 0) / 1000,
+            }
+        )
+    key = "self_device_ms" if device.type == "cuda" else "self_cpu_ms"
+    rows.sort(key=lambda row: row[key], reverse=True)
+    total = sum(row[key] for row in rows) or 1.0
+    for row in rows:
+        row["share"] = row[key] / total
+    return {
+        "activities": [a.name for a in activities],
+        "batch_size": batch_size,
+        "steps": steps,
+        "sorted_by": key,
+        "top_operators": rows[:TOP_OPERATORS],
+        "trace": trace_path.name,
+        "note": MPS_NOTE if device.type == "mps" else None,
+    }
+
+
+def run(
+    model: torch.nn.Module,
+    device: torch.device,
+    precision: str,
+    image_size: int,
+    settings: dict[str, Any],
+    out_dir: Path,
+    memory_format: torch.memory_format,
+) -> dict[str, Any]:
+    """Profile into `out_dir`: profile.json (latency + operators), operators.json, trace.json."""
+    model.eval()
+    rows = []
+    for batch_size in settings["batch_sizes"]:
+        row = latency(model, device, precision, image_size, batch_size, settings, memory_format)
+        rows.append(row)
+        log.info(
+            "batch %d: p50 %.2f ms, p90 %.2f, p99 %.2f, %.0f img/s",
+            batch_size,
+            row["wall"]["p50_ms"],
+            row["wall"]["p90_ms"],
+            row["wall"]["p99_ms"],
+            row["throughput_images_per_s"],
+        )
+    trace_batch = sorted(settings["batch_sizes"])[len(settings["batch_sizes"]) // 2]
+    operators = operator_profile(
+        model,
+        device,
+        precision,
+        image_size,
+        trace_batch,
+        settings["trace_steps"],
+        out_dir / "trace.json",
+        memory_format,
+    )
+    atomic.write_json(out_dir / "operators.json", operators)
+    if operators["note"]:
+        log.warning("%s", operators["note"])
+    return {"latency": rows, "profiler": operators}
+
+
+def trace_has_events(path: Path) -> bool:
+    """A Chrome trace that Perfetto and chrome://tracing can load has a traceEvents list."""
+    with open(path, encoding="utf-8") as handle:
+        return isinstance(json.load(handle).get("traceEvents"), list)
