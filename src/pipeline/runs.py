@@ -1,0 +1,169 @@
+"""Run names and the workflow's job matrix, derived from the config and the environment report.
+
+A training run is named `<device>-<precision>` (for example `cpu-fp32`, `cuda1-fp16`), plus
+`+key=value` for each swept setting (`cpu-fp32+seed=1+lr=0.01`): the name says how the
+run was trained, so `--config device=mps` adds runs beside the CPU ones instead of
+replacing them. 'auto' is resolved through the environment report that the `check_env`
+checkpoint writes, never by probing torch here: the Snakefile imports this module in
+every cluster job, possibly on a node without the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import parse_bool
+from pipeline.errors import ConfigError, PipelineError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+# sweep key -> the config key it sets
+SWEEP_KEYS = {
+    "seed": "seed",
+    "lr": "train.lr",
+    "batch_size": "train.batch_size",
+    "model": "model.name",
+}
+_DEVICE_PART = re.compile(r"^(cpu|mps|cuda)(\d*)$")
+
+
+class DeviceUnavailableInEnv(PipelineError):
+    """A backend named in the config is missing on the machine check_env looked at."""
+
+
+def read_env(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def amp_key(amp: Any) -> str:
+    value = parse_bool(amp) if isinstance(amp, str) else amp
+    return {True: "true", False: "false"}.get(value, "auto")
+
+
+def device_part(spec: str) -> str:
+    """'cuda:1' -> 'cuda1' (a file-name-safe device spec)."""
+    return spec.replace(":", "")
+
+
+def device_spec(part: str) -> str:
+    """'cuda1' -> 'cuda:1'; the inverse of device_part."""
+    match = _DEVICE_PART.match(part)
+    if not match:
+        raise ConfigError(f"{part!r} is not a device part of a run name (cpu, mps, cuda, cudaN).")
+    backend, index = match.groups()
+    return f"{backend}:{index}" if index else backend
+
+
+def require_backend(env: dict[str, Any], backend: str) -> None:
+    entry = env["backends"][backend]
+    if not entry["available"]:
+        raise DeviceUnavailableInEnv(
+            entry["error"] or f"Device {backend!r} is not available: {entry['reason']}."
+        )
+
+
+def resolve_device_spec(env: dict[str, Any], spec: str) -> str:
+    """'auto' -> the backend check_env found best; an explicit backend must be available."""
+    if spec == "auto":
+        return env["auto"]
+    require_backend(env, spec.partition(":")[0])
+    return spec
+
+
+def precision_for(env: dict[str, Any], backend: str, amp: Any, amp_dtype: str) -> str:
+    """The precision a run trains in on `backend`, by the device layer's AMP policy (in env.json)."""
+    return amp_dtype if env["backends"][backend]["resolved_amp"][amp_key(amp)] else "fp32"
+
+
+@dataclass(frozen=True)
+class Run:
+    device: str  # a device spec, e.g. cuda:1
+    precision: str
+    sweep: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+
+    @property
+    def name(self) -> str:
+        return f"{device_part(self.device)}-{self.precision}" + "".join(
+            f"+{k}={v}" for k, v in self.sweep
+        )
+
+    def settings(self) -> list[str]:
+        """`key=value` settings that make `python -m pipeline train` do this run."""
+        amp = "false" if self.precision == "fp32" else "true"
+        items = [f"device={self.device}", f"amp={amp}"]
+        if self.precision != "fp32":
+            items.append(f"amp_dtype={self.precision}")
+        items += [f"{SWEEP_KEYS[key]}={json.dumps(value)}" for key, value in self.sweep]
+        return items
+
+
+def parse_run(name: str) -> Run:
+    head, *swept = name.split("+")
+    part, _, precision = head.rpartition("-")
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"Run name {name!r} does not end its first part in a precision ({', '.join(PRECISIONS)})."
+        )
+    sweep = []
+    for item in swept:
+        key, sep, text = item.partition("=")
+        if not sep or key not in SWEEP_KEYS:
+            raise ConfigError(f"Run name {name!r} has an unknown sweep part {item!r}.")
+        sweep.append((key, yaml.safe_load(text)))
+    return Run(device_spec(part), precision, tuple(sweep))
+
+
+def training_runs(config: dict[str, Any], env: dict[str, Any]) -> list[Run]:
+    """Every run the config asks for: one, or the product of the sweep's lists."""
+    device = resolve_device_spec(env, config["device"])
+    backend = device.partition(":")[0]
+    sweep = config.get("sweep") or {}
+    precisions = sweep.get("precision")
+    if precisions:
+        resolved = {p: precision_for(env, backend, p != "fp32", p) for p in precisions}
+        lost = [p for p, got in resolved.items() if got != p]
+        if lost:
+            raise ConfigError(
+                f"sweep.precision asks for {lost} on {backend}, where AMP is off by policy (the device layer's "
+                f"resolve_amp): those runs would train in fp32 like the fp32 run. Remove them from "
+                f"sweep.precision, or train on a backend with AMP (cuda, mps)."
+            )
+    else:
+        precisions = [precision_for(env, backend, config["amp"], config["amp_dtype"])]
+    keys = [key for key in SWEEP_KEYS if sweep.get(key)]
+    runs = []
+    for precision in precisions:
+        for values in itertools.product(*(sweep[key] for key in keys)):
+            runs.append(Run(device, precision, tuple(zip(keys, values, strict=True))))
+    return runs
+
+
+def bench_matrix(config: dict[str, Any], env: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(backend, precision, mode) jobs: every available backend, or the listed ones (all required)."""
+    bench = config["bench"]
+    if bench["backends"] == "available":
+        backends = env["available"]
+    else:
+        backends = list(bench["backends"])
+        for backend in backends:
+            require_backend(env, backend)
+    return [(b, p, m) for b in backends for p in bench["precisions"] for m in bench["modes"]]
+
+
+def flatten(settings: dict[str, Any], prefix: str = "") -> list[str]:
+    """Nested settings as `a.b=value` items (values as JSON, which the CLI reads as YAML)."""
+    items = []
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            items += flatten(value, f"{name}.")
+        else:
+            items.append(f"{name}={json.dumps(value)}")
+    return items

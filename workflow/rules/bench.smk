@@ -1,0 +1,47 @@
+rule bench_one:
+    input:
+        env=ENV_JSON,
+        code=code(
+            "bench.py",
+            "timing.py",
+            "device.py",
+            "models/centernet.py",
+            "models/loss.py",
+        ),
+    output:
+        "results/bench/{backend}-{precision}-{mode}.json",
+    log:
+        "logs/bench/{backend}-{precision}-{mode}.log",
+    benchmark:
+        "results/job_stats/bench/{backend}-{precision}-{mode}.tsv"
+    threads: heavy_threads()
+    resources:
+        bench_slot=1,
+        gpu=lambda wildcards: needs_gpu(wildcards.backend),
+    params:
+        cpu_threads=config["cpu_threads"],
+        models=",".join(config["bench"]["models"]),
+        batch_size=config["bench"]["batch_size"],
+        image_size=config["bench"]["image_size"],
+        warmup=config["bench"]["warmup_steps"],
+        steps=config["bench"]["steps"],
+        budget=config["bench"]["time_budget_s"],
+        flags=[
+            flag
+            for flag, on in (
+                ("--channels-last", config["bench"]["channels_last"]),
+                ("--compile", config["bench"]["compile"]),
+            )
+            if on
+        ],
+    shell:
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
+        " --precision {wildcards.precision} --mode {wildcards.mode} --model {params.models}"
+        " --batch-size {params.batch_size} --image-size {params.image_size}"
+        " --warmup {params.warmup} --steps {params.steps} --time-budget {params.budget}"
+        " {params.flags} --out {output}"
+
+
+rule bench:
+    input:
+        bench_files,

@@ -1,0 +1,92 @@
+# Helpers shared by the rule files: config validation, the job matrix, input functions.
+import json
+
+from snakemake.utils import validate
+
+from pipeline import config as pipeline_config
+from pipeline import runs
+
+config.update(pipeline_config.normalize(config))
+
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+
+pipeline_config.check_relations(config, "the workflow config")
+
+
+wildcard_constraints:
+    backend="cpu|cuda|mps",
+    precision="fp32|fp16|bf16",
+    mode="train|infer",
+    run=r"(cpu|mps|cuda\d*)-(fp32|fp16|bf16)(\+[^/]+)?",
+
+
+ENV_JSON = "results/env.json"
+DATA_ROOT = config["data"]["root"]
+
+
+def code(*modules):
+    """Source files of a stage as inputs: editing one reruns that stage (mtime trigger)."""
+    return [f"src/pipeline/{module}" for module in modules]
+
+
+def heavy_threads():
+    """Jobs that time or train take every core: nothing else may share the machine meanwhile."""
+    return max(1, workflow.cores or 1)
+
+
+def env_report():
+    return runs.read_env(checkpoints.check_env.get().output[0])
+
+
+def training_runs():
+    return runs.training_runs(config, env_report())
+
+
+def needs_gpu(device_text):
+    return 1 if device_text.startswith("cuda") else 0
+
+
+def bench_files(wildcards):
+    return [
+        f"results/bench/{backend}-{precision}-{mode}.json"
+        for backend, precision, mode in runs.bench_matrix(config, env_report())
+    ]
+
+
+def run_files(pattern):
+    """An input function giving `pattern` for every training run the config asks for."""
+
+    def files(wildcards):
+        return [pattern.format(run=run.name) for run in training_runs()]
+
+    return files
+
+
+def data_inputs(wildcards):
+    """The files that must exist before training: generated, or the user's annotations."""
+    data = config["data"]
+    if data["format"] == "synthetic":
+        return rules.prepare_data.output
+    if data["format"] == "voc":
+        return [
+            f"{DATA_ROOT}/ImageSets/Main/{data['train_split']}.txt",
+            f"{DATA_ROOT}/ImageSets/Main/{data['val_split']}.txt",
+        ]
+    return [
+        data["train_annotations"]
+        or f"{DATA_ROOT}/instances_{data['train_split']}.json",
+        data["val_annotations"] or f"{DATA_ROOT}/instances_{data['val_split']}.json",
+    ]
+
+
+def train_settings(wildcards):
+    """Every setting training depends on, then the run's own (device, precision, sweep)."""
+    sections = {key: config[key] for key in ("seed", "deterministic", "amp_dtype")}
+    sections.update({key: config[key] for key in ("data", "model", "train", "eval")})
+    return runs.flatten(sections) + runs.parse_run(wildcards.run).settings()
+
+
+def run_device(wildcards):
+    return runs.parse_run(wildcards.run).device

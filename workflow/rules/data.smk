@@ -1,0 +1,15 @@
+rule prepare_data:
+    input:
+        code("data/synthetic.py"),
+    output:
+        train=f"{DATA_ROOT}/instances_train.json",
+        val=f"{DATA_ROOT}/instances_val.json",
+    log:
+        "logs/prepare_data.log",
+    benchmark:
+        "results/job_stats/prepare_data.tsv"
+    params:
+        root=DATA_ROOT,
+        settings=runs.flatten({"data": {"synthetic": config["data"]["synthetic"]}}),
+    shell:
+        "python -m pipeline --log {log} prepare-data --out {params.root:q} {params.settings:q}"

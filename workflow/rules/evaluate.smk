@@ -1,0 +1,27 @@
+rule evaluate_run:
+    input:
+        summary="results/train/{run}/train_summary.json",
+        code=code("engine/evaluator.py", "commands/evaluate.py"),
+    output:
+        metrics="results/eval/{run}.json",
+        predictions="results/eval/{run}_predictions.json",
+    log:
+        "logs/evaluate/{run}.log",
+    benchmark:
+        "results/job_stats/evaluate/{run}.tsv"
+    threads: heavy_threads()
+    resources:
+        gpu=lambda wildcards: needs_gpu(wildcards.run),
+    params:
+        cpu_threads=config["cpu_threads"],
+        checkpoint="results/train/{run}/best.pth",
+        device=run_device,
+        settings=runs.flatten({"eval": config["eval"]}),
+    shell:
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {params.checkpoint:q} --device {params.device}"
+        " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
+
+
+rule evaluate:
+    input:
+        run_files("results/eval/{run}.json"),

@@ -1,0 +1,35 @@
+rule profile_run:
+    input:
+        summary="results/train/{run}/train_summary.json",
+        code=code("profiling.py", "timing.py", "commands/profile.py"),
+    output:
+        profile="results/profile/{run}/profile.json",
+        operators="results/profile/{run}/operators.json",
+        trace="results/profile/{run}/trace.json",
+    log:
+        "logs/profile/{run}.log",
+    benchmark:
+        "results/job_stats/profile/{run}.tsv"
+    threads: heavy_threads()
+    resources:
+        bench_slot=1,
+        gpu=lambda wildcards: needs_gpu(wildcards.run),
+    params:
+        cpu_threads=config["cpu_threads"],
+        checkpoint="results/train/{run}/best.pth",
+        device=run_device,
+        out="results/profile/{run}",
+        batch_sizes=",".join(str(size) for size in config["profile"]["batch_sizes"]),
+        warmup=config["profile"]["warmup"],
+        repeats=config["profile"]["repeats"],
+        budget=config["profile"]["time_budget_s"],
+        trace_steps=config["profile"]["trace_steps"],
+    shell:
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} profile --checkpoint {params.checkpoint:q} --device {params.device}"
+        " --batch-sizes {params.batch_sizes} --warmup {params.warmup} --repeats {params.repeats}"
+        " --time-budget {params.budget} --trace-steps {params.trace_steps} --out {params.out:q}"
+
+
+rule profile:
+    input:
+        run_files("results/profile/{run}/profile.json"),

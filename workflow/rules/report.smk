@@ -1,0 +1,24 @@
+rule report:
+    input:
+        env=ENV_JSON,
+        bench=bench_files,
+        train=run_files("results/train/{run}/train_summary.json"),
+        evaluation=run_files("results/eval/{run}.json"),
+        profile=run_files("results/profile/{run}/profile.json"),
+        code=code("report.py", "commands/report.py"),
+    output:
+        report(
+            "results/report.html",
+            caption="../report/report.rst",
+            category="Comparison report",
+        ),
+    log:
+        "logs/report.log",
+    benchmark:
+        "results/job_stats/report.tsv"
+    params:
+        results="results",
+        config=json.dumps(config, sort_keys=True),
+    shell:
+        "python -m pipeline --log {log} report --results {params.results:q} --config-json {params.config:q}"
+        " --out {output:q}"

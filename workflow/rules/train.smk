@@ -1,0 +1,34 @@
+rule train_run:
+    input:
+        data=data_inputs,
+        env=ENV_JSON,
+        code=code(
+            "engine/trainer.py",
+            "engine/checkpoint.py",
+            "engine/evaluator.py",
+            "models/centernet.py",
+            "models/loss.py",
+            "data/dataset.py",
+            "data/sources.py",
+            "device.py",
+        ),
+    output:
+        "results/train/{run}/train_summary.json",
+    log:
+        "logs/train/{run}.log",
+    benchmark:
+        "results/job_stats/train/{run}.tsv"
+    threads: heavy_threads()
+    resources:
+        gpu=lambda wildcards: needs_gpu(wildcards.run),
+    params:
+        cpu_threads=config["cpu_threads"],
+        run_dir="results/train/{run}",
+        settings=train_settings,
+    shell:
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume=auto --out {params.run_dir:q} {params.settings:q}"
+
+
+rule train:
+    input:
+        run_files("results/train/{run}/train_summary.json"),
