@@ -71,6 +71,13 @@ def normalize(value: Any, schema: dict[str, Any] | None = None) -> Any:
         return {key: normalize(item, properties.get(key, {})) for key, item in value.items()}
     if isinstance(value, list):
         return [normalize(item, schema.get("items", {})) for item in value]
+    if (
+        type(value) is int
+        and value in (0, 1)
+        and "boolean" in kinds
+        and not kinds & {"integer", "number"}
+    ):
+        return bool(value)  # `snakemake --config amp=1` passes the int 1, as '1' is 'true'
     if isinstance(value, str):
         if value.strip().lower() == "null" and "null" in kinds:
             return None

@@ -1,0 +1,756 @@
+"""COCO and VOC loaders on small defective data sets, and the tensors DetectionDataset makes of them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.config import load_config
+from pipeline.data import annotation_file, load_split, load_splits
+from pipeline.data.dataset import (
+    PAD_VALUE,
+    Augment,
+    DetectionDataset,
+    EpochSampler,
+    collate,
+    make_loader,
+    read_image,
+    steps_per_epoch,
+)
+from pipeline.data.sources import ImageRecord, SplitAnnotations, load_coco, load_voc
+from pipeline.errors import DataError
+
+PALETTE_COLOUR = (200, 30, 60)
+# categories with ids out of order and not contiguous: label order follows the sorted ids
+CATEGORIES = [{"id": 7, "name": "dog"}, {"id": 3, "name": "cat"}]
+
+
+def _write_images(folder: Path) -> dict[str, tuple[int, int]]:
+    """One image per awkward mode; returns file name -> (width, height)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gray = Image.new("L", (40, 40), 90)
+    gray.save(folder / "gray.png")
+    rgba = Image.new("RGBA", (40, 40), (10, 20, 30, 128))
+    rgba.save(folder / "rgba.png")
+    palette = Image.new("P", (40, 40), 1)
+    palette.putpalette([0, 0, 0, *PALETTE_COLOUR] + [0] * (256 * 3 - 6))
+    palette.save(folder / "palette.png")
+    Image.new("RGB", (80, 40), (0, 128, 255)).save(folder / "wide.png")
+    Image.new("RGB", (32, 32), (5, 5, 5)).save(folder / "empty.png")
+    return {
+        "gray.png": (40, 40),
+        "rgba.png": (40, 40),
+        "palette.png": (40, 40),
+        "wide.png": (80, 40),
+        "empty.png": (32, 32),
+    }
+
+
+def _coco_document(
+    sizes: dict[str, tuple[int, int]],
+    annotations: list[dict[str, Any]],
+    categories: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    images = [
+        {"id": i, "file_name": name, "width": w, "height": h}
+        for i, (name, (w, h)) in enumerate(sizes.items(), start=1)
+    ]
+    anns = [{"id": i, "iscrowd": 0, **ann} for i, ann in enumerate(annotations, start=1)]
+    return {
+        "images": images,
+        "annotations": anns,
+        "categories": categories or CATEGORIES,
+    }
+
+
+# image ids: 1 gray, 2 rgba, 3 palette, 4 wide, 5 empty (no annotations)
+GOOD = [
+    {"image_id": 1, "category_id": 3, "bbox": [2, 4, 10, 12]},
+    {"image_id": 2, "category_id": 7, "bbox": [5, 5, 20, 10]},
+    {"image_id": 3, "category_id": 3, "bbox": [30, 30, 20, 20]},  # clipped to 40x40
+    {"image_id": 4, "category_id": 7, "bbox": [10, 5, 20, 20]},
+    {"image_id": 4, "category_id": 3, "bbox": [0, 0, 5, 5], "iscrowd": 1},  # ignored
+]
+DEGENERATE = [
+    {"image_id": 1, "category_id": 3, "bbox": [5, 5, 0, 10]},  # zero width
+    {"image_id": 2, "category_id": 7, "bbox": [5, 20, 10, -6]},  # negative height
+    {"image_id": 4, "category_id": 3, "bbox": [100, 10, 20, 10]},  # right of an 80-wide image
+]
+
+
+def _write_coco(root: Path, name: str, document: dict[str, Any]) -> Path:
+    path = root / name
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.fixture
+def coco_root(tmp_path: Path) -> Path:
+    """A COCO set with train and val splits sharing the awkward images."""
+    root = tmp_path / "coco"
+    sizes = _write_images(root)
+    _write_coco(root, "instances_train.json", _coco_document(sizes, GOOD + DEGENERATE))
+    _write_coco(root, "instances_val.json", _coco_document(sizes, GOOD))
+    return root
+
+
+def _coco_config(root: Path, *extra: str) -> dict[str, Any]:
+    return load_config(None, [f"data.root={root}", "data.format=coco", *extra])
+
+
+def _pipeline_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "pipeline" and r.levelno == logging.WARNING]
+
+
+# ----------------------------------------------------------------------------- COCO
+
+
+def test_coco_boxes_become_xyxy_with_labels_in_category_id_order(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    assert split.class_names == ["cat", "dog"]  # ids 3 < 7
+    by_name = {r.path.name: r for r in split.records}
+    np.testing.assert_array_equal(by_name["gray.png"].boxes, [[2, 4, 12, 16]])
+    np.testing.assert_array_equal(by_name["gray.png"].labels, [0])
+    np.testing.assert_array_equal(by_name["rgba.png"].boxes, [[5, 5, 25, 15]])
+    np.testing.assert_array_equal(by_name["rgba.png"].labels, [1])
+    assert (by_name["wide.png"].width, by_name["wide.png"].height) == (80, 40)
+    assert by_name["wide.png"].boxes.dtype == np.float32
+    assert by_name["wide.png"].labels.dtype == np.int64
+
+
+def test_coco_boxes_reaching_past_the_border_are_clipped_not_dropped(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    palette = next(r for r in split.records if r.path.name == "palette.png")
+    np.testing.assert_array_equal(palette.boxes, [[30, 30, 40, 40]])
+    assert split.dropped_boxes == 0
+
+
+def test_coco_crowd_annotations_are_ignored(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    wide = next(r for r in split.records if r.path.name == "wide.png")
+    np.testing.assert_array_equal(wide.labels, [1])
+
+
+def test_coco_degenerate_boxes_are_dropped_and_counted_in_one_warning(
+    coco_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean = load_coco(coco_root / "instances_val.json", coco_root)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        split = load_coco(coco_root / "instances_train.json", coco_root)
+    assert split.dropped_boxes == 3
+    for dirty, kept in zip(split.records, clean.records, strict=True):
+        np.testing.assert_array_equal(dirty.boxes, kept.boxes)
+        np.testing.assert_array_equal(dirty.labels, kept.labels)
+    warnings = _pipeline_warnings(caplog)
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert "dropped 3 degenerate box(es)" in message
+    assert "instances_train.json" in message
+
+
+def test_coco_without_degenerate_boxes_warns_nothing(
+    coco_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        load_coco(coco_root / "instances_val.json", coco_root)
+    assert _pipeline_warnings(caplog) == []
+
+
+def test_coco_images_without_annotations_are_kept_as_negatives(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    assert [r.path.name for r in split.records] == [
+        "gray.png",
+        "rgba.png",
+        "palette.png",
+        "wide.png",
+        "empty.png",
+    ]
+    empty = split.records[-1]
+    assert empty.boxes.shape == (0, 4) and empty.labels.shape == (0,)
+
+
+def test_coco_missing_image_file_raises_naming_it(coco_root: Path) -> None:
+    (coco_root / "rgba.png").unlink()
+    with pytest.raises(DataError, match=r"rgba\.png") as caught:
+        load_coco(coco_root / "instances_val.json", coco_root)
+    assert "instances_val.json" in str(caught.value)
+
+
+def test_coco_missing_annotation_file_raises_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"nowhere\.json"):
+        load_coco(tmp_path / "nowhere.json", tmp_path)
+
+
+def test_coco_malformed_json_raises_naming_the_file(coco_root: Path) -> None:
+    path = coco_root / "broken.json"
+    path.write_text('{"images": [')
+    with pytest.raises(DataError, match=r"broken\.json.*not valid JSON"):
+        load_coco(path, coco_root)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"images": [], "annotations": []},  # no categories
+        {"categories": [{"id": 1}], "images": []},  # category without a name
+        [1, 2, 3],  # not an object
+    ],
+    ids=["no-categories", "nameless-category", "list"],
+)
+def test_coco_malformed_structure_raises_naming_the_file(coco_root: Path, document: Any) -> None:
+    path = _write_coco(coco_root, "odd.json", document)
+    with pytest.raises(DataError, match=r"odd\.json"):
+        load_coco(path, coco_root)
+
+
+def test_coco_image_entry_without_size_raises_naming_the_file(coco_root: Path) -> None:
+    document = {"categories": CATEGORIES, "images": [{"id": 1, "file_name": "gray.png"}]}
+    path = _write_coco(coco_root, "sizeless.json", document)
+    with pytest.raises(DataError, match=r"sizeless\.json"):
+        load_coco(path, coco_root)
+
+
+def test_coco_malformed_bbox_raises_naming_the_file(coco_root: Path) -> None:
+    sizes = {"gray.png": (40, 40)}
+    document = _coco_document(sizes, [{"image_id": 1, "category_id": 3, "bbox": [1, 2, 3]}])
+    path = _write_coco(coco_root, "short_bbox.json", document)
+    with pytest.raises(DataError, match=r"short_bbox\.json"):
+        load_coco(path, coco_root)
+
+
+def test_coco_unknown_category_id_raises_naming_it(coco_root: Path) -> None:
+    sizes = {"gray.png": (40, 40)}
+    document = _coco_document(sizes, [{"image_id": 1, "category_id": 99, "bbox": [1, 1, 5, 5]}])
+    path = _write_coco(coco_root, "unknown_cat.json", document)
+    with pytest.raises(DataError, match=r"category_id 99") as caught:
+        load_coco(path, coco_root)
+    assert "unknown_cat.json" in str(caught.value)
+
+
+def test_coco_annotation_of_an_unlisted_image_raises(coco_root: Path) -> None:
+    sizes = {"gray.png": (40, 40)}
+    document = _coco_document(sizes, [{"image_id": 42, "category_id": 3, "bbox": [1, 1, 5, 5]}])
+    path = _write_coco(coco_root, "orphan.json", document)
+    with pytest.raises(DataError, match=r"orphan\.json.*image_id 42"):
+        load_coco(path, coco_root)
+
+
+def test_coco_split_without_images_raises_as_empty(coco_root: Path) -> None:
+    path = _write_coco(coco_root, "none.json", {"categories": CATEGORIES, "images": []})
+    with pytest.raises(DataError, match=r"none\.json.*empty"):
+        load_coco(path, coco_root)
+
+
+def test_classes_argument_fixes_the_label_order(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root, classes=["dog", "cat"])
+    assert split.class_names == ["dog", "cat"]
+    labels = {r.path.name: r.labels.tolist() for r in split.records}
+    assert labels["gray.png"] == [1]  # cat
+    assert labels["rgba.png"] == [0]  # dog
+
+
+def test_a_subset_of_classes_drops_the_other_classes_objects(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root, classes=["dog"])
+    assert split.class_names == ["dog"]
+    labels = {r.path.name: r.labels.tolist() for r in split.records}
+    assert labels == {
+        "gray.png": [],
+        "rgba.png": [0],
+        "palette.png": [],
+        "wide.png": [0],
+        "empty.png": [],
+    }
+
+
+def test_classes_the_file_does_not_define_raise_naming_them(coco_root: Path) -> None:
+    with pytest.raises(DataError, match=r"horse"):
+        load_coco(coco_root / "instances_val.json", coco_root, classes=["cat", "horse"])
+
+
+# ------------------------------------------------------- config-driven loading (data/__init__)
+
+
+def test_load_splits_reads_both_coco_splits_from_the_config(coco_root: Path) -> None:
+    train, val = load_splits(_coco_config(coco_root))
+    assert train.source == coco_root / "instances_train.json"
+    assert val.source == coco_root / "instances_val.json"
+    assert train.class_names == val.class_names == ["cat", "dog"]
+    assert len(train.records) == len(val.records) == 5
+
+
+def test_data_classes_in_the_config_fixes_the_label_order(coco_root: Path) -> None:
+    train, val = load_splits(_coco_config(coco_root, "data.classes=[dog, cat]"))
+    assert train.class_names == val.class_names == ["dog", "cat"]
+    gray = next(r for r in val.records if r.path.name == "gray.png")
+    assert gray.labels.tolist() == [1]
+
+
+def test_different_coco_class_lists_in_train_and_val_raise_naming_both_files(
+    coco_root: Path,
+) -> None:
+    sizes = {"gray.png": (40, 40)}
+    other = _coco_document(sizes, [], categories=[{"id": 3, "name": "cat"}])
+    _write_coco(coco_root, "instances_val.json", other)
+    with pytest.raises(DataError) as caught:
+        load_splits(_coco_config(coco_root))
+    message = str(caught.value)
+    assert str(coco_root / "instances_train.json") in message
+    assert str(coco_root / "instances_val.json") in message
+
+
+def test_explicit_annotation_files_and_images_dir_override_the_root(
+    coco_root: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "annotations"
+    elsewhere.mkdir()
+    (coco_root / "instances_val.json").rename(elsewhere / "my_val.json")
+    config = _coco_config(
+        tmp_path,
+        f"data.val_annotations={elsewhere / 'my_val.json'}",
+        f"data.images_dir={coco_root}",
+    )
+    assert annotation_file(config, "val") == elsewhere / "my_val.json"
+    assert annotation_file(config, "train") == tmp_path / "instances_train.json"
+    split = load_split(config, "val")
+    assert split.records[0].path == coco_root / "gray.png"
+
+
+def test_a_missing_data_root_raises_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"data\.root"):
+        load_split(_coco_config(tmp_path / "absent"), "train")
+
+
+# ------------------------------------------------------------------------------ VOC
+
+
+def _voc_xml(file_name: str, size: tuple[int, int], objects: list[tuple]) -> str:
+    parts = [
+        "<annotation>",
+        f"<filename>{file_name}</filename>",
+        f"<size><width>{size[0]}</width><height>{size[1]}</height><depth>3</depth></size>",
+    ]
+    for name, box, *difficult in objects:
+        xmin, ymin, xmax, ymax = box
+        parts.append(
+            f"<object><name>{name}</name><difficult>{difficult[0] if difficult else 0}</difficult>"
+            f"<bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin><xmax>{xmax}</xmax><ymax>{ymax}</ymax>"
+            "</bndbox></object>"
+        )
+    parts.append("</annotation>")
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def voc_root(tmp_path: Path) -> Path:
+    root = tmp_path / "voc"
+    sizes = _write_images(root / "JPEGImages")
+    (root / "Annotations").mkdir()
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    objects = {
+        # VOC boxes are 1-based and inclusive: xmin=6, xmax=5 is zero pixels wide
+        "gray": [("person", (11, 6, 30, 25)), ("bird", (6, 5, 5, 20))],
+        "rgba": [("bird", (1, 1, 40, 40)), ("person", (3, 30, 10, 20))],  # 2nd: negative height
+        "palette": [("person", (2, 2, 8, 8), 1)],  # difficult: skipped
+        "wide": [("bird", (11, 6, 30, 25)), ("person", (90, 1, 99, 10))],  # 2nd: outside
+        "empty": [],
+    }
+    for stem, objs in objects.items():
+        xml = _voc_xml(f"{stem}.png", sizes[f"{stem}.png"], objs)
+        (root / "Annotations" / f"{stem}.xml").write_text(xml)
+    (root / "ImageSets" / "Main" / "train.txt").write_text("\n".join(objects) + "\n")
+    (root / "ImageSets" / "Main" / "val.txt").write_text("gray\n\nwide\n")
+    return root
+
+
+def test_voc_one_based_inclusive_boxes_become_zero_based_xyxy(voc_root: Path) -> None:
+    split = load_voc(voc_root, "val")
+    assert split.class_names == ["bird", "person"]
+    gray, wide = split.records
+    np.testing.assert_array_equal(gray.boxes, [[10, 5, 30, 25]])
+    np.testing.assert_array_equal(gray.labels, [1])
+    np.testing.assert_array_equal(wide.boxes, [[10, 5, 30, 25]])
+    np.testing.assert_array_equal(wide.labels, [0])
+    assert (wide.width, wide.height) == (80, 40)
+    assert wide.path == voc_root / "JPEGImages" / "wide.png"
+
+
+def test_voc_degenerate_boxes_are_dropped_in_one_warning_and_difficult_ones_skipped(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        split = load_voc(voc_root, "train")
+    assert split.dropped_boxes == 3
+    assert [len(r.boxes) for r in split.records] == [1, 1, 0, 1, 0]
+    warnings = _pipeline_warnings(caplog)
+    assert len(warnings) == 1
+    assert "dropped 3 degenerate box(es)" in warnings[0].getMessage()
+    assert "train.txt" in warnings[0].getMessage()
+
+
+def test_voc_images_without_objects_are_kept_as_negatives(voc_root: Path) -> None:
+    split = load_voc(voc_root, "train")
+    assert len(split.records) == 5
+    assert split.records[-1].path.name == "empty.png"
+    assert split.records[-1].boxes.shape == (0, 4)
+
+
+def test_voc_malformed_xml_raises_naming_the_file(voc_root: Path) -> None:
+    (voc_root / "Annotations" / "wide.xml").write_text("<annotation><size>")
+    with pytest.raises(DataError, match=r"wide\.xml.*not valid XML"):
+        load_voc(voc_root, "val")
+
+
+def test_voc_missing_xml_raises_naming_it_and_the_listing(voc_root: Path) -> None:
+    (voc_root / "Annotations" / "wide.xml").unlink()
+    with pytest.raises(DataError, match=r"wide\.xml") as caught:
+        load_voc(voc_root, "val")
+    assert "val.txt" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "xml",
+    [
+        "<annotation><filename>wide.png</filename></annotation>",  # no size
+        _voc_xml("wide.png", (80, 40), [("bird", (1, 1, "x", 5))]),  # non-numeric box
+        _voc_xml("wide.png", (80, 40), [("", (1, 1, 5, 5))]),  # empty name
+    ],
+    ids=["no-size", "bad-box", "no-name"],
+)
+def test_voc_incomplete_annotation_raises_naming_the_file(voc_root: Path, xml: str) -> None:
+    (voc_root / "Annotations" / "wide.xml").write_text(xml)
+    with pytest.raises(DataError, match=r"wide\.xml"):
+        load_voc(voc_root, "val")
+
+
+def test_voc_missing_image_raises_naming_it(voc_root: Path) -> None:
+    (voc_root / "JPEGImages" / "wide.png").unlink()
+    with pytest.raises(DataError, match=r"wide\.png"):
+        load_voc(voc_root, "val")
+
+
+def test_voc_class_outside_data_classes_raises_naming_it(voc_root: Path) -> None:
+    with pytest.raises(DataError, match=r"person"):
+        load_voc(voc_root, "val", classes=["bird"])
+
+
+def test_voc_empty_split_listing_raises(voc_root: Path) -> None:
+    (voc_root / "ImageSets" / "Main" / "val.txt").write_text("\n  \n")
+    with pytest.raises(DataError, match=r"val\.txt.*empty"):
+        load_voc(voc_root, "val")
+
+
+def test_voc_missing_split_listing_raises_naming_it(voc_root: Path) -> None:
+    with pytest.raises(DataError, match=r"test\.txt"):
+        load_voc(voc_root, "test")
+
+
+def test_voc_val_split_takes_the_training_class_list(voc_root: Path) -> None:
+    # val holds only 'person' objects here, yet its labels must follow train's class list
+    (voc_root / "ImageSets" / "Main" / "val.txt").write_text("palette\ngray\n")
+    config = load_config(None, [f"data.root={voc_root}", "data.format=voc"])
+    train, val = load_splits(config)
+    assert train.class_names == val.class_names == ["bird", "person"]
+    assert val.records[1].labels.tolist() == [1]
+
+
+# ------------------------------------------------------------------------- read_image
+
+
+@pytest.mark.parametrize("name", ["gray.png", "rgba.png", "palette.png", "wide.png"])
+def test_read_image_gives_rgb_uint8_for_any_mode(tmp_path: Path, name: str) -> None:
+    sizes = _write_images(tmp_path)
+    image = read_image(tmp_path / name)
+    width, height = sizes[name]
+    assert image.shape == (3, height, width)
+    assert image.dtype == torch.uint8
+
+
+def test_read_image_converts_the_colours_of_each_mode(tmp_path: Path) -> None:
+    _write_images(tmp_path)
+    assert read_image(tmp_path / "gray.png")[:, 0, 0].tolist() == [90, 90, 90]
+    assert read_image(tmp_path / "rgba.png")[:, 0, 0].tolist() == [10, 20, 30]
+    assert read_image(tmp_path / "palette.png")[:, 0, 0].tolist() == list(PALETTE_COLOUR)
+
+
+def test_read_image_of_a_truncated_png_raises_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cut.png"
+    noise = np.random.default_rng(0).integers(0, 256, (48, 48, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"cut\.png"):
+        read_image(path)
+
+
+def test_read_image_of_a_non_image_or_missing_file_raises_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "text.png").write_text("not a picture")
+    with pytest.raises(DataError, match=r"text\.png"):
+        read_image(tmp_path / "text.png")
+    with pytest.raises(DataError, match=r"gone\.png"):
+        read_image(tmp_path / "gone.png")
+
+
+def test_a_corrupt_image_in_a_data_set_raises_naming_it_when_read(coco_root: Path) -> None:
+    path = coco_root / "wide.png"
+    path.write_bytes(path.read_bytes()[:60])
+    split = load_coco(coco_root / "instances_val.json", coco_root)  # files exist: loads fine
+    with pytest.raises(DataError, match=r"wide\.png"):
+        DetectionDataset(split, 32)
+
+
+# --------------------------------------------------------------------- DetectionDataset
+
+
+@pytest.mark.parametrize("size", [32, 48])
+@pytest.mark.parametrize("mode", ["letterbox", "stretch"])
+def test_dataset_gives_rgb_uint8_squares_for_every_mode_and_size(
+    coco_root: Path, mode: str, size: int
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, size, resize=mode)
+    assert len(dataset) == 5
+    for index in range(len(dataset)):
+        image, target = dataset[index]
+        assert image.shape == (3, size, size)
+        assert image.dtype == torch.uint8
+        assert target["boxes"].shape == (len(split.records[index].boxes), 4)
+        assert target["boxes"].dtype == torch.float32
+        assert target["labels"].tolist() == split.records[index].labels.tolist()
+        assert target["image_id"] == split.records[index].image_id
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # 80x40 -> 32x16, padded 8 rows above and below
+        ("letterbox", [4.0, 10.0, 12.0, 18.0]),
+        # x scaled by 32/80, y by 32/40
+        ("stretch", [4.0, 4.0, 12.0, 20.0]),
+    ],
+)
+def test_boxes_of_a_non_square_image_map_into_the_input_frame_and_back(
+    coco_root: Path, mode: str, expected: list[float]
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32, resize=mode)
+    index = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")
+    _, target = dataset[index]
+    np.testing.assert_allclose(target["boxes"].numpy(), [expected], atol=1e-4)
+    back = dataset.to_original(index, target["boxes"].numpy())
+    np.testing.assert_allclose(back, [[10, 5, 30, 25]], atol=1e-3)
+
+
+def test_letterbox_pads_with_the_pad_value_and_keeps_the_picture_centred(
+    coco_root: Path,
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32, resize="letterbox")
+    index = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")
+    image, _ = dataset[index]
+    assert (image[:, :8] == PAD_VALUE).all() and (image[:, 24:] == PAD_VALUE).all()
+    assert (
+        image[:, 8:24].tolist()
+        == torch.tensor([0, 128, 255])[:, None, None].expand(3, 16, 32).tolist()
+    )
+
+
+def test_boxes_follow_the_file_when_it_is_not_the_size_the_annotations_say(
+    coco_root: Path,
+) -> None:
+    # the annotation claims 160x80; the file is 80x40: boxes are scaled to the file's pixels
+    document = _coco_document(
+        {"wide.png": (160, 80)}, [{"image_id": 1, "category_id": 3, "bbox": [20, 10, 40, 40]}]
+    )
+    path = _write_coco(coco_root, "claims_bigger.json", document)
+    dataset = DetectionDataset(load_coco(path, coco_root), 32, resize="letterbox")
+    _, target = dataset[0]
+    np.testing.assert_allclose(target["boxes"].numpy(), [[4, 10, 12, 18]], atol=1e-4)
+    np.testing.assert_allclose(dataset.to_original(0, target["boxes"].numpy()), [[20, 10, 60, 50]])
+
+
+def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    cached, lazy = DetectionDataset(split, 32), DetectionDataset(split, 32, cache=False)
+    for index in range(len(split.records)):
+        (a, ta), (b, tb) = cached[index], lazy[index]
+        assert torch.equal(a, b)
+        assert torch.equal(ta["boxes"], tb["boxes"])
+
+
+def test_an_unknown_resize_mode_raises(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    with pytest.raises(DataError, match=r"crop"):
+        DetectionDataset(split, 32, resize="crop")
+
+
+# ------------------------------------------------------------------------ augmentation
+
+
+def _rectangle_split(tmp_path: Path, box: tuple[int, int, int, int]) -> SplitAnnotations:
+    """A black 32x32 image with a white rectangle (xyxy, exclusive ends) and its box."""
+    pixels = np.zeros((32, 32, 3), np.uint8)
+    x0, y0, x1, y1 = box
+    pixels[y0:y1, x0:x1] = 255
+    path = tmp_path / "rect.png"
+    Image.fromarray(pixels).save(path)
+    record = ImageRecord(1, path, 32, 32, np.array([box], np.float32), np.array([0], np.int64))
+    return SplitAnnotations([record], ["thing"], tmp_path / "fake.json")
+
+
+def _white_box(image: torch.Tensor) -> list[float]:
+    ys, xs = np.nonzero((image == 255).all(dim=0).numpy())
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+ALL_HALF = Augment(hflip=0.5, vflip=0.5, transpose=0.5, channel_shuffle=0.5)
+
+
+@pytest.mark.parametrize(
+    "augment",
+    [
+        Augment(hflip=1.0),
+        Augment(hflip=0.0, vflip=1.0),
+        Augment(hflip=0.0, transpose=1.0),
+        Augment(hflip=1.0, vflip=1.0, transpose=1.0, channel_shuffle=1.0),
+    ],
+    ids=["hflip", "vflip", "transpose", "all"],
+)
+def test_flips_and_transposes_move_the_box_with_the_pixels(
+    tmp_path: Path, augment: Augment
+) -> None:
+    split = _rectangle_split(tmp_path, (3, 5, 11, 20))
+    image, target = DetectionDataset(split, 32, augment=augment)[0]
+    assert _white_box(image) != [3, 5, 11, 20]  # the image did move
+    assert target["boxes"].tolist() == [_white_box(image)]
+
+
+def test_random_augmentation_keeps_box_and_pixels_together_in_every_epoch(
+    tmp_path: Path,
+) -> None:
+    split = _rectangle_split(tmp_path, (3, 5, 11, 20))
+    dataset = DetectionDataset(split, 32, augment=ALL_HALF, seed=4)
+    boxes = set()
+    for epoch in range(12):
+        image, target = dataset[(epoch, 0)]
+        assert target["boxes"].tolist() == [_white_box(image)]
+        boxes.add(tuple(target["boxes"][0].tolist()))
+    assert len(boxes) > 2  # several of the eight symmetries were drawn
+
+
+def test_augmentation_is_reproducible_for_the_same_seed_epoch_and_index(
+    coco_root: Path,
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    first = DetectionDataset(split, 32, augment=ALL_HALF, seed=7)
+    second = DetectionDataset(split, 32, augment=ALL_HALF, seed=7, cache=False)
+    for key in [(0, 1), (3, 1), (5, 3)]:
+        (a, ta), (b, tb) = first[key], second[key]
+        assert torch.equal(a, b)
+        assert torch.equal(ta["boxes"], tb["boxes"])
+        assert torch.equal(ta["labels"], tb["labels"])
+
+
+def test_augmentation_differs_between_epochs(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32, augment=ALL_HALF, seed=7)
+    index = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")
+    outcomes = {
+        (dataset[(epoch, index)][0].numpy().tobytes(), str(dataset[(epoch, index)][1]["boxes"]))
+        for epoch in range(6)
+    }
+    assert len(outcomes) > 1
+    # and an un-augmented dataset gives the same sample whatever the epoch
+    plain = DetectionDataset(split, 32, augment=Augment(0, 0, 0, 0))
+    assert torch.equal(plain[(0, index)][0], plain[(5, index)][0])
+
+
+def test_boxes_smaller_than_min_box_size_are_dropped_with_their_labels(tmp_path: Path) -> None:
+    split = _rectangle_split(tmp_path, (3, 5, 5, 20))  # 2 pixels wide
+    split.records[0].boxes = np.array([[3, 5, 5, 20], [10, 10, 20, 20]], np.float32)
+    split.records[0].labels = np.array([0, 1], np.int64)
+    _, target = DetectionDataset(split, 32, augment=Augment(hflip=1.0, min_box_size=3))[0]
+    assert target["labels"].tolist() == [1]
+    assert target["boxes"].tolist() == [[12.0, 10.0, 22.0, 20.0]]
+
+
+# ------------------------------------------------------------------ batching and order
+
+
+def test_collate_stacks_images_and_keeps_the_targets_as_a_list(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32)
+    samples = [dataset[i] for i in range(3)]
+    images, targets = collate(samples)
+    assert images.shape == (3, 3, 32, 32) and images.dtype == torch.uint8
+    assert torch.equal(images[1], samples[1][0])
+    assert targets == [t for _, t in samples]
+    assert isinstance(targets, list)
+
+
+def test_epoch_sampler_order_depends_on_seed_and_epoch_only() -> None:
+    sampler = EpochSampler(20, shuffle=True, seed=3)
+    first = list(sampler)
+    assert first == list(EpochSampler(20, shuffle=True, seed=3))
+    assert sorted(i for _, i in first) == list(range(20))
+    assert {epoch for epoch, _ in first} == {0}
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert {epoch for epoch, _ in second} == {1}
+    assert [i for _, i in second] != [i for _, i in first]
+    assert list(sampler) == second
+    other_seed = EpochSampler(20, shuffle=True, seed=4)
+    assert [i for _, i in other_seed] != [i for _, i in first]
+
+
+def test_epoch_sampler_without_shuffle_keeps_the_file_order() -> None:
+    sampler = EpochSampler(5, shuffle=False, seed=3)
+    sampler.set_epoch(2)
+    assert list(sampler) == [(2, i) for i in range(5)]
+    assert len(sampler) == 5
+
+
+def test_loader_yields_batches_in_the_sampler_order_and_keeps_a_short_last_batch(
+    coco_root: Path,
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32)
+    loader = make_loader(
+        dataset, 2, shuffle=True, seed=1, num_workers=0, pin_memory=False, drop_last=False
+    )
+    order = [i for _, i in EpochSampler(5, shuffle=True, seed=1)]
+    batches = list(loader)
+    assert [len(targets) for _, targets in batches] == [2, 2, 1]
+    ids = [t["image_id"] for _, targets in batches for t in targets]
+    assert ids == [split.records[i].image_id for i in order]
+    assert steps_per_epoch(5, 2, drop_last=False) == len(batches)
+
+
+def test_drop_last_is_ignored_when_the_data_set_is_smaller_than_a_batch(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    loader = make_loader(
+        DetectionDataset(split, 32),
+        8,
+        shuffle=False,
+        seed=0,
+        num_workers=0,
+        pin_memory=False,
+        drop_last=True,
+    )
+    assert [len(t) for _, t in loader] == [5]
+    assert steps_per_epoch(5, 8, drop_last=True) == 1
+    assert steps_per_epoch(9, 4, drop_last=True) == 2
+
+
+def test_voc_box_with_equal_min_and_max_is_one_pixel_wide_and_kept(voc_root: Path) -> None:
+    xml = _voc_xml("wide.png", (80, 40), [("bird", (5, 7, 5, 7))])
+    (voc_root / "Annotations" / "wide.xml").write_text(xml)
+    (voc_root / "ImageSets" / "Main" / "val.txt").write_text("wide\n")
+    split = load_voc(voc_root, "val")
+    np.testing.assert_array_equal(split.records[0].boxes, [[4, 6, 5, 7]])
+    assert split.dropped_boxes == 0

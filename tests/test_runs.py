@@ -1,0 +1,335 @@
+"""Run names and the workflow's job matrix, resolved against an environment report (env.json)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config import load_config, parse_overrides
+from pipeline.errors import ConfigError
+from pipeline.runs import (
+    DeviceUnavailableInEnv,
+    Run,
+    amp_key,
+    bench_matrix,
+    device_part,
+    device_spec,
+    flatten,
+    parse_run,
+    read_env,
+    training_runs,
+)
+
+# the AMP policy of the device layer, as check_env writes it into env.json
+RESOLVED_AMP = {
+    "cuda": {"auto": True, "true": True, "false": False},
+    "mps": {"auto": False, "true": True, "false": False},
+    "cpu": {"auto": False, "true": False, "false": False},
+}
+
+
+def _backend(name: str, available: bool, available_list: list[str]) -> dict[str, Any]:
+    reason = None if available else f"no {name} here (fake reason)"
+    return {
+        "available": available,
+        "reason": reason,
+        "description": name.upper() if available else f"{name.upper()} (not available: {reason})",
+        "amp_default": RESOLVED_AMP[name]["auto"],
+        "amp_supported": name != "cpu",
+        "resolved_amp": dict(RESOLVED_AMP[name]),
+        "pin_memory": name == "cuda",
+        "error": None
+        if available
+        else f"Device {name!r} is not available: {reason}. Available backends: {available_list}.",
+    }
+
+
+def make_env(*available: str) -> dict[str, Any]:
+    """An env.json like check_env writes (same structure as results/env.json)."""
+    names = [b for b in ("cuda", "mps", "cpu") if b in available]
+    return {
+        "format": "pipeline.env/1",
+        "backends": {b: _backend(b, b in available, names) for b in ("cuda", "mps", "cpu")},
+        "available": names,
+        "auto": names[0],
+        "cuda": {"built": True, "version": "12.4", "devices": [], "visible_devices_env": None},
+        "mps": {"built": "mps" in available, "available": "mps" in available, "macos": None},
+    }
+
+
+CPU_ONLY = make_env("cpu")
+CUDA = make_env("cuda", "cpu")
+MPS = make_env("mps", "cpu")
+
+
+def _config(*items: str) -> dict[str, Any]:
+    return load_config(None, list(items))
+
+
+def test_fake_env_has_the_structure_check_env_writes() -> None:
+    from pipeline import environment
+
+    real = environment.collect()
+    assert set(CPU_ONLY) <= set(real)
+    assert set(real["backends"]) == set(CPU_ONLY["backends"])
+    for name, entry in real["backends"].items():
+        assert set(entry) == set(CPU_ONLY["backends"][name]), name
+        assert set(entry["resolved_amp"]) == {"auto", "true", "false"}
+    assert real["backends"]["cpu"]["resolved_amp"] == RESOLVED_AMP["cpu"]
+    assert real["auto"] in real["available"]
+
+
+def test_read_env_reads_the_report(tmp_path: Path) -> None:
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps(CUDA))
+    assert read_env(path) == CUDA
+
+
+# ---------------------------------------------------------------------------- run names
+
+
+@pytest.mark.parametrize(
+    ("name", "run"),
+    [
+        ("cpu-fp32", Run("cpu", "fp32")),
+        ("cuda1-fp16", Run("cuda:1", "fp16")),
+        ("cuda-bf16", Run("cuda", "bf16")),
+        ("mps-fp16", Run("mps", "fp16")),
+        ("cpu-fp32+seed=1+lr=0.01", Run("cpu", "fp32", (("seed", 1), ("lr", 0.01)))),
+        (
+            "cuda0-fp16+model=resnet18+batch_size=8",
+            Run("cuda:0", "fp16", (("model", "resnet18"), ("batch_size", 8))),
+        ),
+    ],
+)
+def test_run_names_round_trip_through_parse_run(name: str, run: Run) -> None:
+    assert parse_run(name) == run
+    assert run.name == name
+    assert parse_run(run.name).name == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["cpu-fp8", "cpu", "gpu-fp32", "cuda:1-fp16", "cpu-fp32+epochs=3", "cpu-fp32+seed"],
+)
+def test_malformed_run_names_raise_config_error(name: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_run(name)
+
+
+def test_device_part_and_spec_are_inverse() -> None:
+    for spec in ("cpu", "mps", "cuda", "cuda:0", "cuda:12"):
+        assert device_spec(device_part(spec)) == spec
+    assert device_part("cuda:1") == "cuda1"
+
+
+def test_settings_of_an_fp32_run_turn_amp_off() -> None:
+    assert Run("cpu", "fp32").settings() == ["device=cpu", "amp=false"]
+
+
+def test_settings_of_a_mixed_precision_run_turn_amp_on_with_its_dtype() -> None:
+    run = Run(
+        "cuda:1", "bf16", (("seed", 2), ("lr", 0.01), ("batch_size", 8), ("model", "resnet18"))
+    )
+    assert run.settings() == [
+        "device=cuda:1",
+        "amp=true",
+        "amp_dtype=bf16",
+        "seed=2",
+        "train.lr=0.01",
+        "train.batch_size=8",
+        'model.name="resnet18"',
+    ]
+
+
+def test_settings_make_the_config_train_the_run() -> None:
+    run = parse_run("cuda1-fp16+seed=3+lr=0.02+batch_size=4+model=resnet18")
+    config = _config(*run.settings())
+    assert config["device"] == "cuda:1"
+    assert config["amp"] is True
+    assert config["amp_dtype"] == "fp16"
+    assert config["seed"] == 3
+    assert config["train"]["lr"] == 0.02
+    assert config["train"]["batch_size"] == 4
+    assert config["model"]["name"] == "resnet18"
+    assert _config(*parse_run("cpu-fp32").settings())["amp"] is False
+
+
+@pytest.mark.parametrize(
+    ("amp", "key"),
+    [("auto", "auto"), (True, "true"), (False, "false"), ("true", "true"), ("off", "false")],
+)
+def test_amp_key_maps_any_spelling_onto_the_resolved_amp_table(amp: Any, key: str) -> None:
+    assert amp_key(amp) == key
+
+
+# ---------------------------------------------------------------------- training runs
+
+
+def test_auto_device_resolves_to_the_envs_auto_backend() -> None:
+    assert training_runs(_config(), CUDA) == [Run("cuda", "fp16")]
+    assert training_runs(_config(), CPU_ONLY) == [Run("cpu", "fp32")]
+    assert training_runs(_config(), MPS) == [Run("mps", "fp32")]  # AMP auto is off on mps
+
+
+def test_explicit_devices_are_kept_as_given() -> None:
+    assert [r.name for r in training_runs(_config("device=cuda:1"), CUDA)] == ["cuda1-fp16"]
+    assert [r.name for r in training_runs(_config("device=cpu"), CUDA)] == ["cpu-fp32"]
+
+
+@pytest.mark.parametrize(
+    ("device", "env"), [("mps", CPU_ONLY), ("cuda:0", MPS), ("cuda", CPU_ONLY)]
+)
+def test_an_absent_backend_raises_with_the_envs_error_text(device: str, env: dict) -> None:
+    with pytest.raises(DeviceUnavailableInEnv) as caught:
+        training_runs(_config(f"device={device}"), env)
+    assert str(caught.value) == env["backends"][device.partition(":")[0]]["error"]
+
+
+def test_an_absent_backend_without_an_error_text_names_it_and_the_reason() -> None:
+    env = copy.deepcopy(CPU_ONLY)
+    env["backends"]["mps"]["error"] = None
+    with pytest.raises(DeviceUnavailableInEnv, match=r"'mps'.*fake reason"):
+        training_runs(_config("device=mps"), env)
+
+
+@pytest.mark.parametrize(
+    ("device", "amp", "dtype", "env", "precision"),
+    [
+        ("cuda", "auto", "fp16", CUDA, "fp16"),
+        ("cuda", "auto", "bf16", CUDA, "bf16"),
+        ("cuda", "false", "fp16", CUDA, "fp32"),
+        ("cpu", "true", "bf16", CUDA, "fp32"),  # no AMP on cpu, whatever is asked
+        ("cpu", "auto", "fp16", CPU_ONLY, "fp32"),
+        ("mps", "auto", "fp16", MPS, "fp32"),
+        ("mps", "true", "bf16", MPS, "bf16"),
+        ("mps", "'on'", "fp16", MPS, "fp16"),
+    ],
+)
+def test_precision_follows_the_envs_resolved_amp_table(
+    device: str, amp: str, dtype: str, env: dict, precision: str
+) -> None:
+    config = _config(f"device={device}", f"amp={amp}", f"amp_dtype={dtype}")
+    assert [r.precision for r in training_runs(config, env)] == [precision]
+
+
+def test_precision_uses_the_table_not_a_hard_coded_policy() -> None:
+    env = copy.deepcopy(CPU_ONLY)
+    env["backends"]["cpu"]["resolved_amp"]["true"] = True
+    assert training_runs(_config("amp=true", "amp_dtype=bf16"), env) == [Run("cpu", "bf16")]
+
+
+def test_a_sweep_expands_to_the_product_of_its_lists() -> None:
+    runs = training_runs(_config("sweep.seed=[0, 1]", "sweep.lr=[0.01, 0.001]"), CPU_ONLY)
+    assert [r.name for r in runs] == [
+        "cpu-fp32+seed=0+lr=0.01",
+        "cpu-fp32+seed=0+lr=0.001",
+        "cpu-fp32+seed=1+lr=0.01",
+        "cpu-fp32+seed=1+lr=0.001",
+    ]
+    assert len({r.name for r in runs}) == 4
+    assert all(parse_run(r.name) == r for r in runs)
+
+
+def test_a_precision_sweep_times_other_sweeps_on_a_backend_with_amp() -> None:
+    config = _config(
+        "device=cuda:1", "sweep.precision=[fp32, bf16]", "sweep.model=[tiny_conv, resnet18]"
+    )
+    runs = training_runs(config, CUDA)
+    assert [r.name for r in runs] == [
+        "cuda1-fp32+model=tiny_conv",
+        "cuda1-fp32+model=resnet18",
+        "cuda1-bf16+model=tiny_conv",
+        "cuda1-bf16+model=resnet18",
+    ]
+    assert _config(*runs[2].settings())["amp_dtype"] == "bf16"
+
+
+# an mps whose AMP policy is off even when asked for (as for an old torch)
+MPS_NO_AMP = copy.deepcopy(MPS)
+MPS_NO_AMP["backends"]["mps"]["resolved_amp"]["true"] = False
+
+
+@pytest.mark.parametrize(
+    ("device", "env", "lost"),
+    [("cpu", CPU_ONLY, "fp16"), ("cpu", CUDA, "bf16"), ("auto", MPS_NO_AMP, "fp16")],
+)
+def test_a_precision_sweep_that_amp_policy_would_collapse_to_fp32_is_refused(
+    device: str, env: dict, lost: str
+) -> None:
+    config = _config(f"device={device}", f"sweep.precision=[fp32, {lost}]")
+    with pytest.raises(ConfigError, match=rf"sweep\.precision asks for \['{lost}'\]"):
+        training_runs(config, env)
+
+
+def test_an_fp32_only_precision_sweep_is_fine_anywhere() -> None:
+    assert training_runs(_config("sweep.precision=[fp32]"), CPU_ONLY) == [Run("cpu", "fp32")]
+
+
+# ----------------------------------------------------------------------- bench matrix
+
+
+def test_bench_matrix_available_covers_every_available_backend() -> None:
+    config = _config("bench.precisions=[fp32, bf16]", "bench.modes=[infer]")
+    assert bench_matrix(config, CUDA) == [
+        ("cuda", "fp32", "infer"),
+        ("cuda", "bf16", "infer"),
+        ("cpu", "fp32", "infer"),
+        ("cpu", "bf16", "infer"),
+    ]
+    assert [job[0] for job in bench_matrix(config, CPU_ONLY)] == ["cpu", "cpu"]
+
+
+def test_bench_matrix_for_an_explicit_list_takes_only_those_backends() -> None:
+    config = _config("bench.backends=[cpu]", "bench.precisions=[fp32]")
+    assert bench_matrix(config, CUDA) == [("cpu", "fp32", "train"), ("cpu", "fp32", "infer")]
+
+
+def test_bench_matrix_with_an_absent_listed_backend_raises_with_the_envs_error() -> None:
+    config = _config("bench.backends=[cpu, mps]")
+    with pytest.raises(DeviceUnavailableInEnv) as caught:
+        bench_matrix(config, CUDA)
+    assert str(caught.value) == CUDA["backends"]["mps"]["error"]
+
+
+# ---------------------------------------------------------------------------- flatten
+
+
+def test_flatten_gives_dotted_json_items() -> None:
+    assert flatten({"eval": {"batch_size": 8, "score_threshold": 0.25}, "device": "cpu"}) == [
+        "eval.batch_size=8",
+        "eval.score_threshold=0.25",
+        'device="cpu"',
+    ]
+
+
+def test_flatten_items_read_back_to_the_same_nested_dict() -> None:
+    settings = {
+        "data": {
+            "synthetic": {
+                "num_train": 8,
+                "classes": ["circle", "ring"],
+                "noise_std": 12.5,
+                "seed": 0,
+            },
+            "classes": None,
+            "root": "resources/data/1",
+            "cache": False,
+            "train_split": "true",  # a string that YAML would read as a bool unquoted
+        },
+        "sweep": {},
+        "amp": "auto",
+        "train": {"grad_clip": None, "lr": 0.006},
+    }
+    assert parse_overrides(flatten(settings)) == settings
+
+
+def test_flattened_config_sections_reproduce_the_config() -> None:
+    """What the workflow passes to `python -m pipeline` gives the config it started from."""
+    config = _config("train.lr=0.00001", "data.synthetic.num_train=8", "eval.score_threshold=0.25")
+    sections = {key: config[key] for key in ("data", "train", "eval", "model")}
+    assert _config(*flatten(sections)) == config
