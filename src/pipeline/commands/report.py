@@ -1,0 +1,68 @@
+"""`python -m pipeline report`: one self-contained HTML page comparing every benchmark, run,
+evaluation and profile under the results folder, with the answer at the top."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli import command_parser
+from pipeline.errors import ConfigError
+
+log = logging.getLogger("pipeline")
+
+
+def _config_from_json(text: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"--config-json is not valid JSON ({error.msg} at column {error.colno})."
+        ) from error
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"--config-json must be a JSON object of config keys, not a {type(config).__name__}."
+        )
+    return config
+
+
+def _config_from_file(path: str) -> dict[str, Any]:
+    """A YAML or JSON config file, resolved as the workflow resolves it (defaults filled in)."""
+    from pipeline.config import read_yaml, validate
+
+    return validate(read_yaml(path), path)
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("report", __doc__)
+    parser.add_argument(
+        "--results",
+        default="results",
+        metavar="DIR",
+        help="results folder to read (default: results)",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--config-json", metavar="JSON", help="the workflow's resolved config as a JSON string"
+    )
+    source.add_argument(
+        "--config", metavar="FILE", help="a YAML or JSON config file instead of --config-json"
+    )
+    parser.add_argument(
+        "--out", metavar="FILE", help="HTML file to write (default: <results>/report.html)"
+    )
+    args = parser.parse_args(argv)
+    config = None
+    if args.config_json is not None:
+        config = _config_from_json(args.config_json)
+    elif args.config is not None:
+        config = _config_from_file(args.config)
+
+    from pipeline import report  # pandas and matplotlib: imported only once the arguments are good
+
+    out = Path(args.out) if args.out else Path(args.results) / "report.html"
+    report.build(args.results, out, config)
+    log.info("report written: %s", out)
+    return 0

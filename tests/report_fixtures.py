@@ -1,0 +1,529 @@
+"""A small results tree for the report tests, shaped like the real files each stage writes.
+
+The benchmarks make CUDA fp16 the fastest setting with acceptable numerics, and CUDA bf16
+faster still but with a loss 5% off fp32, so the answer must skip it. One class name is a
+script tag, one predicted image file is missing, one benchmark is skipped, MPS memory is a
+sampled lower bound, and the cuda-fp16 run has no profile yet.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+SCRIPT_CLASS = "<script>alert(1)</script>"
+CLASS_NAMES = ["circle", SCRIPT_CLASS]
+CREATED = "2026-11-29T17:22:52+00:00"
+
+
+def write_json(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def write_png(path: Path, size: int = 32, colour: tuple[int, int, int] = (40, 120, 200)) -> Path:
+    """A valid RGB PNG written by hand, so the fixture needs nothing beyond the standard library."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+
+    header = size.to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    rows = b"".join(b"\x00" + bytes(colour) * size for _ in range(size))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    return path
+
+
+def backend_entry(available: bool, amp_auto: bool, reason: str | None = None) -> dict[str, Any]:
+    return {
+        "available": available,
+        "reason": reason,
+        "description": "NVIDIA Fake H100" if amp_auto else "Apple M3 (MPS)",
+        "amp_default": amp_auto,
+        "amp_supported": True,
+        "resolved_amp": {"auto": amp_auto, "true": True, "false": False},
+        "pin_memory": amp_auto,
+        "error": None,
+    }
+
+
+def env_json() -> dict[str, Any]:
+    cpu = backend_entry(True, False)
+    cpu.update(
+        description="CPU",
+        amp_supported=False,
+        resolved_amp={"auto": False, "true": False, "false": False},
+    )
+    return {
+        "format": "pipeline.env/1",
+        "created": "2026-11-29T17:22:36+00:00",
+        "versions": {
+            "python": "3.11.7",
+            "torch": "2.14.1+cu130",
+            "torchvision": "0.29.1",
+            "snakemake": "9.27.1",
+            "pipeline": "0.1.0",
+        },
+        "platform": {
+            "os": "Linux-test",
+            "system": "Linux",
+            "machine": "x86_64",
+            "cpu_model": "AMD EPYC",
+            "cpu_count": 2,
+            "torch_threads": 2,
+        },
+        "backends": {
+            "cuda": backend_entry(True, True),
+            "mps": backend_entry(True, False),
+            "cpu": cpu,
+        },
+        "available": ["cuda", "mps", "cpu"],
+        "auto": "cuda",
+        "cuda": {
+            "built": True,
+            "version": "13.0",
+            "cudnn": 91000,
+            "devices": [
+                {
+                    "index": 0,
+                    "name": "NVIDIA Fake H100",
+                    "total_memory_gib": 79.6,
+                    "capability": "9.0",
+                    "multiprocessors": 132,
+                }
+            ],
+            "visible_devices_env": None,
+        },
+        "mps": {"built": True, "available": True, "macos": "15.1"},
+    }
+
+
+def numerics(loss_rel_diff: float) -> dict[str, Any]:
+    acceptable = loss_rel_diff <= 0.02
+    return {
+        "reference": "fp32",
+        "loss_fp32": 9.2,
+        "loss": 9.2 * (1 + loss_rel_diff),
+        "loss_abs_diff": 9.2 * loss_rel_diff,
+        "loss_rel_diff": loss_rel_diff,
+        "output_max_abs_diff": 0.0035,
+        "output_max_rel_diff": None,  # as the real files have it: the box output is all zero in fp32
+        "outputs": {
+            "heatmap": {"max_abs_diff": 0.0035, "max_rel_diff": 0.00076},
+            "box": {"max_abs_diff": 0.0, "max_rel_diff": None},
+        },
+        "finite": True,
+        "acceptable": acceptable,
+        "acceptable_rule": "finite and relative loss difference <= 0.02",
+    }
+
+
+def bench_record(
+    backend: str,
+    precision: str,
+    mode: str,
+    median_ms: float | None,
+    loss_rel_diff: float = 0.001,
+    skipped: str | None = None,
+    memory: dict[str, Any] | None = None,
+    high_load: bool = False,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "format": "pipeline.bench/1",
+        "status": "skipped" if skipped else "ok",
+        "reason": skipped,
+        "created": CREATED,
+        "backend": backend,
+        "device": backend,
+        "device_description": {"cuda": "NVIDIA Fake H100", "mps": "Apple M3 (MPS)", "cpu": "CPU"}[
+            backend
+        ],
+        "precision": precision,
+        "mode": mode,
+        "model": "tiny_conv",
+        "parameters": None if skipped else 328408,
+        "batch_size": 16,
+        "image_size": 128,
+        "channels_last": False,
+        "compile": False,
+        "settings": {
+            "torch_threads": 2,
+            "cudnn_benchmark": False,
+            "tf32_matmul": False,
+            "tf32_cudnn": True,
+            "float32_matmul_precision": "highest",
+            "warmup_steps": 2,
+            "max_steps": 20,
+            "time_budget_s": 3.0,
+        },
+        "environment": {"torch": "2.14.1+cu130", "python": "3.11.7", "cpu_model": "AMD EPYC"},
+        "timing": None,
+        "throughput_images_per_s": None,
+        "numerics": None,
+        "memory": None,
+        "host_peak_rss_mb": None,
+        "conditions": None,
+    }
+    if skipped:
+        return record
+    iqr = median_ms * 0.05
+    record.update(
+        timing={
+            "count": 20,
+            "median_ms": median_ms,
+            "mean_ms": median_ms,
+            "iqr_ms": iqr,
+            "iqr_ratio": 0.05,
+            "p10_ms": median_ms * 0.97,
+            "p50_ms": median_ms,
+            "p90_ms": median_ms * 1.03,
+            "p99_ms": median_ms * 1.05,
+            "min_ms": median_ms * 0.95,
+            "max_ms": median_ms * 1.1,
+            "noisy": False,
+            "warmup_steps": 2,
+            "total_s": median_ms * 22 / 1000,
+            "budget_limited": False,
+        },
+        throughput_images_per_s=16 / (median_ms / 1000),
+        numerics=None if precision == "fp32" else numerics(loss_rel_diff),
+        memory=memory
+        or {"peak_mb": 0.0, "reserved_mb": 0.0, "exact": True, "label": "n/a (CPU: see host RSS)"},
+        host_peak_rss_mb=715.5,
+        conditions={
+            "load_1m_start": 2.3 if high_load else 0.1,
+            "load_1m_end": 0.2,
+            "cpu_count": 2,
+            "foreign_cpu_share": 0.66 if high_load else 0.01,
+            "high_load": high_load,
+        },
+    )
+    return record
+
+
+CUDA_MEMORY = {"peak_mb": 812.4, "reserved_mb": 1024.0, "exact": True, "label": "exact"}
+MPS_MEMORY = {
+    "peak_mb": 123.0,
+    "reserved_mb": 256.0,
+    "exact": False,
+    "label": "lower bound (sampled)",
+}
+BENCH = [
+    bench_record("cuda", "fp32", "train", 10.0, memory=CUDA_MEMORY),
+    bench_record("cuda", "fp16", "train", 4.0, memory=CUDA_MEMORY),
+    bench_record(
+        "cuda", "bf16", "train", 3.0, loss_rel_diff=0.05, memory=CUDA_MEMORY
+    ),  # faster, not acceptable
+    bench_record("mps", "fp32", "train", 20.0, memory=MPS_MEMORY),
+    bench_record("mps", "fp16", "train", 15.0, memory=MPS_MEMORY),
+    bench_record("mps", "bf16", "train", None, skipped="bf16 autocast on MPS needs torch >= 2.6"),
+    bench_record("cpu", "fp32", "train", 100.0, high_load=True),
+    bench_record("cpu", "fp32", "infer", 30.0),
+]
+
+
+def metrics_rows(losses: list[float], f1s: list[float]) -> list[dict[str, Any]]:
+    rows, memory = (
+        [],
+        {"peak_mb": 0.0, "reserved_mb": 0.0, "exact": True, "label": "n/a (CPU: see host RSS)"},
+    )
+    for index, loss in enumerate(losses, start=1):
+        epoch = (index + 1) // 2
+        rows.append(
+            {
+                "type": "step",
+                "epoch": epoch,
+                "step": index,
+                "loss": loss,
+                "heatmap": loss / 2,
+                "box": 0.9,
+                "lr": 0.006,
+                "step_time_s": 0.1,
+                "images_per_s": 160.0,
+                "memory": memory,
+            }
+        )
+        if index % 2 == 0:
+            f1 = f1s[epoch - 1]
+            val = {
+                "f1": f1,
+                "precision": f1,
+                "recall": f1,
+                "best_f1": f1,
+                "ap": f1 / 2,
+                "ap50": f1 * 0.9,
+                "ap75": f1 / 3,
+            }
+            rows.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": loss,
+                    "train_heatmap": loss / 2,
+                    "train_box": 0.9,
+                    "epoch_time_s": 0.4,
+                    "images_per_s": 150.0,
+                    "type": "epoch",
+                    "step": index,
+                    "lr": 0.006,
+                    "memory": memory,
+                    "host_peak_rss_mb": 700.0,
+                    "val": val if epoch > 1 else None,
+                }
+            )
+    return rows
+
+
+def train_summary(backend: str, precision: str, best: float) -> dict[str, Any]:
+    return {
+        "requested_device": backend,
+        "device": backend,
+        "backend": backend,
+        "device_description": "NVIDIA Fake H100" if backend == "cuda" else "CPU",
+        "amp": precision != "fp32",
+        "precision": precision,
+        "model": "tiny_conv",
+        "parameters": 20908,
+        "class_names": CLASS_NAMES,
+        "epochs": 3,
+        "steps": 6,
+        "batch_size": 16,
+        "wall_time_s": 12.5,
+        "train_time_s": 1.2,
+        "epoch_times_s": [0.4, 0.4, 0.4],
+        "median_step_time_s": 0.1,
+        "images_per_s": 150.0,
+        "peak_memory": CUDA_MEMORY
+        if backend == "cuda"
+        else {
+            "peak_mb": 0.0,
+            "reserved_mb": 0.0,
+            "exact": True,
+            "label": "n/a (CPU: see host RSS)",
+        },
+        "host_peak_rss_mb": 687.2,
+        "monitor": "f1",
+        "best_metric": best,
+        "best_epoch": 3,
+        "final_val": {
+            "f1": best,
+            "precision": best,
+            "recall": best,
+            "best_f1": best,
+            "ap": best / 2,
+            "ap50": best * 0.9,
+            "ap75": best / 3,
+        },
+        "paths": {},
+    }
+
+
+def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
+    per_class = [
+        {
+            "name": name,
+            "num_gt": 7,
+            "ap": f1 / 2,
+            "ap50": f1 * 0.9,
+            "precision": f1,
+            "recall": f1,
+            "f1": f1,
+            "tp": 3,
+            "fp": 1,
+            "fn": 4,
+        }
+        for name in CLASS_NAMES
+    ]
+    return {
+        "format": "pipeline.eval/1",
+        "created": "2026-11-29T17:24:23+00:00",
+        "checkpoint": f"results/train/{backend}-{precision}/best.pth",
+        "checkpoint_epoch": 3,
+        "model": "tiny_conv",
+        "label_mode": "multilabel",
+        "device": backend,
+        "backend": backend,
+        "device_description": "CPU",
+        "precision": precision,
+        "data_root": "resources/data/ci",
+        "split": "val",
+        "class_names": CLASS_NAMES,
+        "metrics": {
+            "f1": f1,
+            "precision": f1,
+            "recall": f1,
+            "f1_macro": f1,
+            "best_f1": f1 + 0.05,
+            "best_f1_threshold": 0.25,
+            "ap": f1 / 2,
+            "ap50": f1 * 0.9,
+            "ap75": f1 / 3,
+            "per_class": per_class,
+            "micro": {"precision": f1, "recall": f1, "f1": f1, "tp": 6, "fp": 2, "fn": 8},
+            "macro": {"precision": f1, "recall": f1, "f1": f1, "num_classes": 2},
+            "best": {"threshold": 0.25, "precision": f1, "recall": f1, "f1": f1 + 0.05},
+            "num_images": 3,
+            "num_ground_truth": 14,
+            "num_detections": 40,
+            "score_threshold": 0.3,
+            "iou_threshold": 0.5,
+        },
+        "peak_memory": {
+            "peak_mb": 0.0,
+            "reserved_mb": 0.0,
+            "exact": True,
+            "label": "n/a (CPU: see host RSS)",
+        },
+        "host_peak_rss_mb": 712.5,
+    }
+
+
+def predictions(image_files: list[str]) -> dict[str, Any]:
+    images = []
+    for index, file in enumerate(image_files):
+        images.append(
+            {
+                "image_id": index + 1,
+                "file": file,
+                "width": 32,
+                "height": 32,
+                "ground_truth": {
+                    "boxes": [[4.0, 4.0, 16.0, 16.0], [18.0, 18.0, 30.0, 30.0]],
+                    "labels": [0, 1],
+                },
+                "detections": {
+                    "boxes": [
+                        [5.0, 5.0, 15.0, 15.0],
+                        [17.0, 19.0, 29.0, 31.0],
+                        [1.0, 1.0, 3.0, 3.0],
+                    ],
+                    "scores": [0.91, 0.55, 0.05],
+                    "labels": [0, 1, 0],
+                },
+            }
+        )
+    return {"format": "pipeline.predictions/1", "class_names": CLASS_NAMES, "images": images}
+
+
+def profile(backend: str, precision: str) -> dict[str, Any]:
+    latency = []
+    for batch, median in ((1, 2.9), (4, 6.3), (16, 20.1)):
+        wall = {
+            "count": 20,
+            "median_ms": median,
+            "mean_ms": median,
+            "iqr_ms": 0.1,
+            "iqr_ratio": 0.03,
+            "p10_ms": median * 0.98,
+            "p50_ms": median,
+            "p90_ms": median * 1.04,
+            "p99_ms": median * 1.1,
+            "min_ms": median * 0.97,
+            "max_ms": median * 1.2,
+            "noisy": False,
+            "warmup_steps": 3,
+            "total_s": 0.1,
+            "budget_limited": batch == 16,
+        }
+        latency.append(
+            {
+                "batch_size": batch,
+                "wall": wall,
+                "device_events": None,
+                "throughput_images_per_s": batch / (median / 1000),
+                "memory": {
+                    "peak_mb": 0.0,
+                    "reserved_mb": 0.0,
+                    "exact": True,
+                    "label": "n/a (CPU: see host RSS)",
+                },
+            }
+        )
+    operators = [
+        {
+            "name": f"aten::op{index}",
+            "calls": 12,
+            "self_cpu_ms": 2.0 / index,
+            "cpu_total_ms": 2.0,
+            "self_device_ms": 0.0,
+            "share": 0.3 / index,
+        }
+        for index in range(1, 15)
+    ]
+    return {
+        "format": "pipeline.profile/1",
+        "created": "2026-11-29T17:23:06+00:00",
+        "checkpoint": f"results/train/{backend}-{precision}/best.pth",
+        "model": "tiny_conv",
+        "device": backend,
+        "backend": backend,
+        "device_description": "CPU",
+        "precision": precision,
+        "image_size": 128,
+        "settings": {
+            "batch_sizes": [1, 4, 16],
+            "warmup": 3,
+            "repeats": 20,
+            "time_budget_s": 2.0,
+            "trace_steps": 3,
+        },
+        "latency": latency,
+        "profiler": {
+            "activities": ["CPU"],
+            "batch_size": 4,
+            "steps": 3,
+            "sorted_by": "self_cpu_ms",
+            "top_operators": operators,
+            "trace": "trace.json",
+            "note": None,
+        },
+    }
+
+
+def write_results_tree(root: Path) -> Path:
+    """The results folder under `root` (and the images its predictions point to); returns it."""
+    results = root / "results"
+    write_json(results / "env.json", env_json())
+    for record in BENCH:
+        write_json(
+            results / "bench" / f"{record['backend']}-{record['precision']}-{record['mode']}.json",
+            {"format": "pipeline.bench/1", "records": [record]},
+        )
+    runs = {
+        "cuda-fp16": ([9.0, 8.5, 8.0, 7.2, 6.9, 6.5], [0.2, 0.45, 0.61]),
+        "cpu-fp32": ([9.1, 8.8, 8.4, 8.0, 7.7, 7.5], [0.1, 0.3, 0.42]),
+    }
+    for name, (losses, f1s) in runs.items():
+        backend, precision = name.split("-")
+        run_dir = results / "train" / name
+        write_json(run_dir / "train_summary.json", train_summary(backend, precision, max(f1s)))
+        (run_dir / "metrics.jsonl").write_text(
+            "".join(json.dumps(row) + "\n" for row in metrics_rows(losses, f1s)), encoding="utf-8"
+        )
+        write_json(run_dir / "config.json", {"device": backend, "model": {"name": "tiny_conv"}})
+        write_json(results / "eval" / f"{name}.json", evaluation(backend, precision, f1s[-1]))
+    images = [
+        str(write_png(root / "images" / f"val_{index}.png", colour=(40 * index, 120, 200)))
+        for index in range(3)
+    ]
+    images.insert(1, str(root / "images" / "missing.png"))
+    write_json(results / "eval" / "cpu-fp32_predictions.json", predictions(images))
+    write_json(results / "profile" / "cpu-fp32" / "profile.json", profile("cpu", "fp32"))
+    write_json(
+        results / "profile" / "cpu-fp32" / "operators.json", profile("cpu", "fp32")["profiler"]
+    )
+    write_json(results / "profile" / "cpu-fp32" / "trace.json", {"traceEvents": []})
+    stats = results / "job_stats" / "train" / "cpu-fp32.tsv"
+    stats.parent.mkdir(parents=True, exist_ok=True)
+    stats.write_text(
+        "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n6.40\t0:00:06\t798.37\t3453.06\t445.16\t597.22\t0.06\t0.03\t60.00\t4.22\n"
+    )
+    return results

@@ -1,0 +1,317 @@
+"""`python -m pipeline report`: a self-contained, escaped HTML page with the right answer on top.
+
+The results tree comes from `report_fixtures`; the HTML is read back with the standard
+library's parser, so the assertions see what a browser would, not string fragments.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from report_fixtures import SCRIPT_CLASS, write_json, write_results_tree
+
+from pipeline import cli, report
+
+pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
+SECTION_IDS = [
+    "answer",
+    "environment",
+    "benchmarks",
+    "amp-policy",
+    "training",
+    "evaluation",
+    "profile",
+    "provenance",
+]
+CONFIG = {
+    "model": {"name": "tiny_conv"},
+    "amp": "auto",
+    "amp_dtype": "fp16",
+    "eval": {"score_threshold": 0.3},
+    "note": "</pre><script>x()</script>",
+}
+
+
+BLOCKS = frozenset(
+    {
+        "p",
+        "div",
+        "li",
+        "td",
+        "th",
+        "tr",
+        "dt",
+        "dd",
+        "br",
+        "h2",
+        "h3",
+        "pre",
+        "figcaption",
+        "caption",
+    }
+)
+
+
+class Page(HTMLParser):
+    """Tags, attributes and the text of each section, as parsed from the report."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.section_text: dict[str, list[str]] = {}
+        self._sections: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        self.tags.append((tag, attributes))
+        self._break(tag)
+        if tag == "section":
+            self._sections.append(attributes.get("id") or "")
+            self.section_text.setdefault(self._sections[-1], [])
+
+    def handle_endtag(self, tag: str) -> None:
+        self._break(tag)
+        if tag == "section" and self._sections:
+            self._sections.pop()
+
+    def handle_data(self, data: str) -> None:
+        if self._sections:
+            self.section_text[self._sections[-1]].append(data)
+
+    def _break(self, tag: str) -> None:
+        """Block elements separate words, as a browser lays them out; inline ones do not."""
+        if tag in BLOCKS and self._sections:
+            self.section_text[self._sections[-1]].append(" ")
+
+    def text(self, section: str) -> str:
+        return " ".join("".join(self.section_text[section]).split())
+
+
+def build_report(tmp_path: Path, *extra: str) -> tuple[str, Page]:
+    results = write_results_tree(tmp_path)
+    out = tmp_path / "out" / "report.html"
+    code = cli.main(
+        [
+            "report",
+            "--results",
+            str(results),
+            "--out",
+            str(out),
+            "--config-json",
+            json.dumps(CONFIG),
+            *extra,
+        ]
+    )
+    assert code == 0
+    source = out.read_text(encoding="utf-8")
+    page = Page()
+    page.feed(source)
+    return source, page
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Page]:
+    """One report for the read-only tests (building takes a second); the logger is put back after."""
+    logger = logging.getLogger("pipeline")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    try:
+        return build_report(tmp_path_factory.mktemp("report"))
+    finally:
+        for handler in logger.handlers:
+            if handler not in saved[0]:
+                handler.close()
+        logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def test_every_section_is_present_with_a_heading(built: tuple[str, Page]) -> None:
+    source, page = built
+    ids = [attrs.get("id") for tag, attrs in page.tags if tag == "section"]
+    assert ids == SECTION_IDS
+    assert source.count("<h2>") == len(SECTION_IDS)
+
+
+def test_every_image_is_an_embedded_png_that_decodes(built: tuple[str, Page]) -> None:
+    _, page = built
+    images = [attrs for tag, attrs in page.tags if tag == "img"]
+    assert len(images) >= 4  # benchmark, training, validation grid, latency
+    for attrs in images:
+        source = attrs["src"] or ""
+        assert source.startswith("data:image/png;base64,")
+        png = base64.b64decode(source.removeprefix("data:image/png;base64,"), validate=True)
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        with Image.open(io.BytesIO(png)) as image:
+            image.verify()
+
+
+def test_nothing_is_fetched_from_the_network(built: tuple[str, Page]) -> None:
+    source, page = built
+    for tag, attrs in page.tags:
+        for name in ("src", "href"):
+            value = (attrs.get(name) or "").lower()
+            assert not value.startswith(("http:", "https:", "//")), (tag, value)
+    assert "http://" not in source and "https://" not in source
+    assert not [tag for tag, _ in page.tags if tag in {"link", "script", "iframe", "object"}]
+
+
+def test_names_from_files_are_escaped_and_no_script_tag_exists(built: tuple[str, Page]) -> None:
+    source, page = built
+    assert "script" not in [tag for tag, _ in page.tags]
+    assert html_escaped(SCRIPT_CLASS) in source
+    assert SCRIPT_CLASS in page.text("evaluation")  # shown as text in the per-class table
+    assert "</pre><script>x()</script>" in page.text("provenance")  # the config, escaped in <pre>
+
+
+def html_escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[str, Page]) -> None:
+    _, page = built
+    answer = page.text("answer")
+    assert (
+        "On this machine, train with CUDA fp16: 25.0× faster than CPU fp32, numerics acceptable"
+        in answer
+    )
+    assert "train with CUDA bf16" not in answer
+    # the faster but unacceptable record is explained, not chosen
+    assert "No faster choice is safe: CUDA bf16 is 1.33× faster" in answer
+    assert "5.00e-02" in answer
+    assert "cpu-fp32: best F1 0.470" in answer and "cuda-fp16: best F1 0.660" in answer
+
+
+def test_answer_uses_the_configured_model_and_falls_back_to_the_first(tmp_path: Path) -> None:
+    results = report.load_results(write_results_tree(tmp_path))
+    assert report.answer_model(results.bench, {"model": {"name": "resnet18"}}) == "tiny_conv"
+    assert report.answer_model(results.bench, {"model": {"name": "tiny_conv"}}) == "tiny_conv"
+    choice = report.choose_setting(results.bench, "tiny_conv")
+    assert (choice.best["backend"], choice.best["precision"]) == ("cuda", "fp16")
+    assert list(choice.faster_unsafe["precision"]) == ["bf16"]
+
+
+def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, Page]) -> None:
+    _, page = built
+    text = page.text("benchmarks")
+    assert "≥ 123 MB (sampled lower bound)" in text
+    assert "812 MB (exact)" in text
+    assert "host RSS 716 MB" in text
+    assert "skipped: bf16 autocast on MPS needs torch >= 2.6" in text
+    assert "high load: 2.3 on 2 cores, others used 66% CPU" in text
+    assert "2.50×" in text  # CUDA fp16 against CUDA fp32
+
+
+def test_amp_policy_confirms_or_questions_each_default(built: tuple[str, Page]) -> None:
+    _, page = built
+    text = page.text("amp-policy")
+    assert "CUDA: AMP on (fp16) by default; fp32 measured 2.50× slower than fp16" in text
+    assert "default confirmed" in text
+    assert (
+        "MPS: AMP off by default; fp16 measured 1.33× faster than fp32 with acceptable numerics: consider amp=true amp_dtype=fp16"
+        in text
+    )
+    assert "CPU: AMP off by default; only fp32 was measured: default confirmed" in text
+
+
+def test_training_evaluation_and_profile_sections_show_each_run(built: tuple[str, Page]) -> None:
+    _, page = built
+    training = page.text("training")
+    assert "cuda-fp16" in training and "cpu-fp32" in training and "0.610 (3)" in training
+    evaluation = page.text("evaluation")
+    assert "1 image file(s) named in cpu-fp32_predictions.json could not be read" in evaluation
+    assert "missing.png" in evaluation
+    profile = page.text("profile")
+    assert "aten::op10" in profile and "aten::op11" not in profile  # top 10 only
+    assert "results/profile/cpu-fp32/trace.json" in profile
+
+
+def test_trace_link_is_relative_to_the_report(built: tuple[str, Page]) -> None:
+    _, page = built
+    links = [
+        attrs["href"]
+        for tag, attrs in page.tags
+        if tag == "a" and (attrs.get("href") or "").endswith("trace.json")
+    ]
+    assert links == ["../results/profile/cpu-fp32/trace.json"]
+
+
+def test_provenance_lists_job_stats_and_the_reproducing_commands(built: tuple[str, Page]) -> None:
+    _, page = built
+    text = page.text("provenance")
+    assert "train/cpu-fp32" in text and "798" in text
+    assert "snakemake --cores 1 results/report.html" in text
+    assert "snakemake report -R report" in text
+    assert "git commit" in text
+
+
+def test_missing_pieces_render_as_notes(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    write_json(
+        results / "bench" / "mps-bf16-train.json",
+        {"format": "pipeline.bench/1", "records": [skipped_record()]},
+    )
+    out = tmp_path / "report.html"
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    page = Page()
+    page.feed(out.read_text(encoding="utf-8"))
+    assert "No successful training benchmark yet" in page.text("answer")
+    assert "No env.json" in page.text("environment")
+    assert "No training runs" in page.text("training")
+    assert "No inference profile" in page.text("profile")
+    assert "No configuration was given" in page.text("provenance")
+
+
+def skipped_record() -> dict:
+    from report_fixtures import BENCH
+
+    return next(record for record in BENCH if record["status"] == "skipped")
+
+
+@pytest.mark.parametrize(
+    "relative, content",
+    [
+        ("eval/cpu-fp32.json", "{ not json"),
+        ("bench/cuda-fp16-train.json", '{"format": "pipeline.bench/1", "records": [{}]}'),
+        ("train/cpu-fp32/metrics.jsonl", '{"type": "step"}\nnot json\n{"type": "step"}\n'),
+        ("env.json", "[1, 2]"),
+    ],
+)
+def test_malformed_input_exits_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], relative: str, content: str
+) -> None:
+    results = write_results_tree(tmp_path)
+    (results / relative).write_text(content, encoding="utf-8")
+    with pytest.raises(report.ResultsFileError, match=relative.split("/")[-1]):
+        report.build(results, tmp_path / "report.html")
+    assert (
+        cli.main(["report", "--results", str(results), "--out", str(tmp_path / "report.html")]) == 2
+    )
+    assert str(results / relative) in capsys.readouterr().err
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_missing_results_folder_is_a_user_error(tmp_path: Path) -> None:
+    assert cli.main(["report", "--results", str(tmp_path / "nowhere")]) == 2
+
+
+def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
+    results = write_results_tree(tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  name: tiny_conv\n", encoding="utf-8")
+    assert cli.main(["report", "--results", str(results), "--config", str(config)]) == 0
+    page = Page()
+    page.feed((results / "report.html").read_text(encoding="utf-8"))
+    assert "score_threshold: 0.3" in page.text("provenance")  # a default the file did not set
+
+
+def test_report_modules_do_not_import_torch() -> None:
+    """The report runs after every heavy step and on machines without an accelerator: it must start fast."""
+    code = "import sys, pipeline.commands.report, pipeline.report; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0

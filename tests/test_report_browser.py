@@ -1,0 +1,112 @@
+"""The report in a real browser: headless Chromium loads it from disk, lays it out and renders it.
+
+Skips when Chromium is not installed, unless PIPELINE_REQUIRE_BROWSER=1 (CI sets it where
+Chromium is part of the image), in which case a missing browser fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from report_fixtures import write_results_tree
+
+from pipeline import cli
+
+pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
+SECTION_IDS = {
+    "answer",
+    "environment",
+    "benchmarks",
+    "amp-policy",
+    "training",
+    "evaluation",
+    "profile",
+    "provenance",
+}
+BROWSER_TIMEOUT_S = 60
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or (Path("/usr/bin/chromium").exists() and "/usr/bin/chromium")
+    if found:
+        return str(found)
+    message = "Chromium is not installed (no /usr/bin/chromium, no chromium on PATH): apt-get install chromium"
+    if os.environ.get("PIPELINE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"PIPELINE_REQUIRE_BROWSER=1 but {message}")
+    pytest.skip(message)
+
+
+def run_browser(browser: str, profile_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """One headless run with a fresh profile and nothing that reaches out to the network."""
+    profile_dir.mkdir(parents=True)
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile_dir}",
+        *args,
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+class SectionIds(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        if tag == "section":
+            self.ids.add(dict(attrs).get("id") or "")
+
+
+@pytest.fixture
+def report_file(tmp_path: Path) -> Path:
+    out = tmp_path / "report.html"
+    assert (
+        cli.main(["report", "--results", str(write_results_tree(tmp_path)), "--out", str(out)]) == 0
+    )
+    return out
+
+
+def test_chromium_loads_every_section_of_the_report(report_file: Path, tmp_path: Path) -> None:
+    browser = chromium()
+    done = run_browser(browser, tmp_path / "profile-dom", "--dump-dom", report_file.as_uri())
+    dom = SectionIds()
+    dom.feed(done.stdout)
+    assert dom.ids >= SECTION_IDS
+    assert "script" not in dom.tags
+
+
+def test_chromium_renders_a_screenshot_of_the_report(report_file: Path, tmp_path: Path) -> None:
+    browser = chromium()
+    shot = tmp_path / "shot.png"
+    run_browser(
+        browser,
+        tmp_path / "profile-shot",
+        f"--screenshot={shot}",
+        "--window-size=1280,2000",
+        report_file.as_uri(),
+    )
+    assert shot.exists()
+    assert shot.stat().st_size > 20_000  # a blank page is a few kilobytes
+    with Image.open(shot) as image:
+        assert image.size == (1280, 2000)
+        colours = image.convert("L").getcolors(maxcolors=1_000_000) or []
+    assert len(colours) > 16  # text, tables and plots, not one flat colour
