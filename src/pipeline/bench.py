@@ -58,8 +58,11 @@ def _autocast(device: torch.device, precision: str):
 
 
 def _max_diffs(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float]:
+    """Largest absolute difference, and the same relative to the largest fp32 magnitude."""
     diff = (candidate.float() - reference.float()).abs().max().item()
     scale = reference.float().abs().max().item()
+    if diff == 0:
+        return 0.0, 0.0
     return diff, diff / scale if scale > 0 else math.inf
 
 
@@ -100,6 +103,24 @@ def compare_numerics(
         "acceptable": finite and loss_rel <= ACCEPTABLE_LOSS_REL_DIFF,
         "acceptable_rule": f"finite and relative loss difference <= {ACCEPTABLE_LOSS_REL_DIFF}",
     }
+
+
+# What torch says when a backend cannot run an op in a dtype, or the batch does not fit.
+_CANNOT_RUN = (
+    "not implemented for",
+    "not supported",
+    "unsupported",
+    "does not support",
+    "out of memory",
+)
+
+
+def cannot_run_reason(error: BaseException) -> str | None:
+    """The reason to record a combination as skipped, or None when the error is a real bug."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    if isinstance(error, torch.OutOfMemoryError) or any(p in first.lower() for p in _CANNOT_RUN):
+        return f"{type(error).__name__}: {first}"
+    return None
 
 
 def _train_step(model, loss_fn, optimizer, scaler, images, targets, device, precision):
@@ -206,13 +227,11 @@ def run(
             max_steps=settings["steps"],
             budget_s=settings["time_budget_s"],
         )
-    except (
-        RuntimeError,
-        NotImplementedError,
-    ) as error:  # an op this backend cannot run in this dtype
-        record.update(
-            status="skipped", reason=f"{type(error).__name__}: {str(error).splitlines()[0]}"
-        )
+    except (RuntimeError, NotImplementedError) as error:
+        reason = cannot_run_reason(error)
+        if reason is None:
+            raise
+        record.update(status="skipped", reason=reason)
         log.warning(
             "%s %s %s %s: skipped (%s)", model_name, device, precision, mode, record["reason"]
         )

@@ -19,6 +19,7 @@ import yaml
 from pipeline.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
+DEFAULT_CONFIG = Path("config/config.yaml")
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
@@ -206,6 +207,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"Config file {path} must hold a mapping of keys, not {type(data).__name__}."
         )
     return data
+
+
+def default_config_path(given: str | Path | None) -> Path | None:
+    """The config file to start from: the one given, else config/config.yaml if present."""
+    return Path(given) if given else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> dict[str, Any]:

@@ -156,11 +156,14 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
                 "width": record.width,
                 "height": record.height,
                 "ground_truth": {
-                    "boxes": record.boxes.round(2).tolist(),
+                    "boxes": record.boxes.astype("float64").round(2).tolist(),
                     "labels": record.labels.tolist(),
                 },
                 "detections": {
-                    "boxes": dataset.to_original(index, found["boxes"]).round(2).tolist(),
+                    "boxes": dataset.to_original(index, found["boxes"])
+                    .astype("float64")
+                    .round(2)
+                    .tolist(),
                     "scores": [round(float(s), 4) for s in found["scores"]],
                     "labels": found["labels"],
                 },

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.cli import command_parser
-from pipeline.commands.train import DEFAULT_CONFIG
-from pipeline.config import load_config
+from pipeline.config import default_config_path, load_config
 from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError
 
@@ -26,9 +25,7 @@ def main(argv: list[str]) -> int:
         help="config overrides, e.g. data.synthetic.num_train=64",
     )
     args = parser.parse_args(argv)
-    config = load_config(
-        args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None), args.settings
-    )
+    config = load_config(default_config_path(args.config), args.settings)
     if config["data"]["format"] != "synthetic":
         raise ConfigError(
             f"data.format is {config['data']['format']!r}: prepare-data only generates the built-in synthetic set. "

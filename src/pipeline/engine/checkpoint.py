@@ -37,24 +37,27 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        if "weights_only" in str(error) or "Unsupported global" in str(error):
-            raise CheckpointError(
-                f"Checkpoint {path} was refused: it contains pickled Python objects that could run code "
-                "when loaded, and checkpoints are only read with torch.load(weights_only=True). It was not "
-                "written by this pipeline; only load files you trust, and re-save them as plain tensors."
-            ) from error
+        # torch's message cannot tell a hostile pickle from other non-tensor content: say both
         raise CheckpointError(
-            f"Checkpoint {path} is damaged (truncated or not a torch checkpoint): {error}."
+            f"Checkpoint {path} was refused by torch.load(weights_only=True): it holds pickled Python "
+            "objects beyond tensors and plain containers, which could run code when loaded (or it is "
+            "not a torch checkpoint at all). Checkpoints are never loaded any other way: only use "
+            f"files you trust, re-saved as plain tensors. ({_first_line(error)})"
         ) from error
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
         raise CheckpointError(
-            f"Checkpoint {path} is damaged (truncated or not a torch checkpoint): {error}."
+            f"Checkpoint {path} is damaged (truncated, or not a torch checkpoint): {_first_line(error)}."
         ) from error
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
             f"Checkpoint {path} was not written by this pipeline (no '{FORMAT}' format tag)."
         )
     return state
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_compatible(

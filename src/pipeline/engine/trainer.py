@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,8 @@ class Trainer:
         self.best_metric = -math.inf
         self.best_epoch: int | None = None
         self.epoch_rows: list[dict[str, Any]] = []
+        self.step_times: list[float] = []
+        self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
 
     # ---- setup -------------------------------------------------------------------------
     def _seed_everything(self) -> None:
@@ -208,6 +211,7 @@ class Trainer:
             "class_names": self.class_names,
             "precision": self.precision,
             "rng": checkpoint.rng_state(),
+            "elapsed_s": self.elapsed_before + time.perf_counter() - self._session_start,
         }
 
     def resume(self, required: bool) -> bool:
@@ -219,7 +223,8 @@ class Trainer:
                     f"Cannot resume: {path} does not exist (nothing was trained into {self.run_dir} yet)."
                 )
             return False
-        state = checkpoint.load(path, map_location=self.device)
+        # On the CPU: RNG states must stay CPU tensors; the model and optimizer copy theirs over.
+        state = checkpoint.load(path, map_location="cpu")
         changed = [key for key in RESUME_KEYS if state["config"].get(key) != self.config.get(key)]
         if changed:
             message = f"{path} was trained with different settings ({', '.join(changed)})"
@@ -229,12 +234,17 @@ class Trainer:
                 )
             log.warning("%s: starting a new run instead of resuming.", message)
             return False
+        if state["epoch"] >= self.train_cfg["epochs"] and not required:
+            # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
+            log.info("%s holds a finished run: training again from the start.", path)
+            return False
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
+        self.elapsed_before = state["elapsed_s"]
         checkpoint.restore_rng_state(state["rng"])
         self._truncate_metrics()
         log.info("resumed from %s after epoch %d (step %d)", path, self.epoch, self.global_step)
@@ -255,6 +265,8 @@ class Trainer:
                 kept.append(line)
                 if row["type"] == "epoch":
                     self.epoch_rows.append(row)
+                else:
+                    self.step_times.append(row["step_time_s"])
         atomic.write_text(path, "".join(line + "\n" for line in kept))
 
     # ---- loop --------------------------------------------------------------------------
@@ -372,7 +384,7 @@ class Trainer:
         atomic.write_json(self.paths["config"], self.config)
         if self.epoch == 0:
             self.paths["metrics"].unlink(missing_ok=True)
-        self.step_times: list[float] = []
+        self._session_start = time.perf_counter()
         self.trackers = open_trackers(self.train_cfg, self.run_dir, self.config)
         log.info(
             "training %s (%d parameters, %d classes) on %s, %s, %d epochs x %d steps of %d images",
@@ -385,7 +397,6 @@ class Trainer:
             self.steps_per_epoch,
             self.train_cfg["batch_size"],
         )
-        wall = time.perf_counter()
         try:
             while self.epoch < self.train_cfg["epochs"]:
                 row = self._train_epoch()
@@ -405,7 +416,7 @@ class Trainer:
                 checkpoint.save(self.paths["last"], self._state())
         finally:
             self.trackers.close()
-        summary = self._summary(time.perf_counter() - wall)
+        summary = self._summary()
         atomic.write_json(self.paths["train_summary"], summary)
         return summary
 
@@ -434,10 +445,12 @@ class Trainer:
             log.info("new best %s %.4f: %s", self.train_cfg["monitor"], value, self.paths["best"])
         return val
 
-    def _summary(self, wall_seconds: float) -> dict[str, Any]:
+    def _summary(self) -> dict[str, Any]:
         epochs = self.epoch_rows
         final = next((row["val"] for row in reversed(epochs) if row.get("val")), None)
+        session = time.perf_counter() - self._session_start
         return {
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "requested_device": self.requested_device,
             "device": str(self.device),
             "backend": self.device.type,
@@ -450,7 +463,8 @@ class Trainer:
             "epochs": self.epoch,
             "steps": self.global_step,
             "batch_size": self.train_cfg["batch_size"],
-            "wall_time_s": wall_seconds,
+            "wall_time_s": self.elapsed_before + session,
+            "resumed_after_s": self.elapsed_before,
             "train_time_s": sum(row["epoch_time_s"] for row in epochs),
             "epoch_times_s": [row["epoch_time_s"] for row in epochs],
             "median_step_time_s": statistics.median(self.step_times) if self.step_times else None,
@@ -462,7 +476,9 @@ class Trainer:
                 key=lambda m: m["peak_mb"],
                 default=self.memory.as_dict(),
             ),
-            "host_peak_rss_mb": dev.host_peak_rss_mb(),
+            "host_peak_rss_mb": max(
+                [dev.host_peak_rss_mb()] + [row["host_peak_rss_mb"] for row in epochs]
+            ),
             "monitor": self.train_cfg["monitor"],
             "best_metric": self.best_metric if self.best_epoch is not None else None,
             "best_epoch": self.best_epoch,

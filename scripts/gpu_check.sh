@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The one prepared check for a machine with a CUDA GPU and PyTorch already installed.
+#
+#   scripts/gpu_check.sh OUT_DIR [WHEELS_DIR]
+#
+# Installs only the project itself (no dependency downloads; packages missing there, such as
+# pycocotools or jsonschema, come from WHEELS_DIR when given), then runs the environment
+# check, the benchmark matrix for cuda and cpu (train and infer, every precision, tiny_conv
+# and resnet18), a short training run, evaluation and profiling. Every JSON and the log go
+# to OUT_DIR. DEVICE=cpu runs the same steps without a GPU (to check the script itself).
+# Budget: under 6 minutes on an H200 machine.
+set -euo pipefail
+
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [WHEELS_DIR]}
+wheels=${2:-}
+device=${DEVICE:-cuda}
+python=${PYTHON:-python3}
+epochs=${EPOCHS:-5}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+exec > >(tee "$out/gpu_check.log") 2>&1
+started=$(date +%s)
+step() { printf '\n== %s (%ss)\n' "$1" "$(($(date +%s) - started))"; }
+
+step "install (no network)"
+site=$(mktemp -d)
+if [ -n "$wheels" ]; then
+  "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl
+fi
+if ! "$python" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" . 2>/dev/null; then
+  echo "pip could not build the project offline: using it from src/ directly"
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+run() { "$python" -m pipeline --log "$out/$1.log" "${@:2}"; }
+
+step "environment"
+run check_env check-env --output "$out/env.json"
+if [ "$device" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+fi
+
+step "benchmarks"
+backends=cpu
+[ "$device" = cuda ] && backends="cuda cpu"
+for backend in $backends; do
+  budget=3
+  [ "$backend" = cpu ] && budget=${CPU_BUDGET:-2}
+  for precision in fp32 fp16 bf16; do
+    for mode in train infer; do
+      run "bench-$backend-$precision-$mode" bench --device "$backend" --precision "$precision" --mode "$mode" \
+        --model tiny_conv,resnet18 --batch-size 16 --image-size 128 --warmup 3 --steps 30 \
+        --time-budget "$budget" --out "$out/bench-$backend-$precision-$mode.json"
+    done
+  done
+done
+
+step "data"
+data=$(mktemp -d)/shapes
+run prepare_data prepare-data --out "$data"
+
+step "train ($device, $epochs epochs)"
+run train train --out "$out/train" device="$device" data.root="$data" train.epochs="$epochs" train.val_interval="$epochs"
+cp "$out/train/train_summary.json" "$out/train_summary.json"
+cp "$out/train/metrics.jsonl" "$out/metrics.jsonl"
+
+step "evaluate"
+run eval eval --checkpoint "$out/train/best.pth" --device "$device" --out "$out/eval.json"
+
+step "profile"
+run profile profile --checkpoint "$out/train/best.pth" --device "$device" --batch-sizes 1,8,32,128 --out "$out/profile"
+cp "$out/profile/profile.json" "$out/profile.json"
+rm -f "$out/train/"*.pth "$out/profile/trace.json"
+
+step "done"
+echo "everything is in $out"

@@ -1,0 +1,518 @@
+"""Timing statistics, the timed-run loop, benchmark records and `python -m pipeline bench`.
+
+The CUDA and MPS branches of timing and memory run here on simulated hardware (conftest's
+`fake_cuda` / `fake_mps` and fake device events); real kernels run only on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from jsonschema import Draft202012Validator
+from tiny_runs import one_cpu_thread
+
+from pipeline import bench, cli, timing
+from pipeline import device as dev
+from pipeline.device import DeviceTimer, PeakMemory, available_backends
+
+SCHEMA_PATH = Path(bench.__file__).parent / "schemas" / "bench.schema.yaml"
+MB = 1024 * 1024
+CONDITION_KEYS = {"load_1m_start", "load_1m_end", "cpu_count", "foreign_cpu_share", "high_load"}
+TINY = ["--device", "cpu", "--model", "tiny_conv", "--batch-size", "2", "--image-size", "32"]
+
+pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_cpu_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def validator() -> Draft202012Validator:
+    schema = yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def run_bench(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any] | None]:
+    """`python -m pipeline bench` in this process; returns the exit code and the written file."""
+    out = tmp_path / "bench.json"
+    code = cli.main(["bench", "--cpu-threads", "1", *args, "--out", str(out)])
+    return code, json.loads(out.read_text()) if out.exists() else None
+
+
+def assert_valid(validator: Draft202012Validator, document: dict[str, Any]) -> None:
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(document)]
+    assert errors == []
+
+
+class FakeClock:
+    """perf_counter that moves only when a step says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=fake))
+    return fake
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def test_summarize_one_to_ten_ms_gives_numpy_linear_percentiles() -> None:
+    samples_ms = list(range(1, 11))
+    summary = timing.summarize([ms / 1000 for ms in reversed(samples_ms)])  # order must not matter
+    assert summary["count"] == 10
+    assert summary["median_ms"] == pytest.approx(5.5)
+    assert summary["p50_ms"] == pytest.approx(5.5)
+    assert summary["mean_ms"] == pytest.approx(5.5)
+    assert summary["iqr_ms"] == pytest.approx(4.5)
+    assert summary["p10_ms"] == pytest.approx(1.9)
+    assert summary["p90_ms"] == pytest.approx(9.1)
+    assert summary["p99_ms"] == pytest.approx(9.91)
+    assert (summary["min_ms"], summary["max_ms"]) == pytest.approx((1.0, 10.0))
+    assert summary["iqr_ratio"] == pytest.approx(4.5 / 5.5)
+    assert summary["noisy"] is True
+    for q in (10, 25, 50, 75, 90, 99):
+        assert timing.percentile([float(v) for v in samples_ms], q) == pytest.approx(
+            np.percentile(samples_ms, q)
+        )
+
+
+@pytest.mark.parametrize(
+    ("samples_ms", "noisy"),
+    [
+        ([91, 95.5, 100, 104.5, 109], False),  # IQR 9 / median 100 = 0.09
+        ([89, 94.5, 100, 105.5, 111], True),  # IQR 11 / median 100 = 0.11
+        ([100] * 5, False),
+        ([50, 100, 100, 100, 500], False),  # outliers beyond the quartiles do not count
+    ],
+)
+def test_noisy_flags_an_iqr_above_10_percent_of_the_median(
+    samples_ms: list[float], noisy: bool
+) -> None:
+    assert timing.summarize([ms / 1000 for ms in samples_ms])["noisy"] is noisy
+
+
+def test_summarize_of_no_samples_is_a_zero_count() -> None:
+    assert timing.summarize([]) == {"count": 0}
+    assert math.isnan(timing.percentile([], 50))
+
+
+def test_percentile_of_one_sample_is_that_sample() -> None:
+    assert timing.percentile([3.0], 99) == 3.0
+    assert timing.summarize([0.003])["iqr_ms"] == 0.0
+
+
+# --- timed_runs ------------------------------------------------------------------------------
+
+
+def test_timed_runs_stops_at_max_steps_and_counts_warmup_apart(clock: FakeClock) -> None:
+    calls: list[int] = []
+
+    def step() -> None:
+        calls.append(1)
+        clock.now += 0.5
+
+    samples, details = timing.timed_runs(step, "cpu", warmup=2, max_steps=4, budget_s=100.0)
+    assert len(calls) == 6
+    assert samples == [0.5] * 4
+    assert details == {"warmup_steps": 2, "total_s": 3.0, "budget_limited": False}
+
+
+def test_timed_runs_stops_at_the_budget_after_a_timed_step(clock: FakeClock) -> None:
+    def step() -> None:
+        clock.now += 1.0
+
+    samples, details = timing.timed_runs(step, "cpu", warmup=1, max_steps=10, budget_s=2.5)
+    assert samples == [1.0, 1.0]  # t=2 is within the budget, t=3 is past it
+    assert details["warmup_steps"] == 1
+    assert details["budget_limited"] is True
+    assert details["total_s"] == 3.0
+
+
+def test_timed_runs_times_one_step_even_when_warmup_spent_the_budget(clock: FakeClock) -> None:
+    def step() -> None:
+        clock.now += 1.0
+
+    samples, details = timing.timed_runs(step, "cpu", warmup=5, max_steps=10, budget_s=0.1)
+    assert details["warmup_steps"] == 1  # the budget cut the warm-up short
+    assert samples == [1.0]
+    assert details["budget_limited"] is True
+
+
+def test_timed_runs_synchronizes_before_and_after_every_timed_step(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+
+    def synchronize(device) -> None:
+        events.append(f"sync {device}")
+        clock.now += 0.25  # time spent waiting before the step must not count
+
+    def step() -> None:
+        events.append("step")
+        clock.now += 1.0
+
+    monkeypatch.setattr(dev, "synchronize", synchronize)
+    samples, _ = timing.timed_runs(step, "cuda:1", warmup=1, max_steps=2, budget_s=100.0)
+    assert events == [
+        *("step", "sync cuda:1"),  # warm-up: drain the queue once
+        *("sync cuda:1", "step", "sync cuda:1"),
+        *("sync cuda:1", "step", "sync cuda:1"),
+    ]
+    assert samples == [1.25, 1.25]  # the step and the wait for its own work
+
+
+def test_timed_runs_on_simulated_cuda_synchronizes_the_device(fake_cuda) -> None:
+    samples, details = timing.timed_runs(
+        lambda: None, torch.device("cuda", 1), warmup=2, max_steps=3, budget_s=100.0
+    )
+    assert len(samples) == 3 and details["warmup_steps"] == 2
+    assert fake_cuda.synchronized == [torch.device("cuda", 1)] * (2 + 2 * 3)
+
+
+def test_timed_runs_on_simulated_mps_synchronizes_the_device(fake_mps) -> None:
+    samples, _ = timing.timed_runs(lambda: None, "mps", warmup=1, max_steps=2, budget_s=100.0)
+    assert len(samples) == 2
+    assert fake_mps.synchronized == 1 + 2 * 2
+
+
+# --- run conditions and settings -------------------------------------------------------------
+
+
+def test_run_conditions_finish_returns_the_documented_keys() -> None:
+    conditions = timing.RunConditions().finish()
+    assert set(conditions) == CONDITION_KEYS
+    assert conditions["cpu_count"] >= 1
+    assert isinstance(conditions["high_load"], bool)
+
+
+@pytest.mark.parametrize(
+    ("machine_busy_s", "share", "high"), [(2.0, 0.0, False), (4.0, 0.1, False), (6.0, 0.2, True)]
+)
+def test_high_load_follows_the_busy_cpu_time_of_other_processes(
+    monkeypatch: pytest.MonkeyPatch, machine_busy_s: float, share: float, high: bool
+) -> None:
+    # 10 s of wall time on 2 cores; this process itself was busy for 2 s of it
+    clock = SimpleNamespace(perf_counter=lambda: 0.0, process_time=lambda: 0.0)
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
+    readings = iter([100.0, 100.0 + machine_busy_s])
+    monkeypatch.setattr(timing, "_busy_jiffies", lambda: next(readings))
+    monkeypatch.setattr(timing, "_load_average", lambda: 1000.0)  # ignored when busy time is known
+    conditions = timing.RunConditions()
+    clock.perf_counter, clock.process_time = (lambda: 10.0), (lambda: 2.0)
+    finished = conditions.finish()
+    assert finished["foreign_cpu_share"] == pytest.approx(share)
+    assert finished["high_load"] is high
+
+
+@pytest.mark.parametrize(("load_per_core", "high"), [(0.1, False), (0.6, True)])
+def test_without_proc_stat_high_load_falls_back_to_the_load_average(
+    monkeypatch: pytest.MonkeyPatch, load_per_core: float, high: bool
+) -> None:
+    monkeypatch.setattr(timing, "_busy_jiffies", lambda: None)
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(timing, "_load_average", lambda: 4 * load_per_core)
+    conditions = timing.RunConditions().finish()
+    assert conditions["foreign_cpu_share"] is None
+    assert conditions["high_load"] is high
+    assert conditions["load_1m_start"] == conditions["load_1m_end"] == 4 * load_per_core
+
+
+def test_torch_settings_record_threads_and_tf32_flags() -> None:
+    settings = timing.torch_settings()
+    assert settings["torch_threads"] == torch.get_num_threads() == 1
+    assert settings["tf32_matmul"] == torch.backends.cuda.matmul.allow_tf32
+    assert settings["tf32_cudnn"] == torch.backends.cudnn.allow_tf32
+    assert settings["cudnn_benchmark"] == torch.backends.cudnn.benchmark
+
+
+# --- the command on the CPU ------------------------------------------------------------------
+
+
+def test_bench_fp32_train_writes_a_schema_valid_ok_record(tmp_path, validator) -> None:
+    code, document = run_bench(
+        tmp_path, *TINY, "--precision", "fp32", "--mode", "train", "--steps", "2", "--warmup", "1"
+    )
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    assert record["status"] == "ok" and record["reason"] is None
+    assert (record["backend"], record["precision"], record["mode"]) == ("cpu", "fp32", "train")
+    assert (record["batch_size"], record["image_size"], record["model"]) == (2, 32, "tiny_conv")
+    assert record["parameters"] > 0
+    timing_ = record["timing"]
+    assert 1 <= timing_["count"] <= 2 and timing_["warmup_steps"] == 1
+    assert timing_["median_ms"] > 0
+    assert record["throughput_images_per_s"] == pytest.approx(2 / (timing_["median_ms"] / 1000))
+    assert record["numerics"] is None  # fp32 is the reference
+    assert record["memory"]["exact"] is True and record["memory"]["peak_mb"] == 0.0
+    assert record["host_peak_rss_mb"] > 0
+    assert set(record["conditions"]) == CONDITION_KEYS
+    assert record["settings"]["max_steps"] == 2 and record["settings"]["torch_threads"] == 1
+
+
+@pytest.mark.parametrize(("precision", "mode"), [("fp16", "train"), ("bf16", "infer")])
+def test_bench_half_precision_on_cpu_records_numerics_against_fp32(
+    tmp_path, validator, precision: str, mode: str
+) -> None:
+    code, document = run_bench(
+        tmp_path,
+        *TINY,
+        *("--precision", precision, "--mode", mode, "--steps", "2", "--warmup", "0"),
+        *("--time-budget", "0.3"),
+    )
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    assert record["status"] == "ok" and record["timing"]["count"] >= 1
+    numerics = record["numerics"]
+    assert numerics["reference"] == "fp32"
+    assert numerics["finite"] is True
+    for key in ("loss_fp32", "loss", "loss_abs_diff", "loss_rel_diff", "output_max_abs_diff"):
+        assert math.isfinite(numerics[key]), key
+    assert numerics["loss_abs_diff"] == pytest.approx(abs(numerics["loss"] - numerics["loss_fp32"]))
+    assert numerics["output_max_abs_diff"] > 0  # half precision really ran
+    assert numerics["acceptable"] is (numerics["loss_rel_diff"] <= bench.ACCEPTABLE_LOSS_REL_DIFF)
+    assert set(numerics["outputs"]) == {"heatmap", "box"}
+
+
+def test_bench_infer_mode_times_forward_passes(tmp_path, validator) -> None:
+    code, document = run_bench(
+        tmp_path, *TINY, "--precision", "fp32", "--mode", "infer", "--steps", "3", "--warmup", "1"
+    )
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    assert record["mode"] == "infer" and record["status"] == "ok"
+    assert record["timing"]["count"] >= 1
+
+
+def test_bench_writes_one_record_per_model(tmp_path, validator) -> None:
+    code, document = run_bench(
+        tmp_path,
+        *("--device", "cpu", "--model", "tiny_conv,resnet18", "--batch-size", "1"),
+        *("--image-size", "32", "--precision", "fp32", "--mode", "infer"),
+        *("--steps", "1", "--warmup", "0"),
+    )
+    assert code == 0
+    assert_valid(validator, document)
+    assert [r["model"] for r in document["records"]] == ["tiny_conv", "resnet18"]
+
+
+@pytest.mark.parametrize("backend", ["cuda", "mps"])
+def test_bench_on_a_missing_backend_exits_2_with_the_device_error(
+    tmp_path, capsys, backend: str
+) -> None:
+    if backend in available_backends():
+        pytest.skip(f"this machine has {backend}")
+    code, document = run_bench(tmp_path, "--device", backend, "--precision", "fp32")
+    assert code == 2 and document is None
+    err = capsys.readouterr().err
+    assert f"Device '{backend}' is not available" in err
+    assert f"Available backends: {available_backends()}" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "yolo"], "Unknown model(s) ['yolo']"),
+        (["--image-size", "40"], "multiple of 16"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--time-budget", "0"], "--time-budget must be positive"),
+    ],
+)
+def test_bench_with_bad_options_exits_2_without_traceback(
+    tmp_path, capsys, args: list[str], message: str
+) -> None:
+    code, document = run_bench(tmp_path, "--device", "cpu", "--precision", "fp32", *args)
+    assert code == 2 and document is None
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_an_unsupported_precision_is_recorded_as_skipped_with_the_reason(
+    tmp_path, validator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reason = "fp16 autocast is not available in this test"
+    monkeypatch.setattr(dev, "autocast_unsupported_reason", lambda device, precision: reason)
+    code, document = run_bench(tmp_path, *TINY, "--precision", "fp16", "--steps", "1")
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    assert record["status"] == "skipped" and record["reason"] == reason
+    for key in ("timing", "throughput_images_per_s", "numerics", "memory", "conditions"):
+        assert record[key] is None, key
+
+
+def test_a_step_the_backend_cannot_run_is_recorded_as_skipped_with_the_error(
+    tmp_path, validator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cannot_run(*args, **kwargs):
+        def step() -> None:
+            raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'\nmore detail")
+
+        return step
+
+    monkeypatch.setattr(bench, "_train_step", cannot_run)
+    code, document = run_bench(tmp_path, *TINY, "--precision", "fp16", "--mode", "train")
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    assert record["status"] == "skipped"
+    assert record["reason"] == "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
+    assert record["timing"] is None and record["throughput_images_per_s"] is None
+
+
+# --- simulated CUDA and MPS ------------------------------------------------------------------
+
+
+def test_bf16_on_a_simulated_gpu_without_bf16_is_a_schema_valid_skipped_record(
+    fake_cuda, validator
+) -> None:
+    fake_cuda.bf16 = False
+    settings = {
+        "batch_size": 2,
+        "image_size": 32,
+        "warmup_steps": 1,
+        "steps": 2,
+        "time_budget_s": 1.0,
+        "channels_last": False,
+        "compile": False,
+    }
+    record = bench.run(torch.device("cuda", 0), "bf16", "train", "tiny_conv", settings)
+    assert record["status"] == "skipped"
+    assert "no bf16 support" in record["reason"]
+    assert record["backend"] == "cuda" and record["device"] == "cuda:0"
+    assert record["device_description"] == "CUDA: NVIDIA Fake A100, 80 GiB, sm_80"
+    assert_valid(validator, json.loads(json.dumps({"format": bench.FORMAT, "records": [record]})))
+
+
+def test_mps_autocast_on_old_torch_is_a_skipped_record(
+    fake_mps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dev, "_torch_version", lambda: (2, 4))
+    settings = dict.fromkeys(("batch_size", "image_size", "warmup_steps", "steps"), 1)
+    settings.update(time_budget_s=1.0, channels_last=False, compile=False)
+    record = bench.run(torch.device("mps"), "fp16", "infer", "tiny_conv", settings)
+    assert record["status"] == "skipped" and "needs torch >= 2.5" in record["reason"]
+    assert record["backend"] == "mps"
+
+
+def test_sampled_steps_give_the_exact_cuda_peak_of_the_timed_steps(fake_cuda) -> None:
+    fake_cuda.allocate(100 * MB)  # before the measurement: reset forgets this peak
+    fake_cuda.free(100 * MB)
+    memory = PeakMemory("cuda:0")
+
+    def step() -> None:
+        fake_cuda.allocate(30 * MB)
+        fake_cuda.free(30 * MB)
+
+    samples, _ = timing.timed_runs(
+        bench._sampling(step, memory), "cuda:0", warmup=1, max_steps=2, budget_s=100.0
+    )
+    assert len(samples) == 2
+    assert fake_cuda.resets == [torch.device("cuda", 0)]
+    assert memory.as_dict() == {
+        "peak_mb": 30.0,
+        "reserved_mb": 100.0,
+        "exact": True,
+        "label": "exact",
+    }
+
+
+def test_sampled_steps_give_a_labelled_lower_bound_on_mps(
+    fake_mps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dev, "_mps_accelerator_peak_available", lambda: False)
+    sizes = iter([10, 40, 20])
+
+    def step() -> None:
+        fake_mps.allocated = next(sizes) * MB
+        fake_mps.driver_allocated = 64 * MB
+
+    memory = PeakMemory("mps")
+    timing.timed_runs(bench._sampling(step, memory), "mps", warmup=1, max_steps=2, budget_s=100.0)
+    assert memory.as_dict() == {
+        "peak_mb": 40.0,
+        "reserved_mb": 64.0,
+        "exact": False,
+        "label": "lower bound (sampled)",
+    }
+
+
+class FakeEvent:
+    """A device event: `record()` reads the shared clock; elapsed_time is in milliseconds."""
+
+    clock_ms: ClassVar[float] = 0.0
+    created: ClassVar[list[FakeEvent]] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing, "timing events must be created with enable_timing=True"
+        self.recorded_at: float | None = None
+        self.synchronized = False
+        FakeEvent.created.append(self)
+
+    def record(self) -> None:
+        self.recorded_at = FakeEvent.clock_ms
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert end.synchronized, "elapsed_time before the end event completed"
+        return end.recorded_at - self.recorded_at
+
+
+@pytest.fixture
+def fake_events(monkeypatch: pytest.MonkeyPatch) -> type[FakeEvent]:
+    FakeEvent.clock_ms, FakeEvent.created = 0.0, []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.mps, "Event", FakeEvent, raising=False)
+    return FakeEvent
+
+
+@pytest.mark.parametrize("backend", ["cuda", "mps"])
+def test_device_timer_reports_the_event_time_between_start_and_stop(
+    fake_cuda, fake_mps, fake_events, backend: str
+) -> None:
+    timer = DeviceTimer(backend)
+    assert timer.available is True and len(fake_events.created) == 2
+    fake_events.clock_ms = 5.0
+    timer.start()
+    fake_events.clock_ms = 12.5
+    assert timer.stop_ms() == 7.5
+    fake_events.clock_ms = 20.0
+    timer.start()
+    fake_events.clock_ms = 21.0
+    assert timer.stop_ms() == 1.0  # the same pair of events is reused
+
+
+def test_device_timer_has_no_events_on_cpu_or_on_mps_without_event_support(
+    fake_mps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = DeviceTimer("cpu")
+    cpu.start()
+    assert cpu.available is False and cpu.stop_ms() is None
+    monkeypatch.delattr(torch.mps, "Event", raising=False)
+    assert DeviceTimer("mps").available is False

@@ -1,0 +1,298 @@
+"""CenterNet detectors, their decoding and loss, and the model registry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny_runs import one_cpu_thread
+
+from pipeline.errors import ConfigError
+from pipeline.models import (
+    INPUT_MULTIPLE,
+    MODELS,
+    build_from_config,
+    build_model,
+    check_input_size,
+)
+from pipeline.models.centernet import STRIDE, CenterNet
+from pipeline.models.loss import DetectionLoss
+
+NUM_CLASSES = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_cpu_thread():
+        yield
+
+
+def tiny(label_mode: str = "multilabel") -> CenterNet:
+    torch.manual_seed(0)
+    return build_model("tiny_conv", NUM_CLASSES, label_mode, width=8)
+
+
+def images(batch: int, size: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator)
+
+
+def empty_target() -> dict[str, torch.Tensor]:
+    return {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long)}
+
+
+def two_targets() -> list[dict[str, torch.Tensor]]:
+    """Targets of a 2-image batch at 32 px: two objects, then one."""
+    return [
+        {
+            "boxes": torch.tensor([[2.0, 2.0, 14.0, 12.0], [18.0, 20.0, 30.0, 30.0]]),
+            "labels": torch.tensor([0, 2]),
+        },
+        {"boxes": torch.tensor([[10.0, 5.0, 22.0, 25.0]]), "labels": torch.tensor([1])},
+    ]
+
+
+@pytest.fixture
+def no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything tries to fetch weights."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a download was attempted: {args}")
+
+    import torchvision.models._api as api
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", refuse)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", refuse)
+    monkeypatch.setattr(api, "load_state_dict_from_url", refuse, raising=False)
+
+
+# --- output shapes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("label_mode", "heat_channels"), [("multilabel", NUM_CLASSES), ("single", NUM_CLASSES + 1)]
+)
+def test_tiny_conv_outputs_a_stride_4_heatmap_with_c_or_c_plus_1_channels_and_4_box_channels(
+    label_mode: str, heat_channels: int
+) -> None:
+    model = tiny(label_mode).eval()
+    with torch.no_grad():
+        outputs = model(images(2, 64))
+    assert set(outputs) == {"heatmap", "box"}
+    assert outputs["heatmap"].shape == (2, heat_channels, 64 // STRIDE, 64 // STRIDE)
+    assert outputs["box"].shape == (2, 4, 64 // STRIDE, 64 // STRIDE)
+
+
+@pytest.mark.parametrize(
+    ("label_mode", "heat_channels"), [("multilabel", NUM_CLASSES), ("single", NUM_CLASSES + 1)]
+)
+def test_resnet18_builds_without_downloading_and_outputs_stride_4_maps(
+    no_downloads: None, label_mode: str, heat_channels: int
+) -> None:
+    model = build_model("resnet18", NUM_CLASSES, label_mode).eval()
+    with torch.no_grad():
+        outputs = model(images(1, 64))
+    assert outputs["heatmap"].shape == (1, heat_channels, 16, 16)
+    assert outputs["box"].shape == (1, 4, 16, 16)
+
+
+def test_uint8_and_unit_float_images_give_the_same_outputs() -> None:
+    model = tiny().eval()
+    batch = images(1, 32)
+    with torch.no_grad():
+        from_uint8 = model(batch)
+        from_float = model(batch.float() / 255.0)
+    torch.testing.assert_close(from_uint8["heatmap"], from_float["heatmap"])
+
+
+def test_a_fresh_model_starts_near_1_percent_positives_in_both_label_modes() -> None:
+    for label_mode in ("multilabel", "single"):
+        model = tiny(label_mode).eval()
+        with torch.no_grad():
+            probs = model.class_probs(model(images(1, 32)))
+        assert probs.shape[1] == NUM_CLASSES  # single mode drops the background channel
+        assert probs.mean().item() < 0.05, label_mode
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+def test_decode_returns_at_most_max_detections_inside_the_image_with_valid_labels_and_scores(
+    label_mode: str,
+) -> None:
+    model = tiny(label_mode).eval()
+    size = 64
+    with torch.no_grad():
+        outputs = model(images(2, size))
+    outputs["box"] = torch.randn(outputs["box"].shape, generator=torch.Generator().manual_seed(1))
+    outputs["box"][:, 2:] += 3.0  # boxes of ~80 px, so that many would cross the border
+    detections = model.decode(outputs, max_detections=7)
+    assert len(detections) == 2
+    for found in detections:
+        count = len(found["scores"])
+        assert 0 < count <= 7
+        assert found["boxes"].shape == (count, 4)
+        assert found["labels"].shape == (count,)
+        assert (found["boxes"] >= 0).all() and (found["boxes"] <= size).all()
+        assert (found["boxes"][:, 2:] >= found["boxes"][:, :2]).all()
+        assert ((found["labels"] >= 0) & (found["labels"] < NUM_CLASSES)).all()
+        assert ((found["scores"] > 0) & (found["scores"] <= 1)).all()
+        assert (found["scores"][:-1] >= found["scores"][1:]).all()  # best first
+
+
+def one_peak_outputs(label_mode: str) -> dict[str, torch.Tensor]:
+    """A 16x16 map with one object of class 2 at cell (y=5, x=7): box centre (31, 21), 12x8 px."""
+    h = w = 16
+    if label_mode == "multilabel":
+        heatmap = torch.full((1, NUM_CLASSES, h, w), -1000.0)  # sigmoid underflows to exactly 0
+        heatmap[0, 2, 5, 7] = 5.0
+    else:
+        heatmap = torch.full((1, NUM_CLASSES + 1, h, w), -1000.0)
+        heatmap[0, -1] = 10.0  # background everywhere
+        heatmap[0, 2, 5, 7] = 30.0
+    box = torch.zeros(1, 4, h, w)
+    box[0, :, 5, 7] = torch.tensor([0.25, -0.25, math.log(3.0), math.log(2.0)])
+    return {"heatmap": heatmap, "box": box}
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+def test_one_heatmap_peak_decodes_to_exactly_its_box_label_and_score(label_mode: str) -> None:
+    model = tiny(label_mode)
+    outputs = one_peak_outputs(label_mode)
+    (found,) = model.decode(outputs, max_detections=100)
+    # centre ((7 + 0.5 + 0.25) * 4, (5 + 0.5 - 0.25) * 4) = (31, 21); size (3 * 4, 2 * 4) = (12, 8)
+    torch.testing.assert_close(found["boxes"], torch.tensor([[25.0, 17.0, 37.0, 25.0]]))
+    assert found["labels"].tolist() == [2]
+    expected = torch.sigmoid(torch.tensor(5.0)) if label_mode == "multilabel" else torch.tensor(1.0)
+    torch.testing.assert_close(found["scores"], expected.view(1))
+
+
+def test_image_scores_are_the_highest_class_probability_per_image() -> None:
+    model = tiny()
+    outputs = one_peak_outputs("multilabel")
+    outputs = {key: value.repeat(2, 1, 1, 1) for key, value in outputs.items()}
+    outputs["heatmap"][1, 0, 0, 0] = 0.0  # image 1 also has class 0 at probability 0.5
+    scores = model.image_scores(outputs)
+    assert scores.shape == (2, NUM_CLASSES)
+    peak = torch.sigmoid(torch.tensor(5.0)).item()
+    torch.testing.assert_close(scores, torch.tensor([[0.0, 0.0, peak], [0.5, 0.0, peak]]))
+
+
+def test_image_scores_of_a_real_forward_have_shape_batch_by_classes() -> None:
+    model = tiny("single").eval()
+    with torch.no_grad():
+        scores = model.image_scores(model(images(3, 32)))
+    assert scores.shape == (3, NUM_CLASSES)
+    assert ((scores >= 0) & (scores <= 1)).all()
+
+
+# --- loss ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+def test_loss_returns_finite_total_heatmap_and_box_terms(label_mode: str) -> None:
+    model = tiny(label_mode)
+    losses = DetectionLoss(model, label_mode)(model(images(2, 32)), two_targets())
+    assert set(losses) == {"total", "heatmap", "box"}
+    for key, value in losses.items():
+        assert value.dim() == 0 and math.isfinite(value.item()), key
+    assert losses["total"].requires_grad
+    torch.testing.assert_close(
+        losses["total"].detach(), losses["heatmap"] + 5.0 * losses["box"]
+    )  # default box_weight
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+def test_loss_is_finite_and_backpropagates_for_images_without_objects(label_mode: str) -> None:
+    model = tiny(label_mode)
+    loss_fn = DetectionLoss(model, label_mode)
+    for targets in ([empty_target(), empty_target()], [two_targets()[1], empty_target()]):
+        losses = loss_fn(model(images(2, 32)), targets)
+        assert all(math.isfinite(value.item()) for value in losses.values())
+        model.zero_grad()
+        losses["total"].backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+    all_empty = loss_fn(model(images(2, 32)), [empty_target(), empty_target()])
+    assert all_empty["box"].item() == 0.0
+
+
+def test_loss_falls_to_under_half_in_30_steps_on_a_fixed_batch() -> None:
+    model = tiny()
+    loss_fn = DetectionLoss(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batch, targets = images(2, 32), two_targets()
+    values = []
+    for _ in range(30):
+        total = loss_fn(model(batch), targets)["total"]
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+        values.append(total.item())
+    assert all(math.isfinite(v) for v in values)
+    assert values[-1] < 0.5 * values[0], values
+
+
+def test_loss_rejects_an_unknown_label_mode() -> None:
+    with pytest.raises(ValueError, match="label_mode"):
+        DetectionLoss(tiny(), "softmax")
+
+
+# --- registry --------------------------------------------------------------------------------
+
+
+def test_registry_lists_both_models_with_their_input_multiples() -> None:
+    assert set(MODELS) == {"tiny_conv", "resnet18"}
+    assert INPUT_MULTIPLE == {"tiny_conv": 16, "resnet18": 32}
+
+
+def test_build_model_rejects_an_unknown_name_listing_the_choices() -> None:
+    with pytest.raises(
+        ConfigError, match=r"Unknown model 'yolo'.*tiny_conv, resnet18.*model\.name"
+    ):
+        build_model("yolo", NUM_CLASSES)
+
+
+def test_build_model_rejects_an_unknown_label_mode_listing_the_choices() -> None:
+    with pytest.raises(ConfigError, match=r"Unknown label_mode 'softmax'.*multilabel, single"):
+        build_model("tiny_conv", NUM_CLASSES, "softmax")
+
+
+def test_build_model_needs_at_least_one_class() -> None:
+    with pytest.raises(ConfigError, match="num_classes=0"):
+        build_model("tiny_conv", 0)
+
+
+def test_build_from_config_passes_the_width_to_tiny_conv_only(no_downloads: None) -> None:
+    small = build_from_config({"name": "tiny_conv", "label_mode": "single", "width": 8}, 2)
+    assert small.neck.smooth[0].out_channels == 8
+    assert small.label_mode == "single" and small.num_classes == 2
+    resnet = build_from_config({"name": "resnet18", "label_mode": "multilabel", "width": 8}, 2)
+    assert resnet.neck.smooth[0].out_channels == 64
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "multiple", "examples"),
+    [
+        ("tiny_conv", 50, 16, "48 or 64"),
+        ("resnet18", 48, 32, "32 or 64"),
+        ("tiny_conv", 8, 16, "16 or 32"),
+    ],
+)
+def test_check_input_size_names_the_size_and_the_multiple(
+    name: str, size: int, multiple: int, examples: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_input_size(name, size)
+    message = str(caught.value)
+    assert f"data.image_size={size}" in message
+    assert f"multiple of {multiple}" in message
+    assert f"for example {examples}" in message
+    assert repr(name) in message
+
+
+@pytest.mark.parametrize(("name", "size"), [("tiny_conv", 32), ("tiny_conv", 48), ("resnet18", 64)])
+def test_check_input_size_accepts_multiples_of_the_stride(name: str, size: int) -> None:
+    check_input_size(name, size)

@@ -1,0 +1,239 @@
+"""Inference profiling: latency per batch size, the operator table, the trace, and its command."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_runs import (
+    global_torch_state,
+    make_data,
+    one_cpu_thread,
+    pipeline_logger_restored,
+    tiny_config,
+)
+
+from pipeline import cli, profiling
+from pipeline import device as dev
+from pipeline.engine.trainer import Trainer
+from pipeline.models import build_model
+
+pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_flags_and_threads() -> Iterator[None]:
+    with global_torch_state(), one_cpu_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def best_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """best.pth of a one-epoch tiny run (64 px inputs, width 8)."""
+    root = tmp_path_factory.mktemp("profile")
+    config = tiny_config(make_data(root / "shapes"), "train.epochs=1")
+    trainer = Trainer(config, root / "run")
+    trainer.fit()
+    return trainer.paths["best"]
+
+
+@pytest.fixture(scope="module")
+def profiled(best_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("profiled") / "cpu"
+    argv = [
+        *("profile", "--cpu-threads", "1", "--checkpoint", str(best_checkpoint)),
+        *("--device", "cpu", "--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1"),
+        *("--trace-steps", "1", "--out", str(out)),
+    ]
+    with pipeline_logger_restored():
+        assert cli.main(argv) == 0
+    return out
+
+
+@pytest.fixture
+def pipeline_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(logging.getLogger("pipeline"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    return caplog
+
+
+class MpsNamedCpu(str):
+    """A device spec that torch runs on the CPU but whose `.type` says mps: the MPS output path
+    of the profiler, without an Apple GPU."""
+
+    type = "mps"
+
+
+def read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("tiny_conv", 2, width=8).eval()
+
+
+SETTINGS = {"batch_sizes": [1], "warmup": 0, "repeats": 2, "time_budget_s": 5.0, "trace_steps": 1}
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def test_profile_writes_profile_operators_and_trace_and_no_temp_files(profiled: Path) -> None:
+    names = sorted(path.name for path in profiled.iterdir())
+    assert names == ["operators.json", "profile.json", "trace.json"]
+
+
+def test_profile_json_has_latency_percentiles_throughput_and_memory_per_batch_size(
+    profiled: Path, best_checkpoint: Path
+) -> None:
+    profile = read(profiled / "profile.json")
+    assert profile["format"] == profiling.FORMAT
+    assert profile["checkpoint"] == str(best_checkpoint)
+    assert (profile["backend"], profile["device"], profile["precision"]) == ("cpu", "cpu", "fp32")
+    assert (profile["model"], profile["image_size"]) == ("tiny_conv", 64)
+    assert profile["settings"]["batch_sizes"] == [1, 2]
+    assert [row["batch_size"] for row in profile["latency"]] == [1, 2]
+    for row in profile["latency"]:
+        wall = row["wall"]
+        assert 1 <= wall["count"] <= 3 and wall["warmup_steps"] == 1
+        assert 0 < wall["p50_ms"] <= wall["p90_ms"] <= wall["p99_ms"] <= wall["max_ms"]
+        assert row["throughput_images_per_s"] == pytest.approx(
+            row["batch_size"] / (wall["p50_ms"] / 1000)
+        )
+        assert row["device_events"] is None  # the CPU has no device events
+        assert set(row["memory"]) == {"peak_mb", "reserved_mb", "exact", "label"}
+    assert profile["profiler"] == read(profiled / "operators.json")
+
+
+def test_operators_json_lists_the_top_operators_by_self_time(profiled: Path) -> None:
+    operators = read(profiled / "operators.json")
+    assert operators["activities"] == ["CPU"]
+    assert operators["sorted_by"] == "self_cpu_ms"
+    assert operators["batch_size"] == 2 and operators["steps"] == 1  # middle of 1,2
+    assert operators["trace"] == "trace.json"
+    assert operators["note"] is None  # the CPU table is the real thing
+    rows = operators["top_operators"]
+    assert 0 < len(rows) <= profiling.TOP_OPERATORS
+    for row in rows:
+        assert isinstance(row["name"], str) and row["name"]
+        assert row["calls"] >= 1
+        assert row["self_cpu_ms"] >= 0 and row["cpu_total_ms"] >= row["self_cpu_ms"] - 1e-6
+    times = [row["self_cpu_ms"] for row in rows]
+    assert times == sorted(times, reverse=True)
+    assert 0 < sum(row["share"] for row in rows) <= 1 + 1e-9
+    assert any("conv" in row["name"] for row in rows)
+
+
+def test_trace_json_is_a_chrome_trace_with_events(profiled: Path) -> None:
+    trace = read(profiled / "trace.json")
+    assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
+    assert profiling.trace_has_events(profiled / "trace.json")
+
+
+@pytest.mark.parametrize("sizes", ["0", "1,a", "1,-2", ",", "1.5"])
+def test_bad_batch_sizes_exit_2_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture, sizes: str
+) -> None:
+    argv = ["profile", "--cpu-threads", "1", "--checkpoint", str(tmp_path / "x.pth")]
+    argv += ["--batch-sizes", sizes]
+    assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--batch-sizes {sizes!r} must be positive integers" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--repeats", "0"], ["--trace-steps", "0"], ["--warmup", "-1"], ["--time-budget", "0"]],
+)
+def test_bad_repeat_settings_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, option: list[str]
+) -> None:
+    argv = ["profile", "--cpu-threads", "1", "--checkpoint", str(tmp_path / "x.pth"), *option]
+    assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert "--repeats and --trace-steps must be at least 1" in capsys.readouterr().err
+
+
+def test_a_missing_checkpoint_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    missing = tmp_path / "missing.pth"
+    argv = ["profile", "--cpu-threads", "1", "--checkpoint", str(missing)]
+    assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"Checkpoint {missing} does not exist" in err and "Traceback" not in err
+
+
+# --- the pieces ------------------------------------------------------------------------------
+
+
+def test_operator_profile_on_mps_carries_the_note_that_only_cpu_dispatch_is_shown(
+    tmp_path: Path,
+) -> None:
+    def profile_on(device) -> dict[str, Any]:
+        trace = tmp_path / f"{device.type}.json"
+        return profiling.operator_profile(
+            tiny_model(), device, "fp32", 32, 1, 1, trace, torch.contiguous_format
+        )
+
+    mps = profile_on(MpsNamedCpu("cpu"))
+    assert mps["note"] == profiling.MPS_NOTE
+    assert "CPU-side dispatch only" in mps["note"]
+    assert mps["activities"] == ["CPU"]
+    assert profile_on(torch.device("cpu"))["note"] is None
+
+
+def test_profiling_run_on_mps_warns_with_the_note_and_writes_it_to_operators_json(
+    tmp_path: Path, pipeline_log: pytest.LogCaptureFixture
+) -> None:
+    result = profiling.run(
+        tiny_model(), MpsNamedCpu("cpu"), "fp32", 32, SETTINGS, tmp_path, torch.contiguous_format
+    )
+    assert result["profiler"]["note"] == profiling.MPS_NOTE
+    assert read(tmp_path / "operators.json")["note"] == profiling.MPS_NOTE
+    warnings = [r.getMessage() for r in pipeline_log.records if r.levelno == logging.WARNING]
+    assert warnings == [profiling.MPS_NOTE]
+
+
+def test_latency_summarizes_device_event_times_of_the_timed_runs_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    event_ms = iter([100.0, 1.0, 2.0, 3.0])  # the first is the warm-up run
+
+    class FakeTimer:
+        def __init__(self, device) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+        def stop_ms(self) -> float:
+            return next(event_ms)
+
+    monkeypatch.setattr(dev, "DeviceTimer", FakeTimer)
+    settings = {**SETTINGS, "warmup": 1, "repeats": 3}
+    row = profiling.latency(
+        tiny_model(), torch.device("cpu"), "fp32", 32, 2, settings, torch.contiguous_format
+    )
+    assert row["wall"]["count"] == 3
+    events = row["device_events"]
+    assert events["count"] == 3
+    assert (events["min_ms"], events["median_ms"], events["max_ms"]) == pytest.approx((1, 2, 3))
+
+
+def test_latency_under_autocast_runs_the_forward_in_half_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dtypes: list[torch.dtype] = []
+    model = tiny_model()
+    model.heatmap_head.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    settings = {**SETTINGS, "repeats": 1}
+    profiling.latency(model, torch.device("cpu"), "bf16", 32, 1, settings, torch.contiguous_format)
+    assert dtypes and set(dtypes) == {torch.bfloat16}

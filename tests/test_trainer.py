@@ -1,0 +1,509 @@
+"""The Trainer, its checkpoints and `python -m pipeline train`, on a seconds-long synthetic run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pickle
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tiny_runs import global_torch_state, make_data, one_cpu_thread, tiny_config, tiny_settings
+
+from pipeline import cli
+from pipeline.engine import checkpoint
+from pipeline.engine.trainer import Trainer
+from pipeline.errors import CheckpointError, TrainingError
+from pipeline.models.loss import DetectionLoss
+
+EPOCHS = 3
+STEPS_PER_EPOCH = 2  # 16 training images, batch 8
+# Fields of metrics rows that are measurements of time or memory, not results of training.
+MEASURED = {"step_time_s", "epoch_time_s", "images_per_s", "memory", "host_peak_rss_mb"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_flags_and_threads() -> Iterator[None]:
+    with global_torch_state(), one_cpu_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("data") / "shapes")
+
+
+@pytest.fixture(scope="module")
+def config(data_root: Path) -> dict[str, Any]:
+    return tiny_config(data_root, f"train.epochs={EPOCHS}")
+
+
+@pytest.fixture(scope="module")
+def trained(config: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Trainer:
+    """One uninterrupted run of EPOCHS epochs; tests read it, and must not change its folder."""
+    trainer = Trainer(config, tmp_path_factory.mktemp("run") / "uninterrupted")
+    trainer.summary = trainer.fit()
+    return trainer
+
+
+@pytest.fixture
+def pipeline_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    """caplog for the 'pipeline' logger, also after `cli.main` has stopped its propagation."""
+    monkeypatch.setattr(logging.getLogger("pipeline"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    return caplog
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def without_measurements(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in MEASURED} for row in rows]
+
+
+def temp_files(folder: Path) -> list[Path]:
+    return [path for path in folder.iterdir() if path.name.endswith(".tmp")]
+
+
+def copy_of_last(trained: Trainer, folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    shutil.copy(trained.paths["last"], folder / "last.pth")
+    return folder
+
+
+# --- what a run writes -----------------------------------------------------------------------
+
+
+def test_fit_writes_checkpoints_metrics_config_and_summary_and_no_temp_files(
+    trained: Trainer,
+) -> None:
+    for name in ("last.pth", "best.pth", "metrics.jsonl", "config.json", "train_summary.json"):
+        assert (trained.run_dir / name).is_file(), name
+    assert temp_files(trained.run_dir) == []
+    assert json.loads(trained.paths["config"].read_text()) == trained.config
+
+
+def test_metrics_jsonl_has_a_json_row_per_logged_step_and_per_epoch(trained: Trainer) -> None:
+    rows = read_rows(trained.paths["metrics"])
+    steps = [row for row in rows if row["type"] == "step"]
+    epochs = [row for row in rows if row["type"] == "epoch"]
+    assert len(steps) == EPOCHS * STEPS_PER_EPOCH  # log_interval=1
+    assert [row["epoch"] for row in epochs] == list(range(1, EPOCHS + 1))
+    assert [row["step"] for row in steps] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    assert [row["type"] for row in rows[:3]] == ["step", "step", "epoch"]  # epoch row closes it
+    for row in steps:
+        for key in ("loss", "heatmap", "box", "lr", "step_time_s", "images_per_s"):
+            assert isinstance(row[key], float) and math.isfinite(row[key]), key
+        assert row["memory"]["exact"] is True
+    for row in epochs:
+        assert row["step"] == row["epoch"] * STEPS_PER_EPOCH
+        assert row["train_loss"] > 0 and row["epoch_time_s"] > 0
+        assert set(row["val"]) == {"f1", "precision", "recall", "best_f1", "ap", "ap50", "ap75"}
+
+
+def test_train_summary_records_device_precision_times_memory_and_the_best_epoch(
+    trained: Trainer,
+) -> None:
+    summary = json.loads(trained.paths["train_summary"].read_text())
+    assert summary == json.loads(json.dumps(trained.summary))  # fit() returns what it writes
+    assert summary["requested_device"] == "cpu"
+    assert summary["device"] == "cpu" and summary["backend"] == "cpu"
+    assert summary["device_description"] == "CPU"
+    assert summary["amp"] is False and summary["precision"] == "fp32"
+    assert summary["model"] == "tiny_conv" and summary["parameters"] > 0
+    assert summary["class_names"] == ["circle", "square", "triangle", "cross"]
+    assert summary["epochs"] == EPOCHS and summary["steps"] == EPOCHS * STEPS_PER_EPOCH
+    assert summary["batch_size"] == 8
+    assert len(summary["epoch_times_s"]) == EPOCHS and min(summary["epoch_times_s"]) > 0
+    assert summary["train_time_s"] == pytest.approx(sum(summary["epoch_times_s"]))
+    assert summary["wall_time_s"] >= summary["train_time_s"]
+    assert summary["median_step_time_s"] > 0 and summary["images_per_s"] > 0
+    assert summary["peak_memory"] == {
+        "peak_mb": 0.0,
+        "reserved_mb": 0.0,
+        "exact": True,
+        "label": "n/a (CPU: see host RSS)",
+    }
+    assert summary["host_peak_rss_mb"] > 0
+    assert summary["monitor"] == "f1"
+    assert summary["best_epoch"] in range(1, EPOCHS + 1)
+    epochs = [row for row in read_rows(trained.paths["metrics"]) if row["type"] == "epoch"]
+    assert summary["best_metric"] == max(row["val"]["f1"] for row in epochs)
+    assert summary["final_val"] == epochs[-1]["val"]
+    assert summary["paths"] == {key: str(path) for key, path in trained.paths.items()}
+
+
+def test_checkpoints_load_with_weights_only_and_hold_the_whole_training_state(
+    trained: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict[str, Any]] = []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    last = checkpoint.load(trained.paths["last"])
+    best = checkpoint.load(trained.paths["best"])
+    assert calls and all(kwargs.get("weights_only") is True for kwargs in calls)
+    for key in ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step"):
+        assert key in last, key
+    assert {"best_metric", "config", "rng", "class_names", "precision"} <= set(last)
+    assert last["format"] == checkpoint.FORMAT
+    assert last["epoch"] == EPOCHS and last["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert last["config"] == trained.config
+    assert set(last["rng"]) == {"torch", "cuda", "numpy", "python"}
+    assert last["scheduler"]["last_epoch"] == EPOCHS * STEPS_PER_EPOCH
+    assert last["optimizer"]["state"]  # AdamW moments, not a fresh optimizer
+    model = trained.model.state_dict()
+    assert set(last["model"]) == set(model)
+    assert all(torch.equal(last["model"][key], model[key]) for key in model)
+    assert best["epoch"] == trained.best_epoch == best["best_epoch"]
+    assert best["best_metric"] == trained.summary["best_metric"]
+
+
+# --- resume ----------------------------------------------------------------------------------
+
+
+class InterruptedInEpoch2(Trainer):
+    """Killed after the first step row of epoch 2: last.pth holds epoch 1, metrics a stray row."""
+
+    def _write_row(self, row: dict[str, Any]) -> None:
+        super()._write_row(row)
+        if row["type"] == "step" and row["epoch"] == 2:
+            raise KeyboardInterrupt
+
+
+def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
+    trained: Trainer, config: dict[str, Any], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        InterruptedInEpoch2(config, run_dir).fit()
+    assert checkpoint.load(run_dir / "last.pth")["epoch"] == 1
+    assert read_rows(run_dir / "metrics.jsonl")[-1]["epoch"] == 2  # the row the kill left
+
+    resumed = Trainer(config, run_dir)
+    assert resumed.resume(required=True) is True
+    assert (resumed.epoch, resumed.global_step) == (1, STEPS_PER_EPOCH)
+    summary = resumed.fit()
+
+    expected, got = trained.model.state_dict(), resumed.model.state_dict()
+    assert set(got) == set(expected)
+    different = [key for key in expected if not torch.equal(got[key], expected[key])]
+    assert different == []
+    assert without_measurements(read_rows(run_dir / "metrics.jsonl")) == without_measurements(
+        read_rows(trained.paths["metrics"])
+    )
+    assert summary["epochs"] == EPOCHS and summary["steps"] == EPOCHS * STEPS_PER_EPOCH
+    assert summary["best_epoch"] == trained.summary["best_epoch"]
+    assert summary["final_val"] == trained.summary["final_val"]
+    assert len(summary["epoch_times_s"]) == EPOCHS  # epoch 1 comes from the kept rows
+    optimizer = checkpoint.load(run_dir / "last.pth")["optimizer"]["state"]
+    reference = checkpoint.load(trained.paths["last"])["optimizer"]["state"]
+    assert all(
+        torch.equal(optimizer[i][name], reference[i][name])
+        for i in reference
+        for name in reference[i]
+    )
+
+
+def test_resume_of_a_gpu_run_reads_the_checkpoint_onto_the_cpu(
+    trained: Trainer, config: dict[str, Any], tmp_path: Path, fake_cuda
+) -> None:
+    """RNG states must stay CPU tensors: mapped onto the GPU, torch.set_rng_state raises
+    'RNG state must be a torch.ByteTensor'. Model and optimizer copy their tensors over."""
+    trainer = Trainer(config, copy_of_last(trained, tmp_path / "run"))
+    trainer.device = torch.device("cuda", 0)  # a simulated GPU run: tensors cannot go there
+    torch.manual_seed(12345)
+    assert trainer.resume(required=True) is True
+    state = checkpoint.load(trained.paths["last"])
+    assert torch.equal(torch.get_rng_state(), state["rng"]["torch"])
+    assert trainer.epoch == EPOCHS
+
+
+def test_rng_state_round_trips_torch_numpy_and_python_streams(tmp_path: Path) -> None:
+    path = checkpoint.save(tmp_path / "rng.pth", {"rng": checkpoint.rng_state()})
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    checkpoint.restore_rng_state(checkpoint.load(path)["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(again[0], expected[0])
+    assert np.array_equal(again[1], expected[1])
+    assert again[2] == expected[2]
+
+
+def test_resume_required_without_a_checkpoint_says_it_does_not_exist(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
+    trainer = Trainer(config, tmp_path / "empty")
+    with pytest.raises(CheckpointError, match=r"Cannot resume: .*last\.pth does not exist"):
+        trainer.resume(required=True)
+    assert trainer.resume(required=False) is False
+
+
+@pytest.mark.parametrize(
+    ("setting", "section"),
+    [("train.lr=0.001", "train"), ("seed=1", "seed"), ("model.width=16", "model")],
+)
+def test_resume_required_with_other_settings_names_the_differing_section(
+    trained: Trainer, data_root: Path, tmp_path: Path, setting: str, section: str
+) -> None:
+    run_dir = copy_of_last(trained, tmp_path / "run")
+    trainer = Trainer(tiny_config(data_root, f"train.epochs={EPOCHS}", setting), run_dir)
+    with pytest.raises(CheckpointError) as caught:
+        trainer.resume(required=True)
+    assert f"different settings ({section})" in str(caught.value)
+    assert "another --out folder" in str(caught.value)
+
+
+def test_resume_auto_with_other_settings_warns_and_starts_fresh(
+    trained: Trainer, data_root: Path, tmp_path: Path, pipeline_log: pytest.LogCaptureFixture
+) -> None:
+    run_dir = copy_of_last(trained, tmp_path / "run")
+    trainer = Trainer(tiny_config(data_root, f"train.epochs={EPOCHS}", "train.lr=0.001"), run_dir)
+    fresh = {key: value.clone() for key, value in trainer.model.state_dict().items()}
+    assert trainer.resume(required=False) is False
+    assert (trainer.epoch, trainer.global_step, trainer.best_epoch) == (0, 0, None)
+    assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in fresh.items())
+    warnings = [r.getMessage() for r in pipeline_log.records if r.levelno == logging.WARNING]
+    assert any("different settings (train)" in m and "starting a new run" in m for m in warnings)
+
+
+# --- failures --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error", [OSError("No space left on device"), KeyboardInterrupt()])
+def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint_and_no_temp_file(
+    trained: Trainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    run_dir = copy_of_last(trained, tmp_path / "run")
+    before = (run_dir / "last.pth").read_bytes()
+    real_save = torch.save
+
+    def half_then_fail(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        data = Path(f).read_bytes()
+        Path(f).write_bytes(data[: len(data) // 2])
+        raise error
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    state = checkpoint.load(run_dir / "last.pth")
+    with pytest.raises(type(error)):
+        checkpoint.save(run_dir / "last.pth", {**state, "epoch": 99})
+    assert (run_dir / "last.pth").read_bytes() == before
+    assert checkpoint.load(run_dir / "last.pth")["epoch"] == EPOCHS
+    assert sorted(path.name for path in run_dir.iterdir()) == ["last.pth"]
+
+
+def nan_losses(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int] | None = None) -> list[int]:
+    """Make DetectionLoss return NaN (on the given 1-based calls, or always); returns the call count."""
+    real_forward = DetectionLoss.forward
+    calls: list[int] = []
+
+    def forward(self, outputs, targets):
+        losses = real_forward(self, outputs, targets)
+        calls.append(1)
+        if bad_calls is None or len(calls) in bad_calls:
+            losses["total"] = losses["total"] * math.nan
+        return losses
+
+    monkeypatch.setattr(DetectionLoss, "forward", forward)
+    return calls
+
+
+def test_a_loss_that_stays_non_finite_stops_training_naming_train_lr(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nan_losses(monkeypatch)
+    trainer = Trainer(tiny_config(data_root, "train.max_nonfinite_steps=2"), tmp_path / "run")
+    before = {name: value.clone() for name, value in trainer.model.named_parameters()}
+    with pytest.raises(TrainingError) as caught:
+        trainer.fit()
+    message = str(caught.value)
+    assert "the loss was not finite for 2 consecutive steps" in message
+    assert "train.lr (now 0.006)" in message
+    assert "not written yet" in message
+    assert not (tmp_path / "run" / "last.pth").exists()
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(after[name], before[name]) for name in before)  # no update was made
+
+
+def test_a_single_non_finite_step_is_skipped_and_training_goes_on(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = nan_losses(monkeypatch, bad_calls={1})
+    trainer = Trainer(
+        tiny_config(data_root, "train.epochs=1", "train.max_nonfinite_steps=2"), tmp_path / "run"
+    )
+    summary = trainer.fit()
+    assert len(calls) == STEPS_PER_EPOCH and summary["steps"] == STEPS_PER_EPOCH
+    steps = [row for row in read_rows(trainer.paths["metrics"]) if row["type"] == "step"]
+    assert [row["step"] for row in steps] == [2]  # the NaN step wrote no row
+    assert math.isfinite(steps[0]["loss"])
+
+
+def test_amp_true_on_cpu_warns_and_trains_in_fp32(
+    data_root: Path, tmp_path: Path, pipeline_log: pytest.LogCaptureFixture
+) -> None:
+    trainer = Trainer(tiny_config(data_root, "amp=true", "train.epochs=1"), tmp_path / "run")
+    warnings = [r.getMessage() for r in pipeline_log.records if r.levelno == logging.WARNING]
+    assert any("AMP was asked for" in m and "training in fp32" in m for m in warnings), warnings
+    assert trainer.amp is False and trainer.precision == "fp32"
+    assert trainer.scaler.is_enabled() is False
+    summary = trainer.fit()
+    assert summary["amp"] is False and summary["precision"] == "fp32"
+    assert checkpoint.load(trainer.paths["last"])["precision"] == "fp32"
+
+
+# --- checkpoint.load and check_compatible ----------------------------------------------------
+
+
+class CustomObject:
+    """Not a tensor or a container of them: weights_only loading must refuse it."""
+
+
+class RunsCode:
+    """Unpickling this calls os.system: it would create the file `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+def test_loading_a_missing_checkpoint_says_it_does_not_exist(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"missing\.pth does not exist"):
+        checkpoint.load(tmp_path / "missing.pth")
+
+
+def test_loading_a_folder_says_it_does_not_exist(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.load(tmp_path)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.01, 0.0])
+def test_loading_a_truncated_checkpoint_says_it_is_damaged(
+    trained: Trainer, tmp_path: Path, keep: float
+) -> None:
+    data = trained.paths["last"].read_bytes()
+    path = tmp_path / "cut.pth"
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(CheckpointError, match=r"cut\.pth is damaged \(truncated"):
+        checkpoint.load(path)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda path, evil: path.write_bytes(pickle.dumps(evil)),
+        lambda path, evil: path.write_bytes(pickle.dumps(evil, protocol=2)),
+        lambda path, evil: torch.save({"format": checkpoint.FORMAT, "x": evil}, path),
+        lambda path, evil: torch.save({"format": checkpoint.FORMAT, "x": CustomObject()}, path),
+    ],
+    ids=["raw-pickle", "raw-pickle-protocol-2", "torch-save-reduce", "torch-save-custom-class"],
+)
+def test_a_pickle_that_would_run_code_is_refused_by_weights_only(tmp_path: Path, write) -> None:
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.pth"
+    write(path, RunsCode(marker))
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint.load(path)
+    message = str(caught.value)
+    assert "evil.pth was refused" in message and "weights_only=True" in message
+    assert not marker.exists()
+
+
+def test_a_torch_file_without_the_format_tag_is_not_a_pipeline_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "plain.pth"
+    torch.save({"model": {"w": torch.zeros(2)}}, path)
+    with pytest.raises(CheckpointError, match="was not written by this pipeline"):
+        checkpoint.load(path)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "named"),
+    [
+        ({"model_name": "resnet18"}, "model 'tiny_conv' (expected 'resnet18')"),
+        ({"num_classes": 2}, "number of classes 4 (expected 2)"),
+        ({"label_mode": "single"}, "label mode 'multilabel' (expected 'single')"),
+    ],
+)
+def test_check_compatible_names_what_differs(
+    trained: Trainer, wanted: dict[str, Any], named: str
+) -> None:
+    state = checkpoint.load(trained.paths["last"])
+    fits = {"model_name": "tiny_conv", "num_classes": 4, "label_mode": "multilabel"}
+    checkpoint.check_compatible(state, "x.pth", **fits)  # the matching case passes
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint.check_compatible(state, "x.pth", **{**fits, **wanted})
+    assert str(caught.value) == f"Checkpoint x.pth does not fit: it holds {named}."
+
+
+def test_restore_model_gives_the_trained_weights_in_eval_mode(trained: Trainer) -> None:
+    state = checkpoint.load(trained.paths["last"])
+    model = checkpoint.restore_model(state, torch.device("cpu"), torch.contiguous_format)
+    assert model.training is False
+    expected = trained.model.state_dict()
+    assert all(torch.equal(value, expected[key]) for key, value in model.state_dict().items())
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_pipeline_logger) -> Path:
+    """Run commands outside the repository, so its config/config.yaml is not picked up."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_train_command_trains_into_out(data_root: Path, elsewhere: Path) -> None:
+    out = elsewhere / "cli-run"
+    settings = tiny_settings(data_root, "train.epochs=1")
+    assert cli.main(["train", "--cpu-threads", "1", "--out", str(out), *settings]) == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["epochs"] == 1 and summary["requested_device"] == "cpu"
+    assert checkpoint.load(out / "last.pth")["epoch"] == 1
+    assert not (elsewhere / "results").exists()  # --out wins over the default folder
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train.epochs=0"], "train.epochs"),
+        (["train.nonsense=1"], "Unknown config key(s) train.nonsense"),
+        (["--amp", "maybe"], "--amp 'maybe' is not understood"),
+        (["--device", "tpu"], "tpu"),
+    ],
+)
+def test_train_command_with_a_bad_setting_exits_2_without_traceback(
+    data_root: Path, elsewhere: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
+) -> None:
+    out = elsewhere / "bad"
+    argv = ["train", "--cpu-threads", "1", "--out", str(out), f"data.root={data_root}", *args]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert not (out / "last.pth").exists()
+
+
+def test_train_command_resume_without_a_checkpoint_exits_2(
+    data_root: Path, elsewhere: Path, capsys: pytest.CaptureFixture
+) -> None:
+    settings = tiny_settings(data_root)
+    argv = ["train", "--cpu-threads", "1", "--out", str(elsewhere / "new"), "--resume"]
+    assert cli.main([*argv, *settings]) == 2
+    assert "Cannot resume" in capsys.readouterr().err
