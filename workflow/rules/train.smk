@@ -26,7 +26,7 @@ rule train_run:
         run_dir="results/train/{run}",
         settings=train_settings,
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume=auto --out {params.run_dir:q} {params.settings:q}"
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q} {params.settings:q}"
 
 
 rule train:
