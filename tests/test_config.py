@@ -57,7 +57,10 @@ def test_defaults_fill_every_section() -> None:
     }
     assert config["data"]["augment"]["hflip"] == 0.5
     assert config["data"]["synthetic"]["classes"] == ["circle", "square", "triangle", "cross"]
-    assert config["train"]["epochs"] == 30
+    assert (
+        config["train"]["epochs"]
+        == load_schema()["properties"]["train"]["properties"]["epochs"]["default"]
+    )
     assert config["sweep"] == {}
 
 
@@ -108,7 +111,7 @@ def test_a_config_file_sets_nested_keys_and_keeps_the_other_defaults(tmp_path: P
     path.write_text("train:\n  epochs: 2\ndata:\n  augment:\n    vflip: 0.0\n")
     config = load_config(path)
     assert config["train"]["epochs"] == 2
-    assert config["train"]["batch_size"] == 32
+    assert config["train"]["batch_size"] == load_config(None)["train"]["batch_size"]
     assert config["data"]["augment"] == {**load_config(None)["data"]["augment"], "vflip": 0.0}
 
 

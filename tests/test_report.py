@@ -308,7 +308,7 @@ def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
     assert cli.main(["report", "--results", str(results), "--config", str(config)]) == 0
     page = Page()
     page.feed((results / "report.html").read_text(encoding="utf-8"))
-    assert "score_threshold: 0.3" in page.text("provenance")  # a default the file did not set
+    assert "score_threshold: 0.4" in page.text("provenance")  # a default the file did not set
 
 
 def test_report_modules_do_not_import_torch() -> None:

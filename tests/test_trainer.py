@@ -437,14 +437,14 @@ def test_a_torch_file_without_the_format_tag_is_not_a_pipeline_checkpoint(tmp_pa
     [
         ({"model_name": "resnet18"}, "model 'tiny_conv' (expected 'resnet18')"),
         ({"num_classes": 2}, "number of classes 4 (expected 2)"),
-        ({"label_mode": "single"}, "label mode 'multilabel' (expected 'single')"),
+        ({"label_mode": "multilabel"}, "label mode 'single' (expected 'multilabel')"),
     ],
 )
 def test_check_compatible_names_what_differs(
     trained: Trainer, wanted: dict[str, Any], named: str
 ) -> None:
     state = checkpoint.load(trained.paths["last"])
-    fits = {"model_name": "tiny_conv", "num_classes": 4, "label_mode": "multilabel"}
+    fits = {"model_name": "tiny_conv", "num_classes": 4, "label_mode": "single"}
     checkpoint.check_compatible(state, "x.pth", **fits)  # the matching case passes
     with pytest.raises(CheckpointError) as caught:
         checkpoint.check_compatible(state, "x.pth", **{**fits, **wanted})

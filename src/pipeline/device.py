@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.cpus import usable_cpu_count
 from pipeline.errors import ConfigError, PipelineError
 
 BACKEND_PRIORITY = ("cuda", "mps", "cpu")
@@ -429,14 +430,6 @@ class DeviceTimer:
         self._events[1].record()
         self._events[1].synchronize()
         return float(self._events[0].elapsed_time(self._events[1]))
-
-
-def usable_cpu_count() -> int:
-    """CPUs this process may run on: its affinity (a cluster job's allocation), else all."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS has no affinity API
-        return os.cpu_count() or 1
 
 
 def set_cpu_threads(requested: int | str = "auto") -> int:

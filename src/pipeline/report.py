@@ -596,24 +596,44 @@ class Choice:
     faster_unsafe: pd.DataFrame
     others: pd.DataFrame
     cpu_fp32_ms: float | None
+    faster_off_policy: pd.DataFrame  # safe and faster, but the AMP policy never trains with it
 
 
-def choose_setting(frame: pd.DataFrame, model: str) -> Choice:
+def amp_allowed(env: dict[str, Any] | None, backend: Any) -> bool:
+    """Whether training can use AMP on `backend` (env.json's amp_supported; unknown: yes)."""
+    entry = ((env or {}).get("backends") or {}).get(backend)
+    return not isinstance(entry, dict) or bool(entry.get("amp_supported", True))
+
+
+def trainable(row: pd.Series, env: dict[str, Any] | None) -> bool:
+    """A setting the trainer can run: fp32 anywhere, autocast only where AMP is allowed."""
+    return row["precision"] == "fp32" or amp_allowed(env, row["backend"])
+
+
+def choose_setting(frame: pd.DataFrame, model: str, env: dict[str, Any] | None = None) -> Choice:
     rows = frame[
         (frame["mode"] == "train")
         & (frame["status"] == "ok")
         & (frame["model"] == model)
         & frame["median_ms"].notna()
     ]
-    safe = rows[rows["safe"]].sort_values("median_ms", kind="stable")
+    allowed = (
+        rows.apply(lambda row: trainable(row, env), axis=1).astype(bool)
+        if not rows.empty
+        else rows["safe"]
+    )
+    safe = rows[rows["safe"] & allowed].sort_values("median_ms", kind="stable")
     best = safe.iloc[0] if not safe.empty else None
     if best is None:
-        return Choice(model, None, rows[~rows["safe"]], rows, None)
-    faster_unsafe = rows[(~rows["safe"]) & (rows["median_ms"] < best["median_ms"])].sort_values(
-        "median_ms"
-    )
+        return Choice(model, None, rows[~rows["safe"]], rows, None, rows.iloc[0:0])
+    faster = rows["median_ms"] < best["median_ms"]
+    faster_unsafe = rows[(~rows["safe"]) & faster].sort_values("median_ms")
+    faster_off_policy = rows[rows["safe"] & ~allowed & faster].sort_values("median_ms")
     others = rows.drop(index=best.name)
-    return Choice(model, best, faster_unsafe, others, number(best["cpu_fp32_ms"]))
+    others = others[others["median_ms"] >= best["median_ms"]]
+    return Choice(
+        model, best, faster_unsafe, others, number(best["cpu_fp32_ms"]), faster_off_policy
+    )
 
 
 def numerics_problem(record: dict[str, Any]) -> str:
@@ -898,7 +918,7 @@ def latency_chart(runs: list[RunResults], colors: dict[str, str]) -> Html | None
 
 
 def answer_section(results: Results, config: dict[str, Any] | None) -> Html:
-    body = [answer_block(results.bench, config)]
+    body = [answer_block(results.bench, config, results.env)]
     default = shipped_default_line(results, config)
     if default:
         body.append(tag("p", default))
@@ -906,7 +926,9 @@ def answer_section(results: Results, config: dict[str, Any] | None) -> Html:
     return section("answer", *body)
 
 
-def answer_block(frame: pd.DataFrame, config: dict[str, Any] | None) -> Html:
+def answer_block(
+    frame: pd.DataFrame, config: dict[str, Any] | None, env: dict[str, Any] | None = None
+) -> Html:
     model = answer_model(frame, config)
     if model is None:
         return note(
@@ -915,7 +937,7 @@ def answer_block(frame: pd.DataFrame, config: dict[str, Any] | None) -> Html:
             " (skipped records say why a combination could not run).",
             kind="warn",
         )
-    choice = choose_setting(frame, model)
+    choice = choose_setting(frame, model, env)
     if choice.best is None:
         return note(
             f"No {model} training benchmark with acceptable numerics: every measured setting failed the numerics check, so none can be recommended.",
@@ -933,6 +955,7 @@ def answer_block(frame: pd.DataFrame, config: dict[str, Any] | None) -> Html:
     ]
     parts.append(tag("p", basis_text(best)))
     parts.append(unsafe_text(choice))
+    parts.append(off_policy_text(choice))
     caution = caution_text(best, frame)
     if caution:
         parts.append(note(caution, kind="warn"))
@@ -967,12 +990,30 @@ def unsafe_text(choice: Choice) -> Html | None:
         ]
         if not slower:
             return None
-        return tag("p", "Every other measured training setting is slower: ", "; ".join(slower), ".")
+        lead = "Every other" if choice.faster_off_policy.empty else "Every other allowed"
+        return tag("p", f"{lead} measured training setting is slower: ", "; ".join(slower), ".")
     reasons = [
         f"{setting_label(r['backend'], r['precision'])} is {fmt_ratio(best['median_ms'] / r['median_ms'])} faster, but {numerics_problem(r['record'])}"
         for _, r in choice.faster_unsafe.iterrows()
     ]
     return note("No faster choice is safe: ", "; ".join(reasons), ".", kind="warn")
+
+
+def off_policy_text(choice: Choice) -> Html | None:
+    """Faster, numerically fine settings the AMP policy rules out: a finding, not a choice."""
+    if choice.faster_off_policy.empty:
+        return None
+    found = [
+        f"{setting_label(r['backend'], r['precision'])} measured {fmt_ratio(choice.best['median_ms'] / r['median_ms'])} faster with acceptable numerics"
+        for _, r in choice.faster_off_policy.iterrows()
+    ]
+    return note(
+        "; ".join(found),
+        ", but the device layer never trains with AMP there (amp_supported is false: the policy "
+        "assumes a CPU without bf16 hardware, where autocast is 14 to 31 times slower). On this "
+        "machine the measurement contradicts that policy; see the AMP policy section.",
+        kind="warn",
+    )
 
 
 def caution_text(best: pd.Series, frame: pd.DataFrame) -> str | None:
@@ -1310,7 +1351,7 @@ def amp_policy_section(results: Results, config: dict[str, Any] | None) -> Html:
         if records.empty:
             continue
         default = default_precision(env, backend, config)
-        verdict = amp_verdict(frame, backend, default, model)
+        verdict = amp_verdict(frame, backend, default, model, amp_allowed(env, backend))
         verdicts.append(tag("li", verdict))
         rows.append(amp_policy_row(frame, backend, default, model))
     if not rows:
@@ -1382,7 +1423,13 @@ def amp_policy_row(
     return [backend_label(backend), shipped, *cells, fastest]
 
 
-def amp_verdict(frame: pd.DataFrame, backend: str, default: str | None, model: str | None) -> str:
+def amp_verdict(
+    frame: pd.DataFrame,
+    backend: str,
+    default: str | None,
+    model: str | None,
+    allowed: bool = True,
+) -> str:
     """One line: does the measurement confirm the shipped default, or suggest another setting?"""
     label = backend_label(backend)
     rows = policy_rows(frame, backend, model)
@@ -1409,7 +1456,12 @@ def amp_verdict(frame: pd.DataFrame, backend: str, default: str | None, model: s
     gain = default_row["median_ms"] / best["median_ms"]
     if gain <= 1 + SPEEDUP_TOLERANCE:
         return f"{label}: {policy}; {compare_text(times, default)}: within {SPEEDUP_TOLERANCE:.0%} of the fastest, so the default is confirmed."
-    gain = default_row["median_ms"] / best["median_ms"]
+    if not allowed and best["precision"] != "fp32":
+        return (
+            f"{label}: AMP off by policy (amp_supported is false, so amp=true trains in fp32 too); "
+            f"{best['precision']} measured {fmt_ratio(gain)} faster than {default} with acceptable "
+            "numerics: default not confirmed on this machine (the policy assumes no bf16 hardware)."
+        )
     return f"{label}: {policy}; {best['precision']} measured {fmt_ratio(gain)} faster than {default} with acceptable numerics: {suggestion(best['precision'])}."
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipeline import atomic
+from pipeline.cpus import usable_cpu_count
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -288,52 +291,83 @@ def _coco_document(
     }
 
 
-def generate(spec: SyntheticSpec, root: str | Path) -> dict[str, Path]:
+class _InProcess:
+    """The executor interface without processes, for workers=1."""
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    @staticmethod
+    def map(fn, *iterables, chunksize: int = 1):
+        return map(fn, *iterables)
+
+
+def _write_sample(spec: SyntheticSpec, root: Path, split: str, index: int) -> list[dict[str, Any]]:
+    """Render one sample and write its PNG; returns its objects (runs in a worker process)."""
+    pixels, objects = render_sample(spec, split, index)
+    atomic.write_with(
+        root / f"{split}/{index:06d}.png",
+        lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG"),
+    )
+    return objects
+
+
+def generate(spec: SyntheticSpec, root: str | Path, workers: int | None = None) -> dict[str, Path]:
     """Write `<root>/<split>/NNNNNN.png` and `<root>/instances_<split>.json` for train and val.
 
-    The annotation file of a split is written last and atomically: its presence means the
-    split is complete.
+    Samples are independent (each seeded by its own index), so they are rendered in
+    `workers` processes (default: every usable CPU) with identical results. The annotation
+    file of a split is written last and atomically: its presence means the split is complete.
     """
     root = Path(root)
+    workers = workers or usable_cpu_count()
     written = {}
-    for split in ("train", "val"):
-        folder = root / split
-        folder.mkdir(parents=True, exist_ok=True)
-        images, annotations = [], []
-        for index in range(spec.count(split)):
-            pixels, objects = render_sample(spec, split, index)
-            file_name = f"{split}/{index:06d}.png"
-            atomic.write_with(
-                root / file_name, lambda tmp, p=pixels: Image.fromarray(p).save(tmp, format="PNG")
+    with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
+        for split in ("train", "val"):
+            (root / split).mkdir(parents=True, exist_ok=True)
+            count = spec.count(split)
+            per_sample = pool.map(
+                _write_sample, repeat(spec), repeat(root), repeat(split), range(count), chunksize=32
             )
-            image_id = index + 1
-            images.append(
-                {
-                    "id": image_id,
-                    "file_name": file_name,
-                    "width": spec.image_size,
-                    "height": spec.image_size,
-                }
-            )
-            for obj in objects:
-                x0, y0, x1, y1 = obj["box"]
-                annotations.append(
+            images, annotations = [], []
+            for index, objects in enumerate(per_sample):
+                image_id = index + 1
+                images.append(
                     {
-                        "id": len(annotations) + 1,
-                        "image_id": image_id,
-                        "category_id": obj["label"] + 1,
-                        "bbox": [x0, y0, x1 - x0, y1 - y0],
-                        "area": (x1 - x0) * (y1 - y0),
-                        "iscrowd": 0,
+                        "id": image_id,
+                        "file_name": f"{split}/{index:06d}.png",
+                        "width": spec.image_size,
+                        "height": spec.image_size,
                     }
                 )
-        path = root / f"instances_{split}.json"
-        atomic.write_text(
-            path,
-            json.dumps(_coco_document(spec, split, images, annotations), indent=1, sort_keys=True),
-        )
-        written[split] = path
-        log.info(
-            "synthetic %s: %d images, %d objects -> %s", split, len(images), len(annotations), path
-        )
+                for obj in objects:
+                    x0, y0, x1, y1 = obj["box"]
+                    annotations.append(
+                        {
+                            "id": len(annotations) + 1,
+                            "image_id": image_id,
+                            "category_id": obj["label"] + 1,
+                            "bbox": [x0, y0, x1 - x0, y1 - y0],
+                            "area": (x1 - x0) * (y1 - y0),
+                            "iscrowd": 0,
+                        }
+                    )
+            path = root / f"instances_{split}.json"
+            atomic.write_text(
+                path,
+                json.dumps(
+                    _coco_document(spec, split, images, annotations), indent=1, sort_keys=True
+                ),
+            )
+            written[split] = path
+            log.info(
+                "synthetic %s: %d images, %d objects -> %s",
+                split,
+                len(images),
+                len(annotations),
+                path,
+            )
     return written
