@@ -19,8 +19,8 @@ report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) results/report.html
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks workflow/scripts
-	$(BIN)/ruff format --check src tests benchmarks workflow/scripts
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/snakefmt --check workflow/
 	$(BIN)/snakemake --lint
 

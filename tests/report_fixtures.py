@@ -200,6 +200,8 @@ def bench_record(
         or {"peak_mb": 0.0, "reserved_mb": 0.0, "exact": True, "label": "n/a (CPU: see host RSS)"},
         host_peak_rss_mb=715.5,
         conditions={
+            "started": "2026-11-29T10:00:00.000+00:00",
+            "finished": "2026-11-29T10:00:02.000+00:00",
             "load_1m_start": 2.3 if high_load else 0.1,
             "load_1m_end": 0.2,
             "cpu_count": 2,

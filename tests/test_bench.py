@@ -25,7 +25,15 @@ from pipeline.device import DeviceTimer, PeakMemory, available_backends
 
 SCHEMA_PATH = Path(bench.__file__).parent / "schemas" / "bench.schema.yaml"
 MB = 1024 * 1024
-CONDITION_KEYS = {"load_1m_start", "load_1m_end", "cpu_count", "foreign_cpu_share", "high_load"}
+CONDITION_KEYS = {
+    "started",
+    "finished",
+    "load_1m_start",
+    "load_1m_end",
+    "cpu_count",
+    "foreign_cpu_share",
+    "high_load",
+}
 TINY = ["--device", "cpu", "--model", "tiny_conv", "--batch-size", "2", "--image-size", "32"]
 
 pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
@@ -201,6 +209,7 @@ def test_timed_runs_on_simulated_mps_synchronizes_the_device(fake_mps) -> None:
 def test_run_conditions_finish_returns_the_documented_keys() -> None:
     conditions = timing.RunConditions().finish()
     assert set(conditions) == CONDITION_KEYS
+    assert conditions["started"] <= conditions["finished"]  # ISO 8601 UTC sorts by time
     assert conditions["cpu_count"] >= 1
     assert isinstance(conditions["high_load"], bool)
 

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import torch
@@ -97,6 +98,11 @@ def _busy_jiffies() -> float | None:
     return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _now() -> str:
+    """UTC time with milliseconds: enough to show that two measurements did not overlap."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
 def _load_average() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -113,6 +119,7 @@ class RunConditions:
     """
 
     def __init__(self) -> None:
+        self.started = _now()
         self.cores = os.cpu_count() or 1
         self.load_start = _load_average()
         self._busy = _busy_jiffies()
@@ -133,6 +140,8 @@ class RunConditions:
             worst = max((x for x in (self.load_start, load_end) if x is not None), default=0.0)
             high = worst / self.cores > HIGH_LOAD_PER_CORE
         return {
+            "started": self.started,
+            "finished": _now(),
             "load_1m_start": self.load_start,
             "load_1m_end": load_end,
             "cpu_count": self.cores,

@@ -14,6 +14,8 @@ rule bench_one:
         "logs/bench/{backend}-{precision}-{mode}.log",
     benchmark:
         "results/job_stats/bench/{backend}-{precision}-{mode}.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
         bench_slot=1,

@@ -1,5 +1,6 @@
-# Helpers shared by the rule files: config validation, the job matrix, input functions.
+# Shared helpers: config validation, the job matrix and input functions of every stage.
 import json
+import os
 
 from snakemake.utils import validate
 

@@ -8,8 +8,10 @@ rule prepare_data:
         "logs/prepare_data.log",
     benchmark:
         "results/job_stats/prepare_data.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     params:
-        root=DATA_ROOT,
+        root=lambda wildcards, output: os.path.dirname(output.train),
         settings=runs.flatten({"data": {"synthetic": config["data"]["synthetic"]}}),
     shell:
         "python -m pipeline --log {log} prepare-data --out {params.root:q} {params.settings:q}"

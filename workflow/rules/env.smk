@@ -8,6 +8,8 @@ checkpoint check_env:
     benchmark:
         "results/job_stats/check_env.tsv"
     priority: 100
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         gpu=needs_gpu(config["device"]),
     params:

@@ -9,6 +9,8 @@ rule evaluate_run:
         "logs/evaluate/{run}.log",
     benchmark:
         "results/job_stats/evaluate/{run}.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
         gpu=lambda wildcards: needs_gpu(wildcards.run),

@@ -10,6 +10,8 @@ rule profile_run:
         "logs/profile/{run}.log",
     benchmark:
         "results/job_stats/profile/{run}.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
         bench_slot=1,

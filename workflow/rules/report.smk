@@ -16,8 +16,10 @@ rule report:
         "logs/report.log",
     benchmark:
         "results/job_stats/report.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     params:
-        results="results",
+        results=lambda wildcards, output: os.path.dirname(output[0]),
         config=json.dumps(config, sort_keys=True),
     shell:
         "python -m pipeline --log {log} report --results {params.results:q} --config-json {params.config:q}"

@@ -18,6 +18,8 @@ rule train_run:
         "logs/train/{run}.log",
     benchmark:
         "results/job_stats/train/{run}.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
         gpu=lambda wildcards: needs_gpu(wildcards.run),

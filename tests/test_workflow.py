@@ -1,0 +1,236 @@
+"""The Snakemake workflow, run for real in a temporary copy of the repository.
+
+Dry runs check the main targets and the schema; one end-to-end run of the tiny test
+config (`tests/config/ci.yaml`) with `--cores 2` checks every output, the report's
+sections, that benchmark jobs never overlapped, and what a code edit reruns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from report_page import SECTION_IDS, Page, assert_self_contained
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CI_CONFIG = "tests/config/ci.yaml"
+pytestmark = pytest.mark.slow
+
+
+def copy_repository(target: Path) -> Path:
+    """The tracked and untracked-but-not-ignored files, as a fresh clone would have them."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for name in listed:
+        source = REPO / name
+        if source.is_file() or source.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name, follow_symlinks=False)
+    return target
+
+
+def snakemake(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        [str(BIN / "snakemake"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def planned_jobs(result: subprocess.CompletedProcess[str]) -> set[str]:
+    """Rule names of the jobs a dry run lists in its job-stats table."""
+    jobs, table = set(), False
+    for line in result.stdout.splitlines():
+        words = line.split()
+        if words[:2] == ["job", "count"]:
+            table = True
+        elif table and words and words[0] == "total":
+            break
+        elif table and len(words) == 2 and words[1].isdigit():
+            jobs.add(words[0])
+    return jobs
+
+
+def edit(path: Path) -> None:
+    """A real edit: Snakemake compares checksums, so touching a file alone reruns nothing."""
+    path.write_text(path.read_text() + "\n# edited by a test\n")
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_repository(tmp_path_factory.mktemp("repo"))
+
+
+def test_dry_run_of_the_report_starts_with_the_environment_check(repo_copy: Path) -> None:
+    result = snakemake(repo_copy, "-n", "results/report.html")
+    assert result.returncode == 0, result.stderr
+    assert "check_env" in result.stdout
+
+
+def test_dry_run_of_train_on_cpu_succeeds(repo_copy: Path) -> None:
+    result = snakemake(repo_copy, "-n", "train", "--config", "device=cpu")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("amp=maybe", "'maybe' is not one of"),
+        ("device=tpu", "'tpu' does not match"),
+        ("seed=-1", "-1 is less than the minimum of 0"),
+        ("no_such_key=1", "Additional properties are not allowed"),
+    ],
+)
+def test_a_bad_config_value_fails_on_the_schema(
+    repo_copy: Path, setting: str, message: str
+) -> None:
+    result = snakemake(repo_copy, "-n", "results/report.html", "--config", setting)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+
+
+def test_amp_true_from_the_command_line_is_accepted_as_a_boolean(repo_copy: Path) -> None:
+    result = snakemake(repo_copy, "-n", "train", "--config", "amp=true")
+    assert result.returncode == 0, result.stderr
+
+
+# ---- the real workflow ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(repo_copy: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    # targets first: --configfile and --config take every word after them
+    result = snakemake(repo_copy, "results/report.html", "--cores", "2", "--configfile", CI_CONFIG)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return repo_copy, result
+
+
+def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.CompletedProcess]) -> None:
+    root, _ = finished
+    results = root / "results"
+    env = json.loads((results / "env.json").read_text())
+    assert env["auto"] in env["available"]
+    bench_schema = yaml.safe_load((REPO / "src/pipeline/schemas/bench.schema.yaml").read_text())
+    bench_files = sorted((results / "bench").glob("*.json"))
+    expected = {
+        f"{backend}-{precision}-{mode}.json"
+        for backend in env["available"]
+        for precision in ("fp32", "fp16", "bf16")
+        for mode in ("train", "infer")
+    }
+    assert {path.name for path in bench_files} == expected
+    for path in bench_files:
+        jsonschema.Draft202012Validator(bench_schema).validate(json.loads(path.read_text()))
+    run = f"{env['auto']}-fp32" if env["auto"] == "cpu" else None
+    runs = [p.parent.name for p in (results / "train").glob("*/train_summary.json")]
+    assert runs and (run is None or runs == [run])
+    for name in runs:
+        summary = json.loads((results / "train" / name / "train_summary.json").read_text())
+        assert summary["epochs"] == 2 and summary["final_val"] is not None
+        assert (results / "train" / name / "best.pth").is_file()
+        evaluation = json.loads((results / "eval" / f"{name}.json").read_text())
+        assert 0.0 <= evaluation["metrics"]["ap50"] <= 1.0
+        predictions = json.loads((results / "eval" / f"{name}_predictions.json").read_text())
+        assert len(predictions["images"]) == 16
+        profile = json.loads((results / "profile" / name / "profile.json").read_text())
+        assert [row["batch_size"] for row in profile["latency"]] == [1, 4]
+        trace = json.loads((results / "profile" / name / "trace.json").read_text())
+        assert isinstance(trace["traceEvents"], list)
+    stats = {path.stem for path in (results / "job_stats").rglob("*.tsv")}
+    assert {"check_env", "prepare_data", "report"} <= stats
+
+
+def test_the_report_has_every_section_and_is_self_contained(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    source = (root / "results" / "report.html").read_text()
+    page = Page()
+    page.feed(source)
+    assert [attrs.get("id") for tag, attrs in page.tags if tag == "section"] == SECTION_IDS
+    assert_self_contained(source, page, min_images=4)
+    assert "On this machine, train with" in page.text("answer")
+
+
+def test_two_cores_never_run_two_benchmarks_at_once(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    spans = []
+    for path in (root / "results" / "bench").glob("*.json"):
+        for record in json.loads(path.read_text())["records"]:
+            if record["conditions"]:
+                conditions = record["conditions"]
+                spans.append(
+                    (
+                        datetime.fromisoformat(conditions["started"]),
+                        datetime.fromisoformat(conditions["finished"]),
+                    )
+                )
+    spans.sort()
+    assert len(spans) >= 4
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start
+
+
+def test_a_second_run_has_nothing_to_do(finished: tuple[Path, subprocess.CompletedProcess]) -> None:
+    root, _ = finished
+    result = snakemake(root, "results/report.html", "--cores", "1", "--configfile", CI_CONFIG)
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_editing_the_report_code_reruns_only_the_report(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    edit(root / "src/pipeline/report.py")
+    result = snakemake(root, "results/report.html", "-n", "--configfile", CI_CONFIG)
+    assert result.returncode == 0, result.stderr
+    assert planned_jobs(result) == {"report"}
+
+
+def test_editing_the_trainer_reruns_training_and_what_depends_on_it(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    edit(root / "src/pipeline/engine/trainer.py")
+    result = snakemake(root, "results/report.html", "-n", "--configfile", CI_CONFIG)
+    assert result.returncode == 0, result.stderr
+    assert planned_jobs(result) == {"train_run", "evaluate_run", "profile_run", "report"}
+
+
+def test_an_absent_backend_fails_fast_with_the_device_message_and_leaves_nothing(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    env = json.loads((root / "results" / "env.json").read_text())
+    if env["backends"]["mps"]["available"]:
+        pytest.skip("this machine has MPS")
+    before = sorted(p.name for p in (root / "results" / "train").iterdir())
+    result = snakemake(
+        root, "train", "--configfile", CI_CONFIG, "--config", "device=mps", timeout=120
+    )
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "Device 'mps' is not available" in output and "Available backends" in output
+    assert sorted(p.name for p in (root / "results" / "train").iterdir()) == before
