@@ -238,7 +238,7 @@ def run(
         return record
     summary = timing.summarize(samples)
     record.update(
-        timing={**summary, **details},
+        timing={**summary, **details, "samples_ms": [s * 1000 for s in samples]},
         throughput_images_per_s=settings["batch_size"] / (summary["median_ms"] / 1000),
         memory=memory.as_dict(),
         host_peak_rss_mb=dev.host_peak_rss_mb(),

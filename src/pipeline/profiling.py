@@ -79,7 +79,7 @@ def latency(
     gpu = timing.summarize([ms / 1000 for ms in gpu_ms[-len(samples) :]]) if gpu_ms else None
     return {
         "batch_size": batch_size,
-        "wall": {**summary, **details},
+        "wall": {**summary, **details, "samples_ms": [s * 1000 for s in samples]},
         "device_events": gpu,
         "throughput_images_per_s": batch_size / (summary["median_ms"] / 1000),
         "memory": memory.as_dict(),

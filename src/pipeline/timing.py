@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,6 +99,27 @@ def _busy_jiffies() -> float | None:
     return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _live_children_cpu_s() -> float:
+    """CPU seconds of this process's running children (DataLoader workers); Linux only."""
+    me, tick, total = str(os.getpid()), os.sysconf("SC_CLK_TCK"), 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process has gone meanwhile
+        if len(fields) > 12 and fields[1] == me:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _own_cpu_s() -> float:
+    """CPU time of this process and its children (finished and running): not 'other work'."""
+    times = os.times()
+    return (
+        time.process_time() + times.children_user + times.children_system + _live_children_cpu_s()
+    )
+
+
 def _now() -> str:
     """UTC time with milliseconds: enough to show that two measurements did not overlap."""
     return datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -123,7 +145,7 @@ class RunConditions:
         self.cores = os.cpu_count() or 1
         self.load_start = _load_average()
         self._busy = _busy_jiffies()
-        self._own = time.process_time()
+        self._own = _own_cpu_s()
         self._wall = time.perf_counter()
 
     def finish(self) -> dict[str, Any]:
@@ -132,7 +154,7 @@ class RunConditions:
         busy = _busy_jiffies()
         foreign = None
         if busy is not None and self._busy is not None and wall > 0:
-            others = (busy - self._busy) - (time.process_time() - self._own)
+            others = (busy - self._busy) - (_own_cpu_s() - self._own)
             foreign = max(0.0, others) / (wall * self.cores)
         if foreign is not None:
             high = foreign > FOREIGN_CPU_SHARE_LIMIT

@@ -19,7 +19,10 @@ rule bench_one:
     threads: heavy_threads()
     resources:
         bench_slot=1,
-        gpu=lambda wildcards: needs_gpu(wildcards.backend),
+        mem_mb=4000,
+        runtime=30,
+        gpu=lambda wildcards: gpu_request(wildcards.backend),
+        gpu_model=lambda wildcards: gpu_model(wildcards.backend),
     params:
         cpu_threads=config["cpu_threads"],
         models=",".join(config["bench"]["models"]),

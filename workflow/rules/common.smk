@@ -2,6 +2,7 @@
 import json
 import os
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pipeline import config as pipeline_config
@@ -33,8 +34,14 @@ def code(*modules):
 
 
 def heavy_threads():
-    """Jobs that time or train take every core: nothing else may share the machine meanwhile."""
-    return max(1, workflow.cores or 1)
+    """Timing and training jobs take every core of a local run, so nothing shares the machine
+    meanwhile; through a cluster executor they ask for cluster.threads CPUs."""
+    if workflow.local_exec:
+        try:
+            return max(1, workflow.cores)
+        except WorkflowError:  # no --cores given (a dry run, say)
+            return 1
+    return config["cluster"]["threads"]
 
 
 def env_report():
@@ -45,8 +52,23 @@ def training_runs():
     return runs.training_runs(config, env_report())
 
 
-def needs_gpu(device_text):
-    return 1 if device_text.startswith("cuda") else 0
+def gpu_request(device_text):
+    """One GPU for a cuda job; no GPU resource at all otherwise (sbatch rejects GPU requests
+    on nodes without GPUs)."""
+    return 1 if device_text.startswith("cuda") else None
+
+
+def gpu_model(device_text):
+    return config["cluster"]["gpu_model"] if device_text.startswith("cuda") else None
+
+
+def env_check_device():
+    """check_env runs where the config's GPU jobs will run, so env.json describes that node."""
+    listed = config["bench"]["backends"]
+    wants_cuda = config["device"].startswith("cuda") or (
+        listed != "available" and "cuda" in listed
+    )
+    return "cuda" if wants_cuda else "cpu"
 
 
 def bench_files(wildcards):

@@ -10,6 +10,9 @@ rule prepare_data:
         "results/job_stats/prepare_data.tsv"
     conda:
         "../envs/pipeline.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=15,
     params:
         root=lambda wildcards, output: os.path.dirname(output.train),
         settings=runs.flatten({"data": {"synthetic": config["data"]["synthetic"]}}),

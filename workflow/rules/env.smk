@@ -11,7 +11,10 @@ checkpoint check_env:
     conda:
         "../envs/pipeline.yaml"
     resources:
-        gpu=needs_gpu(config["device"]),
+        mem_mb=2000,
+        runtime=10,
+        gpu=gpu_request(env_check_device()),
+        gpu_model=gpu_model(env_check_device()),
     params:
         cpu_threads=config["cpu_threads"],
     shell:

@@ -13,7 +13,10 @@ rule evaluate_run:
         "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
-        gpu=lambda wildcards: needs_gpu(wildcards.run),
+        mem_mb=4000,
+        runtime=30,
+        gpu=lambda wildcards: gpu_request(wildcards.run),
+        gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
         cpu_threads=config["cpu_threads"],
         checkpoint="results/train/{run}/best.pth",

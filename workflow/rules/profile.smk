@@ -15,7 +15,10 @@ rule profile_run:
     threads: heavy_threads()
     resources:
         bench_slot=1,
-        gpu=lambda wildcards: needs_gpu(wildcards.run),
+        mem_mb=4000,
+        runtime=30,
+        gpu=lambda wildcards: gpu_request(wildcards.run),
+        gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
         cpu_threads=config["cpu_threads"],
         checkpoint="results/train/{run}/best.pth",

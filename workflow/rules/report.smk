@@ -18,6 +18,9 @@ rule report:
         "results/job_stats/report.tsv"
     conda:
         "../envs/pipeline.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=15,
     params:
         results=lambda wildcards, output: os.path.dirname(output[0]),
         config=json.dumps(config, sort_keys=True),

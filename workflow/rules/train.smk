@@ -22,7 +22,10 @@ rule train_run:
         "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
-        gpu=lambda wildcards: needs_gpu(wildcards.run),
+        mem_mb=8000,
+        runtime=240,
+        gpu=lambda wildcards: gpu_request(wildcards.run),
+        gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
         cpu_threads=config["cpu_threads"],
         run_dir="results/train/{run}",

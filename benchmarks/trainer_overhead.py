@@ -1,0 +1,196 @@
+"""Trainer overhead: the Trainer's steady-state training step against a bare PyTorch loop.
+
+Side A is `Trainer._train_step` (autocast context, GradScaler, NaN guard, loss.item(),
+clipping, scheduler, memory sampling); side B is the same algorithm written out by hand:
+forward, DetectionLoss, zero_grad, backward, clip_grad_norm_, optimizer.step(),
+scheduler.step(). Both start from the same weights (B trains a deep copy taken before
+any step), with their own AdamW and LambdaLR built by the Trainer's own functions, on
+the same K batches taken once from the Trainer's train loader and held in memory.
+Blocks of N steps alternate ABBA for R rounds. Target: median A / median B <= 1.05.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import harness
+import torch
+
+from pipeline import device as dev
+from pipeline import timing
+from pipeline.config import load_config
+from pipeline.engine.trainer import Trainer, build_optimizer, build_scheduler
+from pipeline.models.loss import DetectionLoss
+
+NAME = "trainer_overhead"
+TARGET = 1.05
+Batch = tuple[torch.Tensor, list[dict[str, Any]]]
+
+
+def parse_args(argv: list[str]):
+    parser = harness.parser(NAME, __doc__)
+    harness.add_torch_options(parser)
+    harness.add_alternation_options(parser, warmup=10, block=10, rounds=40)
+    parser.add_argument(
+        "--batches", type=int, default=16, help="K: batches taken once from the loader, reused"
+    )
+    parser.add_argument(
+        "--data-root", default=str(harness.DEFAULT_DATA_ROOT), help="the generated data set"
+    )
+    parser.add_argument(
+        "settings",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides on top of the defaults, e.g. train.batch_size=32 model.name=resnet18",
+    )
+    args = parser.parse_args(argv)
+    harness.check_positive(parser, args, "batches", "block", "rounds")
+    return args
+
+
+class BareLoop:
+    """The Trainer's algorithm without its bookkeeping, on its own copy of the model."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        train = trainer.train_cfg
+        self.device, self.memory_format = trainer.device, trainer.memory_format
+        self.model = copy.deepcopy(trainer.model)  # before any step: the same initial weights
+        self.model.train()
+        self.loss_fn = DetectionLoss(self.model, train["box_weight"])
+        self.optimizer = build_optimizer(self.model.parameters(), train)
+        self.scheduler = build_scheduler(self.optimizer, train, trainer.steps_per_epoch)
+        self.max_norm = train["grad_clip"]
+        dtype = dev.autocast_dtype(trainer.precision)
+        # Off the CPU the default config trains with AMP: the bare loop must do the same work.
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=dtype))
+            if dtype is not None
+            else contextlib.nullcontext
+        )
+        self.scaler = (
+            torch.amp.GradScaler(self.device.type) if trainer.precision == "fp16" else None
+        )
+
+    def step(self, images: torch.Tensor, targets: list[dict[str, Any]]) -> None:
+        images = images.to(self.device, non_blocking=True).contiguous(
+            memory_format=self.memory_format
+        )
+        with self.autocast():
+            outputs = self.model(images)
+        loss = self.loss_fn(outputs, targets)["total"]
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            loss.backward()
+            if self.max_norm:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            if self.max_norm:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.scheduler.step()
+
+
+def take_batches(trainer: Trainer, count: int) -> list[Batch]:
+    """The first `count` batches the Trainer's loader gives, epoch after epoch if needed."""
+    batches: list[Batch] = []
+    epoch = 0
+    while len(batches) < count:
+        epoch += 1
+        trainer.train_loader.sampler.set_epoch(epoch)
+        batches.extend(itertools.islice(trainer.train_loader, count - len(batches)))
+    return batches
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    device = harness.setup_torch(args)
+    config = load_config(
+        None,
+        [f"device={device}", f"seed={args.seed}", f"data.root={args.data_root}", *args.settings],
+    )
+    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
+        trainer = Trainer(config, run_dir)
+    bare = BareLoop(trainer)
+    trainer.model.train()
+    batches = take_batches(trainer, args.batches)
+
+    positions = {"A": itertools.count(), "B": itertools.count()}
+    skipped = [0]
+
+    def trainer_step() -> None:
+        images, targets = batches[next(positions["A"]) % len(batches)]
+        if trainer._train_step(images, targets) is None:
+            skipped[0] += 1
+
+    def bare_step() -> None:
+        bare.step(*batches[next(positions["B"]) % len(batches)])
+
+    sides = {"A": trainer_step, "B": bare_step}
+    print(
+        f"{NAME}: {config['model']['name']} on {dev.describe_device(device)} in {trainer.precision}, "
+        f"batch {trainer.train_cfg['batch_size']}, {torch.get_num_threads()} torch threads; "
+        f"K={len(batches)} batches in memory, warm-up {args.warmup}, "
+        f"{args.rounds} rounds x {args.block} steps per side (ABBA)",
+        flush=True,
+    )
+    harness.warm_up(sides, device, args.warmup)
+    conditions = timing.RunConditions()
+    blocks = harness.alternate(sides, device, rounds=args.rounds, block=args.block)
+    conditions = conditions.finish()
+    harness.warn_if_loaded(conditions, "the measurement")
+
+    result = {
+        "A": harness.side_summary("Trainer._train_step", harness.counted(blocks, "A")),
+        "B": harness.side_summary("bare PyTorch loop", harness.counted(blocks, "B")),
+    }
+    ratio = result["A"]["summary"]["median_ms"] / result["B"]["summary"]["median_ms"]
+    per_round = harness.round_ratios(blocks, "A", "B")
+    print(harness.table(harness.SIDE_HEADERS, [harness.side_row(k, v) for k, v in result.items()]))
+    print(
+        f"per-round A/B: min {min(per_round):.3f}, median {statistics.median(per_round):.3f}, "
+        f"max {max(per_round):.3f}"
+    )
+    if skipped[0]:
+        print(f"WARNING: the Trainer skipped {skipped[0]} steps with a non-finite loss (faster A).")
+    passed, line = harness.verdict("ratio A/B of median step times", ratio, TARGET)
+    print(line)
+    print(f"took {time.perf_counter() - started:.0f} s")
+    record = {
+        "benchmark": NAME,
+        "target": {"ratio_max": TARGET, "ratio": "median A / median B"},
+        "ratio": ratio,
+        "per_round_ratios": per_round,
+        "sides": result,
+        "nonfinite_skipped_steps": skipped[0],
+        "settings": {
+            "model": config["model"]["name"],
+            "precision": trainer.precision,
+            "batch_size": trainer.train_cfg["batch_size"],
+            "channels_last": trainer.train_cfg["channels_last"],
+            "grad_clip": trainer.train_cfg["grad_clip"],
+            "batches": len(batches),
+            "warmup": args.warmup,
+            "block": args.block,
+            "rounds": args.rounds,
+            "overrides": args.settings,
+        },
+        "environment": harness.environment(device),
+        "conditions": conditions,
+        "blocks": blocks,
+    }
+    return harness.finish(args.out, record, passed, args.check)
+
+
+if __name__ == "__main__":
+    harness.run(main)
