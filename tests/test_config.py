@@ -24,7 +24,7 @@ from pipeline.config import (
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("data", "model", "train", "eval", "bench", "profile", "sweep")
+SECTIONS = ("data", "model", "train", "eval", "bench", "profile", "cluster", "sweep")
 
 
 def _schema_keys(schema: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict]]:
@@ -313,7 +313,7 @@ def test_an_unknown_top_level_key_is_named_with_the_valid_keys() -> None:
         load_config(None, ["epochs=3"])
     message = str(caught.value)
     assert "epochs" in message
-    assert "Valid keys: amp, amp_dtype, bench, cpu_threads, data" in message
+    assert "Valid keys: amp, amp_dtype, bench, cluster, cpu_threads, data" in message
 
 
 @pytest.mark.parametrize(
