@@ -1,0 +1,149 @@
+"""The workflow through a real single-node SLURM cluster (scripts/slurm_local.sh).
+
+It runs the tiny test config with a 2 seeds x 2 learning rates sweep through
+`snakemake --profile workflow/profiles/slurm-local`, and checks that the jobs really went
+through SLURM and that the report compares the four runs. The cluster needs root, Linux and
+Debian's packages; where that is missing the test skips, unless PIPELINE_REQUIRE_SLURM=1
+(set by .ci/run) turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from report_page import Page
+from test_workflow import CI_CONFIG, REPO, copy_repository, snakemake
+
+pytestmark = pytest.mark.slow
+SWEEP = "sweep={seed: [0, 1], lr: [0.003, 0.006]}"
+RUNS = {f"cpu-fp32+seed={seed}+lr={lr}" for seed in (0, 1) for lr in (0.003, 0.006)}
+WORKFLOW_TIMEOUT_S = 900  # hard bound: a stuck status check must not hang CI
+
+
+def unavailable_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "a local SLURM cluster needs Linux"
+    if os.geteuid() != 0:
+        return "starting SLURM's daemons needs root"
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        return "SLURM is not installed and there is no apt-get to install it"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = unavailable_reason()
+    if reason:
+        if os.environ.get("PIPELINE_REQUIRE_SLURM") == "1":
+            pytest.fail(f"PIPELINE_REQUIRE_SLURM=1 but {reason}")
+        pytest.skip(reason)
+    script = REPO / "scripts" / "slurm_local.sh"
+    env = {**os.environ, "SLURM_LOCAL_CPUS": "4"}
+    started = subprocess.run(
+        [str(script), "start"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        yield
+    finally:
+        subprocess.run([str(script), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def swept(cluster, tmp_path_factory: pytest.TempPathFactory):
+    root = copy_repository(tmp_path_factory.mktemp("slurm-repo"))
+    started = time.monotonic()
+    result = snakemake(
+        root,
+        "results/report.html",
+        "--profile",
+        "workflow/profiles/slurm-local",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        SWEEP,
+        timeout=WORKFLOW_TIMEOUT_S,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    print(f"\nworkflow through SLURM: {elapsed:.0f} s")
+    return root, result
+
+
+def test_every_job_ran_as_a_slurm_job(swept) -> None:
+    root, result = swept
+    output = result.stdout + result.stderr
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", output)
+    jobs = re.findall(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):", output, re.MULTILINE)
+    assert submitted and len(submitted) == len(set(submitted))
+    assert len(submitted) == len(jobs)  # not one job ran outside SLURM
+    logs = list((root / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert {path.stem for path in logs} == set(submitted)
+
+
+def test_the_report_compares_the_four_swept_runs(swept) -> None:
+    root, _ = swept
+    trained = {p.parent.name for p in (root / "results" / "train").glob("*/train_summary.json")}
+    assert trained == RUNS
+    page = Page()
+    page.feed((root / "results" / "report.html").read_text())
+    for run in RUNS:
+        assert run in page.text("training")
+        assert run in page.text("evaluation")
+
+
+def planned_job_blocks(dry_run_output: str) -> list[dict[str, str]]:
+    """Each job of a dry run as {'rule', 'output', 'resources'} read from its printed block."""
+    blocks = []
+    for chunk in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", dry_run_output):
+        header = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", chunk)
+        if not header:
+            continue
+        fields = dict(re.findall(r"^    (\w+): (.*)$", chunk, re.MULTILINE))
+        blocks.append({"rule": header.group(1), "output": fields.get("output", ""),
+                       "resources": fields.get("resources", "")})  # fmt: skip
+    return blocks
+
+
+def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path) -> None:
+    """The site template dry-runs with its placeholders; cuda jobs ask for a GPU, cpu jobs not.
+
+    A made-up env.json of a CUDA machine stands in for the check_env checkpoint's output;
+    `--rerun-triggers mtime` keeps Snakemake from redoing it for want of metadata.
+    """
+    root = copy_repository(tmp_path)
+    (root / "results").mkdir()
+    shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
+    result = snakemake(
+        root,
+        "results/report.html",
+        "-n",
+        "--profile",
+        "workflow/profiles/slurm",
+        "--rerun-triggers",
+        "mtime",
+        "--config",
+        "device=cuda",
+        "bench={backends: [cuda, cpu]}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = planned_job_blocks(result.stdout)
+    gpu_jobs = [job for job in jobs if re.search(r"\bgpu=1\b", job["resources"])]
+    cuda_jobs = [job for job in jobs if "/cuda" in job["output"]]
+    assert {"bench_one", "train_run", "evaluate_run", "profile_run"} <= {
+        j["rule"] for j in cuda_jobs
+    }
+    assert {id(job) for job in cuda_jobs} <= {id(job) for job in gpu_jobs}
+    cpu_jobs = [
+        job for job in jobs if "/cpu-" in job["output"] or job["rule"] in ("prepare_data", "report")
+    ]
+    assert cpu_jobs and not [job for job in cpu_jobs if "gpu" in job["resources"]]
+    exclusive = [job for job in jobs if "--exclusive" in job["resources"]]
+    assert {job["rule"] for job in exclusive} == {"bench_one", "profile_run"}
