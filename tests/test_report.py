@@ -231,3 +231,20 @@ def test_report_modules_do_not_import_torch() -> None:
     """The report runs after every heavy step and on machines without an accelerator: it must start fast."""
     code = "import sys, pipeline.commands.report, pipeline.report; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
+
+
+def test_several_runs_are_compared_with_their_swept_values(tmp_path: Path) -> None:
+    results = write_results_tree(tmp_path)
+    source = results / "train" / "cpu-fp32"
+    swept = results / "train" / "cpu-fp32+seed=1+lr=0.01"
+    swept.mkdir()
+    for item in source.iterdir():
+        (swept / item.name).write_bytes(item.read_bytes())
+    out = tmp_path / "report.html"
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    page = Page()
+    page.feed(out.read_text())
+    text = page.text("training")
+    assert "Runs compared" in text and "Training wall time against AP@.5" in out.read_text()
+    row = text.split("cpu-fp32+seed=1+lr=0.01", 2)[2]  # the comparison table's row
+    assert row.split()[:2] == ["0.01", "1"]  # lr, seed: the swept columns, sorted by key

@@ -34,6 +34,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from pipeline import atomic
 from pipeline.errors import PipelineError
+from pipeline.runs import parse_run
 
 BACKENDS = ("cuda", "mps", "cpu")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -1526,27 +1527,86 @@ def training_section(runs: list[RunResults], colors: dict[str, str]) -> Html:
                     f"{run.name}: no train_summary.json (training still running, or it stopped early)."
                 )
             )
-        elif wall_time_is_partial(run.summary):
-            parts.append(
-                note(
-                    f"{run.name}: wall_time_s covers only the last (resumed) session, so the wall time shown is the sum of the epoch times."
-                )
-            )
+    if len(trained) > 1:
+        parts.extend(run_comparison(trained, colors))
     return section("training", *parts)
 
 
-def wall_time_is_partial(summary: dict[str, Any]) -> bool:
-    wall, train = number(summary.get("wall_time_s")), number(summary.get("train_time_s"))
-    return wall is not None and train is not None and wall < train
+def swept_values(name: str) -> dict[str, Any]:
+    """The settings a run's name carries beyond device and precision (a sweep's values)."""
+    try:
+        return dict(parse_run(name).sweep)
+    except PipelineError:
+        return {}
+
+
+def run_comparison(runs: list[RunResults], colors: dict[str, str]) -> list[Html]:
+    """Runs side by side: what differs between them, and accuracy against training time."""
+    keys = sorted({key for run in runs for key in swept_values(run.name)})
+    rows = []
+    for run in runs:
+        values, scores = swept_values(run.name), run_scores(run)
+        summary = run.summary or {}
+        rows.append(
+            [
+                run.name,
+                *(num(esc(values.get(key, "—"))) for key in keys),
+                f"{summary.get('backend', 'n/a')} {summary.get('precision', '')}".strip(),
+                num(fmt_seconds(summary.get("wall_time_s"))),
+                num(fmt_float(scores["best_f1"])),
+                num(fmt_float(scores["ap50"])),
+            ]
+        )
+    parts = [
+        tag("h3", "Runs compared"),
+        table(["Run", *keys, "Backend, precision", "Wall time", "Best F1", "AP@.5"], rows),
+    ]
+    chart = accuracy_time_chart(runs, colors)
+    if chart:
+        parts.append(chart)
+    return parts
+
+
+def accuracy_time_chart(runs: list[RunResults], colors: dict[str, str]) -> Html | None:
+    """Each run as a point: training wall time against AP@.5 (circles) and best F1 (squares)."""
+    points = [
+        (run, number((run.summary or {}).get("wall_time_s")), run_scores(run)) for run in runs
+    ]
+    points = [(run, wall, scores) for run, wall, scores in points if wall is not None]
+    if not points:
+        return None
+    figure = Figure(figsize=(6.4, 3.6))
+    axes = figure.subplots()
+    for run, wall, scores in points:
+        for key, marker in (("ap50", "o"), ("best_f1", "s")):
+            if scores[key] is not None:
+                axes.scatter(wall, scores[key], marker=marker, color=colors[run.name], s=36)
+        axes.annotate(
+            mpl_text(run.name),
+            (wall, scores["ap50"] or scores["best_f1"] or 0),
+            fontsize=7,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    axes.set(
+        xlabel="training wall time (s)",
+        ylabel="score",
+        title="Accuracy against training time",
+        ylim=(-0.02, 1.02),
+    )
+    axes.title.set_fontsize(10)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure_html(
+        figure, "Training wall time against AP@.5 (circles) and best F1 (squares) for each run"
+    )
 
 
 def training_row(run: RunResults) -> list[Any]:
     summary = run.summary or {}
     best, epoch = best_f1(run)
     amp = "AMP " if summary.get("amp") else ""
-    wall = (
-        summary.get("train_time_s") if wall_time_is_partial(summary) else summary.get("wall_time_s")
-    )
+    wall = summary.get("wall_time_s")
     return [
         run.name,
         summary.get("device_description", "n/a"),
