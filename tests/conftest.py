@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -141,3 +142,9 @@ def restore_pipeline_logger() -> Iterator[None]:
         if handler not in saved[0]:
             handler.close()
     logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the SLURM test last: once SLURM's client is installed but its daemons are stopped,
+    every Snakemake start waits 10 s for `scontrol` (the SLURM plugin calls it at import)."""
+    items.sort(key=lambda item: Path(str(item.fspath)).name == "test_slurm.py")

@@ -1,8 +1,10 @@
 """The Snakemake workflow, run for real in a temporary copy of the repository.
 
-Dry runs check the main targets and the schema; one end-to-end run of the tiny test
-config (`tests/config/ci.yaml`) with `--cores 2` checks every output, the report's
-sections, that benchmark jobs never overlapped, and what a code edit reruns.
+Dry runs check the main targets and the schema. One end-to-end run of the tiny test config
+(`tests/config/ci.yaml`) with a 2 seeds x 2 learning rates sweep and `--cores 2`, inside a
+network namespace of its own where that is permitted (`unshare --net`: not even loopback),
+checks every output, the report's sections and its four runs side by side, that benchmark
+jobs never overlapped, that nothing needed the network, and what a code edit reruns.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from report_page import SECTION_IDS, Page, assert_self_contained
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CI_CONFIG = "tests/config/ci.yaml"
+SWEEP = "sweep={seed: [0, 1], lr: [0.003, 0.006]}"
+SWEEP_RUNS = {f"cpu-fp32+seed={seed}+lr={lr}" for seed in (0, 1) for lr in (0.003, 0.006)}
+# every end-to-end invocation names the same config, so nothing reruns for a changed setting
+E2E_CONFIG = ("--configfile", CI_CONFIG, "--config", SWEEP)
+REQUIRE_ISOLATION = "PIPELINE_REQUIRE_NETWORK_ISOLATION"
 pytestmark = pytest.mark.slow
 
 
@@ -44,10 +51,22 @@ def copy_repository(target: Path) -> Path:
     return target
 
 
-def snakemake(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def isolation_unavailable() -> str | None:
+    """Why `unshare --net` cannot run here, or None."""
+    if shutil.which("unshare") is None:
+        return "the unshare command (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"'unshare --net true' is not permitted here: {probe.stderr.strip()}"
+    return None
+
+
+def snakemake(
+    cwd: Path, *args: str, timeout: int = 600, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(
-        [str(BIN / "snakemake"), *args],
+        [*prefix, str(BIN / "snakemake"), *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -118,10 +137,35 @@ def test_amp_true_from_the_command_line_is_accepted_as_a_boolean(repo_copy: Path
 
 @pytest.fixture(scope="module")
 def finished(repo_copy: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The whole workflow, offline where the machine allows it (see test_it_ran_offline)."""
+    offline = () if isolation_unavailable() else ("unshare", "--net", "--")
     # targets first: --configfile and --config take every word after them
-    result = snakemake(repo_copy, "results/report.html", "--cores", "2", "--configfile", CI_CONFIG)
+    result = snakemake(
+        repo_copy, "results/report.html", "--cores", "2", *E2E_CONFIG, prefix=offline
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return repo_copy, result
+
+
+def test_the_namespace_really_has_no_network() -> None:
+    reason = isolation_unavailable()
+    if reason:
+        pytest.skip(reason)
+    code = "import socket; socket.create_connection(('192.0.2.1', 53), timeout=5)"
+    prefix = ["unshare", "--net", "--"]
+    result = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "Network is unreachable" in result.stderr
+
+
+def test_it_ran_offline(finished: tuple[Path, subprocess.CompletedProcess]) -> None:
+    """Nothing is downloaded at run time: the end-to-end run above had no network at all."""
+    reason = isolation_unavailable()
+    if reason and os.environ.get(REQUIRE_ISOLATION) == "1":
+        pytest.fail(f"{REQUIRE_ISOLATION}=1, but {reason}")
+    if reason:
+        pytest.skip(f"the run had the network: {reason} (set {REQUIRE_ISOLATION}=1 to fail)")
+    assert (finished[0] / "results" / "report.html").is_file()
 
 
 def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.CompletedProcess]) -> None:
@@ -140,9 +184,8 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
     assert {path.name for path in bench_files} == expected
     for path in bench_files:
         jsonschema.Draft202012Validator(bench_schema).validate(json.loads(path.read_text()))
-    run = f"{env['auto']}-fp32" if env["auto"] == "cpu" else None
-    runs = [p.parent.name for p in (results / "train").glob("*/train_summary.json")]
-    assert runs and (run is None or runs == [run])
+    runs = {p.parent.name for p in (results / "train").glob("*/train_summary.json")}
+    assert runs == {name.replace("cpu-", f"{env['auto']}-") for name in SWEEP_RUNS}
     for name in runs:
         summary = json.loads((results / "train" / name / "train_summary.json").read_text())
         assert summary["epochs"] == 2 and summary["final_val"] is not None
@@ -169,6 +212,9 @@ def test_the_report_has_every_section_and_is_self_contained(
     assert [attrs.get("id") for tag, attrs in page.tags if tag == "section"] == SECTION_IDS
     assert_self_contained(source, page, min_images=4)
     assert "On this machine, train with" in page.text("answer")
+    for run in SWEEP_RUNS:  # the four runs side by side
+        assert run in page.text("training") and run in page.text("evaluation")
+    assert "Runs compared" in page.text("training")
 
 
 def test_two_cores_never_run_two_benchmarks_at_once(
@@ -194,7 +240,7 @@ def test_two_cores_never_run_two_benchmarks_at_once(
 
 def test_a_second_run_has_nothing_to_do(finished: tuple[Path, subprocess.CompletedProcess]) -> None:
     root, _ = finished
-    result = snakemake(root, "results/report.html", "--cores", "1", "--configfile", CI_CONFIG)
+    result = snakemake(root, "results/report.html", "--cores", "1", *E2E_CONFIG)
     assert result.returncode == 0
     assert "Nothing to be done" in result.stdout + result.stderr
 
@@ -204,7 +250,7 @@ def test_editing_the_report_code_reruns_only_the_report(
 ) -> None:
     root, _ = finished
     edit(root / "src/pipeline/report.py")
-    result = snakemake(root, "results/report.html", "-n", "--configfile", CI_CONFIG)
+    result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG)
     assert result.returncode == 0, result.stderr
     assert planned_jobs(result) == {"report"}
 
@@ -214,7 +260,7 @@ def test_editing_the_trainer_reruns_training_and_what_depends_on_it(
 ) -> None:
     root, _ = finished
     edit(root / "src/pipeline/engine/trainer.py")
-    result = snakemake(root, "results/report.html", "-n", "--configfile", CI_CONFIG)
+    result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG)
     assert result.returncode == 0, result.stderr
     assert planned_jobs(result) == {"train_run", "evaluate_run", "profile_run", "report"}
 

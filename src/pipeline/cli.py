@@ -1,7 +1,8 @@
 """`python -m pipeline COMMAND`: one module per subcommand, each with `main(argv)`.
 
 Errors a user can cause (a missing device, a bad config value, a broken file) print one
-paragraph and exit 2; `--debug` shows the traceback instead.
+paragraph and exit 2; `--debug` shows the traceback instead. Ctrl-C (SIGINT) exits 130 and
+SIGTERM 143, each after `finally` blocks have removed temporary files.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -35,6 +40,36 @@ COMMANDS = {
 # Commands that run torch, and take every CPU they may use (see device.set_cpu_threads).
 COMPUTE_COMMANDS = frozenset({"check-env", "train", "eval", "bench", "profile"})
 log = logging.getLogger("pipeline")
+
+
+class Terminated(BaseException):
+    """SIGTERM as an exception, like KeyboardInterrupt for SIGINT: `finally` blocks still run."""
+
+
+@contextmanager
+def sigterm_raises_terminated() -> Iterator[None]:
+    """While inside, SIGTERM raises Terminated in this process instead of killing it outright.
+
+    Forked children (DataLoader workers) inherit the handler: they die of SIGTERM as before.
+    """
+    owner = os.getpid()
+
+    def handler(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (cli.main called from a thread): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -110,11 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     options, _ = common_options().parse_known_args(rest)
     configure_logging(options.log)
     try:
-        if name in COMPUTE_COMMANDS:
-            from pipeline.device import set_cpu_threads
+        with sigterm_raises_terminated():
+            if name in COMPUTE_COMMANDS:
+                from pipeline.device import set_cpu_threads
 
-            set_cpu_threads(options.cpu_threads)
-        return int(importlib.import_module(COMMANDS[name][0]).main(rest) or 0)
+                set_cpu_threads(options.cpu_threads)
+            return int(importlib.import_module(COMMANDS[name][0]).main(rest) or 0)
     except PipelineError as error:
         if options.debug:
             raise
@@ -123,3 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130
+    except Terminated:
+        log.error("terminated")
+        return 143

@@ -43,7 +43,6 @@ def main(argv: list[str]) -> int:
     import torch
 
     from pipeline import device as dev
-    from pipeline.data import load_split
     from pipeline.data.dataset import DetectionDataset, default_num_workers, make_loader
     from pipeline.engine import checkpoint
     from pipeline.engine.evaluator import Evaluator
@@ -64,7 +63,7 @@ def main(argv: list[str]) -> int:
     precision = dev.training_precision(amp, config["amp_dtype"], device)
 
     class_names = state["class_names"]
-    split = load_split(config, "val", class_names)
+    split = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names)
     model_cfg = config["model"]
     checkpoint.check_compatible(
         state,
@@ -76,7 +75,7 @@ def main(argv: list[str]) -> int:
     memory_format = (
         torch.channels_last if config["train"]["channels_last"] else torch.contiguous_format
     )
-    model = checkpoint.restore_model(state, device, memory_format)
+    model = checkpoint.restore_model(state, device, memory_format, args.checkpoint)
 
     data = config["data"]
     dataset = DetectionDataset(
@@ -141,6 +140,30 @@ def main(argv: list[str]) -> int:
         args.out,
     )
     return 0
+
+
+def _split_with_the_checkpoints_classes(config: dict, path: str, class_names: list[str]):
+    """The validation split in the checkpoint's label order, if it has the checkpoint's classes.
+
+    Loading straight in the checkpoint's order would silently drop the objects of classes the
+    checkpoint lacks, so a COCO split's own classes are read first and compared. A VOC split
+    lists only the classes its objects use; loading it in the checkpoint's order already
+    refuses an object of any other class.
+    """
+    from pipeline.data import load_split
+    from pipeline.errors import CheckpointError
+
+    if config["data"]["format"] == "voc":
+        return load_split(config, "val", class_names)
+    own = load_split(config, "val")
+    if set(own.class_names) != set(class_names):
+        raise CheckpointError(
+            f"Checkpoint {path} was trained on {len(class_names)} classes {class_names}, but the "
+            f"data it is evaluated on ({own.source}) has {len(own.class_names)} classes "
+            f"{own.class_names}. Evaluate it on data with the same classes (--data ROOT), or set "
+            "data.classes to the checkpoint's list if the data defines them all."
+        )
+    return own if own.class_names == class_names else load_split(config, "val", class_names)
 
 
 def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:

@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     memory_format = (
         torch.channels_last if config["train"]["channels_last"] else torch.contiguous_format
     )
-    model = checkpoint.restore_model(state, device, memory_format)
+    model = checkpoint.restore_model(state, device, memory_format, args.checkpoint)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log.info(

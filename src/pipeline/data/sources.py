@@ -40,6 +40,11 @@ class SplitAnnotations:
     source: Path
     dropped_boxes: int = 0
 
+    @property
+    def negatives(self) -> int:
+        """Images without objects: valid negatives, kept (they teach the model to stay quiet)."""
+        return sum(1 for record in self.records if len(record.boxes) == 0)
+
 
 def _sanitize(boxes: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
     """Clip boxes to the image; report which keep a positive width and height."""
@@ -50,7 +55,16 @@ def _sanitize(boxes: np.ndarray, width: int, height: int) -> tuple[np.ndarray, n
     return clipped, keep
 
 
-def _warn_dropped(split: SplitAnnotations) -> None:
+def _report(split: SplitAnnotations) -> None:
+    objects = sum(len(record.boxes) for record in split.records)
+    log.info(
+        "%s: %d images, %d objects of %d classes, %d image(s) without objects (kept as negatives)",
+        split.source,
+        len(split.records),
+        objects,
+        len(split.class_names),
+        split.negatives,
+    )
     if split.dropped_boxes:
         log.warning(
             "%s: dropped %d degenerate box(es) (zero or negative width or height, or entirely "
@@ -149,7 +163,7 @@ def load_coco(
         boxes, keep = _sanitize(boxes, record.width, record.height)
         split.dropped_boxes += int((~keep).sum())
         record.boxes, record.labels = boxes[keep], labels[keep]
-    _warn_dropped(split)
+    _report(split)
     _check_file_list(split.records, source)
     return split
 
@@ -227,6 +241,6 @@ def load_voc(
             split.dropped_boxes += int((~keep).sum())
             record.boxes, record.labels = boxes[keep], labels[keep]
         split.records.append(record)
-    _warn_dropped(split)
+    _report(split)
     _check_file_list(split.records, listing)
     return split

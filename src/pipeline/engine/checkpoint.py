@@ -80,14 +80,37 @@ def check_compatible(
         raise CheckpointError(f"Checkpoint {path} does not fit: it holds {'; '.join(differences)}.")
 
 
+def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
+    """Copy a checkpoint's weights into `model`; weights of another architecture, width or
+    class count raise a CheckpointError naming the model and the first mismatch, not torch's
+    multi-line RuntimeError."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+        first = (details[0] if details else _first_line(error)).rstrip(".")
+        if len(first) > 300:
+            first = first[:300] + " ..."
+        model_config = state["config"]["model"]
+        width = f", width {model_config['width']}" if model_config["name"] == "tiny_conv" else ""
+        raise CheckpointError(
+            f"Checkpoint {path} does not fit model {model_config['name']!r} ({len(state['class_names'])} "
+            f"classes{width}) that its own config describes: its weights are of another architecture, "
+            f"width or class count ({first}). Use a best.pth or last.pth that training wrote, unedited."
+        ) from error
+
+
 def restore_model(
-    state: dict[str, Any], device: torch.device, memory_format: torch.memory_format
+    state: dict[str, Any],
+    device: torch.device,
+    memory_format: torch.memory_format,
+    path: str | Path = "(in memory)",
 ) -> torch.nn.Module:
     """The trained model of a checkpoint, on `device`, in eval mode."""
     from pipeline.models import build_from_config
 
     model = build_from_config(state["config"]["model"], len(state["class_names"]))
-    model.load_state_dict(state["model"])
+    load_weights(model, state, path)
     return model.to(device, memory_format=memory_format).eval()
 
 

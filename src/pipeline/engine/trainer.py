@@ -159,6 +159,7 @@ class Trainer:
         self.memory = dev.PeakMemory(self.device)
         self.epoch = 0  # epochs completed
         self.global_step = 0
+        self.nonfinite_run = 0  # consecutive non-finite losses, across epoch boundaries
         self.best_metric = -math.inf
         self.best_epoch: int | None = None
         self.epoch_rows: list[dict[str, Any]] = []
@@ -224,6 +225,8 @@ class Trainer:
         # On the CPU: RNG states must stay CPU tensors; the model and optimizer copy theirs over.
         state = checkpoint.load(path, map_location="cpu")
         changed = [key for key in RESUME_KEYS if state["config"].get(key) != self.config.get(key)]
+        if state["class_names"] != self.class_names:
+            changed.append("class names")
         if changed:
             message = f"{path} was trained with different settings ({', '.join(changed)})"
             if required:
@@ -236,7 +239,7 @@ class Trainer:
             # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
             log.info("%s holds a finished run: training again from the start.", path)
             return False
-        self.model.load_state_dict(state["model"])
+        checkpoint.load_weights(self.model, state, path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -303,7 +306,7 @@ class Trainer:
         self.memory.reset()
         self.train_loader.sampler.set_epoch(epoch)
         batch_size, total_epochs = self.train_cfg["batch_size"], self.train_cfg["epochs"]
-        interval, nonfinite_run = self.train_cfg["log_interval"], 0
+        interval = self.train_cfg["log_interval"]
         sums = {"loss": 0.0, "heatmap": 0.0, "box": 0.0}
         finite_steps = 0
         dev.synchronize(self.device)
@@ -312,16 +315,20 @@ class Trainer:
             result = self._train_step(images, targets)
             self.global_step += 1
             if result is None:
-                nonfinite_run += 1
-                if nonfinite_run >= self.train_cfg["max_nonfinite_steps"]:
+                self.nonfinite_run += 1
+                if self.nonfinite_run >= self.train_cfg["max_nonfinite_steps"]:
                     raise TrainingError(
                         f"Training stopped in epoch {epoch}, step {self.global_step}: the loss was not finite for "
-                        f"{nonfinite_run} consecutive steps, so the run is diverging. Lower train.lr (now "
-                        f"{self.train_cfg['lr']}), keep train.grad_clip on, or use amp=false. The last good "
-                        f"checkpoint is {self.paths['last'] if self.paths['last'].exists() else 'not written yet'}."
+                        f"{self.nonfinite_run} consecutive steps, so the run is diverging. Lower train.lr (now "
+                        f"{self.train_cfg['lr']}), keep train.grad_clip on, or use amp=false. The last "
+                        + (
+                            f"checkpoint, written after epoch {self.epoch}, is {self.paths['last']}."
+                            if self.paths["last"].exists()
+                            else "checkpoint is not written yet."
+                        )
                     )
                 continue
-            nonfinite_run = 0
+            self.nonfinite_run = 0
             finite_steps += 1
             for key in sums:
                 sums[key] += result[key]
@@ -364,7 +371,10 @@ class Trainer:
                 )
         dev.synchronize(self.device)
         seconds = time.perf_counter() - start
-        means = {key: value / max(finite_steps, 1) for key, value in sums.items()}
+        # an epoch without a finite loss has no mean loss (null in metrics.jsonl), not 0
+        means = {
+            key: value / finite_steps if finite_steps else math.nan for key, value in sums.items()
+        }
         return {
             "epoch": epoch,
             "train_loss": means["loss"],
@@ -379,6 +389,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temp_files()
         atomic.write_json(self.paths["config"], self.config)
         if self.epoch == 0:
             self.paths["metrics"].unlink(missing_ok=True)
@@ -417,6 +428,13 @@ class Trainer:
         summary = self._summary()
         atomic.write_json(self.paths["train_summary"], summary)
         return summary
+
+    def _remove_stale_temp_files(self) -> None:
+        """A SIGKILL during an atomic write leaves its `.<name>.<random>.tmp` file behind."""
+        for stale in sorted(self.run_dir.glob(".*.tmp")):
+            if stale.is_file():
+                stale.unlink(missing_ok=True)
+                log.info("removed %s, left behind by an interrupted write", stale)
 
     def _validate(self) -> dict[str, Any]:
         metrics, _ = self.evaluator.evaluate(

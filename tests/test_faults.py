@@ -1,0 +1,781 @@
+"""The bad-input matrix, through the real CLI: every user error exits 2 with one paragraph
+that names the culprit, and leaves no partial output behind.
+
+Config, device, data, checkpoint and runtime faults run `cli.main` in-process on a tiny
+synthetic set; three subprocess runs of `python -m pipeline` show that stderr carries no
+traceback without `--debug`, and one with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_runs import (
+    global_torch_state,
+    make_data,
+    one_cpu_thread,
+    pipeline_logger_restored,
+    tiny_config,
+    tiny_settings,
+)
+
+from pipeline import cli
+from pipeline import device as dev
+from pipeline.engine import checkpoint
+from pipeline.engine.trainer import Trainer
+from pipeline.models import build_from_config
+
+CLASSES = ["circle", "square", "triangle", "cross"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_flags_threads_and_logger() -> Iterator[None]:
+    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
+        yield
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("data") / "shapes")
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_pipeline_logger) -> Path:
+    """Run commands outside the repository, so its config/config.yaml is not picked up."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def pipeline(*argv: str) -> int:
+    return cli.main(["--cpu-threads", "1", *argv])
+
+
+def user_error(capsys: pytest.CaptureFixture, *argv: str) -> str:
+    """Run the CLI; assert exit 2 and exactly one error line, last, without a traceback."""
+    code = pipeline(*argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, err
+    assert err.rstrip().splitlines()[-1] == errors[0]  # one paragraph: nothing follows it
+    return errors[0].split(" ERROR ", 1)[1]
+
+
+def train_fails(capsys: pytest.CaptureFixture, out: Path, data_root: Path, *extra: str) -> str:
+    message = user_error(capsys, "train", "--out", str(out), *tiny_settings(data_root, *extra))
+    assert not out.exists()
+    return message
+
+
+def train_succeeds(capsys: pytest.CaptureFixture, out: Path, *settings: str) -> tuple[dict, str]:
+    code = pipeline("train", "--out", str(out), *settings)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    return json.loads((out / "train_summary.json").read_text()), err
+
+
+def warnings_in(err: str) -> list[str]:
+    return [line.split(" WARNING ", 1)[1] for line in err.splitlines() if " WARNING " in line]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+def test_an_unknown_config_key_names_it_and_the_valid_keys_of_its_section(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    message = train_fails(capsys, here / "run", data_root, "data.image_sise=64")
+    assert message.startswith(
+        "Unknown config key(s) data.image_sise in the defaults with command-line settings."
+    )
+    assert "Valid keys in data: augment, cache," in message and "image_size" in message
+
+
+def test_a_value_of_the_wrong_type_names_the_key_the_value_and_the_type(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    message = train_fails(capsys, here / "run", data_root, "train.batch_size=eight")
+    assert message == (
+        "Config key train.batch_size = 'eight' in the defaults with command-line settings is not "
+        "valid: 'eight' is not of type 'integer' (train.batch_size: images per step)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "minimum"),
+    [
+        ("train.epochs=0", 1),
+        ("train.epochs=-3", 1),
+        ("train.batch_size=0", 1),
+        ("train.batch_size=-8", 1),
+        ("data.image_size=0", 16),
+        ("data.image_size=-64", 16),
+    ],
+)
+def test_zero_or_negative_sizes_name_the_key_and_the_minimum(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, setting: str, minimum: int
+) -> None:
+    key, value = setting.split("=")
+    message = train_fails(capsys, here / "run", data_root, setting)
+    assert message.startswith(f"Config key {key} = {value} in the defaults")
+    assert f"{value} is less than the minimum of {minimum}" in message
+
+
+def test_an_image_size_the_models_stride_cannot_divide_names_the_stride_and_two_sizes_that_fit(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    message = train_fails(capsys, here / "run", data_root, "data.image_size=100")
+    assert message == (
+        "data.image_size=100 does not fit model 'tiny_conv': its total stride is 16, so the input "
+        "size must be a multiple of 16 (for example 96 or 112)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "choices"),
+    [
+        ("model.name=yolo", "['tiny_conv', 'resnet18']"),
+        ("train.optimizer=lamb", "['adamw', 'sgd']"),
+        ("train.scheduler=linear", "['cosine', 'step', 'none']"),
+        ("amp_dtype=fp8", "['fp16', 'bf16']"),
+    ],
+)
+def test_an_unknown_model_optimizer_scheduler_or_precision_lists_the_choices(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, setting: str, choices: str
+) -> None:
+    key, value = setting.split("=")
+    message = train_fails(capsys, here / "run", data_root, setting)
+    assert message.startswith(f"Config key {key} = '{value}' in the defaults")
+    assert f"'{value}' is not one of {choices}" in message
+
+
+def test_bench_with_an_unknown_precision_exits_2_listing_the_precisions(
+    here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "bench.json"
+    with pytest.raises(SystemExit) as caught:
+        pipeline("bench", "--device", "cpu", "--precision", "fp8", "--out", str(out))
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --precision: invalid choice: 'fp8'" in err
+    assert "fp32" in err and "fp16" in err and "bf16" in err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("amp", ["amp=true", "amp='true'", "amp=yes"])
+def test_amp_asked_for_on_cpu_as_a_bool_or_a_string_warns_and_trains_in_fp32(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: str
+) -> None:
+    summary, err = train_succeeds(
+        capsys, here / "run", *tiny_settings(data_root, "train.epochs=1", amp)
+    )
+    assert any(
+        "AMP was asked for, but cpu does not support it" in w and "training in fp32 instead" in w
+        for w in warnings_in(err)
+    ), err
+    assert summary["amp"] is False and summary["precision"] == "fp32"
+    assert checkpoint.load(here / "run" / "last.pth")["config"]["amp"] is True
+
+
+@pytest.mark.parametrize("amp", [["amp='false'"], ["amp=off"], ["--amp", "false"]])
+def test_amp_false_as_a_string_is_never_read_as_true(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str]
+) -> None:
+    summary, err = train_succeeds(
+        capsys, here / "run", *amp, *tiny_settings(data_root, "train.epochs=1")
+    )
+    assert summary["amp"] is False and summary["precision"] == "fp32"
+    assert "fp32" in next(line for line in err.splitlines() if "INFO training" in line)
+    assert warnings_in(err) == []  # read as true, it would warn that the CPU cannot do AMP
+    assert checkpoint.load(here / "run" / "last.pth")["config"]["amp"] is False
+
+
+@pytest.mark.parametrize(
+    ("amp", "named"),
+    [
+        (["amp=ture"], "Config key amp = 'ture' in the defaults"),
+        (["amp=2"], "Config key amp = 2 in the defaults"),
+        (["--amp", "ture"], "--amp 'ture' is not understood: use auto, true or false."),
+    ],
+)
+def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str], named: str
+) -> None:
+    out = here / "run"
+    message = user_error(capsys, "train", "--out", str(out), *amp, *tiny_settings(data_root))
+    assert message.startswith(named)
+    if amp[0] != "--amp":
+        assert "is not one of ['auto', True, False]" in message
+    assert not out.exists()
+
+
+# --- device ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_an_unknown_device_name_lists_the_valid_choices(
+    here: Path,
+    data_root: Path,
+    capsys: pytest.CaptureFixture,
+    checkpoints: dict[str, Path],
+    command: str,
+) -> None:
+    if command == "train":
+        message = train_fails(capsys, here / "run", data_root, "device=gpu")
+        assert message.startswith("Config key device = 'gpu' in the defaults")
+        assert "auto, cpu, cuda, cuda:N or mps" in message
+    else:
+        out = here / "eval.json"
+        message = user_error(
+            capsys,
+            "eval",
+            "--checkpoint",
+            str(checkpoints["good"]),
+            "--device",
+            "gpu",
+            "--out",
+            str(out),
+        )
+        assert message == "Unknown device 'gpu': valid choices are auto, cpu, cuda, cuda:N, mps."
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("backend", ["cuda", "mps"])
+def test_an_absent_backend_names_it_the_reason_and_what_is_available(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, no_cuda, no_mps, backend: str
+) -> None:
+    message = train_fails(capsys, here / "run", data_root, f"device={backend}")
+    assert message.startswith(f"Device '{backend}' is not available: ")
+    assert message.endswith(
+        "Available backends: ['cpu']. Ask for one of those, or 'auto' to take the best one."
+    )
+    assert f"is not available: {dev.backend_status(backend).reason}. Available" in message
+
+
+def test_a_cuda_index_out_of_range_says_how_many_gpus_are_visible(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, fake_cuda
+) -> None:
+    message = train_fails(capsys, here / "run", data_root, "device=cuda:7")
+    assert message == (
+        "Device 'cuda:7' is not available: index 7 is out of range, only 2 cuda device(s) are "
+        "visible (cuda:0 to cuda:1). Available backends: ['cuda', 'cpu']."
+    )
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def copy_data(data_root: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(data_root, tmp_path / "data"))
+
+
+def edit_json(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    document = json.loads(path.read_text())
+    change(document)
+    path.write_text(json.dumps(document))
+
+
+def test_a_missing_data_root_names_the_key_and_how_to_generate_it(
+    here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    absent = here / "absent"
+    message = train_fails(capsys, here / "run", absent)
+    assert message == (
+        f"Data root {absent} does not exist (config key data.root). Generate it with "
+        "'python -m pipeline prepare-data' (or 'snakemake prepare_data')."
+    )
+
+
+def test_an_empty_split_names_its_annotation_file(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_val.json", lambda d: d.update(images=[], annotations=[]))
+    message = train_fails(capsys, here / "run", data)
+    assert message == (
+        f"COCO annotation file {data / 'instances_val.json'} lists no images: the split is empty."
+    )
+
+
+def test_a_missing_image_file_is_named_with_the_annotation_file_that_lists_it(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    (data / "train" / "000003.png").unlink()
+    message = train_fails(capsys, here / "run", data)
+    assert message.startswith(
+        f"{data / 'instances_train.json'} refers to image file(s) that do not exist: "
+        f"{data / 'train' / '000003.png'}."
+    )
+
+
+def test_a_truncated_image_is_named_when_the_cache_decodes_it_at_start_up(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    image = data / "train" / "000005.png"
+    image.write_bytes(image.read_bytes()[:200])
+    message = train_fails(capsys, here / "run", data)  # data.cache is true by default
+    assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
+
+
+def test_malformed_annotation_json_names_the_file_and_the_position(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    (data / "instances_train.json").write_text('{"images": [')
+    message = train_fails(capsys, here / "run", data)
+    assert message.startswith(
+        f"COCO annotation file {data / 'instances_train.json'} is not valid JSON: "
+    )
+    assert "line 1 column" in message
+
+
+def voc_root(data_root: Path, folder: Path, broken: str) -> Path:
+    """A Pascal VOC copy of three synthetic images; the XML of `broken` is cut short."""
+    (folder / "JPEGImages").mkdir(parents=True)
+    (folder / "Annotations").mkdir()
+    (folder / "ImageSets" / "Main").mkdir(parents=True)
+    names = ["000000", "000001", "000002"]
+    for name in names:
+        shutil.copy(data_root / "train" / f"{name}.png", folder / "JPEGImages")
+        (folder / "Annotations" / f"{name}.xml").write_text(
+            f"<annotation><filename>{name}.png</filename><size><width>64</width>"
+            "<height>64</height></size><object><name>circle</name><bndbox><xmin>1</xmin>"
+            "<ymin>1</ymin><xmax>20</xmax><ymax>20</ymax></bndbox></object></annotation>"
+        )
+    xml = folder / "Annotations" / f"{broken}.xml"
+    xml.write_text(xml.read_text()[:60])
+    (folder / "ImageSets" / "Main" / "train.txt").write_text("\n".join(names) + "\n")
+    (folder / "ImageSets" / "Main" / "val.txt").write_text("000000\n")
+    return folder
+
+
+def test_malformed_voc_xml_names_the_file_and_the_position(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    voc = voc_root(data_root, here / "voc", broken="000001")
+    message = train_fails(capsys, here / "run", voc, "data.format=voc")
+    assert message.startswith(
+        f"VOC annotation file {voc / 'Annotations' / '000001.xml'} is not valid XML: "
+    )
+    assert "line 1, column" in message
+
+
+def test_a_box_with_negative_size_is_dropped_in_one_counted_warning_and_training_goes_on(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+
+    def add_bad_boxes(document: dict[str, Any]) -> None:
+        for ann_id, bbox in ((9001, [10, 10, -5, 6]), (9002, [20, 20, 8, -1])):
+            document["annotations"].append(
+                {"id": ann_id, "image_id": 1, "category_id": 2, "bbox": bbox, "iscrowd": 0}
+            )
+
+    edit_json(data / "instances_train.json", add_bad_boxes)
+    summary, err = train_succeeds(capsys, here / "run", *tiny_settings(data, "train.epochs=1"))
+    assert warnings_in(err) == [
+        f"{data / 'instances_train.json'}: dropped 2 degenerate box(es) (zero or negative width "
+        "or height, or entirely outside the image)"
+    ]
+    assert summary["epochs"] == 1
+
+
+def test_a_category_id_outside_the_categories_names_the_annotation_and_the_known_ids(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_train.json", lambda d: d["annotations"][4].update(category_id=99))
+    annotation_id = json.loads((data / "instances_train.json").read_text())["annotations"][4]["id"]
+    message = train_fails(capsys, here / "run", data)
+    assert message == (
+        f"COCO annotation file {data / 'instances_train.json'}: annotation {annotation_id} has "
+        "category_id 99, which is not among the categories [1, 2, 3, 4]."
+    )
+
+
+def test_images_without_annotations_are_kept_as_negatives_and_counted(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    cleared = {1, 2, 3, 4, 5}
+    edit_json(
+        data / "instances_train.json",
+        lambda d: d.update(
+            annotations=[a for a in d["annotations"] if a["image_id"] not in cleared]
+        ),
+    )
+    document = json.loads((data / "instances_train.json").read_text())
+    annotated = {a["image_id"] for a in document["annotations"]}
+    negatives = sum(1 for image in document["images"] if image["id"] not in annotated)
+    assert negatives >= len(cleared)
+    summary, err = train_succeeds(capsys, here / "run", *tiny_settings(data, "train.epochs=1"))
+    assert (
+        f"{data / 'instances_train.json'}: 16 images, {len(document['annotations'])} objects of 4 "
+        f"classes, {negatives} image(s) without objects (kept as negatives)"
+    ) in err
+    assert summary["steps"] == 2  # all 16 images trained: 2 batches of 8
+    assert warnings_in(err) == []
+
+
+def test_different_class_lists_in_train_and_val_name_both_files_and_lists(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(
+        data / "instances_val.json",
+        lambda d: d["categories"].append({"id": 5, "name": "star", "supercategory": "shape"}),
+    )
+    message = train_fails(capsys, here / "run", data)
+    assert message == (
+        "The training and validation splits define different classes: "
+        f"{data / 'instances_train.json'} has {CLASSES}, {data / 'instances_val.json'} has "
+        f"{[*CLASSES, 'star']}. Make them agree, or set data.classes to the list to use."
+    )
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+class RunsCode:
+    """Unpickling this calls os.system, which would create the file `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A good checkpoint of a one-epoch run, and one of each defect, made from it."""
+    trainer = Trainer(tiny_config(data_root, "train.epochs=1"), tmp_path_factory.mktemp("trained"))
+    trainer.fit()
+    folder = tmp_path_factory.mktemp("checkpoints")
+    good = trainer.paths["last"]
+    state = checkpoint.load(good)
+    data = good.read_bytes()
+    (folder / "truncated.pth").write_bytes(data[: len(data) // 2])
+    wider = build_from_config({**state["config"]["model"], "width": 16}, len(CLASSES))
+    checkpoint.save(folder / "other_width.pth", {**state, "model": wider.state_dict()})
+    two = build_from_config(state["config"]["model"], 2)
+    checkpoint.save(
+        folder / "two_classes.pth",
+        {**state, "model": two.state_dict(), "class_names": ["circle", "square"]},
+    )
+    torch.save(
+        {"format": checkpoint.FORMAT, "x": RunsCode(folder / "code-ran")}, folder / "evil.pth"
+    )
+    return {
+        "good": good,
+        "missing": folder / "missing.pth",
+        "marker": folder / "code-ran",
+        **{path.stem: path for path in folder.glob("*.pth")},
+    }
+
+
+def test_a_good_checkpoint_evaluates_and_writes_its_metrics(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    assert pipeline("eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)) == 0
+    assert json.loads(out.read_text())["class_names"] == CLASSES
+
+
+def test_a_failing_eval_leaves_the_previous_metrics_file_unchanged(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    assert pipeline("eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)) == 0
+    before = out.read_bytes()
+    argv = ["eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)]
+    message = user_error(capsys, *argv, "data.root=" + str(here / "absent"))
+    assert message.startswith(f"Data root {here / 'absent'} does not exist")
+    assert out.read_bytes() == before
+    assert sorted(path.name for path in here.iterdir()) == ["eval.json"]
+
+
+def eval_fails(capsys, here: Path, path: Path, *extra: str) -> str:
+    out, predictions = here / "eval.json", here / "predictions.json"
+    argv = ["eval", "--checkpoint", str(path), "--out", str(out), "--predictions", str(predictions)]
+    message = user_error(capsys, *argv, *extra)
+    assert not out.exists() and not predictions.exists()
+    return message
+
+
+def profile_fails(capsys, here: Path, path: Path) -> str:
+    out = here / "profile"
+    message = user_error(capsys, "profile", "--checkpoint", str(path), "--out", str(out))
+    assert not out.exists()
+    return message
+
+
+def resume_fails(capsys, here: Path, path: Path, data_root: Path) -> str:
+    """`train --resume` on a run folder whose last.pth is `path`; the folder stays as it was."""
+    run = here / "run"
+    run.mkdir()
+    if path.exists():
+        shutil.copy(path, run / "last.pth")
+    before = snapshot(run)
+    message = user_error(
+        capsys, "train", "--resume", "--out", str(run), *tiny_settings(data_root, "train.epochs=1")
+    )
+    assert snapshot(run) == before
+    return message
+
+
+FAILS = {"eval": eval_fails, "profile": profile_fails}
+
+
+def test_eval_of_a_missing_checkpoint_says_it_does_not_exist(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    # profile and train --resume: test_profile.py and test_trainer.py
+    path = checkpoints["missing"]
+    assert eval_fails(capsys, here, path) == (
+        f"Checkpoint {path} does not exist. Train first (python -m pipeline train) or check the path."
+    )
+
+
+@pytest.mark.parametrize("command", ["eval", "profile", "resume"])
+def test_a_truncated_checkpoint_is_named_as_damaged(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    command: str,
+) -> None:
+    path = checkpoints["truncated"]
+    if command == "resume":
+        message = resume_fails(capsys, here, path, data_root)
+        path = here / "run" / "last.pth"
+    else:
+        message = FAILS[command](capsys, here, path)
+    assert message.startswith(
+        f"Checkpoint {path} is damaged (truncated, or not a torch checkpoint): "
+    )
+
+
+@pytest.mark.parametrize("command", ["eval", "profile", "resume"])
+def test_weights_of_another_width_name_the_model_and_the_first_mismatch(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    command: str,
+) -> None:
+    path = checkpoints["other_width"]
+    if command == "resume":
+        message = resume_fails(capsys, here, path, data_root)
+        path = here / "run" / "last.pth"
+    else:
+        message = FAILS[command](capsys, here, path)
+    assert message.startswith(
+        f"Checkpoint {path} does not fit model 'tiny_conv' (4 classes, width 8) that its own "
+        "config describes: its weights are of another architecture, width or class count "
+        "(size mismatch for "
+    )
+    assert message.endswith(
+        "backbone.stem.0.0.weight: copying a param with shape torch.Size([8, 3, 3, 3]) from "
+        "checkpoint, the shape in current model is torch.Size([4, 3, 3, 3])). Use a best.pth or "
+        "last.pth that training wrote, unedited."
+    )
+
+
+def test_eval_of_a_checkpoint_with_other_classes_names_both_class_lists_and_counts(
+    here: Path, data_root: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    path = checkpoints["two_classes"]
+    message = eval_fails(capsys, here, path)
+    assert message == (
+        f"Checkpoint {path} was trained on 2 classes ['circle', 'square'], but the data it is "
+        f"evaluated on ({data_root / 'instances_val.json'}) has 4 classes {CLASSES}. Evaluate it "
+        "on data with the same classes (--data ROOT), or set data.classes to the checkpoint's "
+        "list if the data defines them all."
+    )
+
+
+def test_eval_with_data_classes_set_to_the_checkpoints_evaluates_those_classes(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    argv = ["eval", "--checkpoint", str(checkpoints["two_classes"]), "--out", str(out)]
+    assert pipeline(*argv, "data.classes=[circle, square]") == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["class_names"] == ["circle", "square"]
+
+
+def test_resume_from_a_checkpoint_with_other_classes_names_them_as_the_difference(
+    here: Path, data_root: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    message = resume_fails(capsys, here, checkpoints["two_classes"], data_root)
+    assert message == (
+        f"Cannot resume: {here / 'run' / 'last.pth'} was trained with different settings (class "
+        "names). Use another --out folder, or the same settings."
+    )
+
+
+@pytest.mark.parametrize("command", ["eval", "profile", "resume"])
+def test_a_pickle_that_would_run_code_is_refused_and_never_runs(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    command: str,
+) -> None:
+    path = checkpoints["evil"]
+    if command == "resume":
+        message = resume_fails(capsys, here, path, data_root)
+        path = here / "run" / "last.pth"
+    else:
+        message = FAILS[command](capsys, here, path)
+    assert message.startswith(
+        f"Checkpoint {path} was refused by torch.load(weights_only=True): it holds pickled Python "
+        "objects beyond tensors and plain containers, which could run code when loaded"
+    )
+    assert not checkpoints["marker"].exists()
+
+
+# --- runtime -----------------------------------------------------------------------------------
+
+
+def metric_rows(path: Path, kind: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [row for row in rows if row["type"] == kind]
+
+
+def test_a_diverging_run_stops_naming_train_lr_and_its_last_checkpoint_still_loads(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """lr=1e6 with grad clipping on: AdamW's step does not shrink with the clipped gradient, so
+    the loss is ~3e10 after one step, ~2e18 after three and not finite from step 5 on. (The
+    checkpoint of epoch 2 loads, but its BatchNorm running variances are already infinite.)"""
+    run = here / "run"
+    settings = tiny_settings(
+        data_root, "train.epochs=4", "train.lr=1e6", "train.max_nonfinite_steps=2"
+    )
+    message = user_error(capsys, "train", "--out", str(run), *settings)
+    assert message == (
+        "Training stopped in epoch 3, step 6: the loss was not finite for 2 consecutive steps, so "
+        "the run is diverging. Lower train.lr (now 1000000.0), keep train.grad_clip on, or use "
+        f"amp=false. The last checkpoint, written after epoch 2, is {run / 'last.pth'}."
+    )
+    state = checkpoint.load(run / "last.pth")
+    assert state["epoch"] == 2 and state["config"]["train"]["grad_clip"] == 10.0
+    assert checkpoint.load(run / "best.pth")["epoch"] in (1, 2)
+    assert not (run / "train_summary.json").exists()
+    assert [row["epoch"] for row in metric_rows(run / "metrics.jsonl", "epoch")] == [1, 2]
+
+
+def test_non_finite_steps_count_across_epochs_and_such_epochs_have_no_mean_loss(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Two steps per epoch, stop after 6: the count must run on over epoch boundaries."""
+    run = here / "run"
+    settings = tiny_settings(
+        data_root, "train.epochs=8", "train.lr=1e6", "train.max_nonfinite_steps=6"
+    )
+    message = user_error(capsys, "train", "--out", str(run), *settings)
+    assert message.startswith(
+        "Training stopped in epoch 5, step 10: the loss was not finite for 6 consecutive steps"
+    )
+    epochs = metric_rows(run / "metrics.jsonl", "epoch")
+    assert [row["epoch"] for row in epochs] == [1, 2, 3, 4]
+    assert [row["train_loss"] is None for row in epochs] == [False, False, True, True]
+
+
+# --- the real process: no traceback without --debug ------------------------------------------
+
+
+def python_m_pipeline(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "--cpu-threads", "1", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_python_m_pipeline_eval_of_a_damaged_checkpoint_prints_one_line_and_exits_2(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    out = tmp_path / "eval.json"
+    result = python_m_pipeline(
+        tmp_path, "eval", "--checkpoint", str(checkpoints["truncated"]), "--out", str(out)
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert " ERROR Checkpoint " in result.stderr and "is damaged" in result.stderr
+    assert not out.exists()
+
+
+def test_python_m_pipeline_with_debug_shows_the_traceback(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    out = tmp_path / "eval.json"
+    result = python_m_pipeline(
+        tmp_path,
+        "--debug",
+        "eval",
+        "--checkpoint",
+        str(checkpoints["truncated"]),
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "pipeline.errors.CheckpointError: Checkpoint " in result.stderr
+    assert not out.exists()
+
+
+def test_python_m_pipeline_profile_refuses_a_hostile_pickle_without_running_it(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    out = tmp_path / "profile"
+    result = python_m_pipeline(
+        tmp_path, "profile", "--checkpoint", str(checkpoints["evil"]), "--out", str(out)
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "was refused by torch.load(weights_only=True)" in result.stderr
+    assert not checkpoints["marker"].exists()
+    assert not out.exists()
+
+
+def test_the_error_line_also_goes_to_the_log_file_that_snakemake_keeps(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    log_file = here / "logs" / "train.log"
+    code = cli.main(
+        [
+            "--cpu-threads",
+            "1",
+            "--log",
+            str(log_file),
+            "train",
+            "--out",
+            str(here / "run"),
+            *tiny_settings(here / "absent"),
+        ]
+    )
+    capsys.readouterr()
+    assert code == 2
+    assert "ERROR Data root " in log_file.read_text()
