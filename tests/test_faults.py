@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -779,3 +780,19 @@ def test_the_error_line_also_goes_to_the_log_file_that_snakemake_keeps(
     capsys.readouterr()
     assert code == 2
     assert "ERROR Data root " in log_file.read_text()
+
+
+def test_every_failure_mode_in_the_readme_names_a_test_that_exists() -> None:
+    """The README's failure-modes table stays true: each row names the test that checks it."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Failure modes", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    named = [re.findall(r"tests/(\w+\.py)::(\w+)", row) for row in rows[1:]]  # skip the header
+    assert rows and all(named), [
+        r[:80] for r, refs in zip(rows[1:], named, strict=True) if not refs
+    ]
+    tests = Path(__file__).resolve().parent
+    for refs in named:
+        for file, function in refs:
+            source = (tests / file).read_text(encoding="utf-8")
+            assert f"def {function}(" in source, f"{file}::{function} does not exist"
