@@ -145,6 +145,27 @@ def test_timed_runs_stops_at_max_steps_and_counts_warmup_apart(clock: FakeClock)
     assert details == {"warmup_steps": 2, "total_s": 3.0, "budget_limited": False}
 
 
+def test_timed_runs_samples_memory_after_every_step_outside_the_timed_region(
+    clock: FakeClock,
+) -> None:
+    class SlowMemory:
+        updates = 0
+
+        def update(self) -> None:  # as slow as a step: it must not show in the samples
+            self.updates += 1
+            clock.now += 0.5
+
+    def step() -> None:
+        clock.now += 0.5
+
+    memory = SlowMemory()
+    samples, _ = timing.timed_runs(
+        step, "cpu", warmup=2, max_steps=3, budget_s=100.0, memory=memory
+    )
+    assert memory.updates == 5
+    assert samples == [0.5] * 3
+
+
 def test_timed_runs_stops_at_the_budget_after_a_timed_step(clock: FakeClock) -> None:
     def step() -> None:
         clock.now += 1.0
@@ -438,7 +459,7 @@ def test_sampled_steps_give_the_exact_cuda_peak_of_the_timed_steps(fake_cuda) ->
         fake_cuda.free(30 * MB)
 
     samples, _ = timing.timed_runs(
-        bench._sampling(step, memory), "cuda:0", warmup=1, max_steps=2, budget_s=100.0
+        step, "cuda:0", warmup=1, max_steps=2, budget_s=100.0, memory=memory
     )
     assert len(samples) == 2
     assert fake_cuda.resets == [torch.device("cuda", 0)]
@@ -461,7 +482,7 @@ def test_sampled_steps_give_a_labelled_lower_bound_on_mps(
         fake_mps.driver_allocated = 64 * MB
 
     memory = PeakMemory("mps")
-    timing.timed_runs(bench._sampling(step, memory), "mps", warmup=1, max_steps=2, budget_s=100.0)
+    timing.timed_runs(step, "mps", warmup=1, max_steps=2, budget_s=100.0, memory=memory)
     assert memory.as_dict() == {
         "peak_mb": 40.0,
         "reserved_mb": 64.0,

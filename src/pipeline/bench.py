@@ -221,11 +221,12 @@ def run(
     conditions = timing.RunConditions()
     try:
         samples, details = timing.timed_runs(
-            _sampling(step, memory),
+            step,
             device,
             warmup=settings["warmup_steps"],
             max_steps=settings["steps"],
             budget_s=settings["time_budget_s"],
+            memory=memory,
         )
     except (RuntimeError, NotImplementedError) as error:
         reason = cannot_run_reason(error)
@@ -258,13 +259,3 @@ def run(
         ", NOISY" if summary["noisy"] else "",
     )
     return record
-
-
-def _sampling(step, memory: dev.PeakMemory):
-    """Sample device memory after each step (the MPS lower bound needs samples near the peak)."""
-
-    def sampled() -> None:
-        step()
-        memory.update()
-
-    return sampled

@@ -69,11 +69,12 @@ def latency(
 
     memory = dev.PeakMemory(device)
     samples, details = timing.timed_runs(
-        _sampled(timed, memory),
+        timed,
         device,
         warmup=settings["warmup"],
         max_steps=settings["repeats"],
         budget_s=settings["time_budget_s"],
+        memory=memory,
     )
     summary = timing.summarize(samples)
     gpu = timing.summarize([ms / 1000 for ms in gpu_ms[-len(samples) :]]) if gpu_ms else None
@@ -84,14 +85,6 @@ def latency(
         "throughput_images_per_s": batch_size / (summary["median_ms"] / 1000),
         "memory": memory.as_dict(),
     }
-
-
-def _sampled(step, memory: dev.PeakMemory):
-    def run() -> None:
-        step()
-        memory.update()
-
-    return run
 
 
 def operator_profile(

@@ -56,12 +56,20 @@ def summarize(samples_s: list[float]) -> dict[str, Any]:
 
 
 def timed_runs(
-    step: Callable[[], Any], device: dev.DeviceLike, *, warmup: int, max_steps: int, budget_s: float
+    step: Callable[[], Any],
+    device: dev.DeviceLike,
+    *,
+    warmup: int,
+    max_steps: int,
+    budget_s: float,
+    memory: dev.PeakMemory | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
     """Run `step` `warmup` times untimed, then up to `max_steps` timed, within `budget_s` overall.
 
     The device is synchronized before and after every timed step, so queued work is never
     attributed to the wrong step. At least one step is always timed, even past the budget.
+    `memory` is sampled after every step, outside the timed region (the MPS lower bound needs
+    samples near each step's peak, and reading it must not count as the step's time).
     """
     started = time.perf_counter()
     warmup_done = 0
@@ -69,6 +77,8 @@ def timed_runs(
         step()
         warmup_done += 1
         dev.synchronize(device)
+        if memory is not None:
+            memory.update()
         if time.perf_counter() - started > budget_s:
             break
     samples: list[float] = []
@@ -78,6 +88,8 @@ def timed_runs(
         step()
         dev.synchronize(device)
         samples.append(time.perf_counter() - t0)
+        if memory is not None:
+            memory.update()
         if time.perf_counter() - started > budget_s:
             break
     return samples, {
