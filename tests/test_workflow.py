@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from datetime import datetime
 from pathlib import Path
 
@@ -280,3 +281,15 @@ def test_an_absent_backend_fails_fast_with_the_device_message_and_leaves_nothing
     output = result.stdout + result.stderr
     assert "Device 'mps' is not available" in output and "Available backends" in output
     assert sorted(p.name for p in (root / "results" / "train").iterdir()) == before
+
+
+def test_snakemakes_own_report_bundles_the_marked_outputs(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    result = snakemake(root, "--report", "results/snakemake_report.zip", *E2E_CONFIG)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with zipfile.ZipFile(root / "results" / "snakemake_report.zip") as bundle:
+        names = bundle.namelist()
+    for marked in ("report.html", "cpu-fp32-train.json", "train_summary.json"):
+        assert any(name.endswith(marked) for name in names), marked

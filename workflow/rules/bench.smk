@@ -9,7 +9,16 @@ rule bench_one:
             "models/loss.py",
         ),
     output:
-        "results/bench/{backend}-{precision}-{mode}.json",
+        report(
+            "results/bench/{backend}-{precision}-{mode}.json",
+            caption="../report/bench.rst",
+            category="Benchmarks",
+            labels={
+                "backend": "{backend}",
+                "precision": "{precision}",
+                "mode": "{mode}",
+            },
+        ),
     log:
         "logs/bench/{backend}-{precision}-{mode}.log",
     benchmark:

@@ -3,7 +3,12 @@ rule evaluate_run:
         summary="results/train/{run}/train_summary.json",
         code=code("engine/evaluator.py", "commands/evaluate.py"),
     output:
-        metrics="results/eval/{run}.json",
+        metrics=report(
+            "results/eval/{run}.json",
+            caption="../report/evaluation.rst",
+            category="Evaluation",
+            labels={"run": "{run}"},
+        ),
         predictions="results/eval/{run}_predictions.json",
     log:
         "logs/evaluate/{run}.log",

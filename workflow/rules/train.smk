@@ -13,7 +13,12 @@ rule train_run:
             "device.py",
         ),
     output:
-        "results/train/{run}/train_summary.json",
+        report(
+            "results/train/{run}/train_summary.json",
+            caption="../report/training.rst",
+            category="Training",
+            labels={"run": "{run}"},
+        ),
     log:
         "logs/train/{run}.log",
     benchmark:
