@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
     device = harness.setup_torch(args)
     trainer, startup_cached = build(args, device, cache=True)
     initial = copy.deepcopy(trainer.model.state_dict())
-    images = len(trainer.train_set) + len(trainer.val_set)
+    images = len(trainer.train_loader.dataset) + len(trainer.val_loader.dataset)
     print(
         f"{NAME}: {trainer.config['model']['name']} on {dev.describe_device(device)} in "
         f"{trainer.precision}, batch {trainer.train_cfg['batch_size']}, "

@@ -21,7 +21,7 @@ import torch
 from pipeline import device as dev
 from pipeline import timing
 from pipeline.environment import cpu_model
-from pipeline.models import build_model, parameter_count
+from pipeline.models import build_model, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
@@ -197,14 +197,12 @@ def run(
         return record
 
     torch.manual_seed(0)
-    memory_format = torch.channels_last if settings["channels_last"] else torch.contiguous_format
-    model = build_model(model_name, NUM_CLASSES, "multilabel").to(
-        device, memory_format=memory_format
-    )
+    layout = memory_format(settings["channels_last"])
+    model = build_model(model_name, NUM_CLASSES, "multilabel").to(device, memory_format=layout)
     record["parameters"] = parameter_count(model)
     loss_fn = DetectionLoss(model)
     images, targets = synthetic_batch(settings["batch_size"], settings["image_size"], device)
-    images = images.contiguous(memory_format=memory_format)
+    images = images.contiguous(memory_format=layout)
     if precision != "fp32":
         record["numerics"] = compare_numerics(model, loss_fn, images, targets, device, precision)
     runnable = torch.compile(model) if settings["compile"] else model

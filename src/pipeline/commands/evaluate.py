@@ -40,12 +40,11 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    import torch
-
     from pipeline import device as dev
-    from pipeline.data.dataset import DetectionDataset, default_num_workers, make_loader
+    from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
     from pipeline.engine.evaluator import Evaluator
+    from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
     overrides = parse_overrides(args.settings)
@@ -72,35 +71,11 @@ def main(argv: list[str]) -> int:
         num_classes=len(split.class_names),
         label_mode=model_cfg["label_mode"],
     )
-    memory_format = (
-        torch.channels_last if config["train"]["channels_last"] else torch.contiguous_format
+    model = checkpoint.restore_model(
+        state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
     )
-    model = checkpoint.restore_model(state, device, memory_format, args.checkpoint)
-
-    data = config["data"]
-    dataset = DetectionDataset(
-        split, data["image_size"], data["resize"], None, data["cache"], config["seed"]
-    )
-    workers = (
-        default_num_workers(data["cache"]) if data["num_workers"] == "auto" else data["num_workers"]
-    )
-    loader = make_loader(
-        dataset,
-        config["eval"]["batch_size"],
-        shuffle=False,
-        seed=0,
-        num_workers=workers,
-        pin_memory=dev.pin_memory_supported(device),
-        drop_last=False,
-    )
-    evaluator = Evaluator(
-        class_names,
-        label_mode=model_cfg["label_mode"],
-        image_size=data["image_size"],
-        score_threshold=config["eval"]["score_threshold"],
-        iou_threshold=config["eval"]["iou_threshold"],
-        max_detections=config["eval"]["max_detections"],
-    )
+    loader = loader_for(split, config, train=False, pin_memory=dev.pin_memory_supported(device))
+    evaluator = Evaluator.from_config(config, class_names)
     memory = dev.PeakMemory(device)
     metrics, detections = evaluator.evaluate(model, loader, device, precision)
     memory.update()
@@ -115,15 +90,15 @@ def main(argv: list[str]) -> int:
         "backend": device.type,
         "device_description": dev.describe_device(device),
         "precision": precision,
-        "data_root": data["root"],
-        "split": data["val_split"],
+        "data_root": config["data"]["root"],
+        "split": config["data"]["val_split"],
         "class_names": class_names,
         "metrics": metrics,
         "peak_memory": memory.as_dict(),
         "host_peak_rss_mb": dev.host_peak_rss_mb(),
     }
     if args.predictions:
-        atomic.write_json(args.predictions, _predictions(dataset, detections, class_names))
+        atomic.write_json(args.predictions, _predictions(loader.dataset, detections, class_names))
     atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s): F1 %.3f (P %.3f R %.3f) at score %.2f, best F1 %.3f, AP@.5 %.3f, AP %.3f -> %s",

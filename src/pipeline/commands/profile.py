@@ -67,21 +67,18 @@ def main(argv: list[str]) -> int:
             "--repeats and --trace-steps must be at least 1, --warmup at least 0, --time-budget positive."
         )
 
-    import torch
-
     from pipeline import device as dev
     from pipeline import profiling
     from pipeline.engine import checkpoint
+    from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
     config = state["config"]
     device = dev.resolve_device(args.device or config["device"])
     amp = config["amp"] if args.amp is None else parse_bool(args.amp)
     precision = dev.training_precision(amp, config["amp_dtype"], device)
-    memory_format = (
-        torch.channels_last if config["train"]["channels_last"] else torch.contiguous_format
-    )
-    model = checkpoint.restore_model(state, device, memory_format, args.checkpoint)
+    layout = memory_format(config["train"]["channels_last"])
+    model = checkpoint.restore_model(state, device, layout, args.checkpoint)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log.info(
@@ -92,7 +89,7 @@ def main(argv: list[str]) -> int:
         settings["batch_sizes"],
     )
     result = profiling.run(
-        model, device, precision, config["data"]["image_size"], settings, out, memory_format
+        model, device, precision, config["data"]["image_size"], settings, out, layout
     )
     atomic.write_json(
         out / "profile.json",

@@ -256,6 +256,22 @@ def make_loader(
     )
 
 
+def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool,
+               pin_memory: bool) -> DataLoader:  # fmt: skip
+    """The DataLoader a config asks for: training (augmented, shuffled) or evaluation."""
+    data = config["data"]
+    augment = Augment(**data["augment"]) if train else None
+    dataset = DetectionDataset(
+        split, data["image_size"], data["resize"], augment, data["cache"], config["seed"]
+    )
+    workers = data["num_workers"]
+    if workers == "auto":
+        workers = default_num_workers(data["cache"])
+    batch_size = config["train"]["batch_size"] if train else config["eval"]["batch_size"]
+    return make_loader(dataset, batch_size, shuffle=train, seed=config["seed"], num_workers=workers,
+                       pin_memory=pin_memory, drop_last=train)  # fmt: skip
+
+
 def steps_per_epoch(dataset_size: int, batch_size: int, drop_last: bool) -> int:
     return (
         dataset_size // batch_size

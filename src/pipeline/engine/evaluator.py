@@ -438,6 +438,19 @@ class Evaluator:
         self.max_detections = int(max_detections)
         self.image_threshold = float(image_threshold)
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
+        """The evaluator a resolved config describes (training's validation and `eval` agree)."""
+        settings = config["eval"]
+        return cls(
+            class_names,
+            label_mode=config["model"]["label_mode"],
+            image_size=config["data"]["image_size"],
+            score_threshold=settings["score_threshold"],
+            iou_threshold=settings["iou_threshold"],
+            max_detections=settings["max_detections"],
+        )
+
     @property
     def num_classes(self) -> int:
         return len(self.class_names)

@@ -24,12 +24,12 @@ import torch
 from pipeline import atomic
 from pipeline import device as dev
 from pipeline.data import load_splits
-from pipeline.data.dataset import Augment, DetectionDataset, default_num_workers, make_loader
+from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.engine.evaluator import Evaluator
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, TrainingError
-from pipeline.models import build_from_config, check_input_size, parameter_count
+from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
@@ -100,62 +100,23 @@ class Trainer:
         self.train_cfg = config["train"]
         self._seed_everything()
 
+        check_input_size(config["model"]["name"], config["data"]["image_size"])
         train_split, val_split = load_splits(config)
         self.class_names = train_split.class_names
-        data = config["data"]
-        check_input_size(config["model"]["name"], data["image_size"])
-        augment = Augment(**data["augment"])
-        self.train_set = DetectionDataset(
-            train_split, data["image_size"], data["resize"], augment, data["cache"], config["seed"]
-        )
-        self.val_set = DetectionDataset(
-            val_split, data["image_size"], data["resize"], None, data["cache"], config["seed"]
-        )
-        workers = (
-            default_num_workers(data["cache"])
-            if data["num_workers"] == "auto"
-            else data["num_workers"]
-        )
         pin = dev.pin_memory_supported(self.device)
-        self.train_loader = make_loader(
-            self.train_set,
-            self.train_cfg["batch_size"],
-            shuffle=True,
-            seed=config["seed"],
-            num_workers=workers,
-            pin_memory=pin,
-            drop_last=True,
-        )
-        self.val_loader = make_loader(
-            self.val_set,
-            config["eval"]["batch_size"],
-            shuffle=False,
-            seed=config["seed"],
-            num_workers=workers,
-            pin_memory=pin,
-            drop_last=False,
-        )
+        self.train_loader = loader_for(train_split, config, train=True, pin_memory=pin)
+        self.val_loader = loader_for(val_split, config, train=False, pin_memory=pin)
         self.steps_per_epoch = len(self.train_loader)
 
-        self.memory_format = (
-            torch.channels_last if self.train_cfg["channels_last"] else torch.contiguous_format
-        )
-        model_cfg = config["model"]
-        self.model = build_from_config(model_cfg, len(self.class_names)).to(
+        self.memory_format = memory_format(self.train_cfg["channels_last"])
+        self.model = build_from_config(config["model"], len(self.class_names)).to(
             self.device, memory_format=self.memory_format
         )
         self.loss_fn = DetectionLoss(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
         self.scheduler = build_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.evaluator = Evaluator(
-            self.class_names,
-            label_mode=model_cfg["label_mode"],
-            image_size=data["image_size"],
-            score_threshold=config["eval"]["score_threshold"],
-            iou_threshold=config["eval"]["iou_threshold"],
-            max_detections=config["eval"]["max_detections"],
-        )
+        self.evaluator = Evaluator.from_config(config, self.class_names)
         self.memory = dev.PeakMemory(self.device)
         self.epoch = 0  # epochs completed
         self.global_step = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from pipeline.errors import ConfigError
@@ -31,6 +32,11 @@ def build_model(
     if num_classes < 1:
         raise ConfigError(f"A detector needs at least one class, got num_classes={num_classes}.")
     return MODELS[name](num_classes, label_mode, **options)
+
+
+def memory_format(channels_last: bool) -> torch.memory_format:
+    """channels-last speeds up convolutions on CPU (oneDNN) and CUDA tensor cores."""
+    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 def parameter_count(model: nn.Module) -> int:
