@@ -8,7 +8,7 @@
 # check, the benchmark matrix for cuda and cpu (train and infer, every precision, tiny_conv
 # and resnet18), a short training run, evaluation and profiling. Every JSON and the log go
 # to OUT_DIR. DEVICE=cpu runs the same steps without a GPU (to check the script itself).
-# Budget: under 6 minutes on an H200 machine.
+# Budget: under 6 minutes on an H200 machine. scripts/gpu_wheels.sh fetches WHEELS_DIR.
 set -euo pipefail
 
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [WHEELS_DIR]}
