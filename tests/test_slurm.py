@@ -70,6 +70,7 @@ def swept(cluster, tmp_path_factory: pytest.TempPathFactory):
         "--config",
         SWEEP,
         timeout=WORKFLOW_TIMEOUT_S,
+        slurm=True,
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from datetime import datetime
 from pathlib import Path
@@ -62,10 +63,33 @@ def isolation_unavailable() -> str | None:
     return None
 
 
+def workflow_env(slurm: bool = False) -> dict[str, str]:
+    """The environment to run Snakemake in: this venv first on PATH.
+
+    Snakemake's SLURM plugin runs `scontrol show config` (10 s timeout) whenever Snakemake
+    starts; where SLURM's client is installed but no controller runs (after the SLURM test
+    stopped its cluster, say) that costs 10 s a start. Runs that do not use SLURM get a
+    stand-in `scontrol` that fails at once.
+    """
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    if not slurm:
+        path = f"{NO_SLURM}{os.pathsep}{path}"
+    return {**os.environ, "PATH": path}
+
+
+NO_SLURM = Path(tempfile.mkdtemp(prefix="no-slurm-"))
+(NO_SLURM / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+(NO_SLURM / "scontrol").chmod(0o755)
+
+
 def snakemake(
-    cwd: Path, *args: str, timeout: int = 600, prefix: tuple[str, ...] = ()
+    cwd: Path,
+    *args: str,
+    timeout: int = 600,
+    prefix: tuple[str, ...] = (),
+    slurm: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = workflow_env(slurm)
     return subprocess.run(
         [*prefix, str(BIN / "snakemake"), *args],
         cwd=cwd,
