@@ -9,6 +9,7 @@ and never reads 'false' as true. No torch here: the Snakefile imports this at pa
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,7 +26,9 @@ TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
 
+@functools.cache
 def load_schema() -> dict[str, Any]:
+    """The config schema, parsed once per process (read-only: defaults are copied, never shared)."""
     return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
