@@ -133,7 +133,6 @@ def test_operators_json_lists_the_top_operators_by_self_time(profiled: Path) -> 
 def test_trace_json_is_a_chrome_trace_with_events(profiled: Path) -> None:
     trace = read(profiled / "trace.json")
     assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
-    assert profiling.trace_has_events(profiled / "trace.json")
 
 
 @pytest.mark.parametrize("sizes", ["0", "1,a", "1,-2", ",", "1.5"])

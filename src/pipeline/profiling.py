@@ -8,7 +8,6 @@ on MPS its operator table shows CPU-side dispatch only, and the output says so.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -178,9 +177,3 @@ def run(
     if operators["note"]:
         log.warning("%s", operators["note"])
     return {"latency": rows, "profiler": operators}
-
-
-def trace_has_events(path: Path) -> bool:
-    """A Chrome trace that Perfetto and chrome://tracing can load has a traceEvents list."""
-    with open(path, encoding="utf-8") as handle:
-        return isinstance(json.load(handle).get("traceEvents"), list)

@@ -9,7 +9,6 @@ so a resumed run sees exactly the batches an uninterrupted run would have seen.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -270,11 +269,3 @@ def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool,
     batch_size = config["train"]["batch_size"] if train else config["eval"]["batch_size"]
     return make_loader(dataset, batch_size, shuffle=train, seed=config["seed"], num_workers=workers,
                        pin_memory=pin_memory, drop_last=train)  # fmt: skip
-
-
-def steps_per_epoch(dataset_size: int, batch_size: int, drop_last: bool) -> int:
-    return (
-        dataset_size // batch_size
-        if drop_last and dataset_size >= batch_size
-        else math.ceil(dataset_size / batch_size)
-    )

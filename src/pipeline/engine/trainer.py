@@ -13,12 +13,14 @@ import json
 import logging
 import math
 import os
+import random
 import statistics
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline import atomic
@@ -131,10 +133,6 @@ class Trainer:
     def _seed_everything(self) -> None:
         seed = self.config["seed"]
         torch.manual_seed(seed)
-        import random
-
-        import numpy as np
-
         random.seed(seed)
         np.random.seed(seed)
         if self.config["deterministic"]:
