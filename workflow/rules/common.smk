@@ -7,6 +7,7 @@ from snakemake.utils import validate
 
 from pipeline import config as pipeline_config
 from pipeline import runs
+from pipeline.data import annotation_file
 
 config.update(pipeline_config.normalize(config))
 
@@ -97,11 +98,7 @@ def data_inputs(wildcards):
             f"{DATA_ROOT}/ImageSets/Main/{data['train_split']}.txt",
             f"{DATA_ROOT}/ImageSets/Main/{data['val_split']}.txt",
         ]
-    return [
-        data["train_annotations"]
-        or f"{DATA_ROOT}/instances_{data['train_split']}.json",
-        data["val_annotations"] or f"{DATA_ROOT}/instances_{data['val_split']}.json",
-    ]
+    return [str(annotation_file(config, split)) for split in ("train", "val")]
 
 
 def train_settings(wildcards):
