@@ -317,3 +317,23 @@ def test_snakemakes_own_report_bundles_the_marked_outputs(
         names = bundle.namelist()
     for marked in ("report.html", "cpu-fp32-train.json", "train_summary.json"):
         assert any(name.endswith(marked) for name in names), marked
+
+
+def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
+    finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    root, _ = finished
+    coco = tmp_path / "my-coco"
+    result = snakemake(
+        root,
+        "train",
+        "-n",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        f"data={{format: coco, root: {coco}}}",
+    )
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "MissingInputException" in output and f"{coco}/instances_train.json" in output
+    assert "prepare_data" not in result.stdout
