@@ -1,10 +1,15 @@
-"""Bench repeatability: two consecutive CPU fp32 train benchmarks must agree on the median.
+"""Bench repeatability: do two consecutive benchmark runs tell the same story?
 
-Runs `python -m pipeline bench --device cpu --precision fp32 --mode train --model tiny_conv
---out <tmp>` twice in a row, as subprocesses: what the workflow's bench rule runs, with
-batch size, image size, warm-up, steps and time budget left at the bench command's
-defaults (the config schema's). Reads both records and compares their medians.
-Target: larger median / smaller median <= 1.10, for every pair (--repeats pairs).
+Each run is what the workflow's bench rule runs, as subprocesses with the bench command's
+defaults (the training configuration, steady-state warm-up): `python -m pipeline bench
+--device cpu --mode train` once for fp32 and once for the candidate precision (default
+bf16). Two runs in a row, side by side in one script, and for each:
+
+- every record's drift check (median of the second half of its timed steps over the
+  first half's): target within 5% wherever a record has the 4 or more steps it needs;
+- the candidate's speed-up over fp32 with its bootstrap interval, as the report and
+  `amp: measured` state it: target, the two runs' intervals overlap;
+- the fp32 medians of the two runs: target larger / smaller <= 1.10.
 """
 
 from __future__ import annotations
@@ -19,17 +24,19 @@ from typing import Any
 
 import harness
 
-from pipeline import timing
+from pipeline import stats, timing
 from pipeline.errors import PipelineError
 
 NAME = "bench_repeatability"
-TARGET = 1.10
+MEDIAN_TARGET = 1.10
 
 
 def parse_args(argv: list[str]):
     parser = harness.parser(NAME, __doc__)
     parser.add_argument("--repeats", type=int, default=1, help="pairs of consecutive runs")
-    parser.add_argument("--model", default="tiny_conv", help="model the bench command times")
+    parser.add_argument(
+        "--candidate", default="bf16", choices=("bf16", "fp16"), help="precision against fp32"
+    )
     parser.add_argument(
         "bench_args",
         nargs="*",
@@ -42,99 +49,110 @@ def parse_args(argv: list[str]):
     return args
 
 
-def bench_once(command: list[str], out: Path) -> dict[str, Any]:
+def bench_once(precision: str, extra: list[str], out: Path) -> dict[str, Any]:
+    command = [
+        *(sys.executable, "-m", "pipeline", "bench", "--device", "cpu"),
+        *("--precision", precision, "--mode", "train", *extra, "--out", str(out)),
+    ]
     start = time.perf_counter()
-    done = subprocess.run(
-        [*command, str(out)], cwd=harness.REPO, capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(command, cwd=harness.REPO, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise PipelineError(
-            f"'{' '.join(command)} {out}' exited with status {done.returncode}:\n"
+            f"'{' '.join(command)}' exited with status {done.returncode}:\n"
             f"{done.stderr.strip()[-2000:]}"
         )
     record = json.loads(out.read_text(encoding="utf-8"))["records"][0]
     if record["status"] != "ok":
-        raise PipelineError(f"The benchmark was skipped: {record['reason']}")
-    return {"wall_s": wall, "log": done.stderr.splitlines()[-20:], "record": record}
+        raise PipelineError(f"The {precision} benchmark was skipped: {record['reason']}")
+    return {"wall_s": wall, "command": command, "record": record}
+
+
+def samples_s(result: dict[str, Any]) -> list[float]:
+    return [ms / 1000 for ms in result["record"]["timing"]["samples_ms"]]
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "bench",
-        "--device",
-        "cpu",
-        "--precision",
-        "fp32",
-        "--mode",
-        "train",
-        "--model",
-        args.model,
-        *args.bench_args,
-        "--out",
-    ]
     print(
-        f"{NAME}: {args.repeats} pair(s) of consecutive runs of\n  "
-        f"{' '.join(['python', *command[1:]])} <tmp>",
+        f"{NAME}: {args.repeats} pair(s) of consecutive runs of python -m pipeline bench --device "
+        f"cpu --mode train, fp32 then {args.candidate}, each with {' '.join(args.bench_args) or 'the defaults'}",
         flush=True,
     )
-    pairs = []
+    runs = []
     conditions = timing.RunConditions()
     with tempfile.TemporaryDirectory() as tmp:
-        for pair in range(args.repeats):
-            runs = [bench_once(command, Path(tmp) / f"{pair}-{run}.json") for run in (1, 2)]
-            medians = [run["record"]["timing"]["median_ms"] for run in runs]
-            pairs.append({"runs": runs, "ratio": max(medians) / min(medians)})
+        for index in range(2 * args.repeats):
+            pair = {
+                p: bench_once(p, args.bench_args, Path(tmp) / f"{index}-{p}.json")
+                for p in ("fp32", args.candidate)
+            }
+            speed = stats.speedup(samples_s(pair["fp32"]), samples_s(pair[args.candidate]))
+            runs.append({"records": pair, "speedup": {**speed.as_dict(), "text": speed.text}})
     conditions = conditions.finish()  # the bench subprocesses are ours, not other work
     harness.warn_if_loaded(conditions, "the runs")
-    for index, pair in enumerate(pairs, start=1):
-        for run, result in enumerate(pair["runs"], start=1):
-            harness.warn_if_loaded(result["record"]["conditions"], f"run {run} of pair {index}")
 
-    rows = []
-    for index, pair in enumerate(pairs, start=1):
-        for run, result in enumerate(pair["runs"], start=1):
+    rows, drifts = [], []
+    for number, run in enumerate(runs, start=1):
+        for precision, result in run["records"].items():
             summary = result["record"]["timing"]
+            harness.warn_if_loaded(result["record"]["conditions"], f"run {number} {precision}")
+            drift = summary["drift_ratio"]
+            if drift is not None:
+                drifts.append(abs(drift - 1))
             rows.append(
                 [
-                    f"pair {index} run {run}",
+                    f"run {number} {precision}",
                     harness.ms(summary["median_ms"]),
-                    harness.ms(summary["iqr_ms"]),
                     f"{summary['iqr_ratio']:.1%}",
                     summary["count"],
-                    "yes" if summary["budget_limited"] else "no",
+                    f"{summary['warmup_steps']}{'' if summary['warmup_settled'] else ' (cap)'}",
+                    "n/a (< 4 steps)" if drift is None else f"{drift:.3f}",
                     f"{result['wall_s']:.1f}",
                 ]
             )
-        rows.append([f"pair {index}: larger/smaller", f"{pair['ratio']:.3f}", "", "", "", "", ""])
+        rows.append([f"run {number} {args.candidate} vs fp32", run["speedup"]["text"], *[""] * 5])
     print(
         harness.table(
-            ("run", "median ms", "IQR ms", "IQR/median", "n", "budget-limited", "wall s"), rows
+            ("run", "median ms", "IQR/median", "n", "warm-up", "drift 2nd/1st half", "wall s"),
+            rows,
         )
     )
-    worst = max(pair["ratio"] for pair in pairs)
-    label = "larger/smaller median" + (", worst pair" if len(pairs) > 1 else "")
-    passed, line = harness.verdict(label, worst, TARGET)
+    worst_drift = max(drifts, default=0.0)
+    drift_ok, line = harness.verdict("worst |drift - 1| of the records", worst_drift, 0.05)
+    print(line)
+    overlaps = []
+    for first, second in zip(runs[::2], runs[1::2], strict=True):
+        a, b = first["speedup"], second["speedup"]
+        overlaps.append(a["low"] <= b["high"] and b["low"] <= a["high"])
+        print(
+            f"{args.candidate}/fp32 intervals {a['low']:.2f}-{a['high']:.2f}x and "
+            f"{b['low']:.2f}-{b['high']:.2f}x: {'overlap   PASS' if overlaps[-1] else 'apart   FAIL'}"
+        )
+    medians = [run["records"]["fp32"]["record"]["timing"]["median_ms"] for run in runs]
+    worst_median = max(
+        max(a, b) / min(a, b) for a, b in zip(medians[::2], medians[1::2], strict=True)
+    )
+    median_ok, line = harness.verdict("fp32 larger/smaller median", worst_median, MEDIAN_TARGET)
     print(line)
     print(f"took {time.perf_counter() - started:.0f} s")
     record = {
         "benchmark": NAME,
         "target": {
-            "ratio_max": TARGET,
-            "ratio": "larger median / smaller median of two consecutive runs, worst pair",
+            "drift_max": 0.05,
+            "intervals": "the speed-up intervals of two consecutive runs overlap",
+            "ratio_max": MEDIAN_TARGET,
+            "ratio": "larger fp32 median / smaller, of two consecutive runs",
         },
-        "ratio": worst,
-        "command": [*command, "<tmp>"],
-        "pairs": pairs,
+        "ratio": worst_median,
+        "worst_drift": worst_drift,
+        "intervals_overlap": overlaps,
+        "runs": runs,
         "environment": harness.environment(None),
         "conditions": conditions,
     }
-    return harness.finish(args.out, record, passed, args.check)
+    return harness.finish(args.out, record, drift_ok and all(overlaps) and median_ok, args.check)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeline import atomic, timing
+from pipeline import atomic, stats, timing
 from pipeline import device as dev
 from pipeline.environment import cpu_model
 from pipeline.errors import PipelineError
@@ -128,7 +128,7 @@ def counted(blocks: Sequence[dict[str, Any]], side: str) -> list[float]:
 
 
 def median_s(samples: Sequence[float]) -> float:
-    return timing.summarize(list(samples))["median_ms"] / 1000
+    return stats.summarize(list(samples))["median_ms"] / 1000
 
 
 def round_ratios(blocks: Sequence[dict[str, Any]], a: str, b: str) -> list[float]:
@@ -203,7 +203,7 @@ def verdict(label: str, ratio: float, target: float) -> tuple[bool, str]:
 
 
 def side_summary(label: str, samples: Sequence[float]) -> dict[str, Any]:
-    return {"label": label, "summary": timing.summarize(list(samples))}
+    return {"label": label, "summary": stats.summarize(list(samples))}
 
 
 def side_row(name: str, side: dict[str, Any]) -> list[object]:

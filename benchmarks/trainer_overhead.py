@@ -1,7 +1,8 @@
 """Trainer overhead: the Trainer's steady-state training step against a bare PyTorch loop.
 
-Side A is `Trainer._train_step` (autocast context, GradScaler, NaN guard, loss.item(),
-clipping, scheduler, memory sampling); side B is the same algorithm written out by hand:
+Side A is what the Trainer does for a step between log steps: `TrainStep` (autocast context,
+GradScaler, the non-finite guard on the device, clipping, scheduler), memory sampling and the
+device-side tally of losses; side B is the same algorithm written out by hand:
 forward, DetectionLoss, zero_grad, backward, clip_grad_norm_, optimizer.step(),
 scheduler.step(). Both start from the same weights (B trains a deep copy taken before
 any step), with their own AdamW and LambdaLR built by the Trainer's own functions, on
@@ -11,7 +12,6 @@ Blocks of N steps alternate ABBA for R rounds. Target: median A / median B <= 1.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import statistics
@@ -25,7 +25,8 @@ import torch
 from pipeline import device as dev
 from pipeline import timing
 from pipeline.config import load_config
-from pipeline.engine.trainer import Trainer, build_optimizer, build_scheduler
+from pipeline.engine.step import build_optimizer, build_scheduler
+from pipeline.engine.trainer import Trainer
 from pipeline.models.loss import DetectionLoss
 
 NAME = "trainer_overhead"
@@ -66,13 +67,8 @@ class BareLoop:
         self.optimizer = build_optimizer(self.model.parameters(), train)
         self.scheduler = build_scheduler(self.optimizer, train, trainer.steps_per_epoch)
         self.max_norm = train["grad_clip"]
-        dtype = dev.autocast_dtype(trainer.precision)
         # Off the CPU the default config trains with AMP: the bare loop must do the same work.
-        self.autocast = (
-            (lambda: torch.autocast(self.device.type, dtype=dtype))
-            if dtype is not None
-            else contextlib.nullcontext
-        )
+        self.precision = trainer.precision
         self.scaler = (
             torch.amp.GradScaler(self.device.type) if trainer.precision == "fp16" else None
         )
@@ -81,7 +77,7 @@ class BareLoop:
         images = images.to(self.device, non_blocking=True).contiguous(
             memory_format=self.memory_format
         )
-        with self.autocast():
+        with dev.autocast(self.device, self.precision):
             outputs = self.model(images)
         loss = self.loss_fn(outputs, targets)["total"]
         self.optimizer.zero_grad(set_to_none=True)
@@ -126,12 +122,11 @@ def main(argv: list[str]) -> int:
     batches = take_batches(trainer, args.batches)
 
     positions = {"A": itertools.count(), "B": itertools.count()}
-    skipped = [0]
 
     def trainer_step() -> None:
         images, targets = batches[next(positions["A"]) % len(batches)]
-        if trainer._train_step(images, targets) is None:
-            skipped[0] += 1
+        trainer.tally.add(trainer.step(images, targets))
+        trainer.memory.update()
 
     def bare_step() -> None:
         bare.step(*batches[next(positions["B"]) % len(batches)])
@@ -151,7 +146,7 @@ def main(argv: list[str]) -> int:
     harness.warn_if_loaded(conditions, "the measurement")
 
     result = {
-        "A": harness.side_summary("Trainer._train_step", harness.counted(blocks, "A")),
+        "A": harness.side_summary("Trainer step", harness.counted(blocks, "A")),
         "B": harness.side_summary("bare PyTorch loop", harness.counted(blocks, "B")),
     }
     ratio = result["A"]["summary"]["median_ms"] / result["B"]["summary"]["median_ms"]
@@ -161,8 +156,10 @@ def main(argv: list[str]) -> int:
         f"per-round A/B: min {min(per_round):.3f}, median {statistics.median(per_round):.3f}, "
         f"max {max(per_round):.3f}"
     )
-    if skipped[0]:
-        print(f"WARNING: the Trainer skipped {skipped[0]} steps with a non-finite loss (faster A).")
+    # read once, after timing: steps of A whose loss was not finite (skipped: a faster A)
+    skipped = next(positions["A"]) - int(trainer.tally.finite_steps.item())
+    if skipped:
+        print(f"WARNING: the Trainer skipped {skipped} steps with a non-finite loss (faster A).")
     passed, line = harness.verdict("ratio A/B of median step times", ratio, TARGET)
     print(line)
     print(f"took {time.perf_counter() - started:.0f} s")
@@ -172,7 +169,7 @@ def main(argv: list[str]) -> int:
         "ratio": ratio,
         "per_round_ratios": per_round,
         "sides": result,
-        "nonfinite_skipped_steps": skipped[0],
+        "nonfinite_skipped_steps": skipped,
         "settings": {
             "model": config["model"]["name"],
             "precision": trainer.precision,

@@ -12,16 +12,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-import numpy as np
 import pytest
 import torch
 import yaml
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, cli, timing
+from pipeline import bench, cli, stats, timing
 from pipeline import device as dev
+from pipeline.config import load_config
 from pipeline.device import DeviceTimer, PeakMemory, available_backends
+from pipeline.models import build_model
 
 SCHEMA_PATH = Path(bench.__file__).parent / "schemas" / "bench.schema.yaml"
 MB = 1024 * 1024
@@ -64,6 +65,20 @@ def assert_valid(validator: Draft202012Validator, document: dict[str, Any]) -> N
     assert errors == []
 
 
+def plan(**bench_keys: Any) -> dict[str, Any]:
+    """What `bench.run` takes: a tiny training config's settings, with bench keys on top."""
+    keys = {"batch_size": 2, "image_size": 32, "warmup_steps": 1, "steps": 2, **bench_keys}
+    config = load_config(None, ["model.width=8", *(f"bench.{k}={v}" for k, v in keys.items())])
+    return bench.settings_from_config(config, num_classes=4)
+
+
+def _tiny_model_and_batch() -> tuple[torch.nn.Module, torch.Tensor, list[dict]]:
+    torch.manual_seed(0)
+    model = build_model("tiny_conv", 4, "single", width=8)
+    images, targets = bench.rendered_batch(2, 32, 4, torch.device("cpu"))
+    return model, images, targets
+
+
 class FakeClock:
     """perf_counter that moves only when a step says so."""
 
@@ -84,55 +99,10 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 # --- statistics ------------------------------------------------------------------------------
 
 
-def test_summarize_one_to_ten_ms_gives_numpy_linear_percentiles() -> None:
-    samples_ms = list(range(1, 11))
-    summary = timing.summarize([ms / 1000 for ms in reversed(samples_ms)])  # order must not matter
-    assert summary["count"] == 10
-    assert summary["median_ms"] == pytest.approx(5.5)
-    assert summary["p50_ms"] == pytest.approx(5.5)
-    assert summary["mean_ms"] == pytest.approx(5.5)
-    assert summary["iqr_ms"] == pytest.approx(4.5)
-    assert summary["p10_ms"] == pytest.approx(1.9)
-    assert summary["p90_ms"] == pytest.approx(9.1)
-    assert summary["p99_ms"] == pytest.approx(9.91)
-    assert (summary["min_ms"], summary["max_ms"]) == pytest.approx((1.0, 10.0))
-    assert summary["iqr_ratio"] == pytest.approx(4.5 / 5.5)
-    assert summary["noisy"] is True
-    for q in (10, 25, 50, 75, 90, 99):
-        assert timing.percentile([float(v) for v in samples_ms], q) == pytest.approx(
-            np.percentile(samples_ms, q)
-        )
-
-
-@pytest.mark.parametrize(
-    ("samples_ms", "noisy"),
-    [
-        ([91, 95.5, 100, 104.5, 109], False),  # IQR 9 / median 100 = 0.09
-        ([89, 94.5, 100, 105.5, 111], True),  # IQR 11 / median 100 = 0.11
-        ([100] * 5, False),
-        ([50, 100, 100, 100, 500], False),  # outliers beyond the quartiles do not count
-    ],
-)
-def test_noisy_flags_an_iqr_above_10_percent_of_the_median(
-    samples_ms: list[float], noisy: bool
-) -> None:
-    assert timing.summarize([ms / 1000 for ms in samples_ms])["noisy"] is noisy
-
-
-def test_summarize_of_no_samples_is_a_zero_count() -> None:
-    assert timing.summarize([]) == {"count": 0}
-    assert math.isnan(timing.percentile([], 50))
-
-
-def test_percentile_of_one_sample_is_that_sample() -> None:
-    assert timing.percentile([3.0], 99) == 3.0
-    assert timing.summarize([0.003])["iqr_ms"] == 0.0
-
-
 # --- timed_runs ------------------------------------------------------------------------------
 
 
-def test_timed_runs_stops_at_max_steps_and_counts_warmup_apart(clock: FakeClock) -> None:
+def test_timed_runs_warms_up_until_settled_then_stops_at_max_steps(clock: FakeClock) -> None:
     calls: list[int] = []
 
     def step() -> None:
@@ -140,9 +110,44 @@ def test_timed_runs_stops_at_max_steps_and_counts_warmup_apart(clock: FakeClock)
         clock.now += 0.5
 
     samples, details = timing.timed_runs(step, "cpu", warmup=2, max_steps=4, budget_s=100.0)
-    assert len(calls) == 6
+    settle = 2 * stats.SETTLE_WINDOW  # two windows of equal steps are the first proof of settling
+    assert len(calls) == settle + 4
     assert samples == [0.5] * 4
-    assert details == {"warmup_steps": 2, "total_s": 3.0, "budget_limited": False}
+    assert details == {
+        "warmup_steps": settle,
+        "warmup_s": 0.5 * settle,
+        "warmup_settled": True,
+        "total_s": 0.5 * (settle + 4),
+        "budget_limited": False,
+    }
+
+
+def test_warm_up_goes_on_while_the_step_time_still_falls(clock: FakeClock) -> None:
+    times = iter([0.118, 0.097, 0.088, 0.080, 0.074, 0.069, 0.064, 0.060, 0.057] + [0.045] * 50)
+
+    def step() -> None:
+        clock.now += next(times)
+
+    samples, details = timing.timed_runs(step, "cpu", warmup=2, max_steps=10, budget_s=100.0)
+    # past the nine falling steps, until the medians of two windows of steps agree
+    assert 9 < details["warmup_steps"] <= 9 + 2 * stats.SETTLE_WINDOW
+    assert details["warmup_settled"] is True
+    assert samples == pytest.approx([0.045] * 10)
+    assert stats.summarize(samples)["drifting"] is False
+
+
+def test_an_unsettled_warm_up_stops_at_its_budget_and_says_so(clock: FakeClock) -> None:
+    times = iter([1.0, 0.5] * 100)  # never settles
+
+    def step() -> None:
+        clock.now += next(times)
+
+    samples, details = timing.timed_runs(
+        step, "cpu", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=3.0
+    )
+    assert details["warmup_settled"] is False
+    assert details["warmup_steps"] == 5  # 1 + 0.5 + 1 + 0.5 = 3.0 is within it, 4.0 is past it
+    assert len(samples) == 2
 
 
 def test_timed_runs_samples_memory_after_every_step_outside_the_timed_region(
@@ -159,10 +164,10 @@ def test_timed_runs_samples_memory_after_every_step_outside_the_timed_region(
         clock.now += 0.5
 
     memory = SlowMemory()
-    samples, _ = timing.timed_runs(
+    samples, details = timing.timed_runs(
         step, "cpu", warmup=2, max_steps=3, budget_s=100.0, memory=memory
     )
-    assert memory.updates == 5
+    assert memory.updates == details["warmup_steps"] + 3
     assert samples == [0.5] * 3
 
 
@@ -170,11 +175,13 @@ def test_timed_runs_stops_at_the_budget_after_a_timed_step(clock: FakeClock) -> 
     def step() -> None:
         clock.now += 1.0
 
-    samples, details = timing.timed_runs(step, "cpu", warmup=1, max_steps=10, budget_s=2.5)
-    assert samples == [1.0, 1.0]  # t=2 is within the budget, t=3 is past it
-    assert details["warmup_steps"] == 1
+    samples, details = timing.timed_runs(
+        step, "cpu", warmup=1, max_steps=10, budget_s=2.5, warmup_budget_s=0.5
+    )
+    assert details["warmup_steps"] == 1  # past its own budget after one step
+    assert samples == [1.0, 1.0, 1.0]  # the timing budget counts from the end of the warm-up
     assert details["budget_limited"] is True
-    assert details["total_s"] == 3.0
+    assert details["total_s"] == 4.0
 
 
 def test_timed_runs_times_one_step_even_when_warmup_spent_the_budget(clock: FakeClock) -> None:
@@ -185,6 +192,14 @@ def test_timed_runs_times_one_step_even_when_warmup_spent_the_budget(clock: Fake
     assert details["warmup_steps"] == 1  # the budget cut the warm-up short
     assert samples == [1.0]
     assert details["budget_limited"] is True
+
+
+def test_no_warm_up_asked_for_means_none(clock: FakeClock) -> None:
+    def step() -> None:
+        clock.now += 1.0
+
+    samples, details = timing.timed_runs(step, "cpu", warmup=0, max_steps=2, budget_s=100.0)
+    assert details["warmup_steps"] == 0 and samples == [1.0, 1.0]
 
 
 def test_timed_runs_synchronizes_before_and_after_every_timed_step(
@@ -201,7 +216,9 @@ def test_timed_runs_synchronizes_before_and_after_every_timed_step(
         clock.now += 1.0
 
     monkeypatch.setattr(dev, "synchronize", synchronize)
-    samples, _ = timing.timed_runs(step, "cuda:1", warmup=1, max_steps=2, budget_s=100.0)
+    samples, _ = timing.timed_runs(
+        step, "cuda:1", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.1
+    )
     assert events == [
         *("step", "sync cuda:1"),  # warm-up: drain the queue once
         *("sync cuda:1", "step", "sync cuda:1"),
@@ -212,16 +229,24 @@ def test_timed_runs_synchronizes_before_and_after_every_timed_step(
 
 def test_timed_runs_on_simulated_cuda_synchronizes_the_device(fake_cuda) -> None:
     samples, details = timing.timed_runs(
-        lambda: None, torch.device("cuda", 1), warmup=2, max_steps=3, budget_s=100.0
+        lambda: None,
+        torch.device("cuda", 1),
+        warmup=2,
+        max_steps=3,
+        budget_s=100.0,
+        warmup_budget_s=0.5,
     )
-    assert len(samples) == 3 and details["warmup_steps"] == 2
-    assert fake_cuda.synchronized == [torch.device("cuda", 1)] * (2 + 2 * 3)
+    assert len(samples) == 3 and details["warmup_steps"] >= 2
+    warmed = details["warmup_steps"]
+    assert fake_cuda.synchronized == [torch.device("cuda", 1)] * (warmed + 2 * 3)
 
 
 def test_timed_runs_on_simulated_mps_synchronizes_the_device(fake_mps) -> None:
-    samples, _ = timing.timed_runs(lambda: None, "mps", warmup=1, max_steps=2, budget_s=100.0)
+    samples, details = timing.timed_runs(
+        lambda: None, "mps", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.5
+    )
     assert len(samples) == 2
-    assert fake_mps.synchronized == 1 + 2 * 2
+    assert fake_mps.synchronized == details["warmup_steps"] + 2 * 2
 
 
 # --- run conditions and settings -------------------------------------------------------------
@@ -291,7 +316,7 @@ def test_bench_fp32_train_writes_a_schema_valid_ok_record(tmp_path, validator) -
     assert (record["batch_size"], record["image_size"], record["model"]) == (2, 32, "tiny_conv")
     assert record["parameters"] > 0
     timing_ = record["timing"]
-    assert 1 <= timing_["count"] <= 2 and timing_["warmup_steps"] == 1
+    assert 1 <= timing_["count"] <= 2 and timing_["warmup_steps"] >= 1
     assert timing_["median_ms"] > 0
     assert record["throughput_images_per_s"] == pytest.approx(2 / (timing_["median_ms"] / 1000))
     assert record["numerics"] is None  # fp32 is the reference
@@ -299,6 +324,30 @@ def test_bench_fp32_train_writes_a_schema_valid_ok_record(tmp_path, validator) -
     assert record["host_peak_rss_mb"] > 0
     assert set(record["conditions"]) == CONDITION_KEYS
     assert record["settings"]["max_steps"] == 2 and record["settings"]["torch_threads"] == 1
+    assert record["environment"]["cpu_native"] == {
+        p: dev.cpu_native_precision(p).native for p in ("bf16", "fp16")
+    }
+
+
+def test_the_benchmark_times_what_training_runs_unless_a_bench_key_overrides_it(
+    tmp_path,
+) -> None:
+    code, document = run_bench(
+        tmp_path,
+        *("--device", "cpu", "--precision", "fp32", "--mode", "infer", "--steps", "1"),
+        *("--warmup", "0", "--image-size", "32"),
+        *("model.width=8", "model.label_mode=multilabel", "train.batch_size=3"),
+        *("train.channels_last=false", "data.classes=[a, b]"),
+    )
+    assert code == 0
+    (record,) = document["records"]
+    configuration = record["configuration"]
+    assert configuration["model"] == {"name": "tiny_conv", "label_mode": "multilabel", "width": 8}
+    assert (configuration["batch_size"], record["batch_size"]) == (3, 3)  # train.batch_size
+    assert configuration["channels_last"] is False and configuration["num_classes"] == 2
+    assert configuration["image_size"] == 32
+    assert configuration["overridden"] == ["image_size"]
+    assert configuration["source"] == "training config with bench.image_size"
 
 
 @pytest.mark.parametrize(("precision", "mode"), [("fp16", "train"), ("bf16", "infer")])
@@ -309,21 +358,76 @@ def test_bench_half_precision_on_cpu_records_numerics_against_fp32(
         tmp_path,
         *TINY,
         *("--precision", precision, "--mode", mode, "--steps", "2", "--warmup", "0"),
-        *("--time-budget", "0.3"),
+        *("--time-budget", "0.3", "bench.numerics_steps=3"),
     )
     assert code == 0
     assert_valid(validator, document)
     (record,) = document["records"]
     assert record["status"] == "ok" and record["timing"]["count"] >= 1
     numerics = record["numerics"]
-    assert numerics["reference"] == "fp32"
+    assert numerics["reference"] == "fp32" and numerics["trained_steps"] == 3
     assert numerics["finite"] is True
-    for key in ("loss_fp32", "loss", "loss_abs_diff", "loss_rel_diff", "output_max_abs_diff"):
+    for key in (
+        *("loss_fp32", "loss", "loss_abs_diff", "loss_rel_diff", "output_max_abs_diff"),
+        *("grad_cosine", "grad_rel_diff"),
+    ):
         assert math.isfinite(numerics[key]), key
     assert numerics["loss_abs_diff"] == pytest.approx(abs(numerics["loss"] - numerics["loss_fp32"]))
     assert numerics["output_max_abs_diff"] > 0  # half precision really ran
-    assert numerics["acceptable"] is (numerics["loss_rel_diff"] <= bench.ACCEPTABLE_LOSS_REL_DIFF)
+    assert numerics["grad_rel_diff"] > 0 and -1 <= numerics["grad_cosine"] <= 1
+    within = (
+        numerics["loss_rel_diff"] <= bench.ACCEPTABLE_LOSS_REL_DIFF
+        and numerics["grad_cosine"] >= bench.ACCEPTABLE_GRAD_COSINE
+    )
+    assert numerics["acceptable"] is within
+    assert (numerics["problem"] is None) is within
     assert set(numerics["outputs"]) == {"heatmap", "box"}
+
+
+def test_numerics_compare_a_trained_model_whose_box_head_is_no_longer_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float] = []
+    original = bench._loss_and_grads
+
+    def spy(model, *args):
+        seen.append(model.box_head[-1].weight.abs().max().item())
+        return original(model, *args)
+
+    monkeypatch.setattr(bench, "_loss_and_grads", spy)
+    numerics = bench.compare_numerics(
+        *_tiny_model_and_batch(),
+        torch.device("cpu"),
+        "bf16",
+        plan(numerics_steps=2),
+        torch.contiguous_format,
+    )
+    assert len(seen) == 2 and min(seen) > 0  # fresh, the box head's last layer is all zeros
+    assert numerics["trained_steps"] == 2
+
+
+def test_numerics_that_go_astray_are_not_acceptable_and_say_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = bench._loss_and_grads
+
+    def astray(model, loss_fn, images, targets, device, precision):
+        loss, grads, outputs = original(model, loss_fn, images, targets, device, precision)
+        if precision != "fp32":
+            return loss * 1.1, -grads, outputs
+        return loss, grads, outputs
+
+    monkeypatch.setattr(bench, "_loss_and_grads", astray)
+    numerics = bench.compare_numerics(
+        *_tiny_model_and_batch(),
+        torch.device("cpu"),
+        "bf16",
+        plan(numerics_steps=0),
+        torch.contiguous_format,
+    )
+    assert numerics["acceptable"] is False
+    assert "the loss is 10.0% off fp32's" in numerics["problem"]
+    assert "the gradients point elsewhere (cosine -0.9" in numerics["problem"]
 
 
 def test_bench_infer_mode_times_forward_passes(tmp_path, validator) -> None:
@@ -404,7 +508,7 @@ def test_a_step_the_backend_cannot_run_is_recorded_as_skipped_with_the_error(
 
         return step
 
-    monkeypatch.setattr(bench, "_train_step", cannot_run)
+    monkeypatch.setattr(bench, "_step", cannot_run)
     code, document = run_bench(tmp_path, *TINY, "--precision", "fp16", "--mode", "train")
     assert code == 0
     assert_valid(validator, document)
@@ -421,16 +525,7 @@ def test_bf16_on_a_simulated_gpu_without_bf16_is_a_schema_valid_skipped_record(
     fake_cuda, validator
 ) -> None:
     fake_cuda.bf16 = False
-    settings = {
-        "batch_size": 2,
-        "image_size": 32,
-        "warmup_steps": 1,
-        "steps": 2,
-        "time_budget_s": 1.0,
-        "channels_last": False,
-        "compile": False,
-    }
-    record = bench.run(torch.device("cuda", 0), "bf16", "train", "tiny_conv", settings)
+    record = bench.run(torch.device("cuda", 0), "bf16", "train", "tiny_conv", plan())
     assert record["status"] == "skipped"
     assert "no bf16 support" in record["reason"]
     assert record["backend"] == "cuda" and record["device"] == "cuda:0"
@@ -442,9 +537,7 @@ def test_mps_autocast_on_old_torch_is_a_skipped_record(
     fake_mps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(dev, "_torch_version", lambda: (2, 4))
-    settings = dict.fromkeys(("batch_size", "image_size", "warmup_steps", "steps"), 1)
-    settings.update(time_budget_s=1.0, channels_last=False, compile=False)
-    record = bench.run(torch.device("mps"), "fp16", "infer", "tiny_conv", settings)
+    record = bench.run(torch.device("mps"), "fp16", "infer", "tiny_conv", plan())
     assert record["status"] == "skipped" and "needs torch >= 2.5" in record["reason"]
     assert record["backend"] == "mps"
 
@@ -459,7 +552,7 @@ def test_sampled_steps_give_the_exact_cuda_peak_of_the_timed_steps(fake_cuda) ->
         fake_cuda.free(30 * MB)
 
     samples, _ = timing.timed_runs(
-        step, "cuda:0", warmup=1, max_steps=2, budget_s=100.0, memory=memory
+        step, "cuda:0", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.5, memory=memory
     )
     assert len(samples) == 2
     assert fake_cuda.resets == [torch.device("cuda", 0)]
@@ -482,7 +575,9 @@ def test_sampled_steps_give_a_labelled_lower_bound_on_mps(
         fake_mps.driver_allocated = 64 * MB
 
     memory = PeakMemory("mps")
-    timing.timed_runs(step, "mps", warmup=1, max_steps=2, budget_s=100.0, memory=memory)
+    timing.timed_runs(
+        step, "mps", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.0, memory=memory
+    )
     assert memory.as_dict() == {
         "peak_mb": 40.0,
         "reserved_mb": 64.0,

@@ -20,7 +20,10 @@ from pipeline.device import DeviceNotAvailableError, available_backends
 
 pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
 
-COMMANDS = ["check-env", "prepare-data", "train", "eval", "bench", "profile", "report"]
+COMMANDS = [
+    *("check-env", "prepare-data", "train", "eval", "bench", "choose-precision"),
+    *("profile", "report"),
+]
 
 
 def _missing_backend() -> str:

@@ -18,7 +18,7 @@ from tiny_runs import (
     tiny_config,
 )
 
-from pipeline import cli, profiling
+from pipeline import cli, profiling, timing
 from pipeline import device as dev
 from pipeline.engine.trainer import Trainer
 from pipeline.models import build_model
@@ -101,7 +101,8 @@ def test_profile_json_has_latency_percentiles_throughput_and_memory_per_batch_si
     assert [row["batch_size"] for row in profile["latency"]] == [1, 2]
     for row in profile["latency"]:
         wall = row["wall"]
-        assert 1 <= wall["count"] <= 3 and wall["warmup_steps"] == 1
+        assert 1 <= wall["count"] <= 3 and wall["warmup_steps"] >= 1
+        assert isinstance(wall["warmup_settled"], bool) and "drifting" in wall
         assert 0 < wall["p50_ms"] <= wall["p90_ms"] <= wall["p99_ms"] <= wall["max_ms"]
         assert row["throughput_images_per_s"] == pytest.approx(
             row["batch_size"] / (wall["p50_ms"] / 1000)
@@ -217,6 +218,7 @@ def test_latency_summarizes_device_event_times_of_the_timed_runs_only(
             return next(event_ms)
 
     monkeypatch.setattr(dev, "DeviceTimer", FakeTimer)
+    monkeypatch.setattr(timing, "settled", lambda step_times: True)  # one warm-up run
     settings = {**SETTINGS, "warmup": 1, "repeats": 3}
     row = profiling.latency(
         tiny_model(), torch.device("cpu"), "fp32", 32, 2, settings, torch.contiguous_format

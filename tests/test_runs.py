@@ -16,8 +16,10 @@ from pipeline.runs import (
     Run,
     amp_key,
     bench_matrix,
+    bench_settings,
     device_part,
     device_spec,
+    find_run,
     flatten,
     parse_run,
     read_env,
@@ -42,6 +44,15 @@ def _backend(name: str, available: bool, available_list: list[str]) -> dict[str,
         "amp_supported": name != "cpu",
         "resolved_amp": dict(RESOLVED_AMP[name]),
         "pin_memory": name == "cuda",
+        # as on a CPU without native bf16/fp16: measured mode may use them only on the GPUs
+        "measured_refused": (
+            {
+                p: "this CPU has no native instructions (fake)" if name == "cpu" else None
+                for p in ("bf16", "fp16")
+            }
+            if available
+            else None
+        ),
         "error": None
         if available
         else f"Device {name!r} is not available: {reason}. Available backends: {available_list}.",
@@ -54,6 +65,9 @@ def make_env(*available: str) -> dict[str, Any]:
     return {
         "format": "pipeline.env/1",
         "backends": {b: _backend(b, b in available, names) for b in ("cuda", "mps", "cpu")},
+        "cpu_native": {
+            p: {"native": False, "evidence": "fake", "hidden": False} for p in ("bf16", "fp16")
+        },
         "available": names,
         "auto": names[0],
         "cuda": {"built": True, "version": "12.4", "devices": [], "visible_devices_env": None},
@@ -333,3 +347,72 @@ def test_flattened_config_sections_reproduce_the_config() -> None:
     config = _config("train.lr=0.00001", "data.synthetic.num_train=8", "eval.score_threshold=0.25")
     sections = {key: config[key] for key in ("data", "train", "eval", "model")}
     assert _config(*flatten(sections)) == config
+
+
+# ---------------------------------------------------------------------- amp: measured
+def chosen(**by_model: str):
+    """The workflow's reader of the choose_precision checkpoint, for fixed choices."""
+    calls: list[str] = []
+
+    def measured(backend: str) -> dict[str, str]:
+        calls.append(backend)
+        return by_model
+
+    measured.calls = calls
+    return measured
+
+
+def test_a_measured_run_is_named_after_the_precision_the_benchmarks_chose() -> None:
+    measured = chosen(tiny_conv="bf16")
+    (run,) = training_runs(_config("amp=measured"), CPU_ONLY, measured)
+    assert run == Run("cpu", "bf16", (), measured=True)
+    assert run.name == "cpu-bf16" and measured.calls == ["cpu"]
+    assert run.settings() == ["device=cpu", "amp=measured"]
+    config = _config(*run.settings())
+    assert config["amp"] == "measured"
+
+
+def test_the_choice_is_only_read_when_a_run_is_measured() -> None:
+    measured = chosen(tiny_conv="bf16")
+    assert training_runs(_config("amp=auto"), CPU_ONLY, measured) == [Run("cpu", "fp32")]
+    assert measured.calls == []
+
+
+def test_a_precision_sweep_of_fp32_and_measured_trains_both_for_the_accuracy_check() -> None:
+    runs = training_runs(
+        _config("sweep.precision=[fp32, measured]"), CUDA, chosen(tiny_conv="fp16")
+    )
+    assert [(r.name, r.measured) for r in runs] == [("cuda-fp32", False), ("cuda-fp16", True)]
+
+
+def test_measured_choosing_fp32_beside_fp32_is_one_run_that_records_the_choice() -> None:
+    runs = training_runs(
+        _config("sweep.precision=[fp32, measured]"), CPU_ONLY, chosen(tiny_conv="fp32")
+    )
+    assert runs == [Run("cpu", "fp32", (), measured=True)]
+
+
+def test_measured_runs_of_a_model_sweep_take_each_models_own_choice() -> None:
+    runs = training_runs(
+        _config("amp=measured", "sweep.model=[tiny_conv, resnet18]"),
+        CUDA,
+        chosen(tiny_conv="fp32", resnet18="bf16"),
+    )
+    assert [r.name for r in runs] == ["cuda-fp32+model=tiny_conv", "cuda-bf16+model=resnet18"]
+
+
+def test_find_run_maps_a_wildcard_back_to_its_run() -> None:
+    runs = training_runs(_config("amp=measured"), CPU_ONLY, chosen(tiny_conv="fp32"))
+    assert find_run(runs, "cpu-fp32").measured is True
+    with pytest.raises(ConfigError, match="is not one the config asks for"):
+        find_run(runs, "cpu-bf16")
+
+
+def test_bench_settings_are_what_a_benchmark_reads_and_not_what_it_ignores() -> None:
+    settings = bench_settings(_config("sweep.model=[resnet18]", "train.epochs=3"))
+    assert settings["bench"]["models"] == ["tiny_conv", "resnet18"]
+    assert "epochs" not in settings["train"] and settings["train"]["batch_size"] == 16
+    assert "num_workers" not in settings["data"] and "augment" not in settings["data"]
+    assert settings["data"]["synthetic"] == {"classes": ["circle", "square", "triangle", "cross"]}
+    changed = bench_settings(_config("train.epochs=30", "eval.batch_size=7", "data.cache=false"))
+    assert changed == bench_settings(_config())

@@ -1,108 +1,220 @@
-"""Per-backend x precision x mode benchmarks, measured honestly.
+"""Per-backend x precision x mode benchmarks of the step that training will take.
 
-Synchronized around every timed step on every backend, every sample kept, reported as
-median and IQR with a noisy flag; bounded by a time budget so that 30x-slower CPU
-autocast stays affordable; with the numerics of fp16/bf16 against fp32 on the same
-weights and batch, peak memory with its `exact` flag, and the run's conditions.
-The record format is `schemas/bench.schema.yaml`.
+What is timed comes from the training config (model and its options, label mode, memory
+format, batch and image size, gradient clipping, optimizer, kernel flags); the `bench.*` keys
+override it where set, and every record says which configuration it timed and what was
+overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
+the forward pass under `inference_mode`, as evaluation and profiling run it. Warm-up runs
+until the step time settles; the device is synchronized around every timed step; every
+sample is kept and summarised with its spread and drift; a time budget bounds the 30x-slower
+CPU autocast. fp16/bf16 numerics are compared with fp32 after a short stretch of real
+training steps, on losses and gradients. The record format is `schemas/bench.schema.yaml`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import logging
 import math
 import platform
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline import device as dev
-from pipeline import timing
+from pipeline import stats, timing
+from pipeline.data.synthetic import SyntheticSpec, render_sample
+from pipeline.engine.step import TrainStep, build_optimizer
 from pipeline.environment import cpu_model
-from pipeline.models import build_model, memory_format, parameter_count
+from pipeline.measured import BENCH_FORMAT as FORMAT
+from pipeline.models import build_from_config, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
+from pipeline.runs import benchmarked_models
 
 log = logging.getLogger("pipeline")
-FORMAT = "pipeline.bench/1"
 MODES = ("train", "infer")
-NUM_CLASSES = 4
 # Relative loss difference against fp32 above which a precision's numerics are not acceptable.
 ACCEPTABLE_LOSS_REL_DIFF = 0.02
+# Cosine similarity of all gradients against fp32's below which they point elsewhere.
+ACCEPTABLE_GRAD_COSINE = 0.99
+# Keys of `bench` that, where set (not null), override what the training config says.
+OVERRIDES = ("batch_size", "image_size", "channels_last", "num_classes")
 
 
-def synthetic_batch(
-    batch_size: int, image_size: int, device: torch.device
+def settings_from_config(config: dict[str, Any], num_classes: int) -> dict[str, Any]:
+    """What to time and how: training's configuration, with the set `bench.*` keys on top."""
+    bench, train = config["bench"], config["train"]
+    derived = {
+        "models": benchmarked_models(config),
+        "batch_size": train["batch_size"],
+        "image_size": config["data"]["image_size"],
+        "channels_last": train["channels_last"],
+        "num_classes": num_classes,
+    }
+    overridden = [key for key in OVERRIDES if bench.get(key) is not None]
+    return {
+        **derived,
+        **{key: bench[key] for key in overridden},
+        "overridden": overridden,
+        "model_options": config["model"],
+        "train": train,
+        "deterministic": config["deterministic"],
+        "compile": bench["compile"],
+        "warmup_steps": bench["warmup_steps"],
+        "warmup_budget_s": bench["warmup_budget_s"],
+        "steps": bench["steps"],
+        "time_budget_s": bench["time_budget_s"],
+        "numerics_steps": bench["numerics_steps"],
+    }
+
+
+def rendered_batch(
+    batch_size: int, image_size: int, num_classes: int, device: torch.device
 ) -> tuple[torch.Tensor, list[dict]]:
-    """A fixed random batch already on the device: the data pipeline is not what is timed."""
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randint(
-        0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, generator=generator
+    """A fixed batch of rendered shapes already on the device: the data pipeline is not timed.
+
+    Real objects (not noise) so that the numerics stretch trains on a detection problem.
+    """
+    spec = SyntheticSpec(
+        image_size=image_size,
+        min_objects=1,
+        min_object_size=max(4.0, image_size / 16),
+        max_object_size=image_size * 3 / 8,
+        seed=0,
     )
-    targets = []
-    for _ in range(batch_size):
-        corners = torch.rand(3, 2, generator=generator) * (image_size * 0.7)
-        sizes = 8 + torch.rand(3, 2, generator=generator) * (image_size * 0.25)
-        boxes = torch.cat([corners, corners + sizes], dim=1).to(device)
-        labels = torch.randint(0, NUM_CLASSES, (3,), generator=generator).to(device)
-        targets.append({"boxes": boxes, "labels": labels})
-    return images.to(device), targets
+    images, targets = [], []
+    for index in range(batch_size):
+        pixels, objects = render_sample(spec, "train", index)
+        images.append(torch.from_numpy(pixels).permute(2, 0, 1))
+        boxes = torch.tensor([obj["box"] for obj in objects], dtype=torch.float32).reshape(-1, 4)
+        labels = torch.tensor([obj["label"] % num_classes for obj in objects], dtype=torch.long)
+        targets.append({"boxes": boxes.to(device), "labels": labels.to(device)})
+    return torch.stack(images).to(device), targets
 
 
-def _autocast(device: torch.device, precision: str):
-    dtype = dev.autocast_dtype(precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1)
+            for p in model.parameters()
+        ]
+    )
 
 
-def _max_diffs(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float]:
-    """Largest absolute difference, and the same relative to the largest fp32 magnitude."""
-    diff = (candidate.float() - reference.float()).abs().max().item()
-    scale = reference.float().abs().max().item()
-    if diff == 0:
-        return 0.0, 0.0
-    return diff, diff / scale if scale > 0 else math.inf
-
-
-def compare_numerics(
+def _loss_and_grads(
     model: torch.nn.Module,
     loss_fn: DetectionLoss,
     images: torch.Tensor,
     targets: list[dict],
     device: torch.device,
     precision: str,
+) -> tuple[float, torch.Tensor, dict[str, torch.Tensor]]:
+    """One training forward and backward; fp16 backward is loss-scaled as GradScaler would."""
+    scale = 2.0**16 if precision == "fp16" else 1.0
+    for _ in range(24):  # GradScaler's back-off, without a scaler's state
+        model.zero_grad(set_to_none=True)
+        with dev.autocast(device, precision):
+            outputs = model(images)
+        loss = loss_fn(outputs, targets)["total"]
+        (loss * scale).backward()
+        grads = _flat_grads(model) / scale
+        if scale == 1.0 or torch.isfinite(grads).all():
+            break
+        scale /= 2
+    return loss.item(), grads, {key: value.detach().float() for key, value in outputs.items()}
+
+
+def compare_numerics(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    targets: list[dict],
+    device: torch.device,
+    precision: str,
+    settings: dict[str, Any],
+    layout: torch.memory_format,
 ) -> dict[str, Any]:
-    """Loss and outputs under autocast against fp32, same weights and batch (eval mode: no BN updates)."""
-    was_training = model.training
-    model.eval()
-    with torch.inference_mode():
-        reference = model(images)
-        reference_loss = loss_fn(reference, targets)["total"].item()
-        with _autocast(device, precision):
-            candidate = model(images)
-        candidate_loss = loss_fn(candidate, targets)["total"].item()
-    model.train(was_training)
+    """Loss, gradients and outputs under autocast against fp32, after a short real training.
+
+    A freshly initialised detector says little: its box head outputs exactly zero in every
+    precision. So a copy first trains `numerics_steps` fp32 steps on the batch; then the same
+    weights give one training forward and backward in fp32 and in `precision`.
+    """
+    trained = copy.deepcopy(model)
+    trained_loss = DetectionLoss(trained, settings["train"]["box_weight"])
+    optimizer = build_optimizer(trained.parameters(), settings["train"])
+    step = TrainStep(
+        trained,
+        trained_loss,
+        optimizer,
+        device,
+        "fp32",
+        grad_clip=settings["train"]["grad_clip"],
+        memory_format=layout,
+    )
+    trained.train()
+    for _ in range(settings["numerics_steps"]):
+        step(images, targets)
+    weights = copy.deepcopy(trained.state_dict())
+    reference_loss, reference_grads, reference = _loss_and_grads(
+        trained, trained_loss, images, targets, device, "fp32"
+    )
+    trained.load_state_dict(weights)  # undo the batch-norm statistics of the fp32 pass
+    candidate_loss, candidate_grads, candidate = _loss_and_grads(
+        trained, trained_loss, images, targets, device, precision
+    )
     outputs = {key: _max_diffs(reference[key], candidate[key]) for key in reference}
-    finite = all(
-        torch.isfinite(candidate[key].float()).all().item() for key in candidate
-    ) and math.isfinite(candidate_loss)
+    finite = (
+        math.isfinite(candidate_loss)
+        and bool(torch.isfinite(candidate_grads).all())
+        and all(bool(torch.isfinite(candidate[key]).all()) for key in candidate)
+    )
     loss_abs = abs(candidate_loss - reference_loss)
     loss_rel = loss_abs / abs(reference_loss) if reference_loss else math.inf
+    norm = reference_grads.norm().item()
+    cosine = (
+        torch.nn.functional.cosine_similarity(reference_grads, candidate_grads, dim=0).item()
+        if finite
+        else math.nan
+    )
+    grad_rel = (candidate_grads - reference_grads).norm().item() / norm if norm else math.inf
+    problems = []
+    if not finite:
+        problems.append("the loss, an output or a gradient was not finite")
+    if not loss_rel <= ACCEPTABLE_LOSS_REL_DIFF:
+        problems.append(f"the loss is {loss_rel:.1%} off fp32's")
+    if finite and not cosine >= ACCEPTABLE_GRAD_COSINE:
+        problems.append(f"the gradients point elsewhere (cosine {cosine:.3f} with fp32's)")
     return {
         "reference": "fp32",
+        "trained_steps": settings["numerics_steps"],
         "loss_fp32": reference_loss,
         "loss": candidate_loss,
         "loss_abs_diff": loss_abs,
         "loss_rel_diff": loss_rel,
+        "grad_cosine": cosine,
+        "grad_rel_diff": grad_rel,
         "output_max_abs_diff": max(a for a, _ in outputs.values()),
         "output_max_rel_diff": max(r for _, r in outputs.values()),
         "outputs": {key: {"max_abs_diff": a, "max_rel_diff": r} for key, (a, r) in outputs.items()},
         "finite": finite,
-        "acceptable": finite and loss_rel <= ACCEPTABLE_LOSS_REL_DIFF,
-        "acceptable_rule": f"finite and relative loss difference <= {ACCEPTABLE_LOSS_REL_DIFF}",
+        "acceptable": not problems,
+        "problem": "; ".join(problems) or None,
+        "acceptable_rule": (
+            f"finite, relative loss difference <= {ACCEPTABLE_LOSS_REL_DIFF} and gradient cosine "
+            f">= {ACCEPTABLE_GRAD_COSINE}, after {settings['numerics_steps']} fp32 training steps"
+        ),
     }
+
+
+def _max_diffs(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float]:
+    """Largest absolute difference, and the same relative to the largest fp32 magnitude."""
+    diff = (candidate - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    if diff == 0:
+        return 0.0, 0.0
+    return diff, diff / scale if scale > 0 else math.inf
 
 
 # What torch says when a backend cannot run an op in a dtype, or the batch does not fit.
@@ -123,25 +235,40 @@ def cannot_run_reason(error: BaseException) -> str | None:
     return None
 
 
-def _train_step(model, loss_fn, optimizer, scaler, images, targets, device, precision):
+def _infer_step(model: torch.nn.Module, images: torch.Tensor, device, precision: str):
     def step() -> None:
-        with _autocast(device, precision):
-            outputs = model(images)
-        loss = loss_fn(outputs, targets)["total"]
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-    return step
-
-
-def _infer_step(model, images, device, precision):
-    def step() -> None:
-        with torch.inference_mode(), _autocast(device, precision):
+        with torch.inference_mode(), dev.autocast(device, precision):
             model(images)
 
     return step
+
+
+def configuration(model_name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """What a record timed, beside it: the step training will take, or what overrode it."""
+    options = settings["model_options"]
+    return {
+        "source": (
+            "training config with bench." + ", bench.".join(settings["overridden"])
+            if settings["overridden"]
+            else "training config"
+        ),
+        "overridden": settings["overridden"],
+        "model": {**options, "name": model_name},
+        "num_classes": settings["num_classes"],
+        "batch_size": settings["batch_size"],
+        "image_size": settings["image_size"],
+        "channels_last": settings["channels_last"],
+        "grad_clip": settings["train"]["grad_clip"],
+        "optimizer": settings["train"]["optimizer"],
+        "deterministic": settings["deterministic"],
+        "compile": settings["compile"],
+    }
+
+
+def _native(device: torch.device) -> dict[str, bool] | None:
+    if device.type != "cpu":
+        return None
+    return {p: dev.cpu_native_precision(p).native for p in ("bf16", "fp16")}
 
 
 def _base_record(
@@ -163,9 +290,11 @@ def _base_record(
         "image_size": settings["image_size"],
         "channels_last": settings["channels_last"],
         "compile": settings["compile"],
+        "configuration": configuration(model_name, settings),
         "settings": {
             **timing.torch_settings(),
             "warmup_steps": settings["warmup_steps"],
+            "warmup_budget_s": settings["warmup_budget_s"],
             "max_steps": settings["steps"],
             "time_budget_s": settings["time_budget_s"],
         },
@@ -173,6 +302,7 @@ def _base_record(
             "torch": torch.__version__,
             "python": platform.python_version(),
             "cpu_model": cpu_model(),
+            "cpu_native": _native(device),
         },
         "timing": None,
         "throughput_images_per_s": None,
@@ -181,6 +311,28 @@ def _base_record(
         "host_peak_rss_mb": None,
         "conditions": None,
     }
+
+
+def _step(model, images, targets, device, precision, mode, settings, layout):
+    """The function timed: TrainStep as the trainer builds it, or the inference forward."""
+    runnable = torch.compile(model) if settings["compile"] else model
+    if mode == "infer":
+        model.eval()
+        return _infer_step(runnable, images, device, precision)
+    model.train()
+    train = settings["train"]
+    # The scheduler's step (microseconds of Python) is left out: it would tie the benchmark to
+    # train.epochs and the schedule, which change no timing.
+    train_step = TrainStep(
+        runnable,
+        DetectionLoss(model, train["box_weight"]),
+        build_optimizer(model.parameters(), train),
+        device,
+        precision,
+        grad_clip=train["grad_clip"],
+        memory_format=layout,
+    )
+    return lambda: train_step(images, targets)
 
 
 def run(
@@ -196,46 +348,45 @@ def run(
         log.info("%s %s %s %s: skipped (%s)", model_name, device, precision, mode, reason)
         return record
 
+    dev.set_kernel_flags(device, settings["deterministic"])
     torch.manual_seed(0)
+    np.random.seed(0)
     layout = memory_format(settings["channels_last"])
-    model = build_model(model_name, NUM_CLASSES, "multilabel").to(device, memory_format=layout)
+    model_config = {**settings["model_options"], "name": model_name}
+    model = build_from_config(model_config, settings["num_classes"])
+    model = model.to(device, memory_format=layout)
     record["parameters"] = parameter_count(model)
-    loss_fn = DetectionLoss(model)
-    images, targets = synthetic_batch(settings["batch_size"], settings["image_size"], device)
+    images, targets = rendered_batch(
+        settings["batch_size"], settings["image_size"], settings["num_classes"], device
+    )
     images = images.contiguous(memory_format=layout)
-    if precision != "fp32":
-        record["numerics"] = compare_numerics(model, loss_fn, images, targets, device, precision)
-    runnable = torch.compile(model) if settings["compile"] else model
-    if mode == "train":
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        step = _train_step(runnable, loss_fn, optimizer, scaler, images, targets, device, precision)
-    else:
-        model.eval()
-        step = _infer_step(runnable, images, device, precision)
-
     memory = dev.PeakMemory(device)
-    conditions = timing.RunConditions()
     try:
+        if precision != "fp32":
+            record["numerics"] = compare_numerics(
+                model, images, targets, device, precision, settings, layout
+            )
+        step = _step(model, images, targets, device, precision, mode, settings, layout)
+        conditions = timing.RunConditions()
         samples, details = timing.timed_runs(
             step,
             device,
             warmup=settings["warmup_steps"],
             max_steps=settings["steps"],
             budget_s=settings["time_budget_s"],
+            warmup_budget_s=settings["warmup_budget_s"],
             memory=memory,
         )
     except (RuntimeError, NotImplementedError) as error:
         reason = cannot_run_reason(error)
         if reason is None:
             raise
-        record.update(status="skipped", reason=reason)
+        record.update(status="skipped", reason=reason, numerics=None)
         log.warning(
             "%s %s %s %s: skipped (%s)", model_name, device, precision, mode, record["reason"]
         )
         return record
-    summary = timing.summarize(samples)
+    summary = stats.summarize(samples)
     record.update(
         timing={**summary, **details, "samples_ms": [s * 1000 for s in samples]},
         throughput_images_per_s=settings["batch_size"] / (summary["median_ms"] / 1000),
@@ -243,8 +394,9 @@ def run(
         host_peak_rss_mb=dev.host_peak_rss_mb(),
         conditions=conditions.finish(),
     )
+    flags = stats.quality_words(summary)
     log.info(
-        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d%s), %.0f img/s%s",
+        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d after %d warm-up steps%s%s), %.0f img/s%s",
         model_name,
         device,
         precision,
@@ -252,8 +404,10 @@ def run(
         summary["median_ms"],
         summary["iqr_ms"],
         summary["count"],
+        details["warmup_steps"],
+        "" if details["warmup_settled"] else ", not settled",
         ", budget-limited" if details["budget_limited"] else "",
         record["throughput_images_per_s"],
-        ", NOISY" if summary["noisy"] else "",
+        "; " + "; ".join(flags) if flags else "",
     )
     return record

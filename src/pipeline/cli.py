@@ -31,6 +31,10 @@ COMMANDS = {
         "pipeline.commands.bench",
         "time one backend x precision x mode, with numerics and memory",
     ),
+    "choose-precision": (
+        "pipeline.commands.choose_precision",
+        "what amp=measured trains in on a backend, from its benchmarks, and why",
+    ),
     "profile": (
         "pipeline.commands.profile",
         "inference latency per batch size and a torch.profiler trace",

@@ -7,13 +7,14 @@ never a silent fallback to CPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
 import sys
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,7 +23,21 @@ from pipeline.errors import ConfigError, PipelineError
 
 BACKEND_PRIORITY = ("cuda", "mps", "cpu")
 DISABLE_ENV = "PIPELINE_DISABLE_BACKENDS"
+HIDE_CPU_NATIVE_ENV = "PIPELINE_HIDE_CPU_NATIVE"
 PRECISIONS = ("fp32", "fp16", "bf16")
+# CPU features (torch.cpu.get_capabilities() keys) that compute in each reduced precision
+# natively: x86 AVX-512 and AMX, Arm's bf16/fp16 extensions. Merely having oneDNN kernels for
+# a dtype (torch.ops.mkldnn._is_mkldnn_bf16_supported) is not on the list: it is true on any
+# AVX-512 CPU, where bf16 is emulated and slower than fp32.
+CPU_NATIVE_FEATURES = {
+    "bf16": ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"),
+    "fp16": ("avx512_fp16", "amx_fp16", "fp16_arith"),
+}
+# Older torch has only private probes, and for x86 only.
+_CPU_PRIVATE_PROBES = {
+    "bf16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported"),
+    "fp16": ("_is_amx_fp16_supported",),
+}
 _MB = 1024 * 1024
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # First torch releases with MPS autocast for each dtype, and with GradScaler("mps").
@@ -189,6 +204,157 @@ def training_precision(
 ) -> str:
     """The precision a run really trains in: `amp_dtype` if AMP resolves on, else fp32."""
     return amp_dtype if resolve_amp(requested_amp, backend) else "fp32"
+
+
+def run_precision(
+    requested_amp: str | bool | None,
+    amp_dtype: str,
+    backend: DeviceLike,
+    measured: str | None = None,
+) -> str:
+    """The precision a run trains, evaluates and profiles in, `amp: measured` included.
+
+    With 'measured' the precision comes from the benchmarks (`pipeline.measured`), and must be
+    one the backend may train in when measured; every other value follows `training_precision`.
+    """
+    if requested_amp != "measured":
+        return training_precision(requested_amp, amp_dtype, backend)
+    if measured is None:
+        raise ConfigError(
+            "amp=measured takes its precision from benchmark records, and none was given "
+            "(python -m pipeline train reads them from --bench DIR, default results/bench)."
+        )
+    reason = measured_precision_refused_reason(backend, measured)
+    if reason:
+        raise ConfigError(f"amp=measured cannot train in {measured} on {backend}: {reason}.")
+    return measured
+
+
+@dataclass(frozen=True)
+class CpuNativePrecision:
+    """Whether this CPU computes in a reduced precision natively, and what says so."""
+
+    precision: str
+    native: bool
+    evidence: str
+    hidden: bool = False
+    features: Mapping[str, bool] = field(default_factory=dict)
+
+
+def hidden_cpu_precisions() -> frozenset[str]:
+    """Reduced precisions whose native CPU support the environment hides (to try the absent case)."""
+    names = {part.strip().lower() for part in os.environ.get(HIDE_CPU_NATIVE_ENV, "").split(",")}
+    names.discard("")
+    unknown = sorted(names - set(CPU_NATIVE_FEATURES))
+    if unknown:
+        raise ConfigError(
+            f"{HIDE_CPU_NATIVE_ENV}={os.environ[HIDE_CPU_NATIVE_ENV]!r} names {', '.join(unknown)}: "
+            f"it may list only {', '.join(CPU_NATIVE_FEATURES)}."
+        )
+    return frozenset(names)
+
+
+def _cpu_capabilities() -> tuple[dict[str, bool], str] | None:
+    """CPU features from torch's own query (newest torch), else its private x86 probes."""
+    query = getattr(torch.cpu, "get_capabilities", None)
+    if query is not None:
+        try:
+            found = dict(query())
+        except (RuntimeError, AttributeError, TypeError, ValueError):
+            found = None
+        if found is not None:
+            return {
+                key: value is True for key, value in found.items()
+            }, "torch.cpu.get_capabilities()"
+    probes = {name for names in _CPU_PRIVATE_PROBES.values() for name in names}
+    present = {
+        name: getattr(torch.cpu, name) for name in sorted(probes) if hasattr(torch.cpu, name)
+    }
+    if not present:
+        return None
+    return {name: bool(probe()) for name, probe in present.items()}, "torch.cpu private probes"
+
+
+def cpu_native_precision(precision: str) -> CpuNativePrecision:
+    """Native bf16/fp16 compute on this CPU, from torch's capability queries (never from oneDNN)."""
+    if precision not in CPU_NATIVE_FEATURES:
+        raise ConfigError(f"Unknown reduced precision {precision!r}: choose bf16 or fp16.")
+    hidden = precision in hidden_cpu_precisions()
+    queried = _cpu_capabilities()
+    if queried is None:
+        return CpuNativePrecision(
+            precision,
+            False,
+            f"unknown: torch {torch.__version__} has no CPU capability query",
+            hidden,
+        )
+    capabilities, source = queried
+    keys = CPU_NATIVE_FEATURES[precision] + _CPU_PRIVATE_PROBES[precision]
+    features = {key: capabilities[key] for key in keys if key in capabilities}
+    native = any(features.values())
+    listed = ", ".join(f"{key}={'yes' if on else 'no'}" for key, on in features.items())
+    evidence = f"{source}: {listed or 'no ' + precision + ' feature reported'}"
+    if hidden:
+        evidence += f"; hidden by {HIDE_CPU_NATIVE_ENV}"
+    return CpuNativePrecision(precision, native and not hidden, evidence, hidden, features)
+
+
+def measured_precision_refused_reason(backend: DeviceLike, precision: str) -> str | None:
+    """Why `amp: measured` may not train in `precision` here, or None.
+
+    On CUDA and MPS any precision autocast can run qualifies (the benchmark then decides). On a
+    CPU a reduced precision qualifies only where the CPU computes in it natively: elsewhere CPU
+    autocast is 14 to 31 times slower than fp32, whatever one noisy benchmark might suggest.
+    """
+    if precision == "fp32":
+        return None
+    reason = autocast_unsupported_reason(backend, precision)
+    if reason:
+        return reason
+    if backend_name(backend) == "cpu":
+        native = cpu_native_precision(precision)
+        if not native.native:
+            return f"this CPU has no native {precision} instructions ({native.evidence})"
+    return None
+
+
+def measured_refusals(backend: DeviceLike) -> dict[str, str | None]:
+    """For each reduced precision, why `amp: measured` may not train in it here (None: it may)."""
+    return {
+        precision: measured_precision_refused_reason(backend, precision) for precision in _DTYPES
+    }
+
+
+def require_precision(device: DeviceLike, precision: str, stage: str) -> None:
+    """Fail before any work when `stage` (training, evaluation, profiling) cannot run `precision`."""
+    reason = autocast_unsupported_reason(device, precision)
+    if reason:
+        raise ConfigError(
+            f"Cannot run {stage} in {precision} on {device}: {reason}. Set amp=false, or amp_dtype "
+            "to another precision."
+        )
+
+
+def autocast(device: DeviceLike, precision: str) -> contextlib.AbstractContextManager:
+    """The autocast context of a precision on a device: nothing for fp32.
+
+    The one place that turns a precision name into autocast, for training, evaluation, the
+    benchmarks and the profiler alike, so all four run the same arithmetic.
+    """
+    dtype = autocast_dtype(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=backend_name(device), dtype=dtype)
+
+
+def set_kernel_flags(device: DeviceLike, deterministic: bool) -> None:
+    """Kernel selection as training uses it: deterministic kernels, or cuDNN's autotuner on CUDA."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    elif backend_name(device) == "cuda":
+        torch.backends.cudnn.benchmark = True
 
 
 def autocast_unsupported_reason(backend: DeviceLike, precision: str) -> str | None:

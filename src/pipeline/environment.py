@@ -66,6 +66,8 @@ def _backend_entry(name: str) -> dict[str, Any]:
             for key, value in (("auto", "auto"), ("true", True), ("false", False))
         },
         "pin_memory": dev.pin_memory_supported(name),
+        # why amp=measured may not train in each reduced precision here (null: it may)
+        "measured_refused": dev.measured_refusals(name) if status.available else None,
         "error": None,
     }
     if not status.available:
@@ -123,6 +125,11 @@ def collect(requested_device: str | None = None) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(),
         },
         "backends": backends,
+        "cpu_native": {
+            precision: {"native": found.native, "evidence": found.evidence, "hidden": found.hidden}
+            for precision in ("bf16", "fp16")
+            for found in [dev.cpu_native_precision(precision)]
+        },
         "available": dev.available_backends(),
         "auto": dev.resolve_device("auto").type,
         "cuda": _cuda_details(),
@@ -162,6 +169,10 @@ def format_table(info: dict[str, Any]) -> str:
             f"{'yes' if entry['pin_memory'] else 'no':<8} {detail}"
         )
     lines += ["", f"auto resolves to: {info['auto']}"]
+    for precision, native in info["cpu_native"].items():
+        lines.append(
+            f"CPU native {precision}: {'yes' if native['native'] else 'no'} ({native['evidence']})"
+        )
     cuda = info["cuda"]
     if cuda["built"]:
         lines.append(f"CUDA: torch built for {cuda['version']}, cuDNN {cuda['cudnn']}")

@@ -1,13 +1,13 @@
 """Inference profile of a trained model: latency per batch size and a torch.profiler trace.
 
-Latency is wall time around a synchronized forward pass (p50/p90/p99 after warm-up), plus
+Latency is wall time around a synchronized forward pass (p50/p90/p99 after a warm-up that
+lasts until the latency settles), plus
 GPU-side event time where the backend has events. `torch.profiler` has no MPS activity:
 on MPS its operator table shows CPU-side dispatch only, and the output says so.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline import atomic, timing
+from pipeline import atomic, stats, timing
 from pipeline import device as dev
 
 log = logging.getLogger("pipeline")
@@ -29,13 +29,8 @@ TOP_OPERATORS = 25
 
 
 def _forward(model: torch.nn.Module, images: torch.Tensor, device: torch.device, precision: str):
-    dtype = dev.autocast_dtype(precision)
-    autocast = (
-        torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-    )
-
     def run() -> None:
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), dev.autocast(device, precision):
             model(images)
 
     return run
@@ -75,8 +70,8 @@ def latency(
         budget_s=settings["time_budget_s"],
         memory=memory,
     )
-    summary = timing.summarize(samples)
-    gpu = timing.summarize([ms / 1000 for ms in gpu_ms[-len(samples) :]]) if gpu_ms else None
+    summary = stats.summarize(samples)
+    gpu = stats.summarize([ms / 1000 for ms in gpu_ms[-len(samples) :]]) if gpu_ms else None
     return {
         "batch_size": batch_size,
         "wall": {**summary, **details, "samples_ms": [s * 1000 for s in samples]},

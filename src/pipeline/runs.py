@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ class Run:
     device: str  # a device spec, e.g. cuda:1
     precision: str
     sweep: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    measured: bool = False  # the precision is what amp=measured chose (not part of the name)
 
     @property
     def name(self) -> str:
@@ -94,12 +96,20 @@ class Run:
             f"+{k}={v}" for k, v in self.sweep
         )
 
+    @property
+    def model(self) -> str | None:
+        """The swept model, if the model is swept."""
+        return dict(self.sweep).get("model")
+
     def settings(self) -> list[str]:
         """`key=value` settings that make `python -m pipeline train` do this run."""
-        amp = "false" if self.precision == "fp32" else "true"
-        items = [f"device={self.device}", f"amp={amp}"]
-        if self.precision != "fp32":
-            items.append(f"amp_dtype={self.precision}")
+        if self.measured:
+            items = [f"device={self.device}", "amp=measured"]
+        else:
+            amp = "false" if self.precision == "fp32" else "true"
+            items = [f"device={self.device}", f"amp={amp}"]
+            if self.precision != "fp32":
+                items.append(f"amp_dtype={self.precision}")
         items += [f"{SWEEP_KEYS[key]}={json.dumps(value)}" for key, value in self.sweep]
         return items
 
@@ -120,29 +130,67 @@ def parse_run(name: str) -> Run:
     return Run(device_spec(part), precision, tuple(sweep))
 
 
-def training_runs(config: dict[str, Any], env: dict[str, Any]) -> list[Run]:
-    """Every run the config asks for: one, or the product of the sweep's lists."""
+MeasuredChoices = Callable[[str], Mapping[str, str]]
+
+
+def training_runs(
+    config: dict[str, Any], env: dict[str, Any], measured: MeasuredChoices | None = None
+) -> list[Run]:
+    """Every run the config asks for: one, or the product of the sweep's lists.
+
+    `measured(backend)` gives the precision amp=measured chose per model on that backend (the
+    workflow reads it from the choose_precision checkpoint); it is only called when a run
+    asks for amp=measured. A measured run whose choice equals another run's precision is the
+    same run, kept once (as the measured one, whose summary records the choice).
+    """
     device = resolve_device_spec(env, config["device"])
     backend = device.partition(":")[0]
     sweep = config.get("sweep") or {}
-    precisions = sweep.get("precision")
-    if precisions:
-        resolved = {p: precision_for(env, backend, p != "fp32", p) for p in precisions}
-        lost = [p for p, got in resolved.items() if got != p]
-        if lost:
-            raise ConfigError(
-                f"sweep.precision asks for {lost} on {backend}, where AMP is off by policy (the device layer's "
-                f"resolve_amp): those runs would train in fp32 like the fp32 run. Remove them from "
-                f"sweep.precision, or train on a backend with AMP (cuda, mps)."
-            )
-    else:
-        precisions = [precision_for(env, backend, config["amp"], config["amp_dtype"])]
+    requested = sweep.get("precision") or [None]  # None: the config's amp and amp_dtype
+    fixed = [p for p in requested if p not in (None, "measured")]
+    lost = [p for p in fixed if precision_for(env, backend, p != "fp32", p) != p]
+    if lost:
+        raise ConfigError(
+            f"sweep.precision asks for {lost} on {backend}, where AMP is off by policy (the device layer's "
+            f"resolve_amp): those runs would train in fp32 like the fp32 run. Remove them from "
+            f"sweep.precision, use measured (the benchmarks' choice), or train on a backend with AMP "
+            "(cuda, mps)."
+        )
     keys = [key for key in SWEEP_KEYS if sweep.get(key)]
-    runs = []
-    for precision in precisions:
+    runs: dict[str, Run] = {}
+    for wanted in requested:
+        is_measured = wanted == "measured" or (wanted is None and config["amp"] == "measured")
         for values in itertools.product(*(sweep[key] for key in keys)):
-            runs.append(Run(device, precision, tuple(zip(keys, values, strict=True))))
-    return runs
+            swept = tuple(zip(keys, values, strict=True))
+            if is_measured:
+                if measured is None:
+                    raise ConfigError("amp=measured needs the benchmarks' choice of precision.")
+                model = dict(swept).get("model", config["model"]["name"])
+                precision = measured(backend)[model]
+            elif wanted is None:
+                precision = precision_for(env, backend, config["amp"], config["amp_dtype"])
+            else:
+                precision = wanted
+            run = Run(device, precision, swept, is_measured)
+            if run.name not in runs or is_measured:
+                runs[run.name] = run
+    return list(runs.values())
+
+
+def find_run(runs: list[Run], name: str) -> Run:
+    """The run of a name among the config's runs (a wildcard value back to its run)."""
+    for run in runs:
+        if run.name == name:
+            return run
+    raise ConfigError(f"Run {name!r} is not one the config asks for: {[r.name for r in runs]}.")
+
+
+def benchmarked_models(config: dict[str, Any]) -> list[str]:
+    """`bench.models`, or what training trains: model.name and any swept models."""
+    if config["bench"]["models"]:
+        return list(config["bench"]["models"])
+    swept = (config.get("sweep") or {}).get("model") or []
+    return list(dict.fromkeys([config["model"]["name"], *swept]))
 
 
 def bench_matrix(config: dict[str, Any], env: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -155,6 +203,34 @@ def bench_matrix(config: dict[str, Any], env: dict[str, Any]) -> list[tuple[str,
         for backend in backends:
             require_backend(env, backend)
     return [(b, p, m) for b in backends for p in bench["precisions"] for m in bench["modes"]]
+
+
+# What the benchmark reads of the training config: what a training step does, and the class count.
+BENCH_TRAIN_KEYS = (
+    "batch_size",
+    "channels_last",
+    "grad_clip",
+    "optimizer",
+    "lr",
+    "weight_decay",
+    "momentum",
+    "box_weight",
+)
+# Data keys that only change how fast images load or how they are augmented, not the step.
+DATA_LOADING_KEYS = ("augment", "cache", "num_workers", "synthetic")
+
+
+def bench_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings a benchmark depends on (the workflow's rerun trigger for bench jobs)."""
+    data = {key: value for key, value in config["data"].items() if key not in DATA_LOADING_KEYS}
+    data["synthetic"] = {"classes": config["data"]["synthetic"]["classes"]}
+    return {
+        "deterministic": config["deterministic"],
+        "data": data,
+        "model": config["model"],
+        "train": {key: config["train"][key] for key in BENCH_TRAIN_KEYS},
+        "bench": {**config["bench"], "models": benchmarked_models(config)},
+    }
 
 
 def flatten(settings: dict[str, Any], prefix: str = "") -> list[str]:

@@ -1,9 +1,9 @@
-"""Honest timing on any backend: synchronize around every timed region, keep every sample,
-report robust statistics (median and IQR, as torch.utils.benchmark does), bound by a budget."""
+"""Honest timing on any backend: warm up until the step time has settled, synchronize around
+every timed region, keep every sample, bound everything by a budget, and record the conditions
+of the run (did other work share the machine?). The statistics are in `pipeline.stats`."""
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -14,45 +14,10 @@ from typing import Any
 import torch
 
 from pipeline import device as dev
+from pipeline.stats import settled
 
-NOISY_IQR_RATIO = 0.10  # IQR/median above this marks a measurement as noisy
 HIGH_LOAD_PER_CORE = 0.5  # 1-minute load average per core above which others shared the machine
 FOREIGN_CPU_SHARE_LIMIT = 0.15  # share of all cores busy with other processes during a run
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default) of already sorted values."""
-    if not sorted_values:
-        return math.nan
-    position = (len(sorted_values) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
-def summarize(samples_s: list[float]) -> dict[str, Any]:
-    """Median, mean, IQR, p10/p50/p90/p99, min, max (in ms) and the noisy flag."""
-    values = sorted(samples_s)
-    if not values:
-        return {"count": 0}
-    ms = [v * 1000 for v in values]
-    median = percentile(ms, 50)
-    iqr = percentile(ms, 75) - percentile(ms, 25)
-    ratio = iqr / median if median > 0 else math.inf
-    return {
-        "count": len(ms),
-        "median_ms": median,
-        "mean_ms": sum(ms) / len(ms),
-        "iqr_ms": iqr,
-        "iqr_ratio": ratio,
-        "p10_ms": percentile(ms, 10),
-        "p50_ms": median,
-        "p90_ms": percentile(ms, 90),
-        "p99_ms": percentile(ms, 99),
-        "min_ms": ms[0],
-        "max_ms": ms[-1],
-        "noisy": ratio > NOISY_IQR_RATIO,
-    }
 
 
 def timed_runs(
@@ -62,25 +27,35 @@ def timed_runs(
     warmup: int,
     max_steps: int,
     budget_s: float,
+    warmup_budget_s: float | None = None,
     memory: dev.PeakMemory | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
-    """Run `step` `warmup` times untimed, then up to `max_steps` timed, within `budget_s` overall.
+    """Warm up until the step time settles, then time up to `max_steps` steps within `budget_s`.
 
-    The device is synchronized before and after every timed step, so queued work is never
-    attributed to the wrong step. At least one step is always timed, even past the budget.
-    `memory` is sampled after every step, outside the timed region (the MPS lower bound needs
-    samples near each step's peak, and reading it must not count as the step's time).
+    Warm-up runs at least `warmup` steps and then until `settled()` (the first steps of a new
+    model are slow while oneDNN builds its primitives and the allocator grows), for at most
+    `warmup_budget_s` (default: `budget_s`); at least one step is warmed up when `warmup` > 0.
+    The device is synchronized after every warm-up step and before and after every timed step,
+    so queued work is never attributed to the wrong step. At least one step is always timed,
+    even past the budget. `memory` is sampled after every step, outside the timed region.
     """
     started = time.perf_counter()
-    warmup_done = 0
-    for _ in range(warmup):
+    cap = budget_s if warmup_budget_s is None else warmup_budget_s
+    warmup_times: list[float] = []
+    is_settled = warmup == 0
+    while warmup > 0:
+        t0 = time.perf_counter()
         step()
-        warmup_done += 1
         dev.synchronize(device)
+        warmup_times.append(time.perf_counter() - t0)
         if memory is not None:
             memory.update()
-        if time.perf_counter() - started > budget_s:
+        if len(warmup_times) >= warmup and settled(warmup_times):
+            is_settled = True
             break
+        if time.perf_counter() - started > cap:
+            break
+    warmed = time.perf_counter()
     samples: list[float] = []
     while len(samples) < max_steps:
         dev.synchronize(device)
@@ -90,10 +65,12 @@ def timed_runs(
         samples.append(time.perf_counter() - t0)
         if memory is not None:
             memory.update()
-        if time.perf_counter() - started > budget_s:
+        if time.perf_counter() - warmed > budget_s:
             break
     return samples, {
-        "warmup_steps": warmup_done,
+        "warmup_steps": len(warmup_times),
+        "warmup_s": warmed - started,
+        "warmup_settled": is_settled,
         "total_s": time.perf_counter() - started,
         "budget_limited": len(samples) < max_steps,
     }

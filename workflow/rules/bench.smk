@@ -4,7 +4,9 @@ rule bench_one:
         code=code(
             "bench.py",
             "timing.py",
+            "stats.py",
             "device.py",
+            "engine/step.py",
             "models/centernet.py",
             "models/loss.py",
         ),
@@ -34,26 +36,33 @@ rule bench_one:
         gpu_model=lambda wildcards: gpu_model(wildcards.backend),
     params:
         cpu_threads=config["cpu_threads"],
-        models=",".join(config["bench"]["models"]),
-        batch_size=config["bench"]["batch_size"],
-        image_size=config["bench"]["image_size"],
-        warmup=config["bench"]["warmup_steps"],
-        steps=config["bench"]["steps"],
-        budget=config["bench"]["time_budget_s"],
-        flags=[
-            flag
-            for flag, on in (
-                ("--channels-last", config["bench"]["channels_last"]),
-                ("--compile", config["bench"]["compile"]),
-            )
-            if on
-        ],
+        settings=runs.flatten(runs.bench_settings(config)),
     shell:
         "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
-        " --precision {wildcards.precision} --mode {wildcards.mode} --model {params.models}"
-        " --batch-size {params.batch_size} --image-size {params.image_size}"
-        " --warmup {params.warmup} --steps {params.steps} --time-budget {params.budget}"
-        " {params.flags} --out {output}"
+        " --precision {wildcards.precision} --mode {wildcards.mode} --out {output} {params.settings:q}"
+
+
+checkpoint choose_precision:
+    input:
+        bench=choice_inputs,
+        code=code("measured.py", "stats.py", "commands/choose_precision.py"),
+    output:
+        "results/choice/{backend}.json",
+    log:
+        "logs/choice/{backend}.log",
+    conda:
+        "../envs/pipeline.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=10,
+        gpu=lambda wildcards: gpu_request(wildcards.backend),
+        gpu_model=lambda wildcards: gpu_model(wildcards.backend),
+    params:
+        bench_dir="results/bench",
+        settings=runs.flatten({"bench": {"models": runs.benchmarked_models(config)}}),
+    shell:
+        "python -m pipeline --log {log} choose-precision --device {wildcards.backend} --bench {params.bench_dir:q}"
+        " --out {output:q} {params.settings:q}"
 
 
 rule bench:

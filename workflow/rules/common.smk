@@ -6,7 +6,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pipeline import config as pipeline_config
-from pipeline import runs
+from pipeline import measured, runs
 from pipeline.data import annotation_file
 
 config.update(pipeline_config.normalize(config))
@@ -49,8 +49,20 @@ def env_report():
     return runs.read_env(checkpoints.check_env.get().output[0])
 
 
+def measured_choices(backend):
+    """The precision amp=measured chose per model on a backend (choose_precision checkpoint)."""
+    path = checkpoints.choose_precision.get(backend=backend).output[0]
+    return {
+        model: choice.precision for model, choice in measured.read_choices(path).items()
+    }
+
+
 def training_runs():
-    return runs.training_runs(config, env_report())
+    return runs.training_runs(config, env_report(), measured_choices)
+
+
+def training_run(wildcards):
+    return runs.find_run(training_runs(), wildcards.run)
 
 
 def gpu_request(device_text):
@@ -79,6 +91,23 @@ def bench_files(wildcards):
     ]
 
 
+def choice_inputs(wildcards):
+    """The training benchmarks of one backend: what amp=measured chooses from."""
+    return [
+        f"results/bench/{backend}-{precision}-{mode}.json"
+        for backend, precision, mode in runs.bench_matrix(config, env_report())
+        if backend == wildcards.backend and mode == "train"
+    ]
+
+
+def precision_choice(wildcards):
+    """A measured run's choice file (its training depends on it); none for other runs."""
+    run = training_run(wildcards)
+    if not run.measured:
+        return []
+    return [f"results/choice/{run.device.partition(':')[0]}.json"]
+
+
 def run_files(pattern):
     """An input function giving `pattern` for every training run the config asks for."""
 
@@ -105,7 +134,11 @@ def train_settings(wildcards):
     """Every setting training depends on, then the run's own (device, precision, sweep)."""
     sections = {key: config[key] for key in ("seed", "deterministic", "amp_dtype")}
     sections.update({key: config[key] for key in ("data", "model", "train", "eval")})
-    return runs.flatten(sections) + runs.parse_run(wildcards.run).settings()
+    return runs.flatten(sections) + training_run(wildcards).settings()
+
+
+def precision_choice_option(wildcards, input):
+    return ["--precision-choice", input.choice[0]] if input.choice else []
 
 
 def run_device(wildcards):

@@ -2,8 +2,10 @@ rule train_run:
     input:
         data=data_inputs,
         env=ENV_JSON,
+        choice=precision_choice,
         code=code(
             "engine/trainer.py",
+            "engine/step.py",
             "engine/checkpoint.py",
             "engine/evaluator.py",
             "models/centernet.py",
@@ -34,9 +36,11 @@ rule train_run:
     params:
         cpu_threads=config["cpu_threads"],
         run_dir="results/train/{run}",
+        choice=precision_choice_option,
         settings=train_settings,
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q} {params.settings:q}"
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q}"
+        " {params.choice:q} {params.settings:q}"
 
 
 rule train:

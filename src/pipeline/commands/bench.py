@@ -1,18 +1,34 @@
-"""`python -m pipeline bench`: time one backend x precision x mode for one or more models."""
+"""`python -m pipeline bench`: time one backend x precision x mode of the step training takes.
+
+What is timed comes from the training config (config/config.yaml, or --config, with
+key=value settings on top); the options below override single `bench.*` keys.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+
 from pipeline import atomic
 from pipeline.cli import command_parser
-from pipeline.config import load_schema
+from pipeline.config import default_config_path, load_config, load_schema
 from pipeline.errors import ConfigError
 
-DEFAULTS = load_schema()["properties"]["bench"]["properties"]
+# option -> bench key it overrides (None: not given)
+OPTIONS = {
+    "model": "models",
+    "batch_size": "batch_size",
+    "image_size": "image_size",
+    "warmup": "warmup_steps",
+    "steps": "steps",
+    "time_budget": "time_budget_s",
+    "channels_last": "channels_last",
+    "compile": "compile",
+}
 
 
 def main(argv: list[str]) -> int:
     parser = command_parser("bench", __doc__)
-    default = {key: spec.get("default") for key, spec in DEFAULTS.items()}
     parser.add_argument(
         "--device",
         default="auto",
@@ -21,53 +37,67 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--precision", required=True, choices=["fp32", "fp16", "bf16"])
     parser.add_argument("--mode", default="train", choices=["train", "infer"])
     parser.add_argument(
-        "--model", default="tiny_conv", help="model name, or several separated by commas"
+        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
     )
-    parser.add_argument("--batch-size", type=int, default=default["batch_size"])
-    parser.add_argument("--image-size", type=int, default=default["image_size"])
-    parser.add_argument("--warmup", type=int, default=default["warmup_steps"], help="untimed steps")
-    parser.add_argument("--steps", type=int, default=default["steps"], help="most timed steps")
+    parser.add_argument(
+        "--model", help="model name, or several separated by commas (default: training's model)"
+    )
+    parser.add_argument("--batch-size", type=int, help="default: train.batch_size")
+    parser.add_argument("--image-size", type=int, help="default: data.image_size")
+    parser.add_argument("--warmup", type=int, help="fewest untimed warm-up steps")
+    parser.add_argument("--steps", type=int, help="most timed steps")
     parser.add_argument(
         "--time-budget",
         type=float,
-        default=default["time_budget_s"],
         metavar="SECONDS",
-        help="stop after this long (at least one step is timed)",
+        help="stop timing after this long (at least one step is timed)",
     )
-    parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    parser.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        help="default: train.channels_last",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", default=None, help="torch.compile the model first"
+    )
     parser.add_argument("--out", required=True, metavar="FILE.json")
+    parser.add_argument(
+        "settings", nargs="*", metavar="key=value", help="config overrides, e.g. model.width=16"
+    )
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps"):
-        if getattr(args, name) < 1:
-            raise ConfigError(
-                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}."
-            )
-    if args.time_budget <= 0 or args.warmup < 0:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
+    if (args.time_budget is not None and args.time_budget <= 0) or (
+        args.warmup is not None and args.warmup < 0
+    ):
         raise ConfigError("--time-budget must be positive and --warmup at least 0.")
+    overrides = list(args.settings)
+    for option, key in OPTIONS.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        if option == "model":
+            value = [name.strip() for name in value.split(",") if name.strip()]
+            known = load_schema()["properties"]["model"]["properties"]["name"]["enum"]
+            unknown = [name for name in value if name not in known]
+            if unknown or not value:
+                raise ConfigError(
+                    f"Unknown model(s) {unknown or [args.model]}: choose from {', '.join(known)}."
+                )
+        overrides.append(f"bench.{key}={json.dumps(value)}")
+    config = load_config(default_config_path(args.config), overrides)
 
     from pipeline import bench
     from pipeline import device as dev
-    from pipeline.models import MODELS, check_input_size
+    from pipeline.data import class_count
+    from pipeline.models import check_input_size
 
-    models = [name.strip() for name in args.model.split(",") if name.strip()]
-    unknown = [name for name in models if name not in MODELS]
-    if unknown or not models:
-        raise ConfigError(
-            f"Unknown model(s) {unknown or [args.model]}: choose from {', '.join(MODELS)}."
-        )
-    for name in models:
-        check_input_size(name, args.image_size)
+    plan = bench.settings_from_config(config, class_count(config))
+    for name in plan["models"]:
+        check_input_size(name, plan["image_size"])
     device = dev.resolve_device(args.device)
-    settings = {
-        "batch_size": args.batch_size,
-        "image_size": args.image_size,
-        "warmup_steps": args.warmup,
-        "steps": args.steps,
-        "time_budget_s": args.time_budget,
-        "channels_last": args.channels_last,
-        "compile": args.compile,
-    }
-    records = [bench.run(device, args.precision, args.mode, name, settings) for name in models]
+    records = [bench.run(device, args.precision, args.mode, name, plan) for name in plan["models"]]
     atomic.write_json(args.out, {"format": bench.FORMAT, "records": records})
     return 0

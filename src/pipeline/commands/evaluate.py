@@ -22,7 +22,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--device", help="device to evaluate on (default: the checkpoint's config device)"
     )
-    parser.add_argument("--amp", help="auto, true or false (default: the checkpoint's amp)")
+    parser.add_argument(
+        "--amp", help="auto, true, false or measured (default: the checkpoint's amp)"
+    )
     parser.add_argument(
         "--data", metavar="ROOT", help="evaluate on this data root instead of the checkpoint's"
     )
@@ -59,7 +61,9 @@ def main(argv: list[str]) -> int:
     )
     device = dev.resolve_device(args.device or config["device"])
     amp = config["amp"] if args.amp is None else parse_bool(args.amp)
-    precision = dev.training_precision(amp, config["amp_dtype"], device)
+    # a run of amp=measured keeps the precision its benchmarks chose (the checkpoint records it)
+    precision = dev.run_precision(amp, config["amp_dtype"], device, state.get("precision"))
+    dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]
     split = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names)

@@ -38,7 +38,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--device", help="device to profile on (default: the checkpoint's config device)"
     )
-    parser.add_argument("--amp", help="auto, true or false (default: the checkpoint's amp)")
+    parser.add_argument(
+        "--amp", help="auto, true, false or measured (default: the checkpoint's amp)"
+    )
     parser.add_argument(
         "--batch-sizes", default=",".join(map(str, DEFAULTS["batch_sizes"])), metavar="1,8,32"
     )
@@ -76,7 +78,9 @@ def main(argv: list[str]) -> int:
     config = state["config"]
     device = dev.resolve_device(args.device or config["device"])
     amp = config["amp"] if args.amp is None else parse_bool(args.amp)
-    precision = dev.training_precision(amp, config["amp_dtype"], device)
+    # a run of amp=measured keeps the precision its benchmarks chose (the checkpoint records it)
+    precision = dev.run_precision(amp, config["amp_dtype"], device, state.get("precision"))
+    dev.require_precision(device, precision, "profiling")
     layout = memory_format(config["train"]["channels_last"])
     model = checkpoint.restore_model(state, device, layout, args.checkpoint)
     out = Path(args.out)

@@ -1,4 +1,9 @@
-"""`python -m pipeline train`: train a detector with the resolved device and AMP policy."""
+"""`python -m pipeline train`: train a detector with the resolved device and precision.
+
+With `--amp measured` the precision is the one the benchmarks found fastest with acceptable
+numerics on the run's backend (read from --bench DIR, or a --precision-choice file), or fp32
+where none is; train_summary.json records that choice and why.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from pipeline.config import default_config_path, load_config, parse_bool
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
+AMP_VALUES = (True, False, "auto", "measured")
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +26,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--device", help="auto, cpu, cuda, cuda:N or mps (overrides the config's device)"
     )
-    parser.add_argument("--amp", help="auto, true or false (overrides the config's amp)")
+    parser.add_argument("--amp", help="auto, true, false or measured (overrides the config's amp)")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--bench",
+        metavar="DIR",
+        help="with amp=measured: the benchmark records to choose from (default: results/bench)",
+    )
+    choice.add_argument(
+        "--precision-choice",
+        metavar="FILE.json",
+        help="with amp=measured: a choice written by 'python -m pipeline choose-precision'",
+    )
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument(
         "--resume",
@@ -45,21 +62,45 @@ def main(argv: list[str]) -> int:
         settings.append(f"device={args.device}")
     if args.amp:
         amp = parse_bool(args.amp)
-        if amp not in (True, False, "auto"):
-            raise ConfigError(f"--amp {args.amp!r} is not understood: use auto, true or false.")
+        if amp not in AMP_VALUES:
+            raise ConfigError(
+                f"--amp {args.amp!r} is not understood: use auto, true, false or measured."
+            )
         settings.append(f"amp={str(amp).lower()}")
     config = load_config(default_config_path(args.config), settings)
 
     from pipeline import device as dev
+    from pipeline import measured
     from pipeline.engine.trainer import Trainer
     from pipeline.runs import Run
 
+    device = dev.resolve_device(config["device"])
+    precision_choice = None
+    if config["amp"] == "measured":
+        model = config["model"]["name"]
+        if args.precision_choice:
+            precision_choice = measured.choice_for_model(args.precision_choice, model)
+        else:
+            records = measured.train_records(args.bench or measured.DEFAULT_BENCH_DIR, device.type)
+            precision_choice = measured.choose_precision(
+                records, device.type, model, dev.measured_refusals(device)
+            )
+        log.info(
+            "amp=measured on %s: %s (%s)",
+            device,
+            precision_choice.precision,
+            precision_choice.reason,
+        )
+    elif args.bench or args.precision_choice:
+        raise ConfigError("--bench and --precision-choice are only read with amp=measured.")
     out = args.out
     if not out:
-        device = dev.resolve_device(config["device"])
-        precision = dev.training_precision(config["amp"], config["amp_dtype"], device)
+        measured_precision = precision_choice.precision if precision_choice else None
+        precision = dev.run_precision(
+            config["amp"], config["amp_dtype"], device, measured_precision
+        )
         out = Path("results/train") / Run(str(device), precision).name
-    trainer = Trainer(config, out)
+    trainer = Trainer(config, out, precision_choice=precision_choice)
     if args.resume or args.resume_if_possible:
         trainer.resume(required=args.resume)
     summary = trainer.fit()

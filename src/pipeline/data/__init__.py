@@ -58,3 +58,13 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
             "data.classes to the list to use."
         )
     return train, val
+
+
+def class_count(config: dict[str, Any]) -> int:
+    """How many classes training will have, read as cheaply as the config allows."""
+    data = config["data"]
+    if data["classes"]:
+        return len(data["classes"])
+    if data["format"] == "synthetic":
+        return len(data["synthetic"]["classes"])
+    return len(load_split(config, "train").class_names)

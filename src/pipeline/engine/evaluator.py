@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
-from pipeline.device import DeviceLike, autocast_dtype, backend_name, synchronize
+from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError, DataError
 
 LABEL_MODES = ("multilabel", "single")
@@ -406,10 +406,6 @@ def _record(image_id: int, tensors: Record, keys: Sequence[str]) -> dict[str, An
     return record
 
 
-def _autocast(backend: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if dtype is None else torch.autocast(backend, dtype=dtype)
-
-
 class Evaluator:
     """Runs a model over a loader and turns its detections into the metrics every stage reports."""
 
@@ -469,8 +465,6 @@ class Evaluator:
         to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
         """
         device = torch.device(device)
-        backend = backend_name(device)
-        dtype = autocast_dtype(precision)
         gts: list[dict[str, Any]] = []
         dets: list[dict[str, Any]] = []
         score_rows: list[np.ndarray] = []
@@ -483,7 +477,7 @@ class Evaluator:
                     images = images.to(device, non_blocking=True)
                     synchronize(device)
                     start = time.perf_counter()
-                    with _autocast(backend, dtype):
+                    with autocast(device, precision):
                         outputs = model(images)
                     synchronize(device)
                     model_s += time.perf_counter() - start

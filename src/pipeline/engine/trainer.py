@@ -1,18 +1,18 @@
 """The training loop: one pass from config to checkpoints, readable in one sitting.
 
-Device from `resolve_device`, AMP from `resolve_amp`; fp16 runs through a GradScaler,
-gradients are clipped after unscaling. Each epoch ends with `last.pth` (and `best.pth`
-when the monitored metric improves), written atomically; `resume()` continues from
-`last.pth` exactly where it left off, including the RNG streams.
+Device from `resolve_device`, precision from the AMP policy or, with `amp: measured`, from the
+benchmarks' choice; each step is `engine.step.TrainStep` (the step the benchmark times). The
+loop reads the device only at log intervals, so the host queues steps ahead of an
+accelerator. Each epoch ends with `last.pth` (and `best.pth` when the monitored metric
+improves), written atomically; `resume()` continues from `last.pth` exactly where it left
+off, including the RNG streams.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import os
 import random
 import statistics
 import time
@@ -29,8 +29,10 @@ from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.engine.evaluator import Evaluator
+from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, TrainingError
+from pipeline.measured import PrecisionChoice
 from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
 
@@ -39,36 +41,50 @@ log = logging.getLogger("pipeline")
 RESUME_KEYS = ("seed", "deterministic", "data", "model", "train")
 
 
-def build_optimizer(params, train: dict[str, Any]) -> torch.optim.Optimizer:
-    if train["optimizer"] == "sgd":
-        return torch.optim.SGD(
-            params,
-            lr=train["lr"],
-            momentum=train["momentum"],
-            nesterov=True,
-            weight_decay=train["weight_decay"],
-        )
-    return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"])
+class StepTally:
+    """What the loop keeps of its steps, on the device, so that steps never wait for it.
 
+    Loss sums and the count of finite steps per epoch, and the streak of consecutive
+    non-finite losses across epochs; `read()` fetches all of it at once: the one host
+    synchronisation of a log step.
+    """
 
-def lr_factor(step: int, train: dict[str, Any], steps_per_epoch: int) -> float:
-    """Linear warm-up, then cosine to zero, step decay, or constant; per optimizer step."""
-    total = train["epochs"] * steps_per_epoch
-    warmup = min(int(train["warmup_epochs"] * steps_per_epoch), total - 1)
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    if train["scheduler"] == "cosine":
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    if train["scheduler"] == "step":
-        return train["gamma"] ** (step // (train["step_size"] * steps_per_epoch))
-    return 1.0
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.streak = torch.zeros((), device=device)
+        self.new_epoch()
 
+    def new_epoch(self) -> None:
+        self.sums = torch.zeros(3, device=self.device)  # loss, heatmap, box over finite steps
+        self.finite_steps = torch.zeros((), device=self.device)
+        self.worst_streak = self.streak.clone()
 
-def build_scheduler(optimizer: torch.optim.Optimizer, train: dict[str, Any], steps_per_epoch: int):
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, train, steps_per_epoch)
-    )
+    def add(self, result: StepResult) -> None:
+        self.sums += torch.where(result.finite, result.losses, 0.0)
+        self.finite_steps += result.finite
+        self.streak = (self.streak + 1) * ~result.finite
+        self.worst_streak = torch.maximum(self.worst_streak, self.streak)
+
+    def read(self, result: StepResult) -> dict[str, Any]:
+        """This step's losses and the tallies so far, in one synchronisation."""
+        values = torch.cat(
+            [
+                result.losses,
+                result.finite[None],
+                self.worst_streak[None],
+                self.sums,
+                self.finite_steps[None],
+            ]
+        ).tolist()
+        return {
+            "loss": values[0],
+            "heatmap": values[1],
+            "box": values[2],
+            "finite": bool(values[3]),
+            "worst_streak": values[4],
+            "sums": values[5:8],
+            "finite_steps": values[8],
+        }
 
 
 def _format_duration(seconds: float) -> str:
@@ -80,25 +96,29 @@ class Trainer:
     """Trains one run into `run_dir`; `fit()` returns the summary it also writes."""
 
     def __init__(
-        self, config: dict[str, Any], run_dir: str | Path, requested_device: str | None = None
+        self,
+        config: dict[str, Any],
+        run_dir: str | Path,
+        requested_device: str | None = None,
+        precision_choice: PrecisionChoice | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
         self.requested_device = requested_device or config["device"]
         self.device = dev.resolve_device(self.requested_device)
-        self.amp = dev.resolve_amp(config["amp"], self.device)
+        self.precision_choice = precision_choice
+        measured = precision_choice.precision if precision_choice else None
+        self.precision = dev.run_precision(
+            config["amp"], config["amp_dtype"], self.device, measured
+        )
+        self.amp = self.precision != "fp32"
         if config["amp"] is True and not self.amp:
             log.warning(
                 "AMP was asked for, but %s does not support it (autocast there is far slower than fp32, "
                 "so it is off by policy): training in fp32 instead.",
                 self.device,
             )
-        self.precision = dev.training_precision(config["amp"], config["amp_dtype"], self.device)
-        reason = dev.autocast_unsupported_reason(self.device, self.precision)
-        if reason:
-            raise TrainingError(
-                f"Cannot train in {self.precision} on {self.device}: {reason}. Set amp=false or amp_dtype to another precision."
-            )
+        dev.require_precision(self.device, self.precision, "training")
         self.train_cfg = config["train"]
         self._seed_everything()
 
@@ -117,12 +137,22 @@ class Trainer:
         self.loss_fn = DetectionLoss(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
         self.scheduler = build_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.step = TrainStep(
+            self.model,
+            self.loss_fn,
+            self.optimizer,
+            self.device,
+            self.precision,
+            grad_clip=self.train_cfg["grad_clip"],
+            memory_format=self.memory_format,
+            scheduler=self.scheduler,
+        )
+        self.scaler = self.step.scaler
         self.evaluator = Evaluator.from_config(config, self.class_names)
         self.memory = dev.PeakMemory(self.device)
         self.epoch = 0  # epochs completed
         self.global_step = 0
-        self.nonfinite_run = 0  # consecutive non-finite losses, across epoch boundaries
+        self.tally = StepTally(self.device)
         self.best_metric = -math.inf
         self.best_epoch: int | None = None
         self.epoch_rows: list[dict[str, Any]] = []
@@ -135,24 +165,12 @@ class Trainer:
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
-        if self.config["deterministic"]:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.benchmark = False
-        elif self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True
+        dev.set_kernel_flags(self.device, self.config["deterministic"])
 
     @property
     def paths(self) -> dict[str, Path]:
         names = ("last.pth", "best.pth", "metrics.jsonl", "train_summary.json", "config.json")
         return {name.split(".")[0]: self.run_dir / name for name in names}
-
-    def _autocast(self):
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(
-            device_type=self.device.type, dtype=dev.autocast_dtype(self.precision)
-        )
 
     # ---- checkpoints -------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -186,6 +204,8 @@ class Trainer:
         changed = [key for key in RESUME_KEYS if state["config"].get(key) != self.config.get(key)]
         if state["class_names"] != self.class_names:
             changed.append("class names")
+        if state["precision"] != self.precision:
+            changed.append(f"precision: {state['precision']} then, {self.precision} now")
         if changed:
             message = f"{path} was trained with different settings ({', '.join(changed)})"
             if required:
@@ -235,110 +255,88 @@ class Trainer:
             handle.write(json.dumps(atomic.jsonable(row)) + "\n")
         self.trackers.log(row, self.global_step)
 
-    def _train_step(
-        self, images: torch.Tensor, targets: list[dict[str, Any]]
-    ) -> dict[str, float] | None:
-        images = images.to(self.device, non_blocking=True).contiguous(
-            memory_format=self.memory_format
+    def _stop_if_diverging(self, epoch: int, streak: float) -> None:
+        limit = self.train_cfg["max_nonfinite_steps"]
+        if streak < limit:
+            return
+        raise TrainingError(
+            f"Training stopped in epoch {epoch}, step {self.global_step}: the loss was not finite for "
+            f"{int(streak)} consecutive steps, so the run is diverging. Lower train.lr (now "
+            f"{self.train_cfg['lr']}), keep train.grad_clip on, or use amp=false. The last "
+            + (
+                f"checkpoint, written after epoch {self.epoch}, is {self.paths['last']}."
+                if self.paths["last"].exists()
+                else "checkpoint is not written yet."
+            )
         )
-        with self._autocast():
-            outputs = self.model(images)
-        losses = self.loss_fn(outputs, targets)
-        total = losses["total"]
-        value = total.item()
-        if not math.isfinite(value):  # skip the update: one bad batch must not poison the weights
-            return None
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(total).backward()
-        if self.train_cfg["grad_clip"]:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg["grad_clip"])
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        self.memory.update()
-        return {"loss": value, "heatmap": losses["heatmap"].item(), "box": losses["box"].item()}
 
     def _train_epoch(self) -> dict[str, Any]:
+        """One epoch; the device is read (one synchronisation) only at log steps."""
         epoch = self.epoch + 1
         self.model.train()
         self.memory.reset()
         self.train_loader.sampler.set_epoch(epoch)
+        self.tally.new_epoch()
         batch_size, total_epochs = self.train_cfg["batch_size"], self.train_cfg["epochs"]
         interval = self.train_cfg["log_interval"]
-        sums = {"loss": 0.0, "heatmap": 0.0, "box": 0.0}
-        finite_steps = 0
         dev.synchronize(self.device)
         start = mark = time.perf_counter()
         for index, (images, targets) in enumerate(self.train_loader, start=1):
-            result = self._train_step(images, targets)
+            result = self.step(images, targets)
             self.global_step += 1
-            if result is None:
-                self.nonfinite_run += 1
-                if self.nonfinite_run >= self.train_cfg["max_nonfinite_steps"]:
-                    raise TrainingError(
-                        f"Training stopped in epoch {epoch}, step {self.global_step}: the loss was not finite for "
-                        f"{self.nonfinite_run} consecutive steps, so the run is diverging. Lower train.lr (now "
-                        f"{self.train_cfg['lr']}), keep train.grad_clip on, or use amp=false. The last "
-                        + (
-                            f"checkpoint, written after epoch {self.epoch}, is {self.paths['last']}."
-                            if self.paths["last"].exists()
-                            else "checkpoint is not written yet."
-                        )
-                    )
+            self.memory.update()
+            self.tally.add(result)
+            if index % interval and index != self.steps_per_epoch:
                 continue
-            self.nonfinite_run = 0
-            finite_steps += 1
-            for key in sums:
-                sums[key] += result[key]
-            if index % interval == 0 or index == self.steps_per_epoch:
-                dev.synchronize(self.device)
-                now = time.perf_counter()
-                steps = index % interval or interval
-                step_time = (now - mark) / steps
-                mark = now
-                self.step_times.append(step_time)
-                remaining = (
-                    (total_epochs - epoch) * self.steps_per_epoch + self.steps_per_epoch - index
-                )
-                lr = self.optimizer.param_groups[0]["lr"]
-                self._write_row(
-                    {
-                        "type": "step",
-                        "epoch": epoch,
-                        "step": self.global_step,
-                        **result,
-                        "lr": lr,
-                        "step_time_s": step_time,
-                        "images_per_s": batch_size / step_time,
-                        "memory": self.memory.as_dict(),
-                    }
-                )
-                log.info(
-                    "epoch %d/%d step %d/%d loss %.3f (heatmap %.3f box %.3f) lr %.2e %.0f ms/step %.0f img/s ETA %s",
-                    epoch,
-                    total_epochs,
-                    index,
-                    self.steps_per_epoch,
-                    result["loss"],
-                    result["heatmap"],
-                    result["box"],
-                    lr,
-                    step_time * 1000,
-                    batch_size / step_time,
-                    _format_duration(remaining * step_time),
-                )
-        dev.synchronize(self.device)
+            read = self.tally.read(result)
+            now = time.perf_counter()
+            self._stop_if_diverging(epoch, read["worst_streak"])
+            steps = index % interval or interval
+            step_time = (now - mark) / steps
+            mark = now
+            self.step_times.append(step_time)
+            if not read["finite"]:  # a skipped step has no figures to log
+                continue
+            remaining = (total_epochs - epoch) * self.steps_per_epoch + self.steps_per_epoch - index
+            lr = self.optimizer.param_groups[0]["lr"]
+            self._write_row(
+                {
+                    "type": "step",
+                    "epoch": epoch,
+                    "step": self.global_step,
+                    "loss": read["loss"],
+                    "heatmap": read["heatmap"],
+                    "box": read["box"],
+                    "lr": lr,
+                    "step_time_s": step_time,
+                    "images_per_s": batch_size / step_time,
+                    "memory": self.memory.as_dict(),
+                }
+            )
+            log.info(
+                "epoch %d/%d step %d/%d loss %.3f (heatmap %.3f box %.3f) lr %.2e %.0f ms/step %.0f img/s ETA %s",
+                epoch,
+                total_epochs,
+                index,
+                self.steps_per_epoch,
+                read["loss"],
+                read["heatmap"],
+                read["box"],
+                lr,
+                step_time * 1000,
+                batch_size / step_time,
+                _format_duration(remaining * step_time),
+            )
         seconds = time.perf_counter() - start
+        # the epoch's last step was a log step: `read` holds its totals
+        count = read["finite_steps"]
         # an epoch without a finite loss has no mean loss (null in metrics.jsonl), not 0
-        means = {
-            key: value / finite_steps if finite_steps else math.nan for key, value in sums.items()
-        }
+        means = [value / count if count else math.nan for value in read["sums"]]
         return {
             "epoch": epoch,
-            "train_loss": means["loss"],
-            "train_heatmap": means["heatmap"],
-            "train_box": means["box"],
+            "train_loss": means[0],
+            "train_heatmap": means[1],
+            "train_box": means[2],
             "epoch_time_s": seconds,
             "images_per_s": self.steps_per_epoch * batch_size / seconds,
         }
@@ -432,6 +430,7 @@ class Trainer:
             "device_description": dev.describe_device(self.device),
             "amp": self.amp,
             "precision": self.precision,
+            "precision_choice": self.precision_choice.as_dict() if self.precision_choice else None,
             "model": self.config["model"]["name"],
             "parameters": parameter_count(self.model),
             "class_names": self.class_names,

@@ -1,0 +1,233 @@
+"""`amp: measured`: train with the precision the benchmarks found fastest, where it is safe.
+
+A reduced precision is chosen on a backend when its benchmarked training step beats the
+same backend's fp32 step with the whole bootstrap interval beyond the tolerance, its
+numerics were acceptable, and the device layer lets `amp: measured` train in it there (on a
+CPU: only with native bf16/fp16 instructions). Otherwise the run trains in fp32, and the
+choice says why. The same function serves `python -m pipeline train --amp measured`, the
+workflow (which names the run after the choice) and the report ("what measured would do"),
+so nothing here imports torch: the device layer's verdicts come in as `refused` reasons.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline import stats
+from pipeline.errors import ConfigError, DataError
+
+FORMAT = "pipeline.choice/1"
+BENCH_FORMAT = "pipeline.bench/2"
+BENCH_SCHEMA = Path(__file__).parent / "schemas" / "bench.schema.yaml"
+REDUCED = ("bf16", "fp16")  # preference among equally fast precisions: bf16 needs no scaler
+DEFAULT_BENCH_DIR = Path("results/bench")
+
+
+@functools.cache
+def bench_schema() -> dict[str, Any]:
+    return yaml.safe_load(BENCH_SCHEMA.read_text(encoding="utf-8"))
+
+
+def read_bench_file(path: str | Path) -> list[dict[str, Any]]:
+    """The records of one `python -m pipeline bench` file, checked against its schema."""
+    import jsonschema
+
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise DataError(f"Benchmark file {path} does not exist.") from error
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"Benchmark file {path} is not valid JSON: {error}.") from error
+    problems = sorted(
+        jsonschema.Draft202012Validator(bench_schema()).iter_errors(document),
+        key=lambda e: list(e.absolute_path),
+    )
+    if problems:
+        where = "/".join(str(part) for part in problems[0].absolute_path) or "(top level)"
+        raise DataError(
+            f"Benchmark file {path} does not match {BENCH_SCHEMA.name} at {where}: "
+            f"{problems[0].message}. Run the benchmark again (snakemake bench, or python -m "
+            "pipeline bench) to rewrite it."
+        )
+    return document["records"]
+
+
+def train_records(bench_dir: str | Path, backend: str) -> list[tuple[dict[str, Any], Path]]:
+    """Every training-mode record of `backend` under `bench_dir`, with the file it came from."""
+    found = []
+    for path in sorted(Path(bench_dir).glob(f"{backend}-*-train.json")):
+        found += [(record, path) for record in read_bench_file(path) if record["mode"] == "train"]
+    return found
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One reduced precision as the choice saw it: its speed-up over fp32 and the verdict."""
+
+    precision: str
+    eligible: bool
+    reason: str
+    speedup: dict[str, Any] | None = None
+    record: str | None = None
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision `amp: measured` trains in on one backend, with the evidence behind it."""
+
+    backend: str
+    model: str
+    precision: str
+    reason: str
+    speedup: dict[str, Any] | None = None
+    reference: str | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    configuration: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrecisionChoice:
+        values = dict(data)
+        values["candidates"] = [Candidate(**item) for item in values.get("candidates", [])]
+        return cls(**values)
+
+
+def _samples(record: Mapping[str, Any]) -> list[float]:
+    return [ms / 1000 for ms in record["timing"]["samples_ms"]]
+
+
+def choose_precision(
+    records: Iterable[tuple[Mapping[str, Any], str | Path]],
+    backend: str,
+    model: str,
+    refused: Mapping[str, str | None],
+) -> PrecisionChoice:
+    """The fastest safe precision for training `model` on `backend`, from its train records.
+
+    `refused[p]` is the device layer's reason why `amp: measured` may not train in `p` on this
+    backend (None where it may): `pipeline.device.measured_precision_refused_reason`.
+    """
+    mine = [
+        (record, str(path))
+        for record, path in records
+        if record["backend"] == backend and record["mode"] == "train" and record["model"] == model
+    ]
+    if not mine:
+        raise ConfigError(
+            f"amp=measured needs training benchmarks of {model} on {backend}, and there are none. "
+            f"Run them first: snakemake bench, or python -m pipeline bench --device {backend} "
+            f"--precision fp32 --mode train (and fp16, bf16) --out results/bench/"
+            f"{backend}-<precision>-train.json."
+        )
+    by_precision = {record["precision"]: (record, path) for record, path in mine}
+    reference = by_precision.get("fp32")
+    if reference is None or reference[0]["status"] != "ok":
+        return PrecisionChoice(
+            backend,
+            model,
+            "fp32",
+            "there is no fp32 timing to compare against, so no reduced precision can be shown "
+            "to be faster",
+        )
+    ref_record, ref_path = reference
+    candidates = [
+        _judge(precision, by_precision.get(precision), ref_record, refused.get(precision))
+        for precision in REDUCED
+    ]
+    eligible = [c for c in candidates if c.eligible]
+    configuration = ref_record.get("configuration")
+    if not eligible:
+        why = "; ".join(f"{c.precision}: {c.reason}" for c in candidates)
+        return PrecisionChoice(
+            backend,
+            model,
+            "fp32",
+            f"no reduced precision trained faster than fp32 with acceptable numerics ({why})",
+            None,
+            ref_path,
+            candidates,
+            configuration,
+        )
+    best = max(eligible, key=lambda c: c.speedup["ratio"])
+    return PrecisionChoice(
+        backend,
+        model,
+        best.precision,
+        best.reason,
+        best.speedup,
+        ref_path,
+        candidates,
+        configuration,
+    )
+
+
+def _judge(
+    precision: str,
+    found: tuple[Mapping[str, Any], str] | None,
+    reference: Mapping[str, Any],
+    refused: str | None,
+) -> Candidate:
+    if found is None:
+        return Candidate(precision, False, "not benchmarked")
+    record, path = found
+    if record["status"] != "ok":
+        return Candidate(precision, False, f"could not run: {record['reason']}", None, path)
+    speed = stats.speedup(_samples(reference), _samples(record))
+    as_dict = {**speed.as_dict(), "text": speed.text}
+    numerics = record.get("numerics") or {}
+    if not numerics.get("acceptable", False):
+        problem = numerics.get("problem") or "numerics not acceptable"
+        return Candidate(precision, False, f"{speed.text}, but {problem}", as_dict, path)
+    if speed.verdict != "faster":
+        return Candidate(precision, False, f"not faster: {speed.text}", as_dict, path)
+    if refused:
+        return Candidate(
+            precision,
+            False,
+            f"{speed.text}, but measured mode may not use it: {refused}",
+            as_dict,
+            path,
+        )
+    reason = (
+        f"{precision} trains {speed.ratio:.2f}x faster than fp32 ({speed.interval_text}) with "
+        "acceptable numerics"
+    )
+    return Candidate(precision, True, reason, as_dict, path)
+
+
+def choices_document(backend: str, choices: Iterable[PrecisionChoice]) -> dict[str, Any]:
+    """What `python -m pipeline choose-precision` writes: one choice per benchmarked model."""
+    return {"format": FORMAT, "backend": backend, "choices": [c.as_dict() for c in choices]}
+
+
+def read_choices(path: str | Path) -> dict[str, PrecisionChoice]:
+    """The choices of a file `choose-precision` wrote, by model name."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"Precision choice file {path} cannot be read: {error}.") from error
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise DataError(f"{path} is not a precision choice file (no '{FORMAT}' format tag).")
+    return {item["model"]: PrecisionChoice.from_dict(item) for item in data["choices"]}
+
+
+def choice_for_model(path: str | Path, model: str) -> PrecisionChoice:
+    """The choice for `model` in a choice file; a model it does not cover is an error."""
+    choices = read_choices(path)
+    if model not in choices:
+        raise ConfigError(
+            f"Precision choice file {path} covers {sorted(choices)}, not {model!r}: benchmark "
+            f"{model} (bench.models) and choose again."
+        )
+    return choices[model]

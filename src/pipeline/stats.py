@@ -1,0 +1,200 @@
+"""Statistics of step times, without torch: robust summaries (median and IQR, as
+torch.utils.benchmark gives them), a drift check, the warm-up settling rule, and speed-ups
+with a bootstrap interval. The report reads them too, so nothing here imports torch."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+NOISY_IQR_RATIO = 0.10  # IQR/median above this marks a measurement as noisy
+DRIFT_LIMIT = 0.05  # second-half median this far from the first half's marks a drifting record
+SETTLE_WINDOW = 5  # warm-up ends when the median of the last steps ...
+SETTLE_TOLERANCE = 0.05  # ... is within this of the median of the steps before them
+SPEEDUP_TOLERANCE = 0.05  # a speed-up is claimed only where its whole interval is beyond this
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+MIN_SAMPLES_FOR_A_CLAIM = 5  # fewer timed steps than this in either set: no claim either way
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of already sorted values."""
+    if not sorted_values:
+        return math.nan
+    position = (len(sorted_values) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def drift(samples_s: Sequence[float]) -> dict[str, Any]:
+    """Median of the second half of the samples over the first half's, in timed order.
+
+    A step time still falling (caches, allocator, clocks settling) or rising (another job, heat)
+    shows here even when the spread around the median looks small.
+    """
+    half = len(samples_s) // 2
+    if half < 2:
+        return {"ratio": None, "drifting": False}
+    first = statistics.median(samples_s[:half])
+    second = statistics.median(samples_s[len(samples_s) - half :])
+    ratio = second / first if first > 0 else math.inf
+    return {"ratio": ratio, "drifting": abs(ratio - 1) > DRIFT_LIMIT}
+
+
+def summarize(samples_s: list[float]) -> dict[str, Any]:
+    """Median, mean, IQR, p10/p50/p90/p99, min, max (in ms), the noisy flag and the drift check."""
+    values = sorted(samples_s)
+    if not values:
+        return {"count": 0}
+    ms = [v * 1000 for v in values]
+    median = percentile(ms, 50)
+    iqr = percentile(ms, 75) - percentile(ms, 25)
+    ratio = iqr / median if median > 0 else math.inf
+    trend = drift(samples_s)
+    return {
+        "count": len(ms),
+        "median_ms": median,
+        "mean_ms": sum(ms) / len(ms),
+        "iqr_ms": iqr,
+        "iqr_ratio": ratio,
+        "p10_ms": percentile(ms, 10),
+        "p50_ms": median,
+        "p90_ms": percentile(ms, 90),
+        "p99_ms": percentile(ms, 99),
+        "min_ms": ms[0],
+        "max_ms": ms[-1],
+        "noisy": ratio > NOISY_IQR_RATIO,
+        "drift_ratio": trend["ratio"],
+        "drifting": trend["drifting"],
+    }
+
+
+def quality_words(summary: dict[str, Any]) -> list[str]:
+    """What a person should know about a timing before trusting it, in plain words."""
+    words = []
+    if summary.get("drifting"):
+        ratio = summary["drift_ratio"]
+        direction = "slower" if ratio > 1 else "faster"
+        words.append(
+            f"drifting: the second half of the timed steps ran {abs(ratio - 1):.0%} {direction} "
+            "than the first (still warming up, or the machine got busier)"
+        )
+    if summary.get("noisy"):
+        words.append(
+            f"noisy: the middle half of the steps spans {summary['iqr_ratio']:.0%} of the median"
+        )
+    return words
+
+
+def settled(step_times: Sequence[float], window: int = SETTLE_WINDOW) -> bool:
+    """Whether the median of the last `window` steps is within tolerance of the `window` before."""
+    if len(step_times) < 2 * window:
+        return False
+    recent = statistics.median(step_times[-window:])
+    before = statistics.median(step_times[-2 * window : -window])
+    if before == 0:
+        return recent == 0
+    return abs(recent / before - 1) <= SETTLE_TOLERANCE
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """How much faster a candidate ran than a reference, with a bootstrap interval.
+
+    `ratio` is the reference's median step time over the candidate's (2.0: twice as fast);
+    `low`/`high` bound it at `confidence`. `verdict` is 'faster' or 'slower' only where the
+    whole interval lies beyond the tolerance, 'indistinguishable' where it does not, and
+    'too few samples' where either set has fewer than MIN_SAMPLES_FOR_A_CLAIM steps, unless a
+    well-timed set and at least two steps of the other do not even overlap (a 30x slower,
+    budget-limited precision).
+    """
+
+    ratio: float
+    low: float
+    high: float
+    verdict: str
+    reference_count: int
+    candidate_count: int
+    confidence: float = CONFIDENCE
+    tolerance: float = SPEEDUP_TOLERANCE
+    method: str = (
+        f"percentile bootstrap of the ratio of medians, {BOOTSTRAP_RESAMPLES} resamples of each set"
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def interval_text(self) -> str:
+        """'95% interval 1.40-1.55x' (as a speed-up)."""
+        return f"{self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x"
+
+    @property
+    def text(self) -> str:
+        """'1.47x faster (95% interval 1.40-1.55x)' and the like, for logs and the report."""
+        interval = self.interval_text
+        if self.verdict == "faster":
+            return f"{self.ratio:.2f}x faster ({interval})"
+        if self.verdict == "slower":
+            slower = f"{self.confidence:.0%} interval {1 / self.high:.2f}-{1 / self.low:.2f}x"
+            return f"{1 / self.ratio:.2f}x slower ({slower})"
+        if self.verdict == "too few samples":
+            return (
+                f"{self.ratio:.2f}x, too few timed steps to tell "
+                f"({self.candidate_count} against {self.reference_count}; {interval})"
+            )
+        return f"indistinguishable ({self.ratio:.2f}x, {interval})"
+
+
+def speedup(
+    reference_s: Sequence[float],
+    candidate_s: Sequence[float],
+    *,
+    tolerance: float = SPEEDUP_TOLERANCE,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Speedup:
+    """Speed-up of `candidate` over `reference` from their step times, with its interval.
+
+    Both sets are resampled independently (they come from separate runs), and the interval is
+    the percentile interval of the ratio of medians: no assumption about the shape of the
+    step-time distribution, which on shared machines has long right tails. Seeded: the same
+    samples always give the same interval.
+    """
+    reference = np.asarray(reference_s, dtype=np.float64)
+    candidate = np.asarray(candidate_s, dtype=np.float64)
+    if reference.size == 0 or candidate.size == 0:
+        raise ValueError("A speed-up needs at least one timed step on each side.")
+    rng = np.random.default_rng(seed)
+    ref_medians = np.median(rng.choice(reference, (resamples, reference.size)), axis=1)
+    cand_medians = np.median(rng.choice(candidate, (resamples, candidate.size)), axis=1)
+    ratios = ref_medians / cand_medians
+    tail = (1 - confidence) / 2 * 100
+    low, high = (float(v) for v in np.percentile(ratios, [tail, 100 - tail]))
+    ratio = float(np.median(reference) / np.median(candidate))
+    sizes = sorted((reference.size, candidate.size))
+    enough = sizes[0] >= MIN_SAMPLES_FOR_A_CLAIM
+    # a budget-limited slow side with a few steps, all beyond every step of a well-timed side
+    apart = (
+        sizes[0] >= 2
+        and sizes[1] >= MIN_SAMPLES_FOR_A_CLAIM
+        and (reference.min() > candidate.max() or candidate.min() > reference.max())
+    )
+    if not (enough or apart):
+        verdict = "too few samples"
+    elif low > 1 + tolerance:
+        verdict = "faster"
+    elif high < 1 / (1 + tolerance):
+        verdict = "slower"
+    else:
+        verdict = "indistinguishable"
+    return Speedup(
+        ratio, low, high, verdict, int(reference.size), int(candidate.size), confidence, tolerance
+    )

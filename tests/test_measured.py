@@ -1,0 +1,345 @@
+"""`amp: measured`: the precision chosen from benchmark records, and training with it.
+
+The choice is tested on fabricated records (so CUDA, MPS and CPUs with and without native
+bf16 are all covered on any machine); training with it runs for real on this CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tiny_runs import make_data, one_cpu_thread, tiny_settings
+
+from pipeline import cli, measured
+from pipeline import device as dev
+from pipeline.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
+SAFE = {"bf16": None, "fp16": None}  # the device layer lets measured mode use both
+
+
+def record(
+    backend: str,
+    precision: str,
+    median_ms: float,
+    *,
+    model: str = "tiny_conv",
+    acceptable: bool = True,
+    status: str = "ok",
+    count: int = 30,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A training benchmark record with the fields the choice reads."""
+    rng = np.random.default_rng([seed, int(median_ms * 10)])
+    samples = list(median_ms * (1 + 0.02 * rng.standard_normal(count)))
+    numerics = None
+    if precision != "fp32":
+        numerics = {
+            "acceptable": acceptable,
+            "problem": None if acceptable else "the loss is 9.0% off fp32's",
+        }
+    return {
+        "status": status,
+        "reason": None if status == "ok" else "bf16 autocast is not supported here",
+        "backend": backend,
+        "precision": precision,
+        "mode": "train",
+        "model": model,
+        "configuration": {"batch_size": 16},
+        "timing": {"samples_ms": samples} if status == "ok" else None,
+        "numerics": numerics if status == "ok" else None,
+    }
+
+
+def records(backend: str, **medians: float) -> list[tuple[dict[str, Any], str]]:
+    return [
+        (record(backend, precision, ms), f"{backend}-{precision}-train.json")
+        for precision, ms in medians.items()
+    ]
+
+
+# --- the choice ------------------------------------------------------------------------------
+
+
+def test_a_reduced_precision_clearly_faster_with_acceptable_numerics_is_chosen() -> None:
+    choice = measured.choose_precision(
+        records("cpu", fp32=50, bf16=34, fp16=800), "cpu", "tiny_conv", SAFE
+    )
+    assert choice.precision == "bf16"
+    assert choice.speedup["verdict"] == "faster"
+    assert choice.speedup["low"] > 1.05 and choice.speedup["ratio"] == pytest.approx(50 / 34, 0.05)
+    assert choice.reason.startswith("bf16 trains 1.4")
+    assert "faster than fp32 (95% interval" in choice.reason
+    assert choice.reference == "cpu-fp32-train.json"
+    verdicts = {c.precision: c.eligible for c in choice.candidates}
+    assert verdicts == {"bf16": True, "fp16": False}
+
+
+def test_on_a_cpu_without_native_bf16_a_faster_bf16_is_still_refused() -> None:
+    refused = {"bf16": "this CPU has no native bf16 instructions (...)", "fp16": "no fp16 (...)"}
+    choice = measured.choose_precision(
+        records("cpu", fp32=50, bf16=34, fp16=800), "cpu", "tiny_conv", refused
+    )
+    assert choice.precision == "fp32"
+    assert "measured mode may not use it: this CPU has no native bf16" in choice.reason
+    assert choice.speedup is None
+
+
+@pytest.mark.parametrize(
+    ("medians", "expected"),
+    [
+        ({"fp32": 10.0, "fp16": 4.0, "bf16": 5.0}, "fp16"),
+        ({"fp32": 10.0, "fp16": 6.0, "bf16": 4.0}, "bf16"),
+        ({"fp32": 10.0, "fp16": 10.1, "bf16": 9.9}, "fp32"),
+    ],
+)
+def test_on_cuda_measured_can_pick_fp16_bf16_or_fp32(
+    medians: dict[str, float], expected: str
+) -> None:
+    choice = measured.choose_precision(records("cuda", **medians), "cuda", "tiny_conv", SAFE)
+    assert choice.precision == expected
+
+
+def test_on_mps_an_autocast_slower_than_fp32_keeps_fp32() -> None:
+    choice = measured.choose_precision(
+        records("mps", fp32=76, fp16=90, bf16=108), "mps", "tiny_conv", SAFE
+    )
+    assert choice.precision == "fp32"
+    assert "fp16: not faster: 1.18x slower" in choice.reason
+
+
+def test_numerics_that_are_not_acceptable_rule_a_precision_out_whatever_its_speed() -> None:
+    found = [
+        (record("cuda", "fp32", 10), "f32"),
+        (record("cuda", "fp16", 4, acceptable=False), "f16"),
+        (record("cuda", "bf16", 5), "b16"),
+    ]
+    choice = measured.choose_precision(found, "cuda", "tiny_conv", SAFE)
+    assert choice.precision == "bf16"
+    fp16 = next(c for c in choice.candidates if c.precision == "fp16")
+    assert not fp16.eligible and "but the loss is 9.0% off fp32's" in fp16.reason
+
+
+def test_a_skipped_record_and_a_missing_one_are_named_as_such() -> None:
+    found = [(record("cuda", "fp32", 10), "a"), (record("cuda", "bf16", 5, status="skipped"), "b")]
+    choice = measured.choose_precision(found, "cuda", "tiny_conv", SAFE)
+    assert choice.precision == "fp32"
+    reasons = {c.precision: c.reason for c in choice.candidates}
+    assert reasons == {
+        "bf16": "could not run: bf16 autocast is not supported here",
+        "fp16": "not benchmarked",
+    }
+
+
+def test_a_speed_up_from_too_few_steps_is_not_enough_to_choose() -> None:
+    found = [(record("cuda", "fp32", 10, count=30), "a"), (record("cuda", "fp16", 5, count=1), "b")]
+    choice = measured.choose_precision(found, "cuda", "tiny_conv", SAFE)
+    assert choice.precision == "fp32" and "too few timed steps" in choice.reason
+
+
+def test_without_an_fp32_timing_nothing_can_be_shown_faster() -> None:
+    found = [(record("cuda", "fp16", 5), "b")]
+    choice = measured.choose_precision(found, "cuda", "tiny_conv", SAFE)
+    assert choice.precision == "fp32" and "no fp32 timing" in choice.reason
+
+
+def test_the_choice_is_per_model() -> None:
+    found = [
+        (record("cuda", "fp32", 10, model="resnet18"), "a"),
+        (record("cuda", "fp16", 4, model="resnet18"), "b"),
+        (record("cuda", "fp32", 10), "c"),
+        (record("cuda", "fp16", 10), "d"),
+    ]
+    assert measured.choose_precision(found, "cuda", "resnet18", SAFE).precision == "fp16"
+    assert measured.choose_precision(found, "cuda", "tiny_conv", SAFE).precision == "fp32"
+
+
+def test_no_records_for_the_backend_is_an_error_saying_how_to_make_them() -> None:
+    with pytest.raises(ConfigError, match="needs training benchmarks of tiny_conv on mps"):
+        measured.choose_precision(records("cpu", fp32=50), "mps", "tiny_conv", SAFE)
+
+
+def test_a_choice_file_round_trips(tmp_path: Path) -> None:
+    choice = measured.choose_precision(
+        records("cuda", fp32=10, fp16=4, bf16=5), "cuda", "tiny_conv", SAFE
+    )
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(measured.choices_document("cuda", [choice])))
+    assert measured.read_choices(path) == {"tiny_conv": choice}
+    with pytest.raises(ConfigError, match="covers \\['tiny_conv'\\], not 'resnet18'"):
+        measured.choice_for_model(path, "resnet18")
+
+
+# --- the device layer's part -----------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_with(monkeypatch: pytest.MonkeyPatch):
+    """Make torch report the given CPU features (the others absent)."""
+
+    def make(*features: str) -> None:
+        report = {key: key in features for key in ("avx2", "avx512_f", "avx512_bf16", "amx_bf16")}
+        report.update({key: key in features for key in ("avx512_fp16", "amx_fp16")})
+        monkeypatch.setattr(dev.torch.cpu, "get_capabilities", lambda: report, raising=False)
+
+    monkeypatch.delenv(dev.HIDE_CPU_NATIVE_ENV, raising=False)
+    return make
+
+
+@pytest.mark.parametrize(
+    ("features", "native"),
+    [
+        (("avx2",), False),
+        (("avx2", "avx512_f"), False),
+        (("avx512_bf16",), True),
+        (("amx_bf16",), True),
+    ],
+)
+def test_native_bf16_comes_from_the_cpu_features_not_from_avx512_alone(
+    cpu_with, features: tuple[str, ...], native: bool
+) -> None:
+    cpu_with(*features)
+    found = dev.cpu_native_precision("bf16")
+    assert found.native is native
+    assert found.evidence.startswith("torch.cpu.get_capabilities(): avx512_bf16=")
+    assert (dev.measured_precision_refused_reason("cpu", "bf16") is None) is native
+
+
+def test_the_environment_variable_hides_native_bf16(
+    cpu_with, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu_with("avx512_bf16")
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "bf16")
+    found = dev.cpu_native_precision("bf16")
+    assert found.native is False and found.hidden is True
+    assert f"hidden by {dev.HIDE_CPU_NATIVE_ENV}" in found.evidence
+    assert "no native bf16" in dev.measured_precision_refused_reason("cpu", "bf16")
+
+
+def test_an_unknown_name_in_the_hiding_variable_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "bf16,fp8")
+    with pytest.raises(ConfigError, match="names fp8: it may list only bf16, fp16"):
+        dev.cpu_native_precision("bf16")
+
+
+def test_older_torch_falls_back_to_its_private_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(dev.torch.cpu, "get_capabilities", raising=False)
+    monkeypatch.setattr(dev.torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(dev.torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(dev.torch.cpu, "_is_amx_fp16_supported", lambda: False, raising=False)
+    found = dev.cpu_native_precision("bf16")
+    assert found.native is True and found.evidence.startswith("torch.cpu private probes")
+
+
+def test_a_torch_without_any_cpu_query_reports_no_native_support(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(dev.torch.cpu, "get_capabilities", raising=False)
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        monkeypatch.delattr(dev.torch.cpu, probe, raising=False)
+    found = dev.cpu_native_precision("bf16")
+    assert found.native is False and "has no CPU capability query" in found.evidence
+
+
+def test_the_static_cpu_policy_is_unchanged_whatever_the_cpu_has(cpu_with) -> None:
+    cpu_with("avx512_bf16", "amx_bf16")
+    assert dev.amp_supported("cpu") is False
+    assert dev.resolve_amp(True, "cpu") is False
+    assert dev.training_precision(True, "bf16", "cpu") == "fp32"
+
+
+def test_run_precision_takes_the_measured_precision_only_where_measured_may_use_it(
+    cpu_with,
+) -> None:
+    cpu_with("avx512_bf16")
+    assert dev.run_precision("measured", "fp16", "cpu", "bf16") == "bf16"
+    assert dev.run_precision("measured", "fp16", "cpu", "fp32") == "fp32"
+    assert dev.run_precision(False, "fp16", "cpu", "bf16") == "fp32"  # measured is not asked for
+    with pytest.raises(
+        ConfigError, match="cannot train in fp16 on cpu: this CPU has no native fp16"
+    ):
+        dev.run_precision("measured", "fp16", "cpu", "fp16")
+    with pytest.raises(ConfigError, match="takes its precision from benchmark records"):
+        dev.run_precision("measured", "fp16", "cpu", None)
+
+
+def test_simulated_gpus_let_measured_use_what_autocast_runs(fake_cuda) -> None:
+    assert dev.measured_refusals("cuda") == {"fp16": None, "bf16": None}
+    fake_cuda.bf16 = False
+    assert "no bf16 support" in dev.measured_refusals("cuda")["bf16"]
+
+
+# --- training with the choice, for real on this CPU ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("measured-data"))
+
+
+def write_bench(folder: Path, backend: str, **medians: float) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for precision, ms in medians.items():
+        document = {"format": measured.BENCH_FORMAT, "records": [record(backend, precision, ms)]}
+        (folder / f"{backend}-{precision}-train.json").write_text(json.dumps(document))
+    return folder
+
+
+def train(data_root: Path, out: Path, *args: str) -> int:
+    with one_cpu_thread():
+        return cli.main(
+            ["train", "--cpu-threads", "1", "--out", str(out), *args, *tiny_settings(data_root)]
+        )
+
+
+@pytest.fixture
+def unchecked_bench_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fabricated records hold only what the choice reads, not a whole schema-valid record."""
+    monkeypatch.setattr(
+        measured,
+        "read_bench_file",
+        lambda path: json.loads(Path(path).read_text())["records"],
+    )
+
+
+def test_train_with_amp_measured_and_no_records_fails_saying_how_to_make_them(
+    data_root: Path, tmp_path: Path, capsys
+) -> None:
+    code = train(data_root, tmp_path / "run", "--amp", "measured", "--bench", str(tmp_path))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "amp=measured needs training benchmarks of tiny_conv on cpu" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.usefixtures("unchecked_bench_files")
+def test_train_with_amp_measured_trains_the_chosen_bf16_on_a_cpu_with_native_bf16(
+    data_root: Path, tmp_path: Path, cpu_with
+) -> None:
+    cpu_with("avx512_bf16")
+    bench = write_bench(tmp_path / "bench", "cpu", fp32=50, bf16=34)
+    assert train(data_root, tmp_path / "run", "--amp", "measured", "--bench", str(bench)) == 0
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["amp"] is True
+    choice = summary["precision_choice"]
+    assert choice["precision"] == "bf16" and choice["speedup"]["verdict"] == "faster"
+    assert choice["reference"].endswith("cpu-fp32-train.json")
+
+
+@pytest.mark.usefixtures("unchecked_bench_files")
+def test_with_native_bf16_hidden_the_same_records_train_fp32_and_say_why(
+    data_root: Path, tmp_path: Path, cpu_with, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu_with("avx512_bf16")
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "bf16")
+    bench = write_bench(tmp_path / "bench", "cpu", fp32=50, bf16=34)
+    assert train(data_root, tmp_path / "run", "--amp", "measured", "--bench", str(bench)) == 0
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["precision"] == "fp32"
+    assert "no native bf16 instructions" in summary["precision_choice"]["reason"]

@@ -1,0 +1,161 @@
+"""Statistics of step times: summaries, drift, the warm-up settling rule and speed-up intervals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeline import stats
+
+
+def test_summarize_one_to_ten_ms_gives_numpy_linear_percentiles() -> None:
+    samples_ms = list(range(1, 11))
+    summary = stats.summarize([ms / 1000 for ms in reversed(samples_ms)])  # order must not matter
+    assert summary["count"] == 10
+    assert summary["median_ms"] == pytest.approx(5.5)
+    assert summary["p50_ms"] == pytest.approx(5.5)
+    assert summary["mean_ms"] == pytest.approx(5.5)
+    assert summary["iqr_ms"] == pytest.approx(4.5)
+    assert summary["p10_ms"] == pytest.approx(1.9)
+    assert summary["p90_ms"] == pytest.approx(9.1)
+    assert summary["p99_ms"] == pytest.approx(9.91)
+    assert (summary["min_ms"], summary["max_ms"]) == pytest.approx((1.0, 10.0))
+    assert summary["iqr_ratio"] == pytest.approx(4.5 / 5.5)
+    assert summary["noisy"] is True
+    for q in (10, 25, 50, 75, 90, 99):
+        assert stats.percentile([float(v) for v in samples_ms], q) == pytest.approx(
+            np.percentile(samples_ms, q)
+        )
+
+
+@pytest.mark.parametrize(
+    ("samples_ms", "noisy"),
+    [
+        ([91, 95.5, 100, 104.5, 109], False),  # IQR 9 / median 100 = 0.09
+        ([89, 94.5, 100, 105.5, 111], True),  # IQR 11 / median 100 = 0.11
+        ([100] * 5, False),
+        ([50, 100, 100, 100, 500], False),  # outliers beyond the quartiles do not count
+    ],
+)
+def test_noisy_flags_an_iqr_above_10_percent_of_the_median(
+    samples_ms: list[float], noisy: bool
+) -> None:
+    assert stats.summarize([ms / 1000 for ms in samples_ms])["noisy"] is noisy
+
+
+def test_summarize_of_no_samples_is_a_zero_count() -> None:
+    assert stats.summarize([]) == {"count": 0}
+    assert math.isnan(stats.percentile([], 50))
+
+
+def test_percentile_of_one_sample_is_that_sample() -> None:
+    assert stats.percentile([3.0], 99) == 3.0
+    assert stats.summarize([0.003])["iqr_ms"] == 0.0
+
+
+# --- drift -----------------------------------------------------------------------------------
+
+
+def test_a_warm_up_trend_in_the_samples_is_flagged_as_drift_and_not_as_noise() -> None:
+    # the issue's case: the first nine steps 57-118 ms, the last eleven 41-50 ms
+    first = [118, 97, 88, 80, 74, 69, 64, 60, 57]
+    last = [50, 46, 44, 43, 45, 41, 47, 44, 42, 48, 43]
+    summary = stats.summarize([ms / 1000 for ms in first + last])
+    assert summary["drifting"] is True
+    assert summary["drift_ratio"] == pytest.approx(44 / 69, rel=0.05)
+    words = stats.quality_words(summary)
+    assert words[0].startswith("drifting: the second half of the timed steps ran")
+    assert "faster than the first" in words[0]
+
+
+@pytest.mark.parametrize(
+    ("samples_ms", "drifting"),
+    [
+        ([100, 104, 98, 101, 99, 103, 100, 102], False),
+        ([100, 100, 100, 100, 106, 106, 106, 106], True),  # 6% slower later
+        ([100, 100, 100, 100, 104, 104, 104, 104], False),  # 4%: within the limit
+    ],
+)
+def test_drift_compares_the_medians_of_the_two_halves_in_timed_order(
+    samples_ms: list[float], drifting: bool
+) -> None:
+    summary = stats.summarize([ms / 1000 for ms in samples_ms])
+    assert summary["drifting"] is drifting
+    assert stats.summarize([ms / 1000 for ms in sorted(samples_ms)])["drift_ratio"] >= 1
+
+
+def test_too_few_samples_have_no_drift_ratio() -> None:
+    summary = stats.summarize([0.100, 0.101, 0.102])
+    assert summary["drift_ratio"] is None and summary["drifting"] is False
+    assert stats.quality_words(summary) == []
+
+
+# --- settling --------------------------------------------------------------------------------
+
+
+def test_settled_needs_two_windows_whose_medians_agree() -> None:
+    assert not stats.settled([1.0] * (2 * stats.SETTLE_WINDOW - 1))
+    assert stats.settled([1.0] * (2 * stats.SETTLE_WINDOW))
+    falling = [2.0, 1.8, 1.6, 1.4, 1.2, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert not stats.settled(falling)
+    assert stats.settled([*falling, 1.0, 1.0, 1.02, 0.99, 1.0])
+
+
+def test_steps_that_take_no_measurable_time_count_as_settled() -> None:
+    assert stats.settled([0.0] * 10)
+
+
+# --- speed-ups -------------------------------------------------------------------------------
+
+
+def _normal(median_ms: float, spread_ms: float, count: int, seed: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list((median_ms + spread_ms * rng.standard_normal(count)) / 1000)
+
+
+def test_a_clear_speed_up_is_faster_with_an_interval_around_the_ratio() -> None:
+    result = stats.speedup(_normal(50, 2, 30, 0), _normal(35, 2, 30, 1))
+    assert result.verdict == "faster"
+    assert result.low < result.ratio < result.high
+    assert result.ratio == pytest.approx(50 / 35, rel=0.05)
+    assert result.low > 1 + result.tolerance
+    assert result.text.startswith(f"{result.ratio:.2f}x faster (95% interval")
+
+
+def test_two_samples_of_one_distribution_are_indistinguishable() -> None:
+    result = stats.speedup(_normal(50, 3, 30, 0), _normal(50, 3, 30, 1))
+    assert result.verdict == "indistinguishable"
+    assert result.low < 1 < result.high
+    assert result.text.startswith("indistinguishable (")
+
+
+def test_a_ratio_inside_the_tolerance_is_never_called_faster() -> None:
+    # 3% faster with almost no spread: the interval is tight, but within the 5% tolerance
+    result = stats.speedup(_normal(100, 0.2, 30, 0), _normal(97, 0.2, 30, 1))
+    assert result.low > 1
+    assert result.verdict == "indistinguishable"
+
+
+def test_a_budget_limited_slow_precision_is_slower_from_a_few_steps() -> None:
+    result = stats.speedup(_normal(50, 2, 30, 0), [1.60, 1.72])
+    assert result.verdict == "slower"
+    assert result.text.startswith(f"{1 / result.ratio:.2f}x slower (95% interval")
+
+
+@pytest.mark.parametrize(("reference", "candidate"), [([0.05], [0.03]), ([0.05] * 30, [0.03])])
+def test_a_single_step_supports_no_claim(reference: list[float], candidate: list[float]) -> None:
+    result = stats.speedup(reference, candidate)
+    assert result.verdict == "too few samples"
+    assert "too few timed steps" in result.text
+
+
+def test_the_interval_is_reproducible() -> None:
+    a, b = _normal(50, 5, 20, 0), _normal(40, 5, 20, 1)
+    assert stats.speedup(a, b) == stats.speedup(a, b)
+
+
+def test_a_speed_up_needs_samples_on_both_sides() -> None:
+    with pytest.raises(ValueError, match="at least one timed step"):
+        stats.speedup([], [0.1])
