@@ -19,7 +19,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))  # report_fixtures and report_page, run as a script
 
-from report_fixtures import BENCH, write_json, write_results_tree
+from report_fixtures import (
+    BENCH,
+    bench_record,
+    env_json,
+    evaluation,
+    metrics_rows,
+    predictions,
+    profile,
+    train_summary,
+    write_json,
+    write_results_tree,
+)
 from report_page import Outline
 
 from pipeline import cli
@@ -70,7 +81,92 @@ def sparse_tree(root: Path) -> tuple[Path, list[str]]:
     return results, []
 
 
-TREES = {"full": full_tree, "swept": swept_tree, "sparse": sparse_tree}
+def write_bench(results: Path, records: list[dict[str, Any]]) -> None:
+    for index, record in enumerate(records):
+        name = f"{record['backend']}-{record['precision']}-{record['mode']}-{index}.json"
+        write_json(results / "bench" / name, {"format": "pipeline.bench/1", "records": [record]})
+
+
+def cpu_policy_tree(root: Path) -> tuple[Path, list[str]]:
+    """A CPU-only machine where bf16 is faster but the AMP policy rules it out, two models,
+    flagged timings, and runs with pieces missing (no summary, a cut-off metrics line, no
+    per-class results, a missing trace, no operator profile, many unreadable images)."""
+    results = root / "results"
+    env = env_json()
+    env["backends"]["cuda"].update(available=False, reason="torch was built without CUDA")
+    env["backends"]["mps"].update(available=False, reason="MPS needs an Apple-silicon Mac")
+    env.update(auto="cpu", available=["cpu"], cuda={"built": False}, mps={"built": False})
+    write_json(results / "env.json", env)
+    fp32 = bench_record("cpu", "fp32", "train", 100.0)
+    fp32["timing"].update(noisy=True, iqr_ratio=0.18, budget_limited=True, count=7)
+    fp16 = bench_record("cpu", "fp16", "train", 1500.0)
+    fp16["numerics"] = None
+    bf16_infer = bench_record("cpu", "bf16", "infer", 12.0)
+    bf16_infer["numerics"]["outputs"]["heatmap"]["max_rel_diff"] = None
+    other_model = bench_record("cpu", "fp32", "train", 400.0)
+    other_model["model"] = "resnet18"
+    records = [fp32, fp16, bench_record("cpu", "bf16", "train", 60.0), bf16_infer, other_model]
+    write_bench(results, records)
+    run = results / "train" / "cpu-fp32"
+    write_json(run / "train_summary.json", train_summary("cpu", "fp32", 0.5))
+    rows = metrics_rows([9.0, 8.0, 7.0, 6.0], [0.3, 0.5])
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps(row) + "\n" for row in rows) + '{"type": "st', encoding="utf-8"
+    )
+    unsummarised = results / "train" / "cpu-bf16"
+    (unsummarised / "metrics.jsonl").parent.mkdir(parents=True)
+    (unsummarised / "metrics.jsonl").write_text(
+        "".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8"
+    )
+    for name in ("cpu-fp32", "cpu-bf16"):
+        scores = evaluation("cpu", name.split("-")[1], 0.5)
+        del scores["metrics"]["per_class"]
+        write_json(results / "eval" / f"{name}.json", scores)
+    images = [str(root / "images" / f"missing_{index}.png") for index in range(7)]
+    write_json(results / "eval" / "cpu-bf16_predictions.json", predictions(images))
+    without_operators = profile("cpu", "fp32")
+    del without_operators["profiler"]
+    write_json(results / "profile" / "cpu-fp32" / "profile.json", without_operators)
+    noted = profile("cpu", "bf16")
+    noted["profiler"].update(top_operators=[], note="torch.profiler has no MPS activity")
+    write_json(results / "profile" / "cpu-bf16" / "profile.json", noted)
+    config = {"amp": True, "model": {"name": "absent"}, "bench": {"models": ["tiny_conv"]}}
+    return results, ["--config-json", json.dumps(config)]
+
+
+def nothing_safe_tree(root: Path) -> tuple[Path, list[str]]:
+    """Every training benchmark failed the numerics check, and one backend has no AMP policy."""
+    results = root / "results"
+    env = env_json()
+    del env["backends"]["mps"]["resolved_amp"]
+    write_json(results / "env.json", env)
+    nonfinite = bench_record("cuda", "bf16", "train", 3.0)
+    nonfinite["numerics"].update(finite=False, acceptable=False)
+    records = [bench_record("cuda", "fp16", "train", 4.0, loss_rel_diff=0.3), nonfinite]
+    records += [bench_record("mps", "fp16", "train", 15.0, loss_rel_diff=0.1)]
+    write_bench(results, records)
+    write_json(results / "eval" / "cuda-fp16.json", evaluation("cuda", "fp16", 0.4))
+    write_json(results / "eval" / "cuda-fp16_predictions.json", predictions([]))
+    return results, []
+
+
+def no_baseline_tree(root: Path) -> tuple[Path, list[str]]:
+    """MPS benchmarks only: the answer has no CPU fp32 to compare with, and fp32 is slower."""
+    results = root / "results"
+    write_bench(
+        results, [bench_record("mps", p, "train", ms) for p, ms in (("fp32", 20.0), ("fp16", 15.0))]
+    )
+    return results, []
+
+
+TREES = {
+    "full": full_tree,
+    "swept": swept_tree,
+    "sparse": sparse_tree,
+    "cpu_policy": cpu_policy_tree,
+    "nothing_safe": nothing_safe_tree,
+    "no_baseline": no_baseline_tree,
+}
 
 
 def normalised(value: Any, root: Path) -> Any:
