@@ -1,6 +1,7 @@
 """View models of the sections drawn from the benchmark records: the answer, the benchmark
 table and the AMP policy check. The decisions come from decisions.py; this shapes them for the
-templates (sections/answer, benchmarks and amp-policy.html.j2)."""
+templates (sections/answer, benchmarks and amp-policy.html.j2). A view of None means there is
+nothing to show yet: the template says which step to run."""
 
 from __future__ import annotations
 

@@ -57,18 +57,15 @@ def render(results: Results, config: dict[str, Any] | None, out: Path, generated
         "provenance": provenance_view(results, config),
     }
     sections = [{"id": id_, "title": title, "view": views[id_]} for id_, title in SECTIONS.items()]
-    return (
-        templates()
-        .get_template("page.html.j2")
-        .render(
-            sections=sections,
-            root=results.root,
-            generated=generated,
-            stylesheet=resources.files(__package__)
-            .joinpath("static/report.css")
-            .read_text("utf-8"),
-        )
+    page = templates().get_template("page.html.j2")
+    return page.render(
+        sections=sections, root=results.root, generated=generated, stylesheet=stylesheet()
     )
+
+
+def stylesheet() -> str:
+    """static/report.css, inlined by the page template so the report stays one file."""
+    return resources.files(__package__).joinpath("static", "report.css").read_text("utf-8")
 
 
 @cache

@@ -1,5 +1,6 @@
 """View models of the sections drawn from the training runs: training, evaluation and the
-inference profile, for the templates sections/training, evaluation and profile.html.j2."""
+inference profile, for the templates sections/training, evaluation and profile.html.j2.
+A view of None means there is nothing to show yet: the template says which step to run."""
 
 from __future__ import annotations
 
