@@ -92,3 +92,77 @@ def assert_self_contained(source: str, page: Page, min_images: int) -> None:
             assert not value.startswith(("http:", "https:", "//")), (tag, value)
     assert "http://" not in source and "https://" not in source
     assert not [tag for tag, _ in page.tags if tag in {"link", "script", "iframe", "object"}]
+
+
+class Outline(Page):
+    """What a reader sees of each section: headings, tables cell by cell, figures by alt and caption.
+
+    Used to compare two reports built from the same results (tests/report_golden.py).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[dict] = []
+        self._capture: list[str] | None = None  # text of the heading, cell or caption being read
+        self._row: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        super().handle_starttag(tag, attrs)
+        attributes = dict(attrs)
+        if tag == "section":
+            self.sections.append(
+                {
+                    "id": attributes.get("id"),
+                    "heading": None,
+                    "subheadings": [],
+                    "tables": [],
+                    "figures": [],
+                }
+            )
+        if not self.sections:
+            return
+        current = self.sections[-1]
+        if tag == "table":
+            current["tables"].append({"headers": [], "rows": []})
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("th", "td", "h2", "h3", "figcaption"):
+            self._capture = []
+        elif tag == "br" and self._capture is not None:
+            self._capture.append(" ")
+        elif tag == "img":
+            current["figures"].append({"alt": attributes.get("alt"), "caption": None})
+
+    def handle_endtag(self, tag: str) -> None:
+        super().handle_endtag(tag)
+        if not self.sections or (self._capture is None and tag != "tr"):
+            return
+        current = self.sections[-1]
+        text = " ".join("".join(self._capture or []).split())
+        if tag == "th":
+            current["tables"][-1]["headers"].append(text)
+        elif tag == "td" and self._row is not None:
+            self._row.append(text)
+        elif tag == "tr":
+            if self._row:
+                current["tables"][-1]["rows"].append(self._row)
+            self._row = None
+            return
+        elif tag == "h2":
+            current["heading"] = text
+        elif tag == "h3":
+            current["subheadings"].append(text)
+        elif tag == "figcaption":
+            current["figures"][-1]["caption"] = text
+        else:
+            return
+        self._capture = None
+
+    def handle_data(self, data: str) -> None:
+        super().handle_data(data)
+        if self._capture is not None:
+            self._capture.append(data)
+
+    def outline(self) -> list[dict]:
+        """Each section's outline, with its whole text (as `Page.text` reads it) beside it."""
+        return [{**section, "text": self.text(section["id"])} for section in self.sections]

@@ -1,7 +1,9 @@
 """`python -m pipeline report`: a self-contained, escaped HTML page with the right answer on top.
 
 The results tree comes from `report_fixtures`; the HTML is read back with the standard
-library's parser, so the assertions see what a browser would, not string fragments.
+library's parser, so the assertions see what a browser would, not string fragments. The
+decisions behind the page are tested without HTML in test_report_decisions.py, the templates
+in test_report_templates.py.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_fixtures import SCRIPT_CLASS, write_json, write_results_tree
+from report_fixtures import SCRIPT_CLASS, predictions, write_json, write_results_tree
 from report_page import SECTION_IDS, Page, assert_self_contained
 
-from pipeline import cli, report
+from pipeline import cli
+from pipeline.errors import ResultsFileError
+from pipeline.report import render
 
 pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
+REPORT_PACKAGE = Path(render.__file__).parent
+SCRIPT = "<script>alert(1)</script>"
 CONFIG = {
     "model": {"name": "tiny_conv"},
     "amp": "auto",
@@ -28,7 +34,7 @@ CONFIG = {
 }
 
 
-def build_report(tmp_path: Path, *extra: str) -> tuple[str, Page]:
+def build_report(tmp_path: Path, config: dict = CONFIG) -> tuple[str, Page]:
     results = write_results_tree(tmp_path)
     out = tmp_path / "out" / "report.html"
     code = cli.main(
@@ -39,8 +45,7 @@ def build_report(tmp_path: Path, *extra: str) -> tuple[str, Page]:
             "--out",
             str(out),
             "--config-json",
-            json.dumps(CONFIG),
-            *extra,
+            json.dumps(config),
         ]
     )
     assert code == 0
@@ -86,6 +91,30 @@ def test_names_from_files_are_escaped_and_no_script_tag_exists(built: tuple[str,
     assert "</pre><script>x()</script>" in page.text("provenance")  # the config, escaped in <pre>
 
 
+def test_a_script_tag_in_a_config_value_is_shown_as_text(tmp_path: Path) -> None:
+    _, page = build_report(tmp_path, {**CONFIG, "amp": SCRIPT})
+    assert "script" not in [tag for tag, _ in page.tags]
+    assert f"your config sets amp={SCRIPT}." in page.text("amp-policy")
+    assert f"amp: {SCRIPT}" in page.text("provenance")
+
+
+def test_a_script_tag_in_a_file_name_is_shown_as_text(tmp_path: Path) -> None:
+    """A results file and an image file whose names hold a script tag: both listed as text."""
+    results = write_results_tree(tmp_path)
+    bench = results / "bench"
+    (bench / "cpu-fp32-infer.json").rename(bench / "<script>alert(1).json")
+    # a folder '<script>alert(1)<' holding 'script>.png'
+    image = tmp_path / "<script>alert(1)</script>.png"
+    write_json(results / "eval" / "cpu-fp32_predictions.json", predictions([str(image)]))
+    out = tmp_path / "report.html"
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    page = Page()
+    page.feed(out.read_text(encoding="utf-8"))
+    assert "script" not in [tag for tag, _ in page.tags]
+    assert "bench/<script>alert(1).json" in page.text("provenance")
+    assert f"could not be read and are left out: {image}." in page.text("evaluation")
+
+
 def html_escaped(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -102,15 +131,6 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
     assert "No faster choice is safe: CUDA bf16 is 1.33× faster" in answer
     assert "5.00e-02" in answer
     assert "cpu-fp32: best F1 0.470" in answer and "cuda-fp16: best F1 0.660" in answer
-
-
-def test_answer_uses_the_configured_model_and_falls_back_to_the_first(tmp_path: Path) -> None:
-    results = report.load_results(write_results_tree(tmp_path))
-    assert report.answer_model(results.bench, {"model": {"name": "resnet18"}}) == "tiny_conv"
-    assert report.answer_model(results.bench, {"model": {"name": "tiny_conv"}}) == "tiny_conv"
-    choice = report.choose_setting(results.bench, "tiny_conv")
-    assert (choice.best["backend"], choice.best["precision"]) == ("cuda", "fp16")
-    assert list(choice.faster_unsafe["precision"]) == ["bf16"]
 
 
 def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, Page]) -> None:
@@ -204,8 +224,8 @@ def test_malformed_input_exits_2_naming_the_file(
 ) -> None:
     results = write_results_tree(tmp_path)
     (results / relative).write_text(content, encoding="utf-8")
-    with pytest.raises(report.ResultsFileError, match=relative.split("/")[-1]):
-        report.build(results, tmp_path / "report.html")
+    with pytest.raises(ResultsFileError, match=relative.split("/")[-1]):
+        render.build(results, tmp_path / "report.html")
     assert (
         cli.main(["report", "--results", str(results), "--out", str(tmp_path / "report.html")]) == 2
     )
@@ -229,7 +249,11 @@ def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
 
 def test_report_modules_do_not_import_torch() -> None:
     """The report runs after every heavy step and on machines without an accelerator: it must start fast."""
-    code = "import sys, pipeline.commands.report, pipeline.report; sys.exit('torch' in sys.modules)"
+    modules = ", ".join(
+        ["pipeline.commands.report", "pipeline.report"]
+        + [f"pipeline.report.{path.stem}" for path in REPORT_PACKAGE.glob("[!_]*.py")]
+    )
+    code = f"import sys, {modules}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
 
 

@@ -270,14 +270,28 @@ def test_a_second_run_has_nothing_to_do(finished: tuple[Path, subprocess.Complet
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
-def test_editing_the_report_code_reruns_only_the_report(
-    finished: tuple[Path, subprocess.CompletedProcess],
+@pytest.mark.parametrize(
+    "changed",
+    [
+        "src/pipeline/report/decisions.py",
+        "src/pipeline/report/templates/sections/answer.html.j2",
+        "src/pipeline/report/static/report.css",
+    ],
+)
+def test_editing_the_report_code_a_template_or_the_stylesheet_reruns_only_the_report(
+    finished: tuple[Path, subprocess.CompletedProcess], changed: str
 ) -> None:
     root, _ = finished
-    edit(root / "src/pipeline/report.py")
-    result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG)
+    original = (root / changed).read_text()
+    edit(root / changed)
+    try:
+        result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG)
+    finally:  # the same content again: the next edit is the only change its dry run sees
+        (root / changed).write_text(original)
     assert result.returncode == 0, result.stderr
     assert planned_jobs(result) == {"report"}
+    reasons = [line for line in result.stdout.splitlines() if "Updated input files" in line]
+    assert reasons and changed in reasons[0]
 
 
 def test_editing_the_trainer_reruns_training_and_what_depends_on_it(

@@ -25,3 +25,7 @@ class CheckpointError(PipelineError):
 
 class TrainingError(PipelineError):
     """Training cannot go on (for example the loss stopped being finite)."""
+
+
+class ResultsFileError(PipelineError):
+    """A file under the results folder is unreadable or not in the format its stage writes."""

@@ -34,6 +34,17 @@ def code(*modules):
     return [f"src/pipeline/{module}" for module in modules]
 
 
+def package_files(package):
+    """Every file of a package under src/pipeline (modules, templates, stylesheets), for code()."""
+    root = os.path.join("src", "pipeline")
+    return sorted(
+        os.path.relpath(os.path.join(folder, name), root)
+        for folder, _, names in os.walk(os.path.join(root, package))
+        if "__pycache__" not in folder.split(os.sep)
+        for name in names
+    )
+
+
 def heavy_threads():
     """Timing and training jobs take every core of a local run, so nothing shares the machine
     meanwhile; through a cluster executor they ask for cluster.threads CPUs."""

@@ -5,7 +5,7 @@ rule report:
         train=run_files("results/train/{run}/train_summary.json"),
         evaluation=run_files("results/eval/{run}.json"),
         profile=run_files("results/profile/{run}/profile.json"),
-        code=code("report.py", "commands/report.py"),
+        code=code("commands/report.py", *package_files("report")),
     output:
         report(
             "results/report.html",

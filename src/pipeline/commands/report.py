@@ -60,9 +60,10 @@ def main(argv: list[str]) -> int:
     elif args.config is not None:
         config = _config_from_file(args.config)
 
-    from pipeline import report  # pandas and matplotlib: imported only once the arguments are good
+    # pandas, matplotlib and jinja2: imported only once the arguments are good
+    from pipeline.report.render import build
 
     out = Path(args.out) if args.out else Path(args.results) / "report.html"
-    report.build(args.results, out, config)
+    build(args.results, out, config)
     log.info("report written: %s", out)
     return 0

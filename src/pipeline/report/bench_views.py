@@ -1,0 +1,204 @@
+"""View models of the sections drawn from the benchmark records: the answer, the benchmark
+table and the AMP policy check. The decisions come from decisions.py; this shapes them for the
+templates (sections/answer, benchmarks and amp-policy.html.j2). A view of None means there is
+nothing to show yet: the template says which step to run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from pipeline.report import charts, decisions
+from pipeline.report.formatting import number, setting_label
+from pipeline.report.load import PRECISIONS, Results
+
+
+def answer_view(results: Results, config: dict[str, Any] | None) -> dict[str, Any]:
+    frame, env = results.bench, results.env
+    view: dict[str, Any] = {
+        "model": decisions.answer_model(frame, config),
+        "best": None,
+        "shipped_default": shipped_default(env, config),
+        "runs": [{"name": run.name, **decisions.run_scores(run)} for run in results.runs],
+    }
+    if view["model"] is None:
+        return view
+    choice = decisions.choose_setting(frame, view["model"], env)
+    if choice.best is None:
+        return view
+    best = choice.best
+    record = best["record"]
+    view.update(
+        best={
+            "setting": setting_label(best["backend"], best["precision"]),
+            "model": best["model"],
+            "batch_size": record.get("batch_size"),
+            "image_size": record.get("image_size"),
+            "device": record.get("device_description"),
+            "median_ms": best["median_ms"],
+            "iqr_ms": best["iqr_ms"],
+        },
+        vs_cpu_fp32=choice.speedup_vs_cpu_fp32,
+        is_cpu_fp32=choice.is_cpu_fp32,
+        unsafe=[
+            {
+                "setting": setting_label(row["backend"], row["precision"]),
+                "faster_by": best["median_ms"] / row["median_ms"],
+                "problem": decisions.numerics_problem(row["record"]),
+            }
+            for _, row in choice.faster_unsafe.iterrows()
+        ],
+        slower=[
+            {
+                "setting": setting_label(row["backend"], row["precision"]),
+                "slower_by": row["median_ms"] / best["median_ms"],
+            }
+            for _, row in choice.others.iterrows()
+        ],
+        off_policy=[
+            {
+                "setting": setting_label(row["backend"], row["precision"]),
+                "faster_by": best["median_ms"] / row["median_ms"],
+            }
+            for _, row in choice.faster_off_policy.iterrows()
+        ],
+        cautions=decisions.answer_cautions(best, frame),
+    )
+    return view
+
+
+def shipped_default(env: dict[str, Any] | None, config: dict[str, Any] | None) -> str | None:
+    """The setting device=auto, amp=auto trains with here, so a reader sees whether to change anything."""
+    if not env:
+        return None
+    backend = env.get("auto")
+    precision = decisions.default_precision(env, backend, config)
+    return None if precision is None else setting_label(backend, precision)
+
+
+def benchmarks_view(frame: pd.DataFrame) -> dict[str, Any] | None:
+    if frame.empty:
+        return None
+    models = list(dict.fromkeys(frame["model"]))
+    rows = [bench_row(row) for _, row in frame.iterrows()]
+    return {
+        "with_model": len(models) > 1,
+        "model": models[0],
+        "chart": charts.bench_chart(frame),
+        "rows": rows,
+        "partial_output_diff": any(
+            output_rel_diff_is_partial(record.get("numerics")) for record in frame["record"]
+        ),
+        "skipped": int((frame["status"] == "skipped").sum()),
+    }
+
+
+def bench_row(row: pd.Series) -> dict[str, Any]:
+    record = row["record"]
+    view = {
+        "model": row["model"],
+        "backend": row["backend"],
+        "precision": row["precision"],
+        "mode": row["mode"],
+        "skipped": row["status"] != "ok",
+        "reason": row["reason"],
+        "flags": [],
+        "numerics": {},
+    }
+    if view["skipped"]:
+        return view
+    view.update(
+        batch_size=record.get("batch_size"),
+        image_size=record.get("image_size"),
+        median_ms=row["median_ms"],
+        iqr_ms=row["iqr_ms"],
+        images_per_s=row["images_per_s"],
+        speedups=[speedup(row["vs_backend_fp32"]), speedup(row["vs_cpu_fp32"])],
+        memory=record.get("memory"),
+        host_rss_mb=record.get("host_peak_rss_mb"),
+        numerics=numerics_view(row["precision"], record.get("numerics")),
+        flags=decisions.flags_of(record),
+    )
+    return view
+
+
+def speedup(value: Any) -> dict[str, Any]:
+    return {"value": number(value), "verdict": decisions.speed_verdict(value)}
+
+
+def numerics_view(precision: str, numerics: dict[str, Any] | None) -> dict[str, Any]:
+    """The numerics check of one record: the fp32 reference, not measured, or its figures."""
+    if precision == "fp32":
+        return {"kind": "reference"}
+    if not numerics:
+        return {"kind": "not measured"}
+    return {
+        "kind": "measured",
+        "loss_rel_diff": numerics.get("loss_rel_diff"),
+        "output": output_rel_diff(numerics),
+        "acceptable": numerics.get("acceptable") is True,
+        "rule": numerics.get("acceptable_rule"),
+    }
+
+
+def output_rel_diff(numerics: dict[str, Any]) -> dict[str, Any]:
+    """The overall output difference; where an all-zero fp32 output left it undefined, the
+    largest defined per-output one (`key` names that output, `undefined` the others)."""
+    overall = number(numerics.get("output_max_rel_diff"))
+    if overall is not None:
+        return {"value": overall, "key": None, "undefined": []}
+    outputs = numerics.get("outputs") or {}
+    per_output = {
+        key: number(value.get("max_rel_diff"))
+        for key, value in outputs.items()
+        if isinstance(value, dict)
+    }
+    defined = {key: value for key, value in per_output.items() if value is not None}
+    if not defined:
+        return {"value": None, "key": None, "undefined": sorted(per_output)}
+    key = max(defined, key=lambda k: defined[k])
+    undefined = sorted(key for key, value in per_output.items() if value is None)
+    return {"value": defined[key], "key": key, "undefined": undefined}
+
+
+def output_rel_diff_is_partial(numerics: Any) -> bool:
+    """Whether the overall output difference is undefined but per-output ones were recorded."""
+    return (
+        isinstance(numerics, dict)
+        and number(numerics.get("output_max_rel_diff")) is None
+        and bool(numerics.get("outputs"))
+    )
+
+
+def amp_policy_view(results: Results, config: dict[str, Any] | None) -> dict[str, Any] | None:
+    env, frame = results.env, results.bench
+    if not env:
+        return None
+    model = decisions.answer_model(frame, config)
+    rows, verdicts = [], []
+    for backend in env.get("backends") or {}:
+        if frame[frame["backend"] == backend].empty:
+            continue
+        default = decisions.default_precision(env, backend, config)
+        verdicts.append(
+            decisions.amp_verdict(
+                frame, backend, default, model, decisions.amp_allowed(env, backend)
+            )
+        )
+        records = decisions.policy_rows(frame, backend, model)
+        rows.append(
+            {
+                "backend": backend,
+                "default": default,
+                "records": list(decisions.precision_records(records).values()),
+                "fastest": decisions.fastest_safe_precision(records),
+            }
+        )
+    return {
+        "verdicts": verdicts,
+        "rows": rows,
+        "precisions": PRECISIONS,
+        "model": model,
+        "amp": config.get("amp", "auto") if config else None,
+    }
