@@ -52,6 +52,7 @@ def backend_entry(available: bool, amp_auto: bool, reason: str | None = None) ->
         "amp_supported": True,
         "resolved_amp": {"auto": amp_auto, "true": True, "false": False},
         "pin_memory": amp_auto,
+        "measured_refused": {"bf16": None, "fp16": None},
         "error": None,
     }
 
@@ -62,6 +63,11 @@ def env_json() -> dict[str, Any]:
         description="CPU",
         amp_supported=False,
         resolved_amp={"auto": False, "true": False, "false": False},
+        measured_refused={
+            p: f"this CPU has no native {p} instructions (torch.cpu.get_capabilities(): "
+            f"avx512_{p}=no, amx_{p}=no)"
+            for p in ("bf16", "fp16")
+        },
     )
     return {
         "format": "pipeline.env/1",
@@ -85,6 +91,14 @@ def env_json() -> dict[str, Any]:
             "cuda": backend_entry(True, True),
             "mps": backend_entry(True, False),
             "cpu": cpu,
+        },
+        "cpu_native": {
+            p: {
+                "native": False,
+                "evidence": f"torch.cpu.get_capabilities(): avx512_{p}=no, amx_{p}=no",
+                "hidden": False,
+            }
+            for p in ("bf16", "fp16")
         },
         "available": ["cuda", "mps", "cpu"],
         "auto": "cuda",
@@ -111,20 +125,30 @@ def numerics(loss_rel_diff: float) -> dict[str, Any]:
     acceptable = loss_rel_diff <= 0.02
     return {
         "reference": "fp32",
+        "trained_steps": 10,
         "loss_fp32": 9.2,
         "loss": 9.2 * (1 + loss_rel_diff),
         "loss_abs_diff": 9.2 * loss_rel_diff,
         "loss_rel_diff": loss_rel_diff,
+        "grad_cosine": 0.998,
+        "grad_rel_diff": 0.06,
         "output_max_abs_diff": 0.0035,
-        "output_max_rel_diff": None,  # as the real files have it: the box output is all zero in fp32
+        "output_max_rel_diff": None,  # an fp32 output that is all zero leaves it undefined
         "outputs": {
             "heatmap": {"max_abs_diff": 0.0035, "max_rel_diff": 0.00076},
             "box": {"max_abs_diff": 0.0, "max_rel_diff": None},
         },
         "finite": True,
         "acceptable": acceptable,
-        "acceptable_rule": "finite and relative loss difference <= 0.02",
+        "problem": None if acceptable else f"the loss is {loss_rel_diff:.1%} off fp32's",
+        "acceptable_rule": "finite, relative loss difference <= 0.02 and gradient cosine >= 0.99, after 10 fp32 training steps",
     }
+
+
+def step_samples(median_ms: float, count: int = 20) -> list[float]:
+    """Timed steps spread +-5% around the median, in an order without drift."""
+    spread = [median_ms * (0.95 + 0.1 * i / (count - 1)) for i in range(count)]
+    return [spread[(7 * i) % count] for i in range(count)]
 
 
 def bench_record(
@@ -138,7 +162,7 @@ def bench_record(
     high_load: bool = False,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
-        "format": "pipeline.bench/1",
+        "format": "pipeline.bench/2",
         "status": "skipped" if skipped else "ok",
         "reason": skipped,
         "created": CREATED,
@@ -155,17 +179,36 @@ def bench_record(
         "image_size": 128,
         "channels_last": False,
         "compile": False,
+        "configuration": {
+            "source": "training config",
+            "overridden": [],
+            "model": {"name": "tiny_conv", "label_mode": "single", "width": 32},
+            "num_classes": 2,
+            "batch_size": 16,
+            "image_size": 128,
+            "channels_last": False,
+            "grad_clip": 10.0,
+            "optimizer": "adamw",
+            "deterministic": False,
+            "compile": False,
+        },
         "settings": {
             "torch_threads": 2,
             "cudnn_benchmark": False,
             "tf32_matmul": False,
             "tf32_cudnn": True,
             "float32_matmul_precision": "highest",
-            "warmup_steps": 2,
+            "warmup_steps": 5,
+            "warmup_budget_s": 5.0,
             "max_steps": 20,
             "time_budget_s": 3.0,
         },
-        "environment": {"torch": "2.14.1+cu130", "python": "3.11.7", "cpu_model": "AMD EPYC"},
+        "environment": {
+            "torch": "2.14.1+cu130",
+            "python": "3.11.7",
+            "cpu_model": "AMD EPYC",
+            "cpu_native": {"bf16": False, "fp16": False} if backend == "cpu" else None,
+        },
         "timing": None,
         "throughput_images_per_s": None,
         "numerics": None,
@@ -190,9 +233,14 @@ def bench_record(
             "min_ms": median_ms * 0.95,
             "max_ms": median_ms * 1.1,
             "noisy": False,
-            "warmup_steps": 2,
-            "total_s": median_ms * 22 / 1000,
+            "drift_ratio": 1.0,
+            "drifting": False,
+            "warmup_steps": 10,
+            "warmup_s": median_ms * 10 / 1000,
+            "warmup_settled": True,
+            "total_s": median_ms * 30 / 1000,
             "budget_limited": False,
+            "samples_ms": step_samples(median_ms),
         },
         throughput_images_per_s=16 / (median_ms / 1000),
         numerics=None if precision == "fp32" else numerics(loss_rel_diff),
@@ -497,7 +545,7 @@ def write_results_tree(root: Path) -> Path:
     for record in BENCH:
         write_json(
             results / "bench" / f"{record['backend']}-{record['precision']}-{record['mode']}.json",
-            {"format": "pipeline.bench/1", "records": [record]},
+            {"format": "pipeline.bench/2", "records": [record]},
         )
     runs = {
         "cuda-fp16": ([9.0, 8.5, 8.0, 7.2, 6.9, 6.5], [0.2, 0.45, 0.61]),

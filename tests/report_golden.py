@@ -76,7 +76,7 @@ def sparse_tree(root: Path) -> tuple[Path, list[str]]:
     skipped = next(record for record in BENCH if record["status"] == "skipped")
     write_json(
         results / "bench" / "mps-bf16-train.json",
-        {"format": "pipeline.bench/1", "records": [skipped]},
+        {"format": "pipeline.bench/2", "records": [skipped]},
     )
     return results, []
 
@@ -84,7 +84,7 @@ def sparse_tree(root: Path) -> tuple[Path, list[str]]:
 def write_bench(results: Path, records: list[dict[str, Any]]) -> None:
     for index, record in enumerate(records):
         name = f"{record['backend']}-{record['precision']}-{record['mode']}-{index}.json"
-        write_json(results / "bench" / name, {"format": "pipeline.bench/1", "records": [record]})
+        write_json(results / "bench" / name, {"format": "pipeline.bench/2", "records": [record]})
 
 
 def cpu_policy_tree(root: Path) -> tuple[Path, list[str]]:

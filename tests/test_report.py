@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_fixtures import SCRIPT_CLASS, predictions, write_json, write_results_tree
+from report_fixtures import (
+    SCRIPT_CLASS,
+    bench_record,
+    env_json,
+    evaluation,
+    predictions,
+    write_json,
+    write_results_tree,
+)
 from report_page import SECTION_IDS, Page, assert_self_contained
 
 from pipeline import cli
@@ -123,14 +131,24 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
     _, page = built
     answer = page.text("answer")
     assert (
-        "On this machine, train with CUDA fp16: 25.0× faster than CPU fp32, numerics acceptable"
-        in answer
+        "On this machine, train with CUDA fp16: 25.00x faster (95% interval 24.23-25.74x) than "
+        "CPU fp32, numerics acceptable" in answer
     )
     assert "train with CUDA bf16" not in answer
     # the faster but unacceptable record is explained, not chosen
-    assert "No faster choice is safe: CUDA bf16 is 1.33× faster" in answer
-    assert "5.00e-02" in answer
-    assert "cpu-fp32: best F1 0.470" in answer and "cuda-fp16: best F1 0.660" in answer
+    assert "No faster choice is safe: CUDA bf16 is 1.33x faster (95% interval" in answer
+    assert "but the loss is 5.0% off fp32's" in answer
+    assert (
+        "The shipped defaults (device=auto, amp=auto) train with CUDA fp16 here already" in answer
+    )
+    assert "CPU fp32 25.00x slower (95% interval" in answer
+    # no fp32 run of equal settings: the page says how to make one
+    assert (
+        "snakemake --cores 1 results/report.html --config 'sweep={precision: [fp32, measured]}' "
+        "trains both" in answer
+    )
+    assert "cpu-fp32: F1 0.420, best F1 0.470" in answer
+    assert "cuda-fp16: F1 0.610, best F1 0.660" in answer
 
 
 def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, Page]) -> None:
@@ -147,13 +165,20 @@ def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, P
 def test_amp_policy_confirms_or_questions_each_default(built: tuple[str, Page]) -> None:
     _, page = built
     text = page.text("amp-policy")
-    assert "CUDA: AMP on (fp16) by default; fp32 measured 2.50× slower than fp16" in text
-    assert "default confirmed" in text
     assert (
-        "MPS: AMP off by default; fp16 measured 1.33× faster than fp32 with acceptable numerics: consider amp=true amp_dtype=fp16"
+        "CUDA: AMP on (fp16) by default; fp16 2.50x faster (95% interval 2.42-2.57x); bf16 3.33x "
+        "faster (95% interval 3.23-3.43x) (numerics not acceptable): amp=measured trains in fp16 "
+        "too, so the default is confirmed." in text
+    )
+    assert (
+        "MPS: AMP off by default (fp32); fp16 1.33x faster (95% interval 1.29-1.37x): default not "
+        "confirmed on this machine: amp=measured trains in fp16 here, 1.33x faster (95% interval "
+        "1.29-1.37x) than fp32. Set amp=measured to train with it." in text
+    )
+    assert (
+        "CPU: AMP off by default (fp32); only fp32 was measured: amp=measured trains in fp32 too"
         in text
     )
-    assert "CPU: AMP off by default; only fp32 was measured: default confirmed" in text
 
 
 def test_training_evaluation_and_profile_sections_show_each_run(built: tuple[str, Page]) -> None:
@@ -191,7 +216,7 @@ def test_missing_pieces_render_as_notes(tmp_path: Path) -> None:
     results = tmp_path / "results"
     write_json(
         results / "bench" / "mps-bf16-train.json",
-        {"format": "pipeline.bench/1", "records": [skipped_record()]},
+        {"format": "pipeline.bench/2", "records": [skipped_record()]},
     )
     out = tmp_path / "report.html"
     assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
@@ -214,7 +239,7 @@ def skipped_record() -> dict:
     "relative, content",
     [
         ("eval/cpu-fp32.json", "{ not json"),
-        ("bench/cuda-fp16-train.json", '{"format": "pipeline.bench/1", "records": [{}]}'),
+        ("bench/cuda-fp16-train.json", '{"format": "pipeline.bench/2", "records": [{}]}'),
         ("train/cpu-fp32/metrics.jsonl", '{"type": "step"}\nnot json\n{"type": "step"}\n'),
         ("env.json", "[1, 2]"),
     ],
@@ -272,3 +297,52 @@ def test_several_runs_are_compared_with_their_swept_values(tmp_path: Path) -> No
     assert "Runs compared" in text and "Training wall time against AP@.5" in out.read_text()
     row = text.split("cpu-fp32+seed=1+lr=0.01", 2)[2]  # the comparison table's row
     assert row.split()[:2] == ["0.01", "1"]  # lr, seed: the swept columns, sorted by key
+
+
+def native_bf16_cpu_tree(tmp_path: Path, bf16_f1: float) -> Path:
+    """A CPU with native bf16 where bf16 trains faster, and fp32 and bf16 runs of equal settings."""
+    results = tmp_path / "results"
+    env = env_json()
+    env["backends"] = {"cpu": env["backends"]["cpu"]}
+    env["backends"]["cpu"]["measured_refused"]["bf16"] = None
+    env["cpu_native"]["bf16"] = {"native": True, "evidence": "avx512_bf16=yes", "hidden": False}
+    env.update(available=["cpu"], auto="cpu")
+    write_json(results / "env.json", env)
+    for precision, ms in (("fp32", 50.0), ("bf16", 34.0)):
+        record = bench_record("cpu", precision, "train", ms)
+        write_json(
+            results / "bench" / f"cpu-{precision}-train.json",
+            {"format": "pipeline.bench/2", "records": [record]},
+        )
+    for precision, f1 in (("fp32", 0.937), ("bf16", bf16_f1)):
+        write_json(results / "eval" / f"cpu-{precision}.json", evaluation("cpu", precision, f1))
+    return results
+
+
+def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and_command(
+    tmp_path: Path,
+) -> None:
+    results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
+    render.build(results, tmp_path / "report.html", CONFIG)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    answer = page.text("answer")
+    assert "On this machine, train with CPU bf16: 1.47x faster (95% interval" in answer
+    assert "The shipped defaults (device=auto, amp=auto) train with CPU fp32 here" in answer
+    assert (
+        "To train with CPU bf16, run snakemake --cores 1 results/report.html --config amp=measured"
+        " (or python -m pipeline train --amp measured)" in answer
+    )
+    assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
+    assert "bf16 held up." in answer
+    assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
+    policy = page.text("amp-policy")
+    assert "default not confirmed on this machine: amp=measured trains in bf16 here" in policy
+
+
+def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path) -> None:
+    results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.90)
+    render.build(results, tmp_path / "report.html", CONFIG)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert "bf16 did not hold up (F1 -3.7 points, AP@.5 -3.3 points)" in page.text("answer")

@@ -14,7 +14,7 @@ import pytest
 from report_fixtures import BENCH, bench_record, env_json, metrics_rows, train_summary
 
 from pipeline.report import decisions, load
-from pipeline.report.decisions import SPEEDUP_TOLERANCE
+from pipeline.stats import SPEEDUP_TOLERANCE, speedup
 
 
 def frame_of(*records: dict[str, Any]) -> pd.DataFrame:
@@ -23,9 +23,11 @@ def frame_of(*records: dict[str, Any]) -> pd.DataFrame:
     )
 
 
-def cpu_only_env(amp_supported: bool = False) -> dict[str, Any]:
+def cpu_env(native_bf16: bool = False) -> dict[str, Any]:
+    """env.json of a CPU with or without native bf16 (what measured mode may use there)."""
     env = env_json()
-    env["backends"]["cpu"]["amp_supported"] = amp_supported
+    if native_bf16:
+        env["backends"]["cpu"]["measured_refused"]["bf16"] = None
     return env
 
 
@@ -33,9 +35,16 @@ def test_the_answer_is_the_fastest_setting_with_acceptable_numerics() -> None:
     choice = decisions.choose_setting(frame_of(*BENCH), "tiny_conv", env_json())
     assert (choice.best["backend"], choice.best["precision"]) == ("cuda", "fp16")
     assert list(choice.faster_unsafe["precision"]) == ["bf16"]  # faster, but 5% off fp32
-    assert choice.speedup_vs_cpu_fp32 == pytest.approx(100.0 / 4.0)
+    assert choice.speedup_vs_cpu_fp32.ratio == pytest.approx(100.0 / 4.0)
+    assert choice.speedup_vs_cpu_fp32.verdict == "faster"
+    assert choice.speedup_vs_cpu_fp32.low < 25 < choice.speedup_vs_cpu_fp32.high
     assert not choice.is_cpu_fp32
-    assert choice.faster_off_policy.empty
+    assert choice.faster_refused == []
+    assert {b: c.precision for b, c in choice.per_backend.items()} == {
+        "cuda": "fp16",
+        "mps": "fp16",
+        "cpu": "fp32",
+    }
 
 
 def test_the_answer_model_is_the_configured_one_else_a_listed_one_else_the_first() -> None:
@@ -51,15 +60,37 @@ def test_the_answer_model_is_the_configured_one_else_a_listed_one_else_the_first
     assert decisions.answer_model(frame_of(BENCH[5]), None) is None  # only a skipped record
 
 
-def test_a_faster_setting_the_amp_policy_rules_out_is_reported_not_chosen() -> None:
+def test_cpu_bf16_is_chosen_only_where_the_cpu_has_native_bf16() -> None:
     frame = frame_of(
         bench_record("cpu", "fp32", "train", 100.0), bench_record("cpu", "bf16", "train", 60.0)
     )
-    choice = decisions.choose_setting(frame, "tiny_conv", cpu_only_env(amp_supported=False))
-    assert choice.is_cpu_fp32 and choice.speedup_vs_cpu_fp32 == 1.0
-    assert list(choice.faster_off_policy["precision"]) == ["bf16"]
-    allowed = decisions.choose_setting(frame, "tiny_conv", cpu_only_env(amp_supported=True))
-    assert allowed.best["precision"] == "bf16" and allowed.faster_off_policy.empty
+    without = decisions.choose_setting(frame, "tiny_conv", cpu_env(native_bf16=False))
+    assert without.is_cpu_fp32 and without.speedup_vs_cpu_fp32.ratio == 1.0
+    ((row, reason),) = without.faster_refused
+    assert row["precision"] == "bf16" and "no native bf16 instructions" in reason
+    native = decisions.choose_setting(frame, "tiny_conv", cpu_env(native_bf16=True))
+    assert native.best["precision"] == "bf16" and native.faster_refused == []
+    assert native.speedup_vs_cpu_fp32.verdict == "faster"
+
+
+def test_a_precision_within_the_tolerance_of_fp32_is_not_chosen() -> None:
+    near = 100.0 / (1 + SPEEDUP_TOLERANCE / 2)
+    frame = frame_of(
+        bench_record("mps", "fp32", "train", 100.0), bench_record("mps", "fp16", "train", near)
+    )
+    choice = decisions.choose_setting(frame, "tiny_conv", env_json())
+    assert choice.best["precision"] == "fp32"
+    ((row, reason),) = choice.faster_refused
+    assert row["precision"] == "fp16" and reason.startswith("not faster: indistinguishable")
+
+
+def test_an_env_json_without_the_native_check_keeps_cpu_autocast_off() -> None:
+    env = env_json()
+    del env["backends"]["cpu"]["measured_refused"]
+    assert set(decisions.refusals(env, "cpu").values()) == {
+        "env.json does not say whether this CPU has native support"
+    }
+    assert decisions.refusals(env, "cuda") == {"bf16": None, "fp16": None}
 
 
 def test_without_a_setting_with_acceptable_numerics_there_is_no_answer() -> None:
@@ -71,6 +102,8 @@ def test_without_a_setting_with_acceptable_numerics_there_is_no_answer() -> None
 
 def test_numerics_problems_are_named() -> None:
     unacceptable = bench_record("cuda", "bf16", "train", 3.0, loss_rel_diff=0.05)
+    assert decisions.numerics_problem(unacceptable) == "the loss is 5.0% off fp32's"
+    unacceptable["numerics"]["problem"] = None
     assert "differs from fp32 by 5.00e-02 relative" in decisions.numerics_problem(unacceptable)
     unacceptable["numerics"]["finite"] = False
     assert decisions.numerics_problem(unacceptable) == "it produced non-finite outputs or loss"
@@ -81,11 +114,17 @@ def test_numerics_problems_are_named() -> None:
 def test_timings_to_trust_less_are_flagged() -> None:
     record = bench_record("cuda", "fp32", "train", 10.0, high_load=True)
     record["timing"].update(noisy=True, iqr_ratio=0.18, budget_limited=True, count=7)
+    record["timing"].update(drifting=True, drift_ratio=0.8, warmup_settled=False)
+    record["configuration"]["overridden"] = ["batch_size"]
     assert decisions.flags_of(record) == [
-        "noisy: IQR 18% of median",
+        "drifting: the second half of the timed steps ran 20% faster than the first (still "
+        "warming up, or the machine got busier)",
+        "noisy: the middle half of the steps spans 18% of the median",
+        "warm-up ended by its time budget after 10 steps, before the step time settled",
         "budget-limited: 7 of 20 steps",
         "high load: 2.3 on 2 cores, others used 66% CPU",
         "TF32 allowed: cuDNN",
+        "timed with bench.batch_size set, not what training runs",
     ]
     assert decisions.flags_of(bench_record("cpu", "fp32", "train", 10.0)) == []
 
@@ -99,20 +138,16 @@ def test_answer_cautions_cover_the_choice_and_the_cpu_baseline() -> None:
 
 
 @pytest.mark.parametrize(
-    ("speedup", "verdict"),
-    [
-        (1 + 2 * SPEEDUP_TOLERANCE, "faster"),
-        (1 + SPEEDUP_TOLERANCE / 2, None),
-        (1 - SPEEDUP_TOLERANCE / 2, None),
-        (1 - 2 * SPEEDUP_TOLERANCE, "slower"),
-        (None, None),
-        (float("nan"), None),
-    ],
+    ("candidate_ms", "verdict"),
+    [(40.0, "faster"), (49.0, None), (51.0, None), (60.0, "slower")],
 )
-def test_speed_ups_within_the_tolerance_are_noise(
-    speedup: float | None, verdict: str | None
+def test_speed_ups_whose_interval_is_within_the_tolerance_are_no_verdict(
+    candidate_ms: float, verdict: str | None
 ) -> None:
-    assert decisions.speed_verdict(speedup) == verdict
+    reference = [ms / 1000 for ms in (50, 49.5, 50.5, 50, 49.8, 50.2, 50.1, 49.9)]
+    candidate = [v * candidate_ms / 50 for v in reference]
+    assert decisions.speed_verdict(speedup(reference, candidate)) == verdict
+    assert decisions.speed_verdict(None) is None
 
 
 def test_the_default_precision_follows_the_recorded_policy_and_amp_dtype() -> None:
@@ -124,19 +159,21 @@ def test_the_default_precision_follows_the_recorded_policy_and_amp_dtype() -> No
     assert decisions.default_precision(env, "mps", None) is None
 
 
-def verdict(frame: pd.DataFrame, backend: str, default: str | None, allowed: bool = True) -> str:
-    return decisions.amp_verdict(frame, backend, default, "tiny_conv", allowed)
+def verdict(frame: pd.DataFrame, backend: str, default: str | None, env=None) -> str:
+    return decisions.amp_verdict(frame, backend, default, "tiny_conv", env or env_json())
 
 
 def test_amp_verdicts_confirm_or_question_each_default() -> None:
     frame = frame_of(*BENCH)
-    assert verdict(frame, "cuda", "fp16").endswith("default confirmed.")
-    assert "fp32 measured 2.50× slower than fp16" in verdict(frame, "cuda", "fp16")
+    assert verdict(frame, "cuda", "fp16").endswith("so the default is confirmed.")
+    assert "fp16 2.50x faster (95% interval" in verdict(frame, "cuda", "fp16")
     assert verdict(frame, "mps", "fp32").endswith(
-        "fp16 measured 1.33× faster than fp32 with acceptable numerics: consider amp=true amp_dtype=fp16."
+        "default not confirmed on this machine: amp=measured trains in fp16 here, 1.33x faster "
+        "(95% interval 1.29-1.37x) than fp32. Set amp=measured to train with it."
     )
     assert verdict(frame, "cpu", "fp32") == (
-        "CPU: AMP off by default; only fp32 was measured: default confirmed."
+        "CPU: AMP off by default (fp32); only fp32 was measured: amp=measured trains in fp32 "
+        "too, so the default is confirmed."
     )
     assert verdict(frame, "mps", None) == "MPS: no AMP policy recorded in env.json."
 
@@ -146,46 +183,82 @@ def test_an_amp_verdict_within_the_tolerance_keeps_the_default() -> None:
     frame = frame_of(
         bench_record("mps", "fp32", "train", 100.0), bench_record("mps", "fp16", "train", near)
     )
-    assert f"within {SPEEDUP_TOLERANCE:.0%} of the fastest, so the default is confirmed" in verdict(
-        frame, "mps", "fp32"
-    )
+    text = verdict(frame, "mps", "fp32")
+    assert "fp16 indistinguishable (1.02x" in text and text.endswith("default is confirmed.")
 
 
-def test_an_amp_verdict_where_the_policy_forbids_amp_says_the_policy_is_not_confirmed() -> None:
+def test_the_cpu_verdict_follows_the_cpus_native_bf16() -> None:
     frame = frame_of(
         bench_record("cpu", "fp32", "train", 100.0), bench_record("cpu", "bf16", "train", 60.0)
     )
-    text = verdict(frame, "cpu", "fp32", allowed=False)
-    assert text.startswith("CPU: AMP off by policy (amp_supported is false")
-    assert "bf16 measured 1.67× faster than fp32" in text and "default not confirmed" in text
+    without = verdict(frame, "cpu", "fp32", cpu_env(native_bf16=False))
+    assert without.startswith("CPU: AMP off by default (fp32); bf16 1.67x faster")
+    assert without.endswith("amp=measured trains in fp32 too, so the default is confirmed.")
+    native = verdict(frame, "cpu", "fp32", cpu_env(native_bf16=True))
+    assert "default not confirmed on this machine: amp=measured trains in bf16 here" in native
 
 
-def test_an_amp_verdict_on_a_default_that_failed_or_was_not_measured_suggests_another() -> None:
+def test_an_amp_verdict_on_a_default_that_failed_or_was_not_measured_says_what_measured_does() -> (
+    None
+):
     failed = frame_of(
         bench_record("cuda", "fp32", "train", 10.0),
         bench_record("cuda", "fp16", "train", 4.0, loss_rel_diff=0.3),
     )
-    assert "but fp16 failed the numerics check" in verdict(failed, "cuda", "fp16")
-    assert verdict(failed, "cuda", "fp16").endswith("consider amp=false.")
+    text = verdict(failed, "cuda", "fp16")
+    assert "but fp16 failed the numerics check (the loss is 30.0% off fp32's)" in text
+    assert "amp=measured trains in fp32 here" in text
     missing = frame_of(bench_record("cuda", "fp32", "train", 10.0))
     assert "fp16 was not measured (skipped or not run)" in verdict(missing, "cuda", "fp16")
     unsafe = frame_of(bench_record("cuda", "fp16", "train", 4.0, loss_rel_diff=0.3))
-    assert "no precision passed the numerics check" in verdict(unsafe, "cuda", "fp16")
-    assert "no training benchmark ran" in verdict(frame_of(BENCH[5]), "mps", "fp32")
+    assert "no fp32 training benchmark ran" in verdict(unsafe, "cuda", "fp16")
+    assert "no fp32 training benchmark ran" in verdict(frame_of(BENCH[5]), "mps", "fp32")
 
 
-def test_the_policy_table_has_a_record_or_none_per_precision_and_the_fastest_safe_one() -> None:
+def test_the_policy_table_has_a_record_or_none_per_precision() -> None:
     rows = decisions.policy_rows(frame_of(*BENCH), "cuda", "tiny_conv")
     records = decisions.precision_records(rows)
     assert list(records) == ["fp32", "fp16", "bf16"]
     assert records["bf16"]["median_ms"] == 3.0
-    assert decisions.fastest_safe_precision(rows) == "fp16"  # bf16 is faster but unsafe
     mps = decisions.precision_records(decisions.policy_rows(frame_of(*BENCH), "mps", "tiny_conv"))
     assert mps["bf16"]["status"] == "skipped"
     assert (
         decisions.precision_records(decisions.policy_rows(frame_of(*BENCH), "cpu", None))["fp16"]
         is None
     )
+
+
+# ---- accuracy against fp32 ------------------------------------------------------------------
+
+
+def scored(name: str, f1: float, ap50: float) -> load.RunResults:
+    return load.RunResults(
+        name, evaluation={"split": "val", "metrics": {"f1": f1, "best_f1": f1, "ap50": ap50}}
+    )
+
+
+def test_a_reduced_precision_run_is_compared_with_its_fp32_twin() -> None:
+    runs = [
+        scored("cpu-fp32+seed=1", 0.937, 0.963),
+        scored("cpu-bf16+seed=1", 0.931, 0.960),
+        scored("cpu-bf16+seed=2", 0.90, 0.90),  # no fp32 twin: not compared
+        scored("cuda-fp32+seed=1", 0.95, 0.97),
+        scored("cuda-fp16+seed=1", 0.92, 0.969),
+    ]
+    checks = {check.reduced: check for check in decisions.accuracy_checks(runs)}
+    assert set(checks) == {"cpu-bf16+seed=1", "cuda-fp16+seed=1"}
+    held = checks["cpu-bf16+seed=1"]
+    assert held.reference == "cpu-fp32+seed=1" and held.split == "val"
+    assert held.drops == {"F1": pytest.approx(0.006), "AP@.5": pytest.approx(0.003)}
+    assert held.held is True
+    dropped = checks["cuda-fp16+seed=1"]
+    assert dropped.drops["F1"] == pytest.approx(0.03) and dropped.held is False
+
+
+def test_an_accuracy_check_without_figures_has_no_verdict() -> None:
+    runs = [load.RunResults("cpu-fp32"), load.RunResults("cpu-bf16")]
+    (check,) = decisions.accuracy_checks(runs)
+    assert check.held is None and check.split == "validation during training"
 
 
 def run(name: str, **parts: Any) -> load.RunResults:
@@ -195,13 +268,17 @@ def run(name: str, **parts: Any) -> load.RunResults:
 def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> None:
     summary = train_summary("cpu", "fp32", 0.5)
     assert decisions.run_scores(run("cpu-fp32", summary=summary)) == {
+        "f1": summary["final_val"]["f1"],
         "best_f1": 0.5,
         "ap50": pytest.approx(0.45),
+        "split": "validation during training",
     }
-    evaluation = {"metrics": {"best_f1": 0.7, "ap50": 0.6}}
+    evaluation = {"split": "test", "metrics": {"f1": 0.65, "best_f1": 0.7, "ap50": 0.6}}
     assert decisions.run_scores(run("cpu-fp32", summary=summary, evaluation=evaluation)) == {
+        "f1": 0.65,
         "best_f1": 0.7,
         "ap50": 0.6,
+        "split": "test",
     }
 
 

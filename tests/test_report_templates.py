@@ -128,8 +128,13 @@ def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_pa
                     {
                         "backend": "cpu",
                         "default": SCRIPT,
-                        "records": [None, {"status": "skipped", "reason": SCRIPT}, None],
-                        "fastest": SCRIPT,
+                        "records": [
+                            {"record": None, "speed": None},
+                            {"record": {"status": "skipped", "reason": SCRIPT}, "speed": None},
+                            {"record": None, "speed": None},
+                        ],
+                        "measured": SCRIPT,
+                        "measured_reason": SCRIPT,
                     }
                 ],
                 "precisions": ["fp32", "fp16", "bf16"],

@@ -12,15 +12,19 @@ import pandas as pd
 from pipeline.report import charts, decisions
 from pipeline.report.formatting import number, setting_label
 from pipeline.report.load import PRECISIONS, Results
+from pipeline.stats import Speedup
 
 
 def answer_view(results: Results, config: dict[str, Any] | None) -> dict[str, Any]:
     frame, env = results.bench, results.env
+    checks = decisions.accuracy_checks(results.runs)
     view: dict[str, Any] = {
         "model": decisions.answer_model(frame, config),
         "best": None,
         "shipped_default": shipped_default(env, config),
         "runs": [{"name": run.name, **decisions.run_scores(run)} for run in results.runs],
+        "accuracy": [accuracy_view(check) for check in checks],
+        "tolerance_points": 100 * decisions.ACCURACY_TOLERANCE,
     }
     if view["model"] is None:
         return view
@@ -29,22 +33,26 @@ def answer_view(results: Results, config: dict[str, Any] | None) -> dict[str, An
         return view
     best = choice.best
     record = best["record"]
+    setting = setting_label(best["backend"], best["precision"])
+    default = shipped_default_row(frame, env, config, view["model"])
+    differs = default is None or default.name != best.name
     view.update(
         best={
-            "setting": setting_label(best["backend"], best["precision"]),
+            "setting": setting,
             "model": best["model"],
             "batch_size": record.get("batch_size"),
             "image_size": record.get("image_size"),
             "device": record.get("device_description"),
             "median_ms": best["median_ms"],
             "iqr_ms": best["iqr_ms"],
+            "count": len(best["samples_s"]),
         },
         vs_cpu_fp32=choice.speedup_vs_cpu_fp32,
         is_cpu_fp32=choice.is_cpu_fp32,
         unsafe=[
             {
                 "setting": setting_label(row["backend"], row["precision"]),
-                "faster_by": best["median_ms"] / row["median_ms"],
+                "speed": decisions.speed_between(best, row),
                 "problem": decisions.numerics_problem(row["record"]),
             }
             for _, row in choice.faster_unsafe.iterrows()
@@ -52,20 +60,69 @@ def answer_view(results: Results, config: dict[str, Any] | None) -> dict[str, An
         slower=[
             {
                 "setting": setting_label(row["backend"], row["precision"]),
-                "slower_by": row["median_ms"] / best["median_ms"],
+                "speed": decisions.speed_between(best, row),
             }
             for _, row in choice.others.iterrows()
         ],
-        off_policy=[
-            {
-                "setting": setting_label(row["backend"], row["precision"]),
-                "faster_by": best["median_ms"] / row["median_ms"],
-            }
-            for _, row in choice.faster_off_policy.iterrows()
+        refused=[
+            {"setting": setting_label(row["backend"], row["precision"]), "reason": reason}
+            for row, reason in choice.faster_refused
         ],
         cautions=decisions.answer_cautions(best, frame),
+        differs_from_default=differs and view["shipped_default"] is not None,
+        vs_default=decisions.speed_between(default, best) if default is not None else None,
+        command=measured_command(best["backend"], env, "amp=measured"),
+        train_command=measured_train_command(best["backend"], env),
+        accuracy_command=None
+        if best["precision"] == "fp32"
+        or any(check.precision == best["precision"] for check in checks)
+        else measured_command(best["backend"], env, "'sweep={precision: [fp32, measured]}'"),
     )
     return view
+
+
+def shipped_default_row(
+    frame: pd.DataFrame, env: dict[str, Any] | None, config: dict[str, Any] | None, model: str
+) -> pd.Series | None:
+    """The training record of what device=auto, amp=auto trains with here, if it was measured."""
+    if not env:
+        return None
+    backend = env.get("auto")
+    precision = decisions.default_precision(env, backend, config)
+    match = frame[
+        (frame["backend"] == backend)
+        & (frame["precision"] == precision)
+        & (frame["mode"] == "train")
+        & (frame["model"] == model)
+        & (frame["status"] == "ok")
+    ]
+    return match.iloc[0] if not match.empty else None
+
+
+def measured_command(backend: str, env: dict[str, Any] | None, *settings: str) -> str:
+    """The workflow command that trains with `settings` on `backend`, and reports it."""
+    device = [] if env and env.get("auto") == backend else [f"device={backend}"]
+    return f"snakemake --cores 1 results/report.html --config {' '.join([*device, *settings])}"
+
+
+def measured_train_command(backend: str, env: dict[str, Any] | None) -> str:
+    device = "" if env and env.get("auto") == backend else f" --device {backend}"
+    return f"python -m pipeline train{device} --amp measured"
+
+
+def accuracy_view(check: decisions.AccuracyCheck) -> dict[str, Any]:
+    return {
+        "reduced": check.reduced,
+        "reference": check.reference,
+        "precision": check.precision,
+        "f1": check.f1,
+        "reference_f1": check.reference_f1,
+        "ap50": check.ap50,
+        "reference_ap50": check.reference_ap50,
+        "drops": {name: None if drop is None else 100 * drop for name, drop in check.drops.items()},
+        "held": check.held,
+        "split": check.split,
+    }
 
 
 def shipped_default(env: dict[str, Any] | None, config: dict[str, Any] | None) -> str | None:
@@ -115,6 +172,7 @@ def bench_row(row: pd.Series) -> dict[str, Any]:
         iqr_ms=row["iqr_ms"],
         images_per_s=row["images_per_s"],
         speedups=[speedup(row["vs_backend_fp32"]), speedup(row["vs_cpu_fp32"])],
+        warmup=(record.get("timing") or {}).get("warmup_steps"),
         memory=record.get("memory"),
         host_rss_mb=record.get("host_peak_rss_mb"),
         numerics=numerics_view(row["precision"], record.get("numerics")),
@@ -123,8 +181,12 @@ def bench_row(row: pd.Series) -> dict[str, Any]:
     return view
 
 
-def speedup(value: Any) -> dict[str, Any]:
-    return {"value": number(value), "verdict": decisions.speed_verdict(value)}
+def speedup(speed: Speedup | None) -> dict[str, Any]:
+    return {
+        "value": speed,
+        "verdict": decisions.speed_verdict(speed),
+        "text": None if speed is None else speed.text,
+    }
 
 
 def numerics_view(precision: str, numerics: dict[str, Any] | None) -> dict[str, Any]:
@@ -181,18 +243,30 @@ def amp_policy_view(results: Results, config: dict[str, Any] | None) -> dict[str
         if frame[frame["backend"] == backend].empty:
             continue
         default = decisions.default_precision(env, backend, config)
-        verdicts.append(
-            decisions.amp_verdict(
-                frame, backend, default, model, decisions.amp_allowed(env, backend)
-            )
-        )
+        verdicts.append(decisions.amp_verdict(frame, backend, default, model, env))
         records = decisions.policy_rows(frame, backend, model)
+        by_precision = decisions.precision_records(records)
+        reference = by_precision.get("fp32")
+        chosen = (
+            decisions.measured_choice(frame, backend, str(records.iloc[0]["model"]), env)
+            if not records.empty
+            else None
+        )
         rows.append(
             {
                 "backend": backend,
                 "default": default,
-                "records": list(decisions.precision_records(records).values()),
-                "fastest": decisions.fastest_safe_precision(records),
+                "records": [
+                    {
+                        "record": record,
+                        "speed": None
+                        if record is None or reference is None or precision == "fp32"
+                        else decisions.speed_between(reference, record),
+                    }
+                    for precision, record in by_precision.items()
+                ],
+                "measured": None if chosen is None else chosen.precision,
+                "measured_reason": None if chosen is None else chosen.reason,
             }
         )
     return {

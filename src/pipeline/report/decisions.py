@@ -7,26 +7,24 @@ the sentences returned are the verdicts themselves, shown as text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from pipeline.errors import PipelineError
+from pipeline.measured import PrecisionChoice, choose_precision
 from pipeline.report.formatting import (
     backend_label,
     fmt_float,
-    fmt_ratio,
     fmt_rel,
-    fmt_speed,
     number,
     setting_label,
 )
 from pipeline.report.load import PRECISIONS, RunResults
 from pipeline.runs import parse_run
+from pipeline.stats import Speedup, quality_words, speedup
 
-# A speed-up within this fraction of 1 is noise, not a reason to change a default.
-SPEEDUP_TOLERANCE = 0.05
 # Where neither the evaluation nor the config says which detections to draw.
 DEFAULT_SCORE_THRESHOLD = 0.3
 
@@ -48,22 +46,55 @@ def answer_model(frame: pd.DataFrame, config: dict[str, Any] | None) -> str | No
     return next((model for model in listed if model in present), str(trained["model"].iloc[0]))
 
 
+def refusals(env: dict[str, Any] | None, backend: str) -> dict[str, str | None]:
+    """Why amp=measured may not train in each reduced precision on `backend` (env.json)."""
+    entry = ((env or {}).get("backends") or {}).get(backend)
+    recorded = entry.get("measured_refused") if isinstance(entry, dict) else None
+    if isinstance(recorded, dict):
+        return recorded
+    if backend == "cpu":  # an env.json from before the check: assume what the policy assumes
+        unknown = "env.json does not say whether this CPU has native support"
+        return {"bf16": unknown, "fp16": unknown}
+    return {"bf16": None, "fp16": None}
+
+
+def measured_choice(
+    frame: pd.DataFrame, backend: str, model: str, env: dict[str, Any] | None
+) -> PrecisionChoice | None:
+    """What amp=measured would train `model` in on `backend`, from the same records."""
+    rows = frame[
+        (frame["backend"] == backend) & (frame["mode"] == "train") & (frame["model"] == model)
+    ]
+    if rows.empty:
+        return None
+    records = [(row["record"], row["file"]) for _, row in rows.iterrows()]
+    return choose_precision(records, backend, model, refusals(env, backend))
+
+
+def speed_between(reference: pd.Series, candidate: pd.Series) -> Speedup | None:
+    """How much faster `candidate` ran than `reference`, with the interval (None without samples)."""
+    if not reference["samples_s"] or not candidate["samples_s"]:
+        return None
+    return speedup(reference["samples_s"], candidate["samples_s"])
+
+
 @dataclass
 class Choice:
-    """The fastest safe training setting for one model, and what was faster but unsafe."""
+    """The fastest setting amp=measured trains `model` with, and what was faster but not chosen."""
 
     model: str
     best: pd.Series | None
-    faster_unsafe: pd.DataFrame
-    others: pd.DataFrame  # measured, safe or not, and no faster than `best`
-    cpu_fp32_ms: float | None
-    faster_off_policy: pd.DataFrame  # safe and faster, but the AMP policy never trains with it
+    faster_unsafe: pd.DataFrame  # faster, numerics not acceptable
+    others: pd.DataFrame  # measured, and no faster than `best`
+    cpu_fp32: pd.Series | None
+    faster_refused: list[tuple[pd.Series, str]]  # faster, acceptable, yet not what measured picks
+    per_backend: dict[str, PrecisionChoice] = field(default_factory=dict)
 
     @property
-    def speedup_vs_cpu_fp32(self) -> float | None:
-        if self.best is None or self.cpu_fp32_ms is None:
+    def speedup_vs_cpu_fp32(self) -> Speedup | None:
+        if self.best is None or self.cpu_fp32 is None:
             return None
-        return self.cpu_fp32_ms / self.best["median_ms"]
+        return speed_between(self.cpu_fp32, self.best)
 
     @property
     def is_cpu_fp32(self) -> bool:
@@ -75,42 +106,44 @@ class Choice:
         )
 
 
-def amp_allowed(env: dict[str, Any] | None, backend: Any) -> bool:
-    """Whether training can use AMP on `backend` (env.json's amp_supported; unknown: yes)."""
-    entry = ((env or {}).get("backends") or {}).get(backend)
-    return not isinstance(entry, dict) or bool(entry.get("amp_supported", True))
-
-
-def trainable(row: pd.Series, env: dict[str, Any] | None) -> bool:
-    """A setting the trainer can run: fp32 anywhere, autocast only where AMP is allowed."""
-    return row["precision"] == "fp32" or amp_allowed(env, row["backend"])
-
-
 def choose_setting(frame: pd.DataFrame, model: str, env: dict[str, Any] | None = None) -> Choice:
-    """The fastest training setting of `model` with acceptable numerics that the trainer runs."""
+    """The fastest of what amp=measured would train with on each backend (pipeline.measured).
+
+    Within a backend a reduced precision must beat fp32 with its whole interval beyond the
+    tolerance, have acceptable numerics, and be one the device layer lets measured mode use;
+    across backends the fastest of those choices wins.
+    """
     rows = frame[
         (frame["mode"] == "train")
         & (frame["status"] == "ok")
         & (frame["model"] == model)
         & frame["median_ms"].notna()
     ]
-    allowed = (
-        rows.apply(lambda row: trainable(row, env), axis=1).astype(bool)
-        if not rows.empty
-        else rows["safe"]
-    )
-    safe = rows[rows["safe"] & allowed].sort_values("median_ms", kind="stable")
-    best = safe.iloc[0] if not safe.empty else None
-    if best is None:
-        return Choice(model, None, rows[~rows["safe"]], rows, None, rows.iloc[0:0])
+    per_backend = {
+        backend: chosen
+        for backend in dict.fromkeys(rows["backend"])
+        if (chosen := measured_choice(frame, backend, model, env)) is not None
+    }
+    picked = []
+    for backend, chosen in per_backend.items():
+        match = rows[(rows["backend"] == backend) & (rows["precision"] == chosen.precision)]
+        if not match.empty and match.iloc[0]["safe"]:
+            picked.append(match.iloc[0])
+    cpu = rows[(rows["backend"] == "cpu") & (rows["precision"] == "fp32")]
+    cpu_fp32 = cpu.iloc[0] if not cpu.empty else None
+    if not picked:
+        return Choice(model, None, rows[~rows["safe"]], rows, cpu_fp32, [], per_backend)
+    best = min(picked, key=lambda row: row["median_ms"])
     faster = rows["median_ms"] < best["median_ms"]
     faster_unsafe = rows[(~rows["safe"]) & faster].sort_values("median_ms")
-    faster_off_policy = rows[rows["safe"] & ~allowed & faster].sort_values("median_ms")
+    refused = []
+    for _, row in rows[rows["safe"] & faster].sort_values("median_ms").iterrows():
+        candidates = per_backend[row["backend"]].candidates
+        reason = next((c.reason for c in candidates if c.precision == row["precision"]), None)
+        refused.append((row, reason or "not what amp=measured chose on its backend"))
     others = rows.drop(index=best.name)
     others = others[others["median_ms"] >= best["median_ms"]]
-    return Choice(
-        model, best, faster_unsafe, others, number(best["cpu_fp32_ms"]), faster_off_policy
-    )
+    return Choice(model, best, faster_unsafe, others, cpu_fp32, refused, per_backend)
 
 
 def numerics_problem(record: dict[str, Any]) -> str:
@@ -118,18 +151,22 @@ def numerics_problem(record: dict[str, Any]) -> str:
     numerics = record.get("numerics")
     if not numerics:
         return "its numerics against fp32 were not measured"
+    if numerics.get("problem"):
+        return str(numerics["problem"])
     if not numerics.get("finite", True):
         return "it produced non-finite outputs or loss"
     return f"its loss differs from fp32 by {fmt_rel(numerics.get('loss_rel_diff'))} relative (rule: {numerics.get('acceptable_rule', 'n/a')})"
 
 
 def flags_of(record: dict[str, Any]) -> list[str]:
-    """Reasons to trust a timing less: noise, a cut-short run, a busy machine, TF32 in 'fp32'."""
-    flags = []
+    """Reasons to trust a timing less: drift, noise, a cut-short run or warm-up, a busy
+    machine, TF32 in 'fp32', or a configuration other than training's."""
     timing = record.get("timing") or {}
-    if timing.get("noisy"):
+    flags = quality_words(timing)
+    if timing.get("warmup_settled") is False:
         flags.append(
-            f"noisy: IQR {fmt_float(100 * (number(timing.get('iqr_ratio')) or 0), 0)}% of median"
+            f"warm-up ended by its time budget after {timing.get('warmup_steps')} steps, "
+            "before the step time settled"
         )
     if timing.get("budget_limited"):
         steps = (record.get("settings") or {}).get("max_steps")
@@ -150,6 +187,11 @@ def flags_of(record: dict[str, Any]) -> list[str]:
         ]
         if tf32:
             flags.append(f"TF32 allowed: {', '.join(tf32)}")
+    overridden = (record.get("configuration") or {}).get("overridden")
+    if overridden:
+        flags.append(
+            "timed with bench." + ", bench.".join(overridden) + " set, not what training runs"
+        )
     return flags
 
 
@@ -169,14 +211,11 @@ def answer_cautions(best: pd.Series, frame: pd.DataFrame) -> list[tuple[str, lis
     return [(setting, flags) for setting, flags in flagged if flags]
 
 
-def speed_verdict(speedup: Any) -> str | None:
-    """'faster' or 'slower' when a speed-up is beyond the noise tolerance, else None."""
-    value = number(speedup)
-    if value is None:
+def speed_verdict(speed: Speedup | None) -> str | None:
+    """'faster' or 'slower' where the whole interval is beyond the tolerance, else None."""
+    if speed is None or speed.verdict not in ("faster", "slower"):
         return None
-    if value > 1 + SPEEDUP_TOLERANCE:
-        return "faster"
-    return "slower" if value < 1 - SPEEDUP_TOLERANCE else None
+    return speed.verdict
 
 
 # ---- the AMP policy ------------------------------------------------------------------------
@@ -211,81 +250,148 @@ def precision_records(rows: pd.DataFrame) -> dict[str, pd.Series | None]:
     }
 
 
-def fastest_safe_precision(rows: pd.DataFrame) -> str | None:
-    safe = rows[rows["safe"] & rows["median_ms"].notna()].sort_values("median_ms")
-    return safe.iloc[0]["precision"] if not safe.empty else None
-
-
 def amp_verdict(
     frame: pd.DataFrame,
     backend: str,
     default: str | None,
     model: str | None,
-    allowed: bool = True,
+    env: dict[str, Any] | None,
 ) -> str:
-    """One line: does the measurement confirm the shipped default, or suggest another setting?"""
+    """One line: the static default, what was measured, and what amp=measured does about it."""
     label = backend_label(backend)
     rows = policy_rows(frame, backend, model)
     if default is None:
         return f"{label}: no AMP policy recorded in env.json."
-    policy = "AMP off by default" if default == "fp32" else f"AMP on ({default}) by default"
+    policy = "AMP off by default (fp32)" if default == "fp32" else f"AMP on ({default}) by default"
     ok = rows[(rows["status"] == "ok") & rows["median_ms"].notna()]
-    if ok.empty:
-        return (
-            f"{label}: {policy}; no training benchmark ran on this backend, so it is unconfirmed."
-        )
+    if ok.empty or "fp32" not in set(ok["precision"]):
+        return f"{label}: {policy}; no fp32 training benchmark ran on this backend, so it is unconfirmed."
+    chosen = measured_choice(frame, backend, str(ok.iloc[0]["model"]), env)
     times = {row["precision"]: row for _, row in ok.iterrows()}
-    safe = ok[ok["safe"]].sort_values("median_ms")
-    if safe.empty:
-        return f"{label}: {policy}; no precision passed the numerics check, so nothing can be recommended."
-    best = safe.iloc[0]
+    if chosen.precision == default:
+        return f"{label}: {policy}; {compare_text(times)}: amp=measured trains in {default} too, so the default is confirmed."
+    measured = f"amp=measured trains in {chosen.precision} here"
     if default not in times:
-        return f"{label}: {policy}; {default} was not measured (skipped or not run), and {best['precision']} is the fastest with acceptable numerics: {suggestion(best['precision'])}."
+        return f"{label}: {policy}, but {default} was not measured (skipped or not run); {measured} ({chosen.reason})."
     default_row = times[default]
     if not default_row["safe"]:
-        return f"{label}: {policy}, but {default} failed the numerics check ({numerics_problem(default_row['record'])}): {suggestion(best['precision'])}."
-    if best["precision"] == default:
-        return f"{label}: {policy}; {compare_text(times, default)}: default confirmed."
-    gain = default_row["median_ms"] / best["median_ms"]
-    if gain <= 1 + SPEEDUP_TOLERANCE:
-        return f"{label}: {policy}; {compare_text(times, default)}: within {SPEEDUP_TOLERANCE:.0%} of the fastest, so the default is confirmed."
-    if not allowed and best["precision"] != "fp32":
-        return (
-            f"{label}: AMP off by policy (amp_supported is false, so amp=true trains in fp32 too); "
-            f"{best['precision']} measured {fmt_ratio(gain)} faster than {default} with acceptable "
-            "numerics: default not confirmed on this machine (the policy assumes no bf16 hardware)."
+        return f"{label}: {policy}, but {default} failed the numerics check ({numerics_problem(default_row['record'])}); {measured} ({chosen.reason})."
+    gain = speed_between(default_row, times[chosen.precision])
+    versus = f"{gain.text} than {default}" if gain is not None else chosen.reason
+    return f"{label}: {policy}; {compare_text(times)}: default not confirmed on this machine: {measured}, {versus}. Set amp=measured to train with it."
+
+
+def compare_text(times: dict[str, pd.Series]) -> str:
+    """How each measured reduced precision compares with fp32, with its interval."""
+    reference = times["fp32"]
+    others = []
+    for precision, row in times.items():
+        if precision == "fp32":
+            continue
+        speed = speed_between(reference, row)
+        text = speed.text if speed is not None else "not comparable"
+        others.append(f"{precision} {text}" + ("" if row["safe"] else " (numerics not acceptable)"))
+    return "; ".join(others) if others else "only fp32 was measured"
+
+
+# ---- accuracy: did the reduced precision hold up? -----------------------------------------
+
+# A reduced-precision run within this many points (of F1 and AP@.5, in [0, 1]) of its fp32
+# twin has kept the accuracy.
+ACCURACY_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class AccuracyCheck:
+    """A reduced-precision run against the fp32 run of otherwise equal settings."""
+
+    reduced: str
+    reference: str
+    precision: str
+    f1: float | None
+    reference_f1: float | None
+    ap50: float | None
+    reference_ap50: float | None
+    split: str
+
+    @property
+    def drops(self) -> dict[str, float | None]:
+        """Points lost (positive) or gained (negative) against fp32, per metric."""
+        return {
+            "F1": None if None in (self.f1, self.reference_f1) else self.reference_f1 - self.f1,
+            "AP@.5": None
+            if None in (self.ap50, self.reference_ap50)
+            else self.reference_ap50 - self.ap50,
+        }
+
+    @property
+    def held(self) -> bool | None:
+        known = [drop for drop in self.drops.values() if drop is not None]
+        return None if not known else all(drop <= ACCURACY_TOLERANCE for drop in known)
+
+
+def accuracy_checks(runs: list[RunResults]) -> list[AccuracyCheck]:
+    """Each reduced-precision run beside the fp32 run that differs from it only in precision."""
+    parsed = {}
+    for run in runs:
+        try:
+            parsed[run.name] = parse_run(run.name)
+        except PipelineError:
+            continue
+    by_name = {run.name: run for run in runs}
+    checks = []
+    for name, spec in parsed.items():
+        if spec.precision == "fp32":
+            continue
+        twin = next(
+            (
+                other
+                for other, candidate in parsed.items()
+                if candidate.precision == "fp32"
+                and candidate.device == spec.device
+                and candidate.sweep == spec.sweep
+            ),
+            None,
         )
-    return f"{label}: {policy}; {best['precision']} measured {fmt_ratio(gain)} faster than {default} with acceptable numerics: {suggestion(best['precision'])}."
-
-
-def compare_text(times: dict[str, pd.Series], default: str) -> str:
-    """How each other measured precision compares with the default one."""
-    reference = times[default]
-    others = [
-        f"{precision} measured {fmt_speed(reference['median_ms'] / row['median_ms'], default)}"
-        + ("" if row["safe"] else " (numerics not acceptable)")
-        for precision, row in times.items()
-        if precision != default
-    ]
-    return "; ".join(others) if others else f"only {default} was measured"
-
-
-def suggestion(precision: str) -> str:
-    if precision == "fp32":
-        return "consider amp=false"
-    return f"consider amp=true amp_dtype={precision}"
+        if twin is None:
+            continue
+        reduced, reference = run_scores(by_name[name]), run_scores(by_name[twin])
+        checks.append(
+            AccuracyCheck(
+                name,
+                twin,
+                spec.precision,
+                reduced["f1"],
+                reference["f1"],
+                reduced["ap50"],
+                reference["ap50"],
+                reduced["split"] if reduced["split"] == reference["split"] else "mixed",
+            )
+        )
+    return checks
 
 
 # ---- runs and their accuracy ---------------------------------------------------------------
 
 
-def run_scores(run: RunResults) -> dict[str, float | None]:
-    """Best F1 and AP@.5: from the evaluation where it ran, else the last validation of training."""
+def run_scores(run: RunResults) -> dict[str, Any]:
+    """F1 at the fixed threshold, best F1 and AP@.5: from the evaluation where it ran, else
+    the last validation of training; `split` says which."""
     if run.evaluation:
         metrics = run.evaluation["metrics"]
-        return {"best_f1": number(metrics.get("best_f1")), "ap50": number(metrics.get("ap50"))}
+        return {
+            "f1": number(metrics.get("f1")),
+            "best_f1": number(metrics.get("best_f1")),
+            "ap50": number(metrics.get("ap50")),
+            "split": str(run.evaluation.get("split") or "evaluation"),
+        }
     final = (run.summary or {}).get("final_val") or {}
-    return {"best_f1": number(final.get("best_f1")), "ap50": number(final.get("ap50"))}
+    return {
+        "f1": number(final.get("f1")),
+        "best_f1": number(final.get("best_f1")),
+        "ap50": number(final.get("ap50")),
+        "split": "validation during training",
+    }
 
 
 def best_f1(run: RunResults) -> tuple[float | None, Any]:

@@ -52,14 +52,11 @@ def fmt_ratio(value: Any) -> str:
     return f"{value:.1f}×" if value >= 10 else f"{value:.2f}×"
 
 
-def fmt_speed(ratio: Any, reference: str) -> str:
-    """'1.40× faster than fp32' or '9.4× slower than fp32', whichever reads naturally."""
-    ratio = number(ratio)
-    if ratio is None or ratio <= 0:
-        return f"not comparable with {reference}"
-    if ratio >= 1:
-        return f"{fmt_ratio(ratio)} faster than {reference}"
-    return f"{fmt_ratio(1 / ratio)} slower than {reference}"
+def fmt_speedup(speed: Any) -> str:
+    """A speed-up for a table cell: '1.47× (1.40–1.55)', its 95% interval in brackets."""
+    if speed is None:
+        return "n/a"
+    return f"{fmt_ratio(speed.ratio)} ({speed.low:.2f}–{speed.high:.2f})"
 
 
 def fmt_mb(value: Any) -> str:
@@ -124,7 +121,7 @@ FILTERS = {
     "percent": fmt_percent,
     "rel": fmt_rel,
     "ratio": fmt_ratio,
-    "speed": fmt_speed,
+    "speedup": fmt_speedup,
     "mb": fmt_mb,
     "seconds": fmt_seconds,
     "utc": fmt_time,

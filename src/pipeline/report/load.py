@@ -11,21 +11,19 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pandas as pd
-import yaml
 
-from pipeline.errors import PipelineError, ResultsFileError
+from pipeline import measured
+from pipeline.errors import DataError, PipelineError, ResultsFileError
 from pipeline.report.formatting import number
 from pipeline.runs import PRECISIONS
+from pipeline.stats import Speedup, speedup
 
 BACKENDS = ("cuda", "mps", "cpu")  # the order the report lists them in
 MODES = ("train", "infer")
-BENCH_SCHEMA = Path(__file__).parents[1] / "schemas" / "bench.schema.yaml"
 GIT_TIMEOUT_S = 5
 
 
@@ -116,24 +114,12 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return rows, skipped
 
 
-@cache
-def bench_schema() -> dict[str, Any]:
-    return yaml.safe_load(BENCH_SCHEMA.read_text(encoding="utf-8"))
-
-
 def read_bench_file(path: Path) -> list[dict[str, Any]]:
     """Records of one benchmark file, checked against the schema the bench step writes to."""
-    data = read_json(path)
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(bench_schema()).iter_errors(data)
-    )
-    if error is not None:
-        where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise ResultsFileError(
-            f"{path} is not a benchmark file in format pipeline.bench/1: at {where}, {error.message}. "
-            "Delete it and rerun the benchmark."
-        )
-    return data["records"]
+    try:
+        return measured.read_bench_file(path)
+    except DataError as error:
+        raise ResultsFileError(f"{error} Delete it and rerun the benchmark.") from error
 
 
 # ---- the results folder ------------------------------------------------------------------
@@ -253,7 +239,8 @@ def load_job_stats(root: Path) -> pd.DataFrame | None:
 
 
 def bench_frame(records: list[tuple[dict[str, Any], Path]]) -> pd.DataFrame:
-    """One row per record, with speed-ups against the same backend's fp32 and against CPU fp32."""
+    """One row per record, with speed-ups (and their intervals) against the same backend's
+    fp32 and against CPU fp32, of the same model and mode."""
     columns = [
         "model",
         "backend",
@@ -265,37 +252,33 @@ def bench_frame(records: list[tuple[dict[str, Any], Path]]) -> pd.DataFrame:
         "iqr_ms",
         "images_per_s",
         "safe",
+        "samples_s",
         "record",
         "file",
     ]
-    rows = [bench_row(record, path) for record, path in records]
-    frame = pd.DataFrame(rows, columns=columns)
-    ok = frame[frame["status"] == "ok"]
-    fp32 = ok[ok["precision"] == "fp32"]
-    same = fp32[["model", "mode", "backend", "median_ms"]].drop_duplicates(
-        ["model", "mode", "backend"]
-    )
-    cpu = fp32[fp32["backend"] == "cpu"][["model", "mode", "median_ms"]].drop_duplicates(
-        ["model", "mode"]
-    )
-    frame = frame.merge(
-        same.rename(columns={"median_ms": "backend_fp32_ms"}),
-        on=["model", "mode", "backend"],
-        how="left",
-    )
-    frame = frame.merge(
-        cpu.rename(columns={"median_ms": "cpu_fp32_ms"}), on=["model", "mode"], how="left"
-    )
-    frame["vs_backend_fp32"] = frame["backend_fp32_ms"] / frame["median_ms"]
-    frame["vs_cpu_fp32"] = frame["cpu_fp32_ms"] / frame["median_ms"]
+    frame = pd.DataFrame([bench_row(record, path) for record, path in records], columns=columns)
+    if frame.empty:
+        return frame.assign(vs_backend_fp32=None, vs_cpu_fp32=None)
+    fp32 = {
+        (row["model"], row["mode"], row["backend"]): row["samples_s"]
+        for _, row in frame.iterrows()
+        if row["status"] == "ok" and row["precision"] == "fp32" and row["samples_s"]
+    }
+
+    def against(row: pd.Series, backend: str) -> Speedup | None:
+        reference = fp32.get((row["model"], row["mode"], backend))
+        if reference is None or not row["samples_s"]:
+            return None
+        return speedup(reference, row["samples_s"])
+
+    frame["vs_backend_fp32"] = [against(row, row["backend"]) for _, row in frame.iterrows()]
+    frame["vs_cpu_fp32"] = [against(row, "cpu") for _, row in frame.iterrows()]
     order = {
         "model": lambda s: s,
         "mode": lambda s: s.map(lambda v: _rank(MODES, v)),
         "backend": lambda s: s.map(lambda v: _rank(BACKENDS, v)),
         "precision": lambda s: s.map(lambda v: _rank(PRECISIONS, v)),
     }
-    if frame.empty:
-        return frame
     return frame.sort_values(
         list(order), key=lambda s: order[s.name](s), kind="stable"
     ).reset_index(drop=True)
@@ -321,6 +304,7 @@ def bench_row(record: dict[str, Any], path: Path) -> dict[str, Any]:
         "images_per_s": number(record.get("throughput_images_per_s")),
         # fp32 is the reference; autocast counts only when its numerics were checked and passed.
         "safe": ok and (record["precision"] == "fp32" or numerics.get("acceptable") is True),
+        "samples_s": [ms / 1000 for ms in timing.get("samples_ms") or []] if ok else [],
         "record": record,
         "file": path,
     }

@@ -114,9 +114,22 @@ def environment_view(env: dict[str, Any] | None) -> dict[str, Any] | None:
             "versions",
             ", ".join(f"{key} {value}" for key, value in versions.items() if value) or "n/a",
         ),
+        *cpu_native_facts(env),
         *gpu_facts(env),
     ]
     return {"backends": backends, "facts": facts}
+
+
+def cpu_native_facts(env: dict[str, Any]) -> list[tuple[str, str]]:
+    """Whether the CPU computes bf16/fp16 natively: what lets amp=measured use them on it."""
+    return [
+        (
+            f"CPU native {precision}",
+            f"{'yes' if found.get('native') else 'no'} ({found.get('evidence', 'n/a')})",
+        )
+        for precision, found in (env.get("cpu_native") or {}).items()
+        if isinstance(found, dict)
+    ]
 
 
 def gpu_facts(env: dict[str, Any]) -> list[tuple[str, str]]:
