@@ -335,6 +335,40 @@ def test_a_truncated_image_is_named_when_the_cache_decodes_it_at_start_up(
     assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
 
 
+def test_an_image_whose_size_differs_from_its_annotation_is_named_with_both_sizes(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_val.json", lambda d: d["images"][2].update(width=128))
+    message = train_fails(capsys, here / "run", data)
+    assert message.startswith(
+        f"{data / 'instances_val.json'}: 1 image(s) are not the size their annotation says: "
+        f"{data / 'val' / '000002.png'} is annotated 128x64 but is 64x64 (width x height, EXIF "
+        "orientation applied). Boxes are never rescaled to fit."
+    )
+
+
+def test_a_category_that_no_annotation_uses_is_left_out_in_one_info_line(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    for name in ("instances_train.json", "instances_val.json"):
+        edit_json(
+            data / name,
+            lambda d: d["categories"].insert(
+                0, {"id": 0, "name": "shapes", "supercategory": "none"}
+            ),
+        )
+    summary, err = train_succeeds(capsys, here / "run", *tiny_settings(data, "train.epochs=1"))
+    assert (
+        f"{data / 'instances_train.json'}, {data / 'instances_val.json'}: categories ['shapes'] "
+        f"have no objects in either split: left out of training and metrics; 4 classes remain "
+        f"{CLASSES}"
+    ) in err
+    assert summary["class_names"] == CLASSES
+    assert warnings_in(err) == []
+
+
 def test_malformed_annotation_json_names_the_file_and_the_position(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:
