@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -965,6 +968,45 @@ def test_a_test_split_exists_where_its_file_is_named_or_found(
     synthetic = load_config(None, [])
     assert has_test_split(synthetic)  # generated: num_test defaults to 256
     assert not has_test_split(load_config(None, ["data.synthetic.num_test=0"]))
+
+
+def test_an_export_trains_and_evaluates_end_to_end_reporting_on_its_test_split(
+    export: Path, tmp_path: Path
+) -> None:
+    """The acceptance case: python -m pipeline train, then eval, on the export's folders as they are."""
+    settings = [
+        *export_settings(export, "train", "val", "test"),
+        "device=cpu",
+        "data.image_size=64",
+        "model.width=8",
+        "train.epochs=1",
+        "train.batch_size=4",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "pipeline", "--cpu-threads", "1"]
+    trained = subprocess.run(
+        [*command, "train", "--out", str(run), *settings],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert "left out of training and metrics" in trained.stderr
+    out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
+    evaluated = subprocess.run(
+        [*command, "eval", "--checkpoint", str(run / "best.pth"), "--out", str(out),
+         "--predictions", str(predictions)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    result = json.loads(out.read_text())
+    assert result["class_names"] == ["cell"]
+    assert result["metrics_split"] == "test"
+    assert result["splits"]["test"]["source"] == str(export / "test" / "_annotations.coco.json")
+    assert result["splits"]["test"]["num_images"] == 4
+    assert result["val_metrics"]["num_images"] == 4
+    assert result["operating_point"]["threshold"] == result["val_metrics"]["best_f1_threshold"]
+    files = [image["file"] for image in json.loads(predictions.read_text())["images"]]
+    assert files[0] == str(export / "test" / "test image 0.jpg")
 
 
 # ------------------------------------------- ignore regions in targets, natural-image augmentation

@@ -534,6 +534,49 @@ def test_a_good_checkpoint_evaluates_and_writes_its_metrics(
     assert json.loads(out.read_text())["class_names"] == CLASSES
 
 
+def test_eval_reports_the_test_split_at_the_threshold_picked_on_validation(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    assert pipeline("eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert (result["split"], result["metrics_split"]) == ("test", "test")
+    assert {name: split["num_images"] for name, split in result["splits"].items()} == {
+        "val": 8,
+        "test": 8,
+    }
+    chosen = result["metrics"]["chosen_threshold"]
+    assert chosen["threshold"] == result["val_metrics"]["best_f1_threshold"]
+    assert result["operating_point"] == {
+        "threshold": chosen["threshold"],
+        "picked_on": "val",
+        "applied_to": "test",
+        "precision": chosen["precision"],
+        "recall": chosen["recall"],
+        "f1": chosen["f1"],
+    }
+
+
+def test_eval_without_a_test_split_reports_validation_and_says_so(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    argv = ["eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)]
+    assert pipeline(*argv, "data.test_split=null") == 0
+    result = json.loads(out.read_text())
+    assert (result["split"], result["metrics_split"]) == ("val", "val")
+    assert set(result["splits"]) == {"val"} and result["val_metrics"] is None
+    best = result["metrics"]["best"]
+    assert result["operating_point"] == {
+        "threshold": best["threshold"],
+        "picked_on": "val",
+        "applied_to": "val",
+        "precision": best["precision"],
+        "recall": best["recall"],
+        "f1": best["f1"],
+    }
+
+
 def test_a_failing_eval_leaves_the_previous_metrics_file_unchanged(
     here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
