@@ -320,7 +320,7 @@ def test_an_unknown_top_level_key_is_named_with_the_valid_keys() -> None:
     ("item", "key", "section"),
     [
         ("train.epoch=3", "train.epoch", "train"),
-        ("data.synthetic.num_test=3", "data.synthetic.num_test", "data.synthetic"),
+        ("data.synthetic.num_tests=3", "data.synthetic.num_tests", "data.synthetic"),
         ("data.augment.rotate=0.5", "data.augment.rotate", "data.augment"),
     ],
 )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,15 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.config import load_config
-from pipeline.data import annotation_file, load_split, load_splits
+from pipeline.config import load_config, merge
+from pipeline.data import (
+    annotation_file,
+    has_test_split,
+    images_dir,
+    load_split,
+    load_splits,
+    split_files,
+)
 from pipeline.data.dataset import (
     PAD_VALUE,
     Augment,
@@ -24,7 +34,8 @@ from pipeline.data.dataset import (
     read_image,
 )
 from pipeline.data.sources import ImageRecord, SplitAnnotations, load_coco, load_voc
-from pipeline.errors import DataError
+from pipeline.data.synthetic import SyntheticSpec, render_sample
+from pipeline.errors import ConfigError, DataError
 
 PALETTE_COLOUR = (200, 30, 60)
 # categories with ids out of order and not contiguous: label order follows the sorted ids
@@ -75,7 +86,7 @@ GOOD = [
     {"image_id": 2, "category_id": 7, "bbox": [5, 5, 20, 10]},
     {"image_id": 3, "category_id": 3, "bbox": [30, 30, 20, 20]},  # clipped to 40x40
     {"image_id": 4, "category_id": 7, "bbox": [10, 5, 20, 20]},
-    {"image_id": 4, "category_id": 3, "bbox": [0, 0, 5, 5], "iscrowd": 1},  # ignored
+    {"image_id": 4, "category_id": 3, "bbox": [0, 0, 5, 5], "iscrowd": 1},  # an ignore region
 ]
 DEGENERATE = [
     {"image_id": 1, "category_id": 3, "bbox": [5, 5, 0, 10]},  # zero width
@@ -131,10 +142,14 @@ def test_coco_boxes_reaching_past_the_border_are_clipped_not_dropped(coco_root: 
     assert split.dropped_boxes == 0
 
 
-def test_coco_crowd_annotations_are_ignored(coco_root: Path) -> None:
+def test_coco_crowd_annotations_become_ignore_regions_of_their_class(coco_root: Path) -> None:
     split = load_coco(coco_root / "instances_val.json", coco_root)
     wide = next(r for r in split.records if r.path.name == "wide.png")
-    np.testing.assert_array_equal(wide.labels, [1])
+    np.testing.assert_array_equal(wide.labels, [1])  # the crowd is no object
+    np.testing.assert_array_equal(wide.ignore_boxes, [[0, 0, 5, 5]])
+    np.testing.assert_array_equal(wide.ignore_labels, [0])  # cat
+    gray = next(r for r in split.records if r.path.name == "gray.png")
+    assert gray.ignore_boxes.shape == (0, 4) and gray.ignore_labels.shape == (0,)
 
 
 def test_coco_degenerate_boxes_are_dropped_and_counted_in_one_warning(
@@ -356,7 +371,7 @@ def voc_root(tmp_path: Path) -> Path:
         # VOC boxes are 1-based and inclusive: xmin=6, xmax=5 is zero pixels wide
         "gray": [("person", (11, 6, 30, 25)), ("bird", (6, 5, 5, 20))],
         "rgba": [("bird", (1, 1, 40, 40)), ("person", (3, 30, 10, 20))],  # 2nd: negative height
-        "palette": [("person", (2, 2, 8, 8), 1)],  # difficult: skipped
+        "palette": [("person", (2, 2, 8, 8), 1)],  # difficult: an ignore region
         "wide": [("bird", (11, 6, 30, 25)), ("person", (90, 1, 99, 10))],  # 2nd: outside
         "empty": [],
     }
@@ -380,13 +395,16 @@ def test_voc_one_based_inclusive_boxes_become_zero_based_xyxy(voc_root: Path) ->
     assert wide.path == voc_root / "JPEGImages" / "wide.png"
 
 
-def test_voc_degenerate_boxes_are_dropped_in_one_warning_and_difficult_ones_skipped(
+def test_voc_degenerate_boxes_are_dropped_in_one_warning_and_difficult_ones_become_ignore_regions(
     voc_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         split = load_voc(voc_root, "train")
     assert split.dropped_boxes == 3
     assert [len(r.boxes) for r in split.records] == [1, 1, 0, 1, 0]
+    palette = split.records[2]
+    np.testing.assert_array_equal(palette.ignore_boxes, [[1, 1, 8, 8]])
+    np.testing.assert_array_equal(palette.ignore_labels, [split.class_names.index("person")])
     warnings = _pipeline_warnings(caplog)
     assert len(warnings) == 1
     assert "dropped 3 degenerate box(es)" in warnings[0].getMessage()
@@ -559,18 +577,86 @@ def test_letterbox_pads_with_the_pad_value_and_keeps_the_picture_centred(
     )
 
 
-def test_boxes_follow_the_file_when_it_is_not_the_size_the_annotations_say(
+def test_an_image_that_is_not_the_size_its_annotation_says_is_an_error_naming_both_sizes(
     coco_root: Path,
 ) -> None:
-    # the annotation claims 160x80; the file is 80x40: boxes are scaled to the file's pixels
+    # the annotation claims 160x80; the file is 80x40: never rescaled, always reported
     document = _coco_document(
         {"wide.png": (160, 80)}, [{"image_id": 1, "category_id": 3, "bbox": [20, 10, 40, 40]}]
     )
     path = _write_coco(coco_root, "claims_bigger.json", document)
-    dataset = DetectionDataset(load_coco(path, coco_root), 32, resize="letterbox")
-    _, target = dataset[0]
-    np.testing.assert_allclose(target["boxes"].numpy(), [[4, 10, 12, 18]], atol=1e-4)
-    np.testing.assert_allclose(dataset.to_original(0, target["boxes"].numpy()), [[20, 10, 60, 50]])
+    with pytest.raises(DataError) as caught:
+        load_coco(path, coco_root)
+    message = str(caught.value)
+    assert str(path) in message
+    assert f"{coco_root / 'wide.png'} is annotated 160x80 but is 80x40" in message
+
+
+def test_the_dataset_refuses_a_file_whose_decoded_size_differs_from_its_record(
+    tmp_path: Path,
+) -> None:
+    # a record made by hand (or a file replaced after loading): the decoded image is the geometry
+    split = _rectangle_split(tmp_path, (3, 5, 11, 20))
+    split.records[0].width = 64
+    with pytest.raises(DataError, match=r"rect\.png is 32x32 .* annotation says 64x32"):
+        DetectionDataset(split, 32)
+
+
+def _exif_jpeg(path: Path, orientation: int) -> None:
+    """A 48x24 (width x height) JPEG, white in its top-left 16x16 corner, with an EXIF orientation.
+
+    The corner is aligned to JPEG's 8x8 blocks, so compression leaves its edges sharp.
+    """
+    pixels = np.zeros((24, 48, 3), np.uint8)
+    pixels[:16, :16] = 255
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(pixels).save(path, format="JPEG", quality=95, exif=exif.tobytes())
+
+
+def test_read_image_turns_a_photo_upright_by_its_exif_orientation(tmp_path: Path) -> None:
+    # orientation 6: the stored pixels are shown turned 90 degrees clockwise
+    _exif_jpeg(tmp_path / "photo.jpg", orientation=6)
+    image = read_image(tmp_path / "photo.jpg")
+    assert image.shape == (3, 48, 24)
+    white = (image > 128).all(dim=0).numpy()
+    ys, xs = np.nonzero(white)
+    assert (xs.min(), xs.max(), ys.min(), ys.max()) == (8, 23, 0, 15)  # now the top-right corner
+
+
+def test_an_exif_rotated_photo_annotated_upright_loads_with_boxes_where_its_pixels_are(
+    tmp_path: Path,
+) -> None:
+    _exif_jpeg(tmp_path / "photo.jpg", orientation=6)
+    document = _coco_document(
+        {"photo.jpg": (24, 48)}, [{"image_id": 1, "category_id": 3, "bbox": [8, 0, 16, 16]}]
+    )
+    split = load_coco(_write_coco(tmp_path, "upright.json", document), tmp_path)
+    image, target = DetectionDataset(split, 48, resize="letterbox")[0]
+    x0, y0, x1, y1 = (int(v) for v in target["boxes"][0].tolist())
+    inside = image[:, y0 + 1 : y1 - 1, x0 + 1 : x1 - 1]
+    assert (inside > 128).all()  # the box covers the white corner of the upright picture
+
+
+def test_an_exif_rotated_photo_annotated_as_stored_is_an_error_that_names_the_orientation(
+    tmp_path: Path,
+) -> None:
+    _exif_jpeg(tmp_path / "photo.jpg", orientation=6)
+    document = _coco_document({"photo.jpg": (48, 24)}, [])
+    path = _write_coco(tmp_path, "stored.json", document)
+    with pytest.raises(DataError) as caught:
+        load_coco(path, tmp_path)
+    message = str(caught.value)
+    assert "photo.jpg is annotated 48x24 but is 24x48" in message
+    assert "EXIF orientation" in message
+
+
+def test_mapped_detections_are_clipped_to_the_image(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    index = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")
+    dataset = DetectionDataset(split, 32, resize="letterbox")  # 80x40 -> rows 8..24 hold the image
+    mapped = dataset.to_original(index, np.array([[-4, 2, 16, 30], [10, 10, 20, 20]], np.float32))
+    np.testing.assert_allclose(mapped, [[0, 0, 40, 40], [25, 5, 50, 30]])
 
 
 def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Path) -> None:
@@ -751,3 +837,247 @@ def test_voc_box_with_equal_min_and_max_is_one_pixel_wide_and_kept(voc_root: Pat
     split = load_voc(voc_root, "val")
     np.testing.assert_array_equal(split.records[0].boxes, [[4, 6, 5, 7]])
     assert split.dropped_boxes == 0
+
+
+# ------------------------------------------------- COCO exports laid out per split (Roboflow)
+
+EXPORT_SPEC = SyntheticSpec(
+    num_train=8, num_val=4, num_test=4, image_size=64, classes=("circle",), max_object_size=32
+)
+EXPORT_FOLDERS = {"train": "train", "val": "valid", "test": "test"}
+# id 0 is the export's super-category: no annotation uses it
+EXPORT_CATEGORIES = [
+    {"id": 0, "name": "cells", "supercategory": "none"},
+    {"id": 1, "name": "cell", "supercategory": "cells"},
+]
+
+
+def _export_file_name(split: str, index: int) -> str:
+    """Names as exports write them: a leading '-', and a space in every third one."""
+    stem = f"-{split}_{index}_jpg.rf.{index:04x}" if index % 3 else f"{split} image {index}"
+    return f"{stem}.jpg"
+
+
+def make_export(folder: Path) -> Path:
+    """A tiny COCO export: <split>/_annotations.coco.json with its JPEGs beside it."""
+    for split, name in EXPORT_FOLDERS.items():
+        (folder / name).mkdir(parents=True)
+        images, annotations = [], []
+        for index in range(EXPORT_SPEC.count(split)):
+            pixels, objects = render_sample(EXPORT_SPEC, split, index)
+            file_name = _export_file_name(split, index)
+            Image.fromarray(pixels).save(folder / name / file_name, quality=95)
+            images.append({"id": index, "file_name": file_name, "width": 64, "height": 64})
+            for obj in objects:
+                x0, y0, x1, y1 = obj["box"]
+                annotations.append(
+                    {
+                        "id": len(annotations),
+                        "image_id": index,
+                        "category_id": 1,
+                        "bbox": [x0, y0, x1 - x0, y1 - y0],
+                        "area": (x1 - x0) * (y1 - y0),
+                        "iscrowd": 0,
+                    }
+                )
+        document = {"images": images, "annotations": annotations, "categories": EXPORT_CATEGORIES}
+        (folder / name / "_annotations.coco.json").write_text(json.dumps(document))
+    return folder
+
+
+def export_settings(folder: Path, *splits: str) -> list[str]:
+    return ["data.format=coco"] + [
+        f"data.{split}_annotations={folder / EXPORT_FOLDERS[split] / '_annotations.coco.json'}"
+        for split in splits
+    ]
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    return make_export(tmp_path / "my export")
+
+
+def test_an_export_loads_with_only_its_annotation_files_set_images_found_beside_them(
+    export: Path,
+) -> None:
+    config = load_config(None, export_settings(export, "train", "val"))  # data.root is not there
+    train, val = load_splits(config)
+    assert train.records[0].path == export / "train" / "train image 0.jpg"
+    assert train.records[1].path == export / "train" / "-train_1_jpg.rf.0001.jpg"
+    assert val.records[0].path == export / "valid" / "val image 0.jpg"
+    assert len(train.records) == 8 and len(val.records) == 4
+
+
+def test_a_category_no_annotation_uses_is_left_out_in_one_info_line(
+    export: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load_config(None, export_settings(export, "train", "val"))
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        train, val = load_splits(config)
+    assert train.class_names == val.class_names == ["cell"]
+    labels = np.concatenate([r.labels for r in train.records + val.records])
+    assert labels.size and (labels == 0).all()
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(left_out) == 1
+    assert "['cells']" in left_out[0] and "_annotations.coco.json" in left_out[0]
+
+
+def test_data_classes_keeps_the_categories_it_names_even_without_objects(export: Path) -> None:
+    config = load_config(
+        None, [*export_settings(export, "train", "val"), "data.classes=[cells, cell]"]
+    )
+    train, _ = load_splits(config)
+    assert train.class_names == ["cells", "cell"]
+
+
+def test_images_dir_per_split_overrides_the_common_one_and_the_annotation_folder(
+    export: Path, tmp_path: Path
+) -> None:
+    moved = tmp_path / "pictures"
+    (export / "valid").rename(moved)
+    (export / "valid").mkdir()
+    (moved / "_annotations.coco.json").rename(export / "valid" / "_annotations.coco.json")
+    settings = export_settings(export, "train", "val")
+    with pytest.raises(DataError, match=r"images folder .*valid"):
+        load_splits(load_config(None, settings))
+    config = load_config(None, [*settings, f"data.val_images_dir={moved}"])
+    _, val = load_splits(config)
+    assert val.records[0].path == moved / "val image 0.jpg"
+    assert images_dir(config, "train") == export / "train"
+    common = load_config(None, [*settings, f"data.images_dir={moved}"])
+    assert images_dir(common, "val") == moved == images_dir(common, "train")
+
+
+def test_a_test_split_exists_where_its_file_is_named_or_found(
+    export: Path, voc_root: Path, coco_root: Path
+) -> None:
+    assert has_test_split(load_config(None, export_settings(export, "train", "val", "test")))
+    assert not has_test_split(load_config(None, export_settings(export, "train", "val")))
+    coco = load_config(None, [f"data.root={coco_root}", "data.format=coco"])
+    assert not has_test_split(coco)
+    (coco_root / "instances_val.json").rename(coco_root / "instances_test.json")
+    assert has_test_split(coco)
+    assert not has_test_split(merge(coco, {"data": {"test_split": None}}))
+    voc = load_config(None, [f"data.root={voc_root}", "data.format=voc"])
+    assert split_files(voc) == [
+        voc_root / "ImageSets/Main/train.txt",
+        voc_root / "ImageSets/Main/val.txt",
+    ]
+    (voc_root / "ImageSets" / "Main" / "test.txt").write_text("wide\n")
+    assert split_files(voc)[-1] == voc_root / "ImageSets/Main/test.txt"
+    synthetic = load_config(None, [])
+    assert has_test_split(synthetic)  # generated: num_test defaults to 256
+    assert not has_test_split(load_config(None, ["data.synthetic.num_test=0"]))
+
+
+def test_an_export_trains_and_evaluates_end_to_end_reporting_on_its_test_split(
+    export: Path, tmp_path: Path
+) -> None:
+    """The acceptance case: python -m pipeline train, then eval, on the export's folders as they are."""
+    settings = [
+        *export_settings(export, "train", "val", "test"),
+        "device=cpu",
+        "data.image_size=64",
+        "model.width=8",
+        "train.epochs=1",
+        "train.batch_size=4",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "pipeline", "--cpu-threads", "1"]
+    trained = subprocess.run(
+        [*command, "train", "--out", str(run), *settings],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert "left out of training and metrics" in trained.stderr
+    out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
+    evaluated = subprocess.run(
+        [*command, "eval", "--checkpoint", str(run / "best.pth"), "--out", str(out),
+         "--predictions", str(predictions)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    result = json.loads(out.read_text())
+    assert result["class_names"] == ["cell"]
+    assert result["metrics_split"] == "test"
+    assert result["splits"]["test"]["source"] == str(export / "test" / "_annotations.coco.json")
+    assert result["splits"]["test"]["num_images"] == 4
+    assert result["val_metrics"]["num_images"] == 4
+    assert result["operating_point"]["threshold"] == result["val_metrics"]["best_f1_threshold"]
+    files = [image["file"] for image in json.loads(predictions.read_text())["images"]]
+    assert files[0] == str(export / "test" / "test image 0.jpg")
+
+
+# ------------------------------------------- ignore regions in targets, natural-image augmentation
+
+
+def test_ignore_regions_reach_the_targets_in_the_input_frame(coco_root: Path) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    index = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")
+    _, target = DetectionDataset(split, 32, resize="letterbox")[index]
+    # 80x40 -> 32x16 at rows 8..24: the crowd region [0, 0, 5, 5] scales by 0.4
+    np.testing.assert_allclose(target["ignore_boxes"].numpy(), [[0, 8, 2, 10]], atol=1e-5)
+    assert target["ignore_labels"].tolist() == [0]
+    assert target["labels"].tolist() == [1]
+
+
+def test_ignore_regions_follow_the_pixels_through_augmentation(tmp_path: Path) -> None:
+    split = _rectangle_split(tmp_path, (3, 5, 11, 20))
+    record = split.records[0]
+    record.ignore_boxes, record.ignore_labels = record.boxes, record.labels
+    record.boxes, record.labels = np.zeros((0, 4), np.float32), np.zeros((0,), np.int64)
+    image, target = DetectionDataset(split, 32, augment=ALL_HALF, seed=1)[(3, 0)]
+    assert target["boxes"].shape == (0, 4)
+    assert target["ignore_boxes"].tolist() == [_white_box(image)]
+
+
+NATURAL = Augment(hflip=0.5, scale_min=0.5, scale_max=1.5, photometric=0.5)
+
+
+def test_scale_jitter_moves_and_resizes_the_box_with_the_pixels(tmp_path: Path) -> None:
+    split = _rectangle_split(tmp_path, (8, 8, 24, 24))
+    dataset = DetectionDataset(split, 32, augment=Augment(hflip=0.0, scale_min=0.5, scale_max=1.5))
+    sizes = set()
+    for epoch in range(8):
+        image, target = dataset[(epoch, 0)]
+        assert image.shape == (3, 32, 32)
+        if len(target["boxes"]) == 0:
+            continue  # cropped away entirely (or under min_box_size)
+        box = target["boxes"][0].tolist()
+        # resizing blurs the rectangle's edge by at most a pixel
+        np.testing.assert_allclose(box, _white_box(image), atol=1.0)
+        sizes.add(round(box[2] - box[0]))
+    assert len(sizes) > 2  # the object took several sizes
+
+
+def test_natural_augmentation_is_a_function_of_seed_epoch_and_index_alone(
+    coco_root: Path,
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    first = DetectionDataset(split, 32, augment=NATURAL, seed=7)
+    second = DetectionDataset(split, 32, augment=NATURAL, seed=7, cache=False)
+    torch.manual_seed(123)
+    a, ta = first[(2, 3)]
+    state = torch.get_rng_state()
+    torch.manual_seed(999)  # whatever the global RNG holds, the sample is the same
+    b, tb = second[(2, 3)]
+    assert torch.equal(a, b) and torch.equal(ta["boxes"], tb["boxes"])
+    torch.manual_seed(123)
+    first[(2, 3)]
+    assert torch.equal(torch.get_rng_state(), state)  # and the global RNG is left as it was
+    outcomes = {first[(epoch, 3)][0].numpy().tobytes() for epoch in range(4)}
+    assert len(outcomes) == 4
+
+
+def test_the_natural_preset_switches_flips_off_and_jitter_on() -> None:
+    preset = load_config(Path(__file__).parents[1] / "config" / "presets" / "natural.yaml")
+    augment = Augment(**preset["data"]["augment"])
+    assert (augment.vflip, augment.transpose, augment.channel_shuffle) == (0, 0, 0)
+    assert augment.hflip > 0 and augment.scales and augment.photometric > 0
+    assert Augment(**load_config(None)["data"]["augment"]).library_transforms(32) is None
+
+
+def test_scale_min_above_scale_max_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"data\.augment\.scale_min = 2\.0 and scale_max = 1\.5"):
+        load_config(None, ["data.augment.scale_min=2.0", "data.augment.scale_max=1.5"])

@@ -15,6 +15,7 @@ from pipeline.engine.evaluator import (
     TIMING_KEYS,
     Evaluator,
     coco_ap,
+    ignored_detections,
     image_level_f1,
     match_detections,
     precision_recall_f1,
@@ -369,6 +370,88 @@ def test_image_level_f1_on_a_known_matrix() -> None:
     assert result["macro"]["recall"] == pytest.approx(5 / 9)
 
 
+# --- Ignore regions (COCO crowd, VOC difficult) ------------------------------------------------
+
+
+def with_ignore(
+    record: dict[str, Any], boxes: list[list[float]], labels: list[int]
+) -> dict[str, Any]:
+    return {
+        **record,
+        "ignore_boxes": np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
+        "ignore_labels": np.asarray(labels, dtype=np.int64),
+    }
+
+
+# One object A (class 0) and a class-0 ignore region R. Detections, by score:
+#   0.9 class 0 on A           -> TP
+#   0.8 class 0 inside R       -> ignored: neither TP nor FP
+#   0.7 class 1 inside R       -> FP: R ignores class 0 only
+#   0.6 class 0 elsewhere      -> FP
+CROWD_GT = with_ignore(gt(1, [[0, 0, 10, 10]], [0]), [[20, 20, 40, 40]], [0])
+CROWD_DET = det(
+    1,
+    [[0, 0, 10, 10], [22, 22, 30, 30], [22, 22, 30, 30], [50, 50, 60, 60]],
+    [0.9, 0.8, 0.7, 0.6],
+    [0, 0, 1, 0],
+)
+
+
+def test_a_detection_on_an_ignore_region_of_its_class_counts_neither_as_true_nor_false() -> None:
+    result = precision_recall_f1([CROWD_GT], [CROWD_DET], num_classes=2, score_threshold=0.5)
+    assert (result["micro"]["tp"], result["micro"]["fp"], result["micro"]["fn"]) == (1, 2, 0)
+    assert (result["num_detections"], result["num_ignored_detections"]) == (3, 1)
+    assert result["num_ground_truth"] == 1  # the region is no object to find
+    plain = precision_recall_f1([gt(1, [[0, 0, 10, 10]], [0])], [CROWD_DET], 2, 0.5)
+    assert plain["micro"]["fp"] == 3 and plain["num_ignored_detections"] == 0
+
+
+def test_ignore_regions_take_the_share_of_the_detections_own_area_they_cover() -> None:
+    region = [[0, 0, 10, 10]]
+    boxes = [
+        [2, 2, 8, 8],  # inside (IoU 0.36): covered entirely -> ignored
+        [0, 0, 30, 30],  # around it: covers 100 of its 900 px -> counted
+        [5, 0, 15, 10],  # half inside: 0.5, at the threshold -> ignored
+        [2, 2, 8, 8],  # inside, but it matched an object -> stays a true positive
+    ]
+    is_tp = np.array([False, False, False, True])
+    flags = ignored_detections(boxes, [0, 0, 0, 0], is_tp, region, [0], threshold=0.5)
+    assert flags.tolist() == [True, False, True, False]
+    assert ignored_detections(boxes, [1, 1, 1, 1], is_tp, region, [0]).tolist() == [False] * 4
+    assert ignored_detections(boxes, [0] * 4, is_tp, np.zeros((0, 4)), []).tolist() == [False] * 4
+
+
+def test_a_region_absorbs_any_number_of_detections_but_never_an_object_match() -> None:
+    truth = with_ignore(gt(1, [[20, 20, 30, 30]], [0]), [[0, 0, 40, 40]], [0])
+    # the object lies inside the region: the best detection still matches it, the rest vanish
+    found = det(1, [[20, 20, 30, 30], [21, 20, 30, 30], [0, 0, 10, 10]], [0.9, 0.8, 0.7], [0, 0, 0])
+    result = precision_recall_f1([truth], [found], num_classes=1, score_threshold=0.5)
+    assert (result["micro"]["tp"], result["micro"]["fp"], result["num_ignored_detections"]) == (
+        1,
+        0,
+        2,
+    )
+
+
+def test_coco_ap_passes_ignore_regions_as_crowds_that_no_detection_counts_against() -> None:
+    # a confident detection on the region, then the object: without the region AP@.5 is 0.5
+    truth = with_ignore(gt(1, [[0, 0, 10, 10]], [0]), [[20, 20, 40, 40]], [0])
+    found = det(1, [[22, 22, 38, 38], [0, 0, 10, 10]], [0.95, 0.9], [0, 0])
+    plain = coco_ap([gt(1, [[0, 0, 10, 10]], [0])], [found], 1, (64, 64), ["thing"])
+    assert plain["ap50"] == pytest.approx(0.5, abs=0.01)
+    result = coco_ap([truth], [found], 1, (64, 64), ["thing"])
+    assert result["ap50"] == pytest.approx(1.0)
+    assert result["per_class"][0]["num_gt"] == 1
+    counts = precision_recall_f1([truth], [found], 1, score_threshold=0.5)
+    assert counts["best"]["f1"] == 1.0  # the matcher agrees with pycocotools
+
+
+def test_ignore_regions_without_objects_give_zero_ap_not_a_crash() -> None:
+    truth = with_ignore(gt(1, [], []), [[0, 0, 20, 20]], [0])
+    result = coco_ap([truth], [det(1, [[0, 0, 20, 20]], [0.9], [0])], 1, (32, 32), ["thing"])
+    assert result["ap50"] == 0.0 and result["per_class"][0]["ap"] is None
+
+
 # --- The Evaluator loop --------------------------------------------------------------------
 
 SIZE = 32
@@ -537,3 +620,41 @@ def test_evaluator_synchronizes_the_device_around_each_timed_forward(
 def test_evaluator_refuses_an_unknown_label_mode() -> None:
     with pytest.raises(ConfigError, match="label_mode"):
         Evaluator(["a"], label_mode="multi", image_size=SIZE)
+
+
+def test_evaluator_reports_p_r_f1_at_a_threshold_chosen_elsewhere(loader: DataLoader) -> None:
+    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    metrics, _ = evaluator.evaluate(FakeDetector(), loader, "cpu", chosen_threshold=0.65)
+    # at 0.65 the three exact hits stay, the wrong-class 0.6 goes: P 1, R 3/4
+    assert metrics["chosen_threshold"] == {
+        "threshold": 0.65,
+        "precision": 1.0,
+        "recall": 0.75,
+        "f1": pytest.approx(6 / 7),
+        "tp": 3,
+        "fp": 0,
+        "fn": 1,
+    }
+    assert metrics["f1"] == pytest.approx(0.75)  # the fixed threshold's figures are unchanged
+    plain, _ = evaluator.evaluate(FakeDetector(), loader, "cpu")
+    assert plain["chosen_threshold"] is None
+
+
+def test_evaluator_takes_ignore_regions_from_the_targets(loader: DataLoader) -> None:
+    samples = list(loader.dataset)
+    image, target = samples[3]  # image 13: a class-0 detection on a class-1 object
+    samples[3] = (
+        image,
+        {
+            **target,
+            "ignore_boxes": torch.tensor([[16.0, 16.0, 30.0, 30.0]]),
+            "ignore_labels": torch.tensor([0]),
+        },
+    )
+    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    metrics, _ = evaluator.evaluate(
+        FakeDetector(), DataLoader(samples, batch_size=2, collate_fn=collate), "cpu"
+    )
+    assert (metrics["micro"]["tp"], metrics["micro"]["fp"], metrics["micro"]["fn"]) == (3, 0, 1)
+    assert metrics["num_ignored_detections"] == 1
+    assert metrics["per_class"][0]["ap"] == pytest.approx(1.0)

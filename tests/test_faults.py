@@ -335,6 +335,40 @@ def test_a_truncated_image_is_named_when_the_cache_decodes_it_at_start_up(
     assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
 
 
+def test_an_image_whose_size_differs_from_its_annotation_is_named_with_both_sizes(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_val.json", lambda d: d["images"][2].update(width=128))
+    message = train_fails(capsys, here / "run", data)
+    assert message.startswith(
+        f"{data / 'instances_val.json'}: 1 image(s) are not the size their annotation says: "
+        f"{data / 'val' / '000002.png'} is annotated 128x64 but is 64x64 (width x height, EXIF "
+        "orientation applied). Boxes are never rescaled to fit."
+    )
+
+
+def test_a_category_that_no_annotation_uses_is_left_out_in_one_info_line(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    for name in ("instances_train.json", "instances_val.json"):
+        edit_json(
+            data / name,
+            lambda d: d["categories"].insert(
+                0, {"id": 0, "name": "shapes", "supercategory": "none"}
+            ),
+        )
+    summary, err = train_succeeds(capsys, here / "run", *tiny_settings(data, "train.epochs=1"))
+    assert (
+        f"{data / 'instances_train.json'}, {data / 'instances_val.json'}: categories ['shapes'] "
+        f"have no objects in either split: left out of training and metrics; 4 classes remain "
+        f"{CLASSES}"
+    ) in err
+    assert summary["class_names"] == CLASSES
+    assert warnings_in(err) == []
+
+
 def test_malformed_annotation_json_names_the_file_and_the_position(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -498,6 +532,49 @@ def test_a_good_checkpoint_evaluates_and_writes_its_metrics(
     out = here / "eval.json"
     assert pipeline("eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)) == 0
     assert json.loads(out.read_text())["class_names"] == CLASSES
+
+
+def test_eval_reports_the_test_split_at_the_threshold_picked_on_validation(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    assert pipeline("eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert (result["split"], result["metrics_split"]) == ("test", "test")
+    assert {name: split["num_images"] for name, split in result["splits"].items()} == {
+        "val": 8,
+        "test": 8,
+    }
+    chosen = result["metrics"]["chosen_threshold"]
+    assert chosen["threshold"] == result["val_metrics"]["best_f1_threshold"]
+    assert result["operating_point"] == {
+        "threshold": chosen["threshold"],
+        "picked_on": "val",
+        "applied_to": "test",
+        "precision": chosen["precision"],
+        "recall": chosen["recall"],
+        "f1": chosen["f1"],
+    }
+
+
+def test_eval_without_a_test_split_reports_validation_and_says_so(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    out = here / "eval.json"
+    argv = ["eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)]
+    assert pipeline(*argv, "data.test_split=null") == 0
+    result = json.loads(out.read_text())
+    assert (result["split"], result["metrics_split"]) == ("val", "val")
+    assert set(result["splits"]) == {"val"} and result["val_metrics"] is None
+    best = result["metrics"]["best"]
+    assert result["operating_point"] == {
+        "threshold": best["threshold"],
+        "picked_on": "val",
+        "applied_to": "val",
+        "precision": best["precision"],
+        "recall": best["recall"],
+        "f1": best["f1"],
+    }
 
 
 def test_a_failing_eval_leaves_the_previous_metrics_file_unchanged(

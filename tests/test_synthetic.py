@@ -17,7 +17,7 @@ from pycocotools.coco import COCO
 from pipeline.data.synthetic import SHAPES, SyntheticSpec, generate, render_sample
 from pipeline.errors import ConfigError
 
-SMALL = SyntheticSpec(num_train=6, num_val=3, image_size=64, max_object_size=32)
+SMALL = SyntheticSpec(num_train=6, num_val=3, num_test=2, image_size=64, max_object_size=32)
 # one object on a flat background: every pixel is the background or a blend of it and the object
 FLAT_ONE = dataclasses.replace(
     SMALL,
@@ -45,14 +45,34 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_generate_writes_every_image_and_both_annotation_files(generated: Path) -> None:
+def test_generate_writes_every_image_and_the_annotation_file_of_each_split(
+    generated: Path,
+) -> None:
     names = set(_digests(generated))
     assert names == {
         "instances_train.json",
         "instances_val.json",
+        "instances_test.json",
         *(f"train/{i:06d}.png" for i in range(6)),
         *(f"val/{i:06d}.png" for i in range(3)),
+        *(f"test/{i:06d}.png" for i in range(2)),
     }
+
+
+def test_the_test_split_leaves_train_and_val_byte_identical_and_num_test_0_omits_it(
+    generated: Path, tmp_path: Path
+) -> None:
+    generate(dataclasses.replace(SMALL, num_test=0), tmp_path / "no_test")
+    without = _digests(tmp_path / "no_test")
+    assert not any(name.startswith(("test/", "instances_test")) for name in without)
+    ours = _digests(generated)
+    assert all(ours[name] == digest for name, digest in without.items())
+
+
+def test_test_images_differ_from_train_and_val_images(generated: Path) -> None:
+    test = {d for n, d in _digests(generated).items() if n.startswith("test/")}
+    others = {d for n, d in _digests(generated).items() if n.startswith(("train/", "val/"))}
+    assert len(test) == 2 and not test & others
 
 
 def test_same_spec_gives_byte_identical_files(generated: Path, tmp_path: Path) -> None:
@@ -206,8 +226,8 @@ def test_from_config_builds_the_spec_and_takes_classes_as_a_list() -> None:
 
 
 def test_from_config_rejects_unknown_keys_naming_them() -> None:
-    with pytest.raises(ConfigError, match="num_test"):
-        SyntheticSpec.from_config({"num_train": 5, "num_test": 2})
+    with pytest.raises(ConfigError, match="num_tests"):
+        SyntheticSpec.from_config({"num_train": 5, "num_tests": 2})
 
 
 @pytest.mark.parametrize(
@@ -234,10 +254,15 @@ def test_from_config_rejects_inconsistent_counts_and_sizes(settings: dict, named
 
 def test_categories_follow_the_spec_class_order(tmp_path: Path) -> None:
     spec = SyntheticSpec(
-        num_train=1, num_val=1, image_size=32, classes=("star", "ring"), max_object_size=16
+        num_train=1,
+        num_val=1,
+        num_test=1,
+        image_size=32,
+        classes=("star", "ring"),
+        max_object_size=16,
     )
     written = generate(spec, tmp_path)
-    assert set(written) == {"train", "val"}
+    assert set(written) == {"train", "val", "test"}
     for path in written.values():
         with contextlib.redirect_stdout(io.StringIO()):
             coco = COCO(str(path))

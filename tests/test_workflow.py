@@ -217,8 +217,11 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
         assert (results / "train" / name / "best.pth").is_file()
         evaluation = json.loads((results / "eval" / f"{name}.json").read_text())
         assert 0.0 <= evaluation["metrics"]["ap50"] <= 1.0
+        assert evaluation["metrics_split"] == "test"  # the generated test split, held out
+        assert evaluation["splits"]["test"]["num_images"] == 16
         predictions = json.loads((results / "eval" / f"{name}_predictions.json").read_text())
         assert len(predictions["images"]) == 16
+        assert all("/test/" in image["file"] for image in predictions["images"])
         profile = json.loads((results / "profile" / name / "profile.json").read_text())
         assert [row["batch_size"] for row in profile["latency"]] == [1, 4]
         trace = json.loads((results / "profile" / name / "trace.json").read_text())

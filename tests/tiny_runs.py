@@ -17,7 +17,7 @@ import torch
 from pipeline.config import load_config
 from pipeline.data.synthetic import SyntheticSpec, generate
 
-SPEC = SyntheticSpec(num_train=16, num_val=8, image_size=64, max_object_size=32)
+SPEC = SyntheticSpec(num_train=16, num_val=8, num_test=8, image_size=64, max_object_size=32)
 
 
 def make_data(root: Path) -> Path:

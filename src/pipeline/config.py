@@ -141,6 +141,12 @@ def validate(config: dict[str, Any], source: str = "the configuration") -> dict[
 
 def check_relations(config: dict[str, Any], source: str) -> None:
     """Rules across keys that a JSON schema cannot say."""
+    augment = config["data"]["augment"]
+    if augment["scale_min"] > augment["scale_max"]:
+        raise ConfigError(
+            f"Config keys data.augment.scale_min = {augment['scale_min']} and scale_max = "
+            f"{augment['scale_max']} in {source} are not valid: scale_min must not exceed scale_max."
+        )
     synthetic = config["data"]["synthetic"]
     if synthetic["min_objects"] > synthetic["max_objects"]:
         raise ConfigError(

@@ -7,7 +7,7 @@ from snakemake.utils import validate
 
 from pipeline import config as pipeline_config
 from pipeline import measured, runs
-from pipeline.data import annotation_file
+from pipeline.data import has_test_split, split_files
 
 config.update(pipeline_config.normalize(config))
 
@@ -128,17 +128,24 @@ def run_files(pattern):
     return files
 
 
-def data_inputs(wildcards):
-    """The files that must exist before training: generated, or the user's annotations."""
-    data = config["data"]
-    if data["format"] == "synthetic":
-        return rules.prepare_data.output
-    if data["format"] == "voc":
-        return [
-            f"{DATA_ROOT}/ImageSets/Main/{data['train_split']}.txt",
-            f"{DATA_ROOT}/ImageSets/Main/{data['val_split']}.txt",
-        ]
-    return [str(annotation_file(config, split)) for split in ("train", "val")]
+def synthetic_test_output():
+    """prepare_data's test split output, when the synthetic set has one (num_test > 0)."""
+    if has_test_split(config):
+        return {"test": f"{DATA_ROOT}/instances_test.json"}
+    return {}
+
+
+def data_inputs(splits):
+    """An input function: the files defining `splits` (generated, or the user's COCO
+    annotation files or VOC listings, as pipeline.data finds them; test only where it exists).
+    """
+
+    def files(wildcards):
+        if config["data"]["format"] == "synthetic":
+            return rules.prepare_data.output
+        return [str(path) for path in split_files(config, splits)]
+
+    return files
 
 
 def train_settings(wildcards):

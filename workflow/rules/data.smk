@@ -6,6 +6,7 @@ if config["data"]["format"] == "synthetic":
         input:
             code("data/synthetic.py"),
         output:
+            **synthetic_test_output(),
             train=f"{DATA_ROOT}/instances_train.json",
             val=f"{DATA_ROOT}/instances_val.json",
         log:

@@ -1,6 +1,7 @@
 rule evaluate_run:
     input:
         summary="results/train/{run}/train_summary.json",
+        data=data_inputs(("val", "test")),
         code=code("engine/evaluator.py", "commands/evaluate.py"),
     output:
         metrics=report(

@@ -1,6 +1,6 @@
 rule train_run:
     input:
-        data=data_inputs,
+        data=data_inputs(("train", "val")),
         env=ENV_JSON,
         choice=precision_choice,
         code=code(
@@ -10,6 +10,7 @@ rule train_run:
             "engine/evaluator.py",
             "models/centernet.py",
             "models/loss.py",
+            "data/__init__.py",
             "data/dataset.py",
             "data/sources.py",
             "device.py",

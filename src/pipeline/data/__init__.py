@@ -1,12 +1,20 @@
-"""Data sets: the built-in synthetic set and loaders for a user's COCO or Pascal VOC data."""
+"""Data sets: the built-in synthetic set and loaders for a user's COCO or Pascal VOC data.
+
+A data set has a training and a validation split, and may have a test split, which the
+evaluate stage reports on (the threshold it applies there is picked on validation).
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.sources import SplitAnnotations, load_coco, load_voc
+from pipeline.data.sources import SplitAnnotations, load_coco, load_voc, with_classes
 from pipeline.errors import DataError
+
+log = logging.getLogger("pipeline")
+SPLITS = ("train", "val", "test")
 
 
 def annotation_file(config: dict[str, Any], split: str) -> Path:
@@ -18,6 +26,43 @@ def annotation_file(config: dict[str, Any], split: str) -> Path:
         if explicit
         else Path(data["root"]) / f"instances_{data[f'{split}_split']}.json"
     )
+
+
+def images_dir(config: dict[str, Any], split: str) -> Path:
+    """The folder a COCO split's `file_name` entries are relative to.
+
+    `data.<split>_images_dir`, else `data.images_dir`, else the annotation file's own folder:
+    exports put each split's images beside its annotation file (`train/_annotations.coco.json`).
+    """
+    data = config["data"]
+    given = data.get(f"{split}_images_dir") or data["images_dir"]
+    return Path(given) if given else annotation_file(config, split).parent
+
+
+def split_file(config: dict[str, Any], split: str) -> Path:
+    """The file that defines a split: its COCO annotation file or its VOC listing."""
+    data = config["data"]
+    if data["format"] == "voc":
+        return Path(data["root"]) / "ImageSets" / "Main" / f"{data[f'{split}_split']}.txt"
+    return annotation_file(config, split)
+
+
+def has_test_split(config: dict[str, Any]) -> bool:
+    """Whether the data set has a test split: generated (data.synthetic.num_test > 0), named
+    explicitly (data.test_annotations), or found where data.test_split puts it."""
+    data = config["data"]
+    if data["format"] == "synthetic":
+        return data["synthetic"]["num_test"] > 0 and data["test_split"] is not None
+    if data["format"] == "coco" and data["test_annotations"]:
+        return True
+    return data["test_split"] is not None and split_file(config, "test").is_file()
+
+
+def split_files(config: dict[str, Any], splits: tuple[str, ...] = SPLITS) -> list[Path]:
+    """The files that define the given splits (a test split only where the data set has one)."""
+    return [
+        split_file(config, split) for split in splits if split != "test" or has_test_split(config)
+    ]
 
 
 def _check_root(config: dict[str, Any]) -> Path:
@@ -36,17 +81,23 @@ def _check_root(config: dict[str, Any]) -> Path:
 def load_split(
     config: dict[str, Any], which: str, classes: list[str] | None = None
 ) -> SplitAnnotations:
-    """One split ('train' or 'val'); `classes` fixes the label order (else the config's, else the file's)."""
+    """One split ('train', 'val' or 'test'); `classes` fixes the label order (else the config's,
+    else the file's). A COCO split named by its own annotation file needs no data.root."""
     data = config["data"]
-    root = _check_root(config)
     classes = classes or data["classes"]
     if data["format"] == "voc":
-        return load_voc(root, data[f"{which}_split"], classes)
-    return load_coco(annotation_file(config, which), data["images_dir"] or root, classes)
+        return load_voc(_check_root(config), data[f"{which}_split"], classes)
+    if not (data["format"] == "coco" and data.get(f"{which}_annotations")):
+        _check_root(config)
+    return load_coco(annotation_file(config, which), images_dir(config, which), classes)
 
 
 def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotations]:
-    """Train and val annotations with one class list; different class lists are an error."""
+    """Train and val annotations with one class list; different class lists are an error.
+
+    Unless data.classes names them, classes that no object of either split has (an export's
+    unused super-category, say) are left out of training and metrics, in one info line.
+    """
     train = load_split(config, "train")
     if config["data"]["format"] == "voc":
         return train, load_split(config, "val", train.class_names)
@@ -57,6 +108,26 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
             f"{train.class_names}, {val.source} has {val.class_names}. Make them agree, or set "
             "data.classes to the list to use."
         )
+    if config["data"]["classes"]:
+        return train, val
+    used = set(train.used_classes) | set(val.used_classes)
+    kept = [name for name in train.class_names if name in used]
+    if not kept:
+        raise DataError(
+            f"Neither {train.source} nor {val.source} has a single object: there is nothing to "
+            "learn."
+        )
+    if len(kept) < len(train.class_names):
+        log.info(
+            "%s, %s: categories %s have no objects in either split: left out of training and "
+            "metrics; %d classes remain %s",
+            train.source,
+            val.source,
+            [name for name in train.class_names if name not in used],
+            len(kept),
+            kept,
+        )
+        train, val = with_classes(train, kept), with_classes(val, kept)
     return train, val
 
 

@@ -1,7 +1,8 @@
 """Images and boxes as tensors at the model's input size, with seeded augmentation.
 
-Any image mode (grayscale, RGBA, palette) becomes RGB; any size is letterboxed (or
-stretched) to a square input with `torchvision.transforms.v2`, boxes transformed with it.
+Any image mode (grayscale, RGBA, palette) becomes RGB, turned upright by its EXIF
+orientation; any size is letterboxed (or stretched) to a square input with
+`torchvision.transforms.v2`, boxes and ignore regions transformed with it.
 Augmentation draws from an RNG seeded by (seed, epoch, index), never from global state,
 so a resumed run sees exactly the batches an uninterrupted run would have seen.
 """
@@ -16,9 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import tv_tensors
+from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from pipeline.data.sources import ImageRecord, SplitAnnotations
@@ -27,6 +29,12 @@ from pipeline.errors import DataError
 log = logging.getLogger("pipeline")
 PAD_VALUE = 114
 RESIZE_MODES = ("letterbox", "stretch")
+
+
+# RandomPhotometricDistort's ranges, without its channel permutation (data.augment.channel_shuffle
+# says whether colour may change the class) and without hue: on a CPU a hue shift costs more
+# than the rest of the augmentation together, for a change of at most 5% of the colour circle.
+PHOTOMETRIC = {"brightness": (0.875, 1.125), "contrast": (0.5, 1.5), "saturation": (0.5, 1.5)}
 
 
 @dataclass(frozen=True)
@@ -38,18 +46,38 @@ class Augment:
     transpose: float = 0.0
     channel_shuffle: float = 0.0
     min_box_size: float = 2.0
+    scale_min: float = 1.0
+    scale_max: float = 1.0
+    photometric: float = 0.0
+
+    @property
+    def scales(self) -> bool:
+        return (self.scale_min, self.scale_max) != (1.0, 1.0)
 
     @property
     def enabled(self) -> bool:
-        return any((self.hflip, self.vflip, self.transpose, self.channel_shuffle))
+        flips = any((self.hflip, self.vflip, self.transpose, self.channel_shuffle))
+        return flips or self.scales or self.photometric > 0
+
+    def library_transforms(self, size: int) -> v2.Compose | None:
+        """Scale jitter and colour distortion from torchvision (they draw from torch's RNG)."""
+        steps: list[v2.Transform] = []
+        if self.scales:
+            steps += [
+                v2.ScaleJitter((size, size), (self.scale_min, self.scale_max)),
+                v2.RandomCrop((size, size), pad_if_needed=True, fill=PAD_VALUE),
+            ]
+        if self.photometric > 0:
+            steps.append(v2.RandomApply([v2.ColorJitter(**PHOTOMETRIC)], p=self.photometric))
+        return v2.Compose(steps) if steps else None
 
 
 def read_image(path: os.PathLike | str) -> torch.Tensor:
-    """RGB uint8 [3,H,W]; a missing, truncated or unreadable file raises DataError naming it."""
+    """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
     try:
         with Image.open(path) as img:
             img.load()
-            rgb = img.convert("RGB")
+            rgb = ImageOps.exif_transpose(img).convert("RGB")
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
@@ -85,10 +113,14 @@ class Geometry:
         ]
 
     def to_original(self, boxes: np.ndarray, height: int, width: int) -> np.ndarray:
-        """Input-frame xyxy boxes back in the original image's pixels."""
+        """Input-frame xyxy boxes back in the original image's pixels, clipped to the image.
+
+        A detection reaching into the letterbox padding would otherwise map outside the image.
+        """
         scale = np.array([width / self.resized[1], height / self.resized[0]] * 2, np.float32)
         shift = np.array([self.left, self.top] * 2, np.float32)
-        return (np.asarray(boxes, np.float32).reshape(-1, 4) - shift) * scale
+        boxes = (np.asarray(boxes, np.float32).reshape(-1, 4) - shift) * scale
+        return boxes.clip(0, np.array([width, height] * 2, np.float32))
 
 
 def fit_to_input(
@@ -115,11 +147,17 @@ def fit_to_input(
 def augment_sample(
     image: torch.Tensor,
     boxes: torch.Tensor,
-    labels: torch.Tensor,
     augment: Augment,
     rng: np.random.Generator,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Flips, transposition and channel shuffles on a square image; boxes follow the image."""
+    library: v2.Compose | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flips, transposition, channel shuffles, then `library` transforms, on a square image.
+
+    The boxes (objects and ignore regions alike) follow the image, in their order. The
+    library transforms draw from torch's global RNG, so they run in a fork of it seeded
+    from `rng`: the sample stays a function of (seed, epoch, index), and nothing else that
+    uses torch's RNG is disturbed.
+    """
     size = image.shape[-1]
     img = tv_tensors.Image(image)
     bbs = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(size, size))
@@ -132,7 +170,16 @@ def augment_sample(
         image, boxes = image.transpose(-1, -2), boxes[:, [1, 0, 3, 2]]
     if rng.random() < augment.channel_shuffle:
         image = image[torch.from_numpy(rng.permutation(3))]
-    return image.contiguous(), boxes, labels
+    if library is not None:
+        seed = int(rng.integers(2**63))
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(seed)
+            img, bbs = library(
+                tv_tensors.Image(image.contiguous()),
+                tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(size, size)),
+            )
+        image, boxes = img.as_subclass(torch.Tensor), bbs.as_subclass(torch.Tensor)
+    return image.contiguous(), boxes
 
 
 class DetectionDataset(Dataset):
@@ -154,8 +201,9 @@ class DetectionDataset(Dataset):
         self.image_size = image_size
         self.resize = resize
         self.augment = augment if augment is not None and augment.enabled else None
+        self.library = self.augment.library_transforms(image_size) if self.augment else None
         self.seed = seed
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._cache: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         if cache:
             self._cache = [self._load(i) for i in range(len(self.records))]
 
@@ -168,26 +216,50 @@ class DetectionDataset(Dataset):
         geometry = Geometry.of(record.height, record.width, self.image_size, self.resize)
         return geometry.to_original(boxes, record.height, record.width)
 
-    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input-frame image, boxes and ignore regions; the decoded image is the geometry."""
         record = self.records[index]
         image = read_image(record.path)
-        if tuple(image.shape[-2:]) != (record.height, record.width):
-            scale_x, scale_y = image.shape[-1] / record.width, image.shape[-2] / record.height
-            boxes = record.boxes * np.array([scale_x, scale_y, scale_x, scale_y], np.float32)
-        else:
-            boxes = record.boxes
-        return fit_to_input(image, boxes, self.image_size, self.resize)
+        height, width = image.shape[-2:]
+        if (height, width) != (record.height, record.width):
+            raise DataError(
+                f"Image file {record.path} is {width}x{height} (EXIF orientation applied), but its "
+                f"annotation says {record.width}x{record.height}: boxes are never rescaled to fit."
+            )
+        count = len(record.boxes)
+        image, boxes = fit_to_input(
+            image,
+            np.concatenate([record.boxes, record.ignore_boxes]),
+            self.image_size,
+            self.resize,
+        )
+        return image, boxes[:count], boxes[count:]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        image, boxes = self._cache[index] if self._cache is not None else self._load(index)
-        labels = torch.from_numpy(self.records[index].labels)
+        record = self.records[index]
+        image, boxes, ignore_boxes = (
+            self._cache[index] if self._cache is not None else self._load(index)
+        )
+        labels = torch.from_numpy(record.labels)
+        ignore_labels = torch.from_numpy(record.ignore_labels)
         if self.augment is not None:
             rng = np.random.default_rng([self.seed, epoch, index])
-            image, boxes, labels = augment_sample(image, boxes, labels, self.augment, rng)
-            keep = ((boxes[:, 2:] - boxes[:, :2]) >= self.augment.min_box_size).all(dim=1)
-            boxes, labels = boxes[keep], labels[keep]
-        return image, {"boxes": boxes, "labels": labels, "image_id": self.records[index].image_id}
+            count = len(boxes)
+            image, both = augment_sample(
+                image, torch.cat([boxes, ignore_boxes]), self.augment, rng, self.library
+            )
+            keep = ((both[:, 2:] - both[:, :2]) >= self.augment.min_box_size).all(dim=1)
+            boxes, labels = both[:count][keep[:count]], labels[keep[:count]]
+            ignore_boxes = both[count:][keep[count:]]
+            ignore_labels = ignore_labels[keep[count:]]
+        return image, {
+            "boxes": boxes,
+            "labels": labels,
+            "ignore_boxes": ignore_boxes,
+            "ignore_labels": ignore_labels,
+            "image_id": record.image_id,
+        }
 
 
 class EpochSampler(Sampler):

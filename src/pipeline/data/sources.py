@@ -2,8 +2,12 @@
 
 Real data sets carry defects: zero-size boxes, boxes outside the image, unknown category
 ids. Degenerate boxes are dropped and counted in one warning; anything that would make
-the result silently wrong (an unknown category, a missing file, malformed annotations)
-raises a DataError that names the file.
+the result silently wrong (an unknown category, a missing file, an image that is not the
+size its annotation says, malformed annotations) raises a DataError that names the file.
+
+COCO crowd regions (`iscrowd=1`) and VOC `difficult` objects are kept as ignore regions:
+the evaluator counts a detection on one neither as a true nor as a false positive, as
+the COCO and VOC protocols do.
 """
 
 from __future__ import annotations
@@ -15,22 +19,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
 
 
+def _no_boxes() -> np.ndarray:
+    return np.zeros((0, 4), np.float32)
+
+
+def _no_labels() -> np.ndarray:
+    return np.zeros((0,), np.int64)
+
+
 @dataclass
 class ImageRecord:
-    """One image and its objects in the image's own pixel coordinates (xyxy)."""
+    """One image, its objects and its ignore regions in the image's own pixels (xyxy).
+
+    `width` and `height` are the image as decoded with its EXIF orientation applied; the
+    loaders check that the annotation says the same.
+    """
 
     image_id: int
     path: Path
     width: int
     height: int
-    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
-    labels: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.int64))
+    boxes: np.ndarray = field(default_factory=_no_boxes)
+    labels: np.ndarray = field(default_factory=_no_labels)
+    ignore_boxes: np.ndarray = field(default_factory=_no_boxes)
+    ignore_labels: np.ndarray = field(default_factory=_no_labels)
 
 
 @dataclass
@@ -39,11 +58,57 @@ class SplitAnnotations:
     class_names: list[str]
     source: Path
     dropped_boxes: int = 0
+    # objects of categories the file defines but `class_names` leaves out (data.classes)
+    other_class_objects: int = 0
 
     @property
     def negatives(self) -> int:
         """Images without objects: valid negatives, kept (they teach the model to stay quiet)."""
         return sum(1 for record in self.records if len(record.boxes) == 0)
+
+    @property
+    def used_classes(self) -> list[str]:
+        """Class names that at least one object (not an ignore region) has, in label order."""
+        used = {int(label) for record in self.records for label in record.labels}
+        return [name for label, name in enumerate(self.class_names) if label in used]
+
+
+def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnotations:
+    """The split relabelled to `class_names` (a subset of its classes, in any order).
+
+    Objects and ignore regions of the classes left out are removed and counted in
+    `other_class_objects`.
+    """
+    unknown = sorted(set(class_names) - set(split.class_names))
+    if unknown:
+        raise ValueError(f"{split.source} has no classes {unknown} (it has {split.class_names}).")
+    new_label = np.array(
+        [class_names.index(name) if name in class_names else -1 for name in split.class_names],
+        np.int64,
+    )
+    records, removed = [], 0
+    for record in split.records:
+        labels, ignore_labels = new_label[record.labels], new_label[record.ignore_labels]
+        removed += int((labels < 0).sum())
+        records.append(
+            ImageRecord(
+                record.image_id,
+                record.path,
+                record.width,
+                record.height,
+                record.boxes[labels >= 0],
+                labels[labels >= 0],
+                record.ignore_boxes[ignore_labels >= 0],
+                ignore_labels[ignore_labels >= 0],
+            )
+        )
+    return SplitAnnotations(
+        records,
+        list(class_names),
+        split.source,
+        split.dropped_boxes,
+        split.other_class_objects + removed,
+    )
 
 
 def _sanitize(boxes: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,13 +122,15 @@ def _sanitize(boxes: np.ndarray, width: int, height: int) -> tuple[np.ndarray, n
 
 def _report(split: SplitAnnotations) -> None:
     objects = sum(len(record.boxes) for record in split.records)
+    ignored = sum(len(record.ignore_boxes) for record in split.records)
     log.info(
-        "%s: %d images, %d objects of %d classes, %d image(s) without objects (kept as negatives)",
+        "%s: %d images, %d objects of %d classes, %d image(s) without objects (kept as negatives)%s",
         split.source,
         len(split.records),
         objects,
         len(split.class_names),
         split.negatives,
+        f", {ignored} ignore region(s) (crowd or difficult)" if ignored else "",
     )
     if split.dropped_boxes:
         log.warning(
@@ -74,24 +141,106 @@ def _report(split: SplitAnnotations) -> None:
         )
 
 
-def _check_file_list(records: list[ImageRecord], source: Path) -> None:
-    missing = [str(r.path) for r in records if not r.path.is_file()]
+_EXIF_ORIENTATION = 0x0112
+_SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that turn the picture by 90 degrees
+
+
+def oriented_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) of the picture as shown, its EXIF orientation applied, from the header.
+
+    Reads the EXIF block the header carries instead of `getexif()`, which decodes a whole
+    PNG to look for one.
+    """
+    width, height = image.size
+    raw = image.info.get("exif")
+    if raw:
+        exif = Image.Exif()
+        exif.load(raw)
+        if exif.get(_EXIF_ORIENTATION) in _SWAPS_AXES:
+            return height, width
+    return width, height
+
+
+def _listing(items: list[str]) -> str:
+    more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+    return ", ".join(items[:3]) + more
+
+
+def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
+    """Every image exists, is an image, and is the size its annotation says (headers only).
+
+    A size mismatch is an error, never rescaled: the commonest cause is an EXIF orientation
+    that the annotation tool did not apply, and rescaling would put every box in the wrong
+    place without a word.
+    """
+    missing, unreadable, mismatched = [], [], []
+    for record in records:
+        try:
+            with Image.open(record.path) as image:
+                width, height = oriented_size(image)
+        except FileNotFoundError:
+            missing.append(str(record.path))
+            continue
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+            unreadable.append(f"{record.path} ({error})")
+            continue
+        if (width, height) != (record.width, record.height):
+            mismatched.append(
+                f"{record.path} is annotated {record.width}x{record.height} but is "
+                f"{width}x{height} (width x height, EXIF orientation applied)"
+            )
     if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise DataError(
-            f"{source} refers to image file(s) that do not exist: {', '.join(missing[:3])}{more}. "
-            "Check data.root / data.images_dir, or regenerate the data set."
+            f"{source} refers to image file(s) that do not exist: {_listing(missing)}. "
+            f"Check {where}, or regenerate the data set."
         )
+    if unreadable:
+        raise DataError(f"{source} refers to file(s) that are not images: {_listing(unreadable)}.")
+    if mismatched:
+        raise DataError(
+            f"{source}: {len(mismatched)} image(s) are not the size their annotation says: "
+            f"{_listing(mismatched)}. Boxes are never rescaled to fit. If width and height are "
+            "swapped, the annotation tool ignored the photo's EXIF orientation: re-export the "
+            "annotations from the upright images; otherwise correct width and height."
+        )
+
+
+def _clipped(
+    items: list[tuple[list[float], int]], record: ImageRecord
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Boxes and labels clipped to the image, without the degenerate ones, and how many those were."""
+    if not items:
+        return _no_boxes(), _no_labels(), 0
+    boxes, keep = _sanitize(
+        np.array([b for b, _ in items], np.float32), record.width, record.height
+    )
+    labels = np.array([label for _, label in items], np.int64)
+    return boxes[keep], labels[keep], int((~keep).sum())
+
+
+def _attach(
+    split: SplitAnnotations,
+    record: ImageRecord,
+    objects: list[tuple[list[float], int]],
+    ignored: list[tuple[list[float], int]],
+) -> None:
+    record.boxes, record.labels, dropped = _clipped(objects, record)
+    record.ignore_boxes, record.ignore_labels, dropped_ignored = _clipped(ignored, record)
+    split.dropped_boxes += dropped + dropped_ignored
 
 
 def load_coco(
     annotation_file: str | Path, images_dir: str | Path, classes: list[str] | None = None
 ) -> SplitAnnotations:
-    """Records from a COCO instances JSON; class order follows category ids unless `classes` is given."""
+    """Records from a COCO instances JSON; class order follows category ids unless `classes` is given.
+
+    `file_name` entries are relative to `images_dir`. Crowd annotations become ignore regions.
+    """
     source = Path(annotation_file)
     if not source.is_file():
         raise DataError(
-            f"COCO annotation file {source} does not exist (config data.root / data.{{train,val}}_annotations)."
+            f"COCO annotation file {source} does not exist (config data.root / "
+            "data.{train,val,test}_annotations)."
         )
     try:
         document = json.loads(source.read_text(encoding="utf-8"))
@@ -132,7 +281,9 @@ def load_coco(
         raise DataError(
             f"COCO annotation file {source}: an image entry lacks id, file_name, width or height ({error})."
         ) from error
-    per_image: dict[int, list[tuple[list[float], int]]] = {}
+    objects: dict[int, list[tuple[list[float], int]]] = {}
+    crowds: dict[int, list[tuple[list[float], int]]] = {}
+    other_class_objects = 0
     for ann in annotations:
         try:
             image_id, category_id = int(ann["image_id"]), int(ann["category_id"])
@@ -150,21 +301,24 @@ def load_coco(
             raise DataError(
                 f"COCO annotation file {source}: annotation {ann.get('id', '?')} refers to image_id {image_id}, which is not listed."
             )
-        if ann.get("iscrowd", 0) or category_id not in label_of:
+        crowd = bool(ann.get("iscrowd", 0))
+        if category_id not in label_of:
+            other_class_objects += not crowd
             continue
-        per_image.setdefault(image_id, []).append(([x, y, x + w, y + h], label_of[category_id]))
-    split = SplitAnnotations(list(records.values()), class_names, source)
+        target = crowds if crowd else objects
+        target.setdefault(image_id, []).append(([x, y, x + w, y + h], label_of[category_id]))
+    split = SplitAnnotations(
+        list(records.values()), class_names, source, other_class_objects=other_class_objects
+    )
     for record in split.records:
-        objects = per_image.get(record.image_id, [])
-        if not objects:
-            continue  # images without annotations are valid negatives
-        boxes = np.array([b for b, _ in objects], np.float32)
-        labels = np.array([label for _, label in objects], np.int64)
-        boxes, keep = _sanitize(boxes, record.width, record.height)
-        split.dropped_boxes += int((~keep).sum())
-        record.boxes, record.labels = boxes[keep], labels[keep]
+        _attach(split, record, objects.get(record.image_id, []), crowds.get(record.image_id, []))
     _report(split)
-    _check_file_list(split.records, source)
+    _check_images(
+        split.records,
+        source,
+        f"the images folder {images_dir} (data.images_dir or data.<split>_images_dir; "
+        "by default the annotation file's folder)",
+    )
     return split
 
 
@@ -186,12 +340,15 @@ def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
 def load_voc(
     root: str | Path, split_name: str, classes: list[str] | None = None
 ) -> SplitAnnotations:
-    """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/."""
+    """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
+
+    Difficult objects become ignore regions; class names come from the other objects.
+    """
     root = Path(root)
     listing = root / "ImageSets" / "Main" / f"{split_name}.txt"
     if not listing.is_file():
         raise DataError(
-            f"VOC split file {listing} does not exist (config data.root and data.{{train,val}}_split)."
+            f"VOC split file {listing} does not exist (config data.root and data.{{train,val,test}}_split)."
         )
     ids = [line.split()[0] for line in listing.read_text().splitlines() if line.strip()]
     if not ids:
@@ -215,32 +372,35 @@ def load_voc(
                 f"VOC annotation file {xml_file} lacks a numeric <size><width>/<height>."
             ) from error
         file_name = tree.findtext("filename") or f"{image_name}.jpg"
-        objects = [
-            _voc_object(obj, xml_file)
-            for obj in tree.findall("object")
-            if obj.findtext("difficult", "0").strip() != "1"
-        ]
-        parsed.append((image_name, root / "JPEGImages" / file_name, width, height, objects))
-    names = sorted({name for *_, objects in parsed for name, _ in objects})
+        objects, difficult = [], []
+        for obj in tree.findall("object"):
+            is_difficult = obj.findtext("difficult", "0").strip() == "1"
+            (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
+        parsed.append(
+            (image_name, root / "JPEGImages" / file_name, width, height, objects, difficult)
+        )
+    names = sorted({name for *_, objects, _ in parsed for name, _ in objects})
     class_names = list(classes) if classes else names
     if not class_names:
         raise DataError(
             f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
         )
     split = SplitAnnotations([], class_names, listing)
-    for image_id, (_, path, width, height, objects) in enumerate(parsed, start=1):
+    for image_id, (_, path, width, height, objects, difficult) in enumerate(parsed, start=1):
         unknown = sorted({name for name, _ in objects} - set(class_names))
         if unknown:
             raise DataError(
                 f"VOC annotation for {path.name} names class(es) {unknown}, which are not in data.classes {class_names}."
             )
         record = ImageRecord(image_id, path, width, height)
-        if objects:
-            boxes, keep = _sanitize(np.array([b for _, b in objects], np.float32), width, height)
-            labels = np.array([class_names.index(name) for name, _ in objects], np.int64)
-            split.dropped_boxes += int((~keep).sum())
-            record.boxes, record.labels = boxes[keep], labels[keep]
+        _attach(
+            split,
+            record,
+            [(box, class_names.index(name)) for name, box in objects],
+            # a difficult object of a class outside the list has nothing to be ignored for
+            [(box, class_names.index(name)) for name, box in difficult if name in class_names],
+        )
         split.records.append(record)
     _report(split)
-    _check_file_list(split.records, listing)
+    _check_images(split.records, listing, f"{root / 'JPEGImages'} and the <filename> entries")
     return split

@@ -38,6 +38,7 @@ class SyntheticSpec:
 
     num_train: int = 1024
     num_val: int = 256
+    num_test: int = 256
     image_size: int = 128
     classes: tuple[str, ...] = ("circle", "square", "triangle", "cross")
     min_objects: int = 0
@@ -84,7 +85,12 @@ class SyntheticSpec:
             )
 
     def count(self, split: str) -> int:
-        return {"train": self.num_train, "val": self.num_val}[split]
+        return {"train": self.num_train, "val": self.num_val, "test": self.num_test}[split]
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits to generate: train, val and, unless num_test is 0, test."""
+        return ("train", "val", "test") if self.num_test else ("train", "val")
 
 
 @dataclass
@@ -316,7 +322,7 @@ def _write_sample(spec: SyntheticSpec, root: Path, split: str, index: int) -> li
 
 
 def generate(spec: SyntheticSpec, root: str | Path, workers: int | None = None) -> dict[str, Path]:
-    """Write `<root>/<split>/NNNNNN.png` and `<root>/instances_<split>.json` for train and val.
+    """Write `<root>/<split>/NNNNNN.png` and `<root>/instances_<split>.json` for every split.
 
     Samples are independent (each seeded by its own index), so they are rendered in
     `workers` processes (default: every usable CPU) with identical results. The annotation
@@ -326,7 +332,7 @@ def generate(spec: SyntheticSpec, root: str | Path, workers: int | None = None) 
     workers = workers or usable_cpu_count()
     written = {}
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        for split in ("train", "val"):
+        for split in spec.splits:
             (root / split).mkdir(parents=True, exist_ok=True)
             count = spec.count(split)
             per_sample = pool.map(

@@ -3,6 +3,10 @@
 Conventions: boxes are xyxy pixels in the model's input frame, labels are 0-based class
 indices; ground truth and detections are per-image dicts of numpy arrays keyed by
 `image_id`. Ratios whose denominator is zero (0/0) are defined as 0, never NaN.
+
+Ground truth may carry ignore regions (`ignore_boxes`, `ignore_labels`: COCO crowd
+regions, VOC difficult objects). A detection that matches no object but covers an
+ignore region of its class is neither a true nor a false positive: it is left out.
 """
 
 from __future__ import annotations
@@ -108,6 +112,48 @@ def match_detections(
     return is_tp
 
 
+def _intersection_over_detection(boxes: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """[D, K] intersection area over each detection's own area (0 for an empty detection)."""
+    top_left = np.maximum(boxes[:, None, :2], regions[None, :, :2])
+    bottom_right = np.minimum(boxes[:, None, 2:], regions[None, :, 2:])
+    intersection = np.prod(np.clip(bottom_right - top_left, 0, None), axis=2)
+    area = np.prod(np.clip(boxes[:, 2:] - boxes[:, :2], 0, None), axis=1)
+    return np.divide(
+        intersection, area[:, None], out=np.zeros_like(intersection), where=area[:, None] > 0
+    )
+
+
+def ignored_detections(
+    det_boxes: Any,
+    det_labels: Any,
+    is_tp: np.ndarray,
+    ignore_boxes: Any,
+    ignore_labels: Any,
+    threshold: float = 0.5,
+) -> np.ndarray:
+    """Which detections of one image fall on an ignore region: neither true nor false positives.
+
+    COCO's crowd rule, as pycocotools applies it to `iscrowd=1` regions: a detection that
+    matched no object is ignored when the intersection with an ignore region of its class
+    covers at least `threshold` of the detection's own area; one region may absorb many
+    detections. The VOC devkit matches difficult objects by IoU instead; an IoU of at least
+    the threshold implies this ratio is too, so this rule ignores those detections and
+    also smaller ones lying inside a difficult object. One rule keeps F1 and COCO AP
+    (which only knows the crowd rule) consistent.
+    """
+    boxes, labels = _boxes(det_boxes), _vector(det_labels, np.int64)
+    regions, region_labels = _boxes(ignore_boxes), _vector(ignore_labels, np.int64)
+    if len(regions) != len(region_labels):
+        raise ValueError(
+            f"Ignore regions disagree in length: {len(regions)} boxes, {len(region_labels)} labels."
+        )
+    if len(boxes) == 0 or len(regions) == 0:
+        return np.zeros(len(boxes), dtype=bool)
+    overlap = _intersection_over_detection(boxes, regions)
+    overlap[labels[:, None] != region_labels[None, :]] = -1.0
+    return ~np.asarray(is_tp, dtype=bool) & (overlap.max(axis=1) >= threshold)
+
+
 @dataclass(frozen=True)
 class _Pooled:
     """Every detection of every image after one matching pass, plus ground-truth counts."""
@@ -116,6 +162,7 @@ class _Pooled:
     labels: np.ndarray  # int64 [D]
     is_tp: np.ndarray  # bool [D]
     gt_per_class: np.ndarray  # int64 [C]
+    ignored: int  # detections left out for falling on an ignore region
 
 
 def _index_by_image(records: Iterable[Record], what: str) -> dict[int, Record]:
@@ -149,6 +196,7 @@ def _pool(
     if unknown:
         raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
     scores, labels, flags = [], [], []
+    ignored = 0
     gt_per_class = np.zeros(num_classes, dtype=np.int64)
     for image_id, gt in truth.items():
         gt_labels = _vector(gt["labels"], np.int64)
@@ -160,18 +208,27 @@ def _pool(
         det_labels = _vector(det["labels"], np.int64)
         _check_labels(det_labels, num_classes, image_id, "Detections")
         det_scores = _vector(det["scores"], np.float64)
-        flags.append(
-            match_detections(
-                det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
-            )
+        is_tp = match_detections(
+            det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
         )
-        scores.append(det_scores)
-        labels.append(det_labels)
+        counted = ~ignored_detections(
+            det["boxes"],
+            det_labels,
+            is_tp,
+            gt.get("ignore_boxes", ()),
+            gt.get("ignore_labels", ()),
+            iou_threshold,
+        )
+        ignored += int((~counted).sum())
+        flags.append(is_tp[counted])
+        scores.append(det_scores[counted])
+        labels.append(det_labels[counted])
     return _Pooled(
         scores=np.concatenate(scores) if scores else np.zeros(0, dtype=np.float64),
         labels=np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64),
         is_tp=np.concatenate(flags) if flags else np.zeros(0, dtype=bool),
         gt_per_class=gt_per_class,
+        ignored=ignored,
     )
 
 
@@ -215,6 +272,7 @@ def precision_recall_f1(
     class with detections but no ground truth is all false positives and must count.
     0/0 is 0. With no ground truth at all, recall is 0/0 and precision is 0 (or 0/0), so every
     figure is 0 even for a model that rightly predicts nothing: check `num_ground_truth`.
+    Detections on ignore regions count nowhere (`num_ignored_detections`).
     """
     pooled = _pool(gts, dets, num_classes, iou_threshold)
     kept = pooled.scores >= score_threshold
@@ -235,6 +293,7 @@ def precision_recall_f1(
         "best": _best_f1(pooled, score_threshold),
         "num_ground_truth": int(pooled.gt_per_class.sum()),
         "num_detections": int(pooled.scores.size),
+        "num_ignored_detections": pooled.ignored,
     }
 
 
@@ -254,6 +313,8 @@ def coco_ap(
 
     `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
     and class). Per-class AP is None for a class without ground truth (pycocotools' -1).
+    Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
+    lets a detection on them count against.
     With no detections every AP is 0; with no ground truth at all AP is undefined and
     reported as 0 (per-class None).
     """
@@ -272,19 +333,25 @@ def coco_ap(
         labels = _vector(gt["labels"], np.int64)
         _check_labels(labels, num_classes, image_id, "Ground truth")
         gt_per_class += np.bincount(labels, minlength=num_classes)
-        for box, label in zip(_boxes(gt["boxes"]), labels, strict=True):
-            xywh = _xywh(box)
-            annotations.append(
-                {
-                    # ids start at 1: COCOeval stores matched ids and reads 0 as "unmatched"
-                    "id": len(annotations) + 1,
-                    "image_id": image_id,
-                    "category_id": int(label) + 1,
-                    "bbox": xywh,
-                    "area": xywh[2] * xywh[3],
-                    "iscrowd": 0,
-                }
-            )
+        ignore_labels = _vector(gt.get("ignore_labels", ()), np.int64)
+        _check_labels(ignore_labels, num_classes, image_id, "Ground truth")
+        for crowd, boxes, box_labels in (
+            (0, gt["boxes"], labels),
+            (1, gt.get("ignore_boxes", ()), ignore_labels),
+        ):
+            for box, label in zip(_boxes(boxes), box_labels, strict=True):
+                xywh = _xywh(box)
+                annotations.append(
+                    {
+                        # ids start at 1: COCOeval stores matched ids and reads 0 as "unmatched"
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label) + 1,
+                        "bbox": xywh,
+                        "area": xywh[2] * xywh[3],
+                        "iscrowd": crowd,
+                    }
+                )
     for image_id, det in found.items():
         labels = _vector(det["labels"], np.int64)
         _check_labels(labels, num_classes, image_id, "Detections")
@@ -312,7 +379,8 @@ def coco_ap(
             for c in range(num_classes)
         ]
 
-    if not results or not annotations:  # loadRes([]) raises; no ground truth leaves stats at -1
+    # loadRes([]) raises; without objects (ignore regions alone) the stats stay at -1
+    if not results or not gt_per_class.any():
         zeros = [0.0 if n else None for n in gt_per_class]
         return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0, "per_class": per_class(zeros, zeros)}
 
@@ -394,7 +462,10 @@ _FIELDS = {
     "boxes": (torch.float32, (-1, 4)),
     "scores": (torch.float32, (-1,)),
     "labels": (torch.int64, (-1,)),
+    "ignore_boxes": (torch.float32, (-1, 4)),
+    "ignore_labels": (torch.int64, (-1,)),
 }
+IGNORE_KEYS = ("ignore_boxes", "ignore_labels")
 
 
 def _record(image_id: int, tensors: Record, keys: Sequence[str]) -> dict[str, Any]:
@@ -457,12 +528,16 @@ class Evaluator:
         loader: Iterable[tuple[torch.Tensor, Sequence[Record]]],
         device: DeviceLike,
         precision: str = "fp32",
+        chosen_threshold: float | None = None,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Metrics and JSON-ready detections for one pass over `loader`.
 
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
         included); `images_per_s` and `ms_per_image` derive from it. Decoding and the copy
         to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
+        `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
+        adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
+        picked on the very images it is measured on, is optimistic.
         """
         device = torch.device(device)
         gts: list[dict[str, Any]] = []
@@ -492,13 +567,15 @@ class Evaluator:
                     for prediction, target in zip(decoded, targets, strict=True):
                         image_id = int(target["image_id"])
                         dets.append(_record(image_id, prediction, ("boxes", "scores", "labels")))
-                        gts.append(_record(image_id, target, ("boxes", "labels")))
+                        ignore = tuple(key for key in IGNORE_KEYS if key in target)
+                        gts.append(_record(image_id, target, ("boxes", "labels", *ignore)))
                     if self.label_mode == "multilabel":
                         score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
                     postprocess_s += time.perf_counter() - start
         finally:
             model.train(was_training)
-        return self._metrics(gts, dets, score_rows, model_s, postprocess_s), [
+        metrics = self._metrics(gts, dets, score_rows, model_s, postprocess_s, chosen_threshold)
+        return metrics, [
             {
                 "image_id": det["image_id"],
                 "boxes": det["boxes"].tolist(),
@@ -515,10 +592,17 @@ class Evaluator:
         score_rows: list[np.ndarray],
         model_s: float,
         postprocess_s: float,
+        chosen_threshold: float | None = None,
     ) -> dict[str, Any]:
         counts = precision_recall_f1(
             gts, dets, self.num_classes, self.score_threshold, self.iou_threshold
         )
+        chosen = None
+        if chosen_threshold is not None:
+            at_chosen = precision_recall_f1(
+                gts, dets, self.num_classes, chosen_threshold, self.iou_threshold
+            )
+            chosen = {"threshold": float(chosen_threshold), **at_chosen["micro"]}
         coco = coco_ap(
             gts, dets, self.num_classes, (self.image_size, self.image_size), self.class_names
         )
@@ -563,10 +647,12 @@ class Evaluator:
             "micro": counts["micro"],
             "macro": counts["macro"],
             "best": counts["best"],
+            "chosen_threshold": chosen,
             "image_level": image_level,
             "num_images": num_images,
             "num_ground_truth": counts["num_ground_truth"],
             "num_detections": counts["num_detections"],
+            "num_ignored_detections": counts["num_ignored_detections"],
             "score_threshold": self.score_threshold,
             "iou_threshold": self.iou_threshold,
             "timing": {
