@@ -4,7 +4,6 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CORES   ?= 1
-export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: report test lint setup clean
 

@@ -33,6 +33,7 @@ rule bench_one:
         gpu=lambda wildcards: gpu_request(wildcards.backend),
         gpu_model=lambda wildcards: gpu_model(wildcards.backend),
     params:
+        python=interpreter,
         cpu_threads=config["cpu_threads"],
         models=",".join(config["bench"]["models"]),
         batch_size=config["bench"]["batch_size"],
@@ -49,7 +50,7 @@ rule bench_one:
             if on
         ],
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
         " --precision {wildcards.precision} --mode {wildcards.mode} --model {params.models}"
         " --batch-size {params.batch_size} --image-size {params.image_size}"
         " --warmup {params.warmup} --steps {params.steps} --time-budget {params.budget}"
