@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from datetime import datetime
 from pathlib import Path
@@ -63,37 +62,13 @@ def isolation_unavailable() -> str | None:
     return None
 
 
-def workflow_env(slurm: bool = False) -> dict[str, str]:
-    """The environment to run Snakemake in (the venv's snakemake is called by path).
-
-    Snakemake's SLURM plugin runs `scontrol show config` (10 s timeout) whenever Snakemake
-    starts; where SLURM's client is installed but no controller runs (after the SLURM test
-    stopped its cluster, say) that costs 10 s a start. Runs that do not use SLURM get a
-    stand-in `scontrol` that fails at once.
-    """
-    path = os.environ.get("PATH", "")
-    if not slurm:
-        path = f"{NO_SLURM}{os.pathsep}{path}"
-    return {**os.environ, "PATH": path}
-
-
-NO_SLURM = Path(tempfile.mkdtemp(prefix="no-slurm-"))
-(NO_SLURM / "scontrol").write_text("#!/bin/sh\nexit 1\n")
-(NO_SLURM / "scontrol").chmod(0o755)
-
-
 def snakemake(
-    cwd: Path,
-    *args: str,
-    timeout: int = 600,
-    prefix: tuple[str, ...] = (),
-    slurm: bool = False,
+    cwd: Path, *args: str, timeout: int = 600, prefix: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
-    env = workflow_env(slurm)
+    """The venv's snakemake, called by path as a user may call it: the venv need not be on PATH."""
     return subprocess.run(
         [*prefix, str(BIN / "snakemake"), *args],
         cwd=cwd,
-        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
