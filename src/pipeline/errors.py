@@ -25,3 +25,7 @@ class CheckpointError(PipelineError):
 
 class TrainingError(PipelineError):
     """Training cannot go on (for example the loss stopped being finite)."""
+
+
+class OutputError(PipelineError):
+    """An output could not be written: a full disk, a quota, no permission, a read-only mount."""

@@ -28,10 +28,18 @@ _PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later: torch's legacy (pre-1.6)
 _REQUIRED_KEYS = ("model", "config", "class_names", "epoch")
 
 
-def save(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write `state` (plus the format tag) to `path` through a temporary file."""
+def save(path: str | Path, state: dict[str, Any], advice: str = "") -> Path:
+    """Write `state` (plus the format tag) to `path` through a temporary file; `advice` goes
+    into the error of a failed write (see atomic.write_with)."""
     state = {"format": FORMAT, **state}
-    return atomic.write_with(path, lambda tmp: torch.save(state, tmp))
+
+    def write(tmp: Path) -> None:
+        # Into a Python file object: torch then reports a full disk as a RuntimeError
+        # ("unexpected pos ...") whose context is the OSError; into a path, without any errno.
+        with open(tmp, "wb") as handle:
+            torch.save(state, handle)
+
+    return atomic.write_with(path, write, advice)
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
