@@ -30,7 +30,12 @@ def write_with(path: str | Path, write: Callable[[Path], None], advice: str = ""
         f"The previous {path.name} is unchanged." if path.exists() else "No partial file is left."
     )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as error:  # a file where a folder should be
+            raise NotADirectoryError(
+                errno.ENOTDIR, os.strerror(errno.ENOTDIR), error.filename
+            ) from error
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
         # Exclusive create like mkstemp, but with mode 0o666 so the umask applies: mkstemp's
         # 0600 would leave every output unreadable to the group, e.g. on a shared cluster.
@@ -48,7 +53,7 @@ def write_with(path: str | Path, write: Callable[[Path], None], advice: str = ""
         cause = _os_error(error)
         if cause is None:
             raise
-        raise write_failed(path, cause, kept, advice) from error
+        raise _write_failed(path, cause, kept, advice) from error
     return path
 
 
@@ -80,12 +85,15 @@ def append_line(path: str | Path, line: str, advice: str = "") -> None:
                 raise
     except OSError as error:
         kept = f"{path.name} keeps the lines written before."
-        raise write_failed(path, error, kept, advice) from error
+        raise _write_failed(path, error, kept, advice) from error
 
 
-def write_failed(path: Path, error: OSError, kept: str, advice: str = "") -> OutputError:
+def _write_failed(path: Path, error: OSError, kept: str, advice: str = "") -> OutputError:
     """The one message of a failed write: the file, why, the free space there, what is intact."""
     code = errno.errorcode.get(error.errno or 0)
+    culprit = Path(error.filename) if error.filename else None
+    if code and culprit and culprit.parent != path.parent:  # a folder on the way, say
+        code = f"{code}: {culprit}"
     reason = f"{error.strerror} ({code})" if error.strerror and code else str(error)
     parts = [f"Could not write {path}: {reason}{_free_space(path.parent)}.", kept]
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -97,7 +105,7 @@ def write_failed(path: Path, error: OSError, kept: str, advice: str = "") -> Out
 
 def _free_space(folder: Path) -> str:
     """', with 1.2 MiB free on the file system of FOLDER', or '' where that cannot be read."""
-    while not folder.exists() and folder != folder.parent:
+    while not folder.is_dir() and folder != folder.parent:  # the nearest folder that exists
         folder = folder.parent
     try:
         free = shutil.disk_usage(folder).free
