@@ -397,6 +397,17 @@ def test_loading_a_missing_checkpoint_says_it_does_not_exist(tmp_path: Path) -> 
         checkpoint.load(tmp_path / "missing.pth")
 
 
+def test_a_checkpoint_that_cannot_be_read_says_why(
+    trained: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(checkpoint, "open", denied, raising=False)
+    with pytest.raises(CheckpointError, match=r"last\.pth cannot be read: Permission denied\.$"):
+        checkpoint.load(trained.paths["last"])
+
+
 def test_loading_a_folder_says_it_is_a_directory(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="is a directory"):
         checkpoint.load(tmp_path)

@@ -59,6 +59,8 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
             "not a torch checkpoint at all). Checkpoints are never loaded any other way: only use "
             f"files you trust, re-saved as plain tensors. ({_unpickler_reason(error)})"
         ) from error
+    except MemoryError:
+        raise
     except Exception as error:  # torch.load of arbitrary bytes can fail with any exception type
         raise _damaged(path, error) from error
     _check_contents(state, path)
@@ -80,8 +82,13 @@ def _check_is_a_torch_file(path: Path) -> None:
         raise CheckpointError(
             f"Checkpoint {path} is empty (0 bytes): a copy or a save that never finished. {EXPECTED}"
         )
-    with open(path, "rb") as handle:
-        head = handle.read(512)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(512)
+    except OSError as error:
+        raise CheckpointError(
+            f"Checkpoint {path} cannot be read: {error.strerror or error}."
+        ) from error
     if head.startswith(_ZIP_MAGIC):
         _check_zip(path, size)
     elif not head.startswith(_PICKLE_MAGIC):
