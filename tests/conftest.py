@@ -145,6 +145,7 @@ def restore_pipeline_logger() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the SLURM test last: once SLURM's client is installed but its daemons are stopped,
-    every Snakemake start waits 10 s for `scontrol` (the SLURM plugin calls it at import)."""
+    """Run the SLURM test last: where it runs (CI), it leaves SLURM's client installed with its
+    daemons stopped, and there, with the cluster extra installed, every Snakemake start waits
+    10 s for `scontrol` (the SLURM plugin calls it at import; see tests/test_install.py)."""
     items.sort(key=lambda item: Path(str(item.fspath)).name == "test_slurm.py")

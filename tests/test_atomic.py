@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import re
 import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from full_disk import FullDisk
 
 from pipeline import atomic
+from pipeline.errors import OutputError
 
 
 def _mode(path: Path) -> int:
@@ -71,9 +76,84 @@ def test_failed_first_write_leaves_nothing_behind(tmp_path: Path) -> None:
     def write(tmp: Path) -> None:
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match=r"out\.bin: disk full, .* No partial file is left\."):
         atomic.write_with(tmp_path / "out.bin", write)
     assert list(tmp_path.iterdir()) == []
+
+
+def free_space_of(folder: Path) -> str:
+    """The part of a write error that gives the free space, as a pattern."""
+    return rf"with [0-9.]+ (bytes|KiB|MiB|GiB|TiB) free on the file system of {re.escape(str(folder))}\."
+
+
+def test_a_full_disk_names_the_file_the_free_space_and_that_the_previous_file_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "eval.json"
+    atomic.write_json(target, {"epoch": 1})
+    FullDisk("eval.json", room=10).install(monkeypatch)
+    with pytest.raises(OutputError) as caught:
+        atomic.write_json(target, {"epoch": 2, "values": list(range(1000))})
+    assert re.fullmatch(
+        rf"Could not write {re.escape(str(target))}: No space left on device \(ENOSPC\), "
+        + free_space_of(tmp_path)
+        + r" The previous eval\.json is unchanged\. Free some space \(or write elsewhere\) and "
+        r"run again\.",
+        str(caught.value),
+    ), caught.value
+    assert json.loads(target.read_text()) == {"epoch": 1}
+    assert [path.name for path in tmp_path.iterdir()] == ["eval.json"]
+
+
+def test_an_os_error_that_a_library_replaced_is_still_named_with_the_callers_advice(
+    tmp_path: Path,
+) -> None:
+    """torch.save into a file object turns a full disk into RuntimeError('unexpected pos ...')."""
+
+    def write(tmp: Path) -> None:
+        try:
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+        except OSError:
+            raise RuntimeError("unexpected pos 704 vs 598") from None
+
+    with pytest.raises(OutputError) as caught:
+        atomic.write_with(tmp_path / "last.pth", write, advice="Resume from best.pth.")
+    message = str(caught.value)
+    assert message.startswith(
+        f"Could not write {tmp_path / 'last.pth'}: Disk quota exceeded (EDQUOT)"
+    )
+    assert message.endswith(
+        "Free some space (or write elsewhere) and run again. Resume from best.pth."
+    )
+
+
+def test_a_permission_error_is_named_without_advice_to_free_space(tmp_path: Path) -> None:
+    def write(tmp: Path) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    with pytest.raises(OutputError) as caught:
+        atomic.write_with(tmp_path / "report.html", write)
+    assert str(caught.value).startswith(
+        f"Could not write {tmp_path / 'report.html'}: Permission denied (EACCES), with "
+    )
+    assert "Free some space" not in str(caught.value)
+
+
+def test_a_failed_append_cuts_the_file_back_to_its_last_whole_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "metrics.jsonl"
+    atomic.append_line(log, '{"epoch": 1}')
+    FullDisk("metrics.jsonl", room=5).install(monkeypatch)  # 5 bytes of the next line fit
+    with pytest.raises(OutputError) as caught:
+        atomic.append_line(log, '{"epoch": 2, "loss": 0.5}', advice="Resume.")
+    assert log.read_text() == '{"epoch": 1}\n'
+    message = str(caught.value)
+    assert message.startswith(f"Could not write {log}: No space left on device (ENOSPC), with ")
+    assert message.endswith(
+        "metrics.jsonl keeps the lines written before. Free some space (or write elsewhere) and "
+        "run again. Resume."
+    )
 
 
 def test_written_file_has_the_permissions_of_a_plain_write(tmp_path: Path) -> None:

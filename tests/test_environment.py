@@ -170,7 +170,7 @@ def test_unwritable_output_exits_2_naming_the_path(capsys, tmp_path) -> None:
     target = blocker / "environment.json"  # its parent is a file: fails even for root
     assert cli.main(["check-env", "--output", str(target)]) == 2
     err = capsys.readouterr().err
-    assert f"Cannot write the environment report to {target}" in err
+    assert f"ERROR Could not write {target}: Not a directory (ENOTDIR: {blocker}), with " in err
     assert "Traceback" not in err
     assert blocker.read_text() == "not a directory\n"
 

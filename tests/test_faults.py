@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
+import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torchvision
 from tiny_runs import (
     global_torch_state,
     make_data,
@@ -518,12 +522,68 @@ def checkpoints(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     torch.save(
         {"format": checkpoint.FORMAT, "x": RunsCode(folder / "code-ran")}, folder / "evil.pth"
     )
+    (folder / "notes.pth").write_text("These are my notes on the run, not a checkpoint.\n")
+    (folder / "empty.pth").touch()
+    (folder / "random_bytes.pth").write_bytes(random.Random(0).randbytes(4096))
+    with zipfile.ZipFile(folder / "zip.pth", "w") as archive:
+        archive.writestr("notes.txt", "a zip archive, not a checkpoint")
+    resnet = torchvision.models.resnet18(weights=None)
+    torch.save(resnet.state_dict(), folder / "state_dict.pth")
+    torch.save(resnet, folder / "whole_model.pth")
+    with warnings.catch_warnings():  # TorchScript is deprecated, yet such files are around
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), folder / "torchscript.pth")
+    torch.save({**state, "format": "pipeline.checkpoint/0"}, folder / "other_format.pth")
+    resnet_config = {**state["config"], "model": {**state["config"]["model"], "name": "resnet18"}}
+    resnet_run = build_from_config(resnet_config["model"], len(CLASSES))
+    checkpoint.save(
+        folder / "resnet18_run.pth",
+        {**state, "config": resnet_config, "model": resnet_run.state_dict()},
+    )
+    (folder / "directory.pth").mkdir()
     return {
         "good": good,
         "missing": folder / "missing.pth",
         "marker": folder / "code-ran",
         **{path.stem: path for path in folder.glob("*.pth")},
     }
+
+
+# What each file that is no usable checkpoint is called in its one-line message, after
+# "Checkpoint <path> ", and how the message ends.
+EXPECTED = checkpoint.EXPECTED
+USE_ANOTHER = "Use the run's other checkpoint (best.pth or last.pth), or train again."
+NOT_USABLE = {
+    "notes": (
+        "is not a checkpoint: it is a text file (it starts with 'These are my notes on the run, not a che')",
+        EXPECTED,
+    ),
+    "empty": ("is empty (0 bytes): a copy or a save that never finished", EXPECTED),
+    "random_bytes": ("is not a checkpoint: its first bytes (", EXPECTED),
+    "truncated": (
+        "is damaged: it starts as a torch checkpoint (a zip archive) does, but its end is missing",
+        USE_ANOTHER,
+    ),
+    "zip": (
+        "is a zip archive but not a torch checkpoint: it holds notes.txt and no data.pkl",
+        EXPECTED,
+    ),
+    "torchscript": ("is a TorchScript model (torch.jit.save), not a checkpoint", EXPECTED),
+    "state_dict": (
+        "was not written by this pipeline: it holds a bare state_dict of 122 tensors (first "
+        "'conv1.weight'), as torch.save(model.state_dict()) writes",
+        EXPECTED,
+    ),
+    "whole_model": (
+        "was refused by torch.load(weights_only=True): it holds pickled Python objects",
+        "(Unsupported global: GLOBAL torchvision.models.resnet.ResNet was not an allowed global "
+        "by default)",
+    ),
+    "other_format": ("has the format tag 'pipeline.checkpoint/0', which this version", EXPECTED),
+    "other_width": ("does not fit model 'tiny_conv' (4 classes, width 8)", "unedited."),
+    "two_classes": ("was trained on 2 classes ['circle', 'square'], but the data", "them all."),
+    "directory": ("is a directory", EXPECTED),
+}
 
 
 def test_a_good_checkpoint_evaluates_and_writes_its_metrics(
@@ -647,7 +707,8 @@ def test_a_truncated_checkpoint_is_named_as_damaged(
     else:
         message = FAILS[command](capsys, here, path)
     assert message.startswith(
-        f"Checkpoint {path} is damaged (truncated, or not a torch checkpoint): "
+        f"Checkpoint {path} is damaged: it starts as a torch checkpoint (a zip archive) does, but "
+        "its end is missing after "
     )
 
 
@@ -728,6 +789,44 @@ def test_a_pickle_that_would_run_code_is_refused_and_never_runs(
         "objects beyond tensors and plain containers, which could run code when loaded"
     )
     assert not checkpoints["marker"].exists()
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_USABLE))
+def test_python_m_pipeline_eval_of_a_file_that_is_no_usable_checkpoint_exits_2_saying_what_it_is(
+    tmp_path: Path, checkpoints: dict[str, Path], kind: str
+) -> None:
+    path, (what, ending) = checkpoints[kind], NOT_USABLE[kind]
+    out = tmp_path / "eval.json"
+    result = python_m_pipeline(tmp_path, "eval", "--checkpoint", str(path), "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()  # info lines may come first, the one error last
+    assert [line for line in lines if " ERROR " in line] == lines[-1:]
+    message = lines[-1].split(" ERROR ", 1)[1]
+    assert message.startswith(f"Checkpoint {path} {what}")
+    assert message.endswith(ending)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", sorted(set(NOT_USABLE) - {"two_classes"}))
+def test_profile_of_a_file_that_is_no_usable_checkpoint_says_what_it_is(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture, kind: str
+) -> None:
+    """The same message as eval's (profile does not compare classes with any data)."""
+    path, (what, ending) = checkpoints[kind], NOT_USABLE[kind]
+    message = profile_fails(capsys, here, path)
+    assert message.startswith(f"Checkpoint {path} {what}")
+    assert message.endswith(ending)
+
+
+def test_resuming_from_a_resnet18_runs_checkpoint_names_the_model_as_the_difference(
+    here: Path, data_root: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    message = resume_fails(capsys, here, checkpoints["resnet18_run"], data_root)
+    assert message == (
+        f"Cannot resume: {here / 'run' / 'last.pth'} was trained with different settings (model). "
+        "Use another --out folder, or the same settings."
+    )
 
 
 # --- runtime -----------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import logging
 import math
@@ -21,7 +23,7 @@ from tiny_runs import global_torch_state, make_data, one_cpu_thread, tiny_config
 from pipeline import cli
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
-from pipeline.errors import CheckpointError, TrainingError
+from pipeline.errors import CheckpointError, OutputError, TrainingError
 from pipeline.models.loss import DetectionLoss
 
 EPOCHS = 3
@@ -233,7 +235,8 @@ def test_resume_of_a_gpu_run_reads_the_checkpoint_onto_the_cpu(
 
 
 def test_rng_state_round_trips_torch_numpy_and_python_streams(tmp_path: Path) -> None:
-    path = checkpoint.save(tmp_path / "rng.pth", {"rng": checkpoint.rng_state()})
+    state = {"model": {}, "config": {}, "class_names": [], "epoch": 0}
+    path = checkpoint.save(tmp_path / "rng.pth", {**state, "rng": checkpoint.rng_state()})
     expected = (torch.rand(3), np.random.rand(3), random.random())
     checkpoint.restore_rng_state(checkpoint.load(path)["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
@@ -282,23 +285,30 @@ def test_resume_auto_with_other_settings_warns_and_starts_fresh(
 # --- failures --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("error", [OSError("No space left on device"), KeyboardInterrupt()])
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [(OSError(errno.ENOSPC, "No space left on device"), OutputError), (KeyboardInterrupt(), None)],
+)
 def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint_and_no_temp_file(
-    trained: Trainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+    trained: Trainer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    error: BaseException,
+    raised: type[BaseException] | None,
 ) -> None:
     run_dir = copy_of_last(trained, tmp_path / "run")
     before = (run_dir / "last.pth").read_bytes()
     real_save = torch.save
 
-    def half_then_fail(obj, f, *args, **kwargs):
-        real_save(obj, f, *args, **kwargs)
-        data = Path(f).read_bytes()
-        Path(f).write_bytes(data[: len(data) // 2])
+    def half_then_fail(obj, handle, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        handle.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
         raise error
 
     monkeypatch.setattr(torch, "save", half_then_fail)
     state = checkpoint.load(run_dir / "last.pth")
-    with pytest.raises(type(error)):
+    with pytest.raises(raised or type(error)):
         checkpoint.save(run_dir / "last.pth", {**state, "epoch": 99})
     assert (run_dir / "last.pth").read_bytes() == before
     assert checkpoint.load(run_dir / "last.pth")["epoch"] == EPOCHS
@@ -387,19 +397,37 @@ def test_loading_a_missing_checkpoint_says_it_does_not_exist(tmp_path: Path) -> 
         checkpoint.load(tmp_path / "missing.pth")
 
 
-def test_loading_a_folder_says_it_does_not_exist(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="does not exist"):
+def test_a_checkpoint_that_cannot_be_read_says_why(
+    trained: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(checkpoint, "open", denied, raising=False)
+    with pytest.raises(CheckpointError, match=r"last\.pth cannot be read: Permission denied\.$"):
+        checkpoint.load(trained.paths["last"])
+
+
+def test_loading_a_folder_says_it_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="is a directory"):
         checkpoint.load(tmp_path)
 
 
-@pytest.mark.parametrize("keep", [0.5, 0.01, 0.0])
-def test_loading_a_truncated_checkpoint_says_it_is_damaged(
-    trained: Trainer, tmp_path: Path, keep: float
+@pytest.mark.parametrize(
+    ("keep", "said"),
+    [
+        (0.5, r"cut\.pth is damaged: .* its end is missing .* cut short"),
+        (0.01, r"cut\.pth is damaged: .* its end is missing .* cut short"),
+        (0.0, r"cut\.pth is empty \(0 bytes\)"),
+    ],
+)
+def test_loading_a_truncated_checkpoint_says_it_is_cut_short_or_empty(
+    trained: Trainer, tmp_path: Path, keep: float, said: str
 ) -> None:
     data = trained.paths["last"].read_bytes()
     path = tmp_path / "cut.pth"
     path.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(CheckpointError, match=r"cut\.pth is damaged \(truncated"):
+    with pytest.raises(CheckpointError, match=said):
         checkpoint.load(path)
 
 

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from datetime import datetime
 from pathlib import Path
@@ -63,37 +62,13 @@ def isolation_unavailable() -> str | None:
     return None
 
 
-def workflow_env(slurm: bool = False) -> dict[str, str]:
-    """The environment to run Snakemake in: this venv first on PATH.
-
-    Snakemake's SLURM plugin runs `scontrol show config` (10 s timeout) whenever Snakemake
-    starts; where SLURM's client is installed but no controller runs (after the SLURM test
-    stopped its cluster, say) that costs 10 s a start. Runs that do not use SLURM get a
-    stand-in `scontrol` that fails at once.
-    """
-    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    if not slurm:
-        path = f"{NO_SLURM}{os.pathsep}{path}"
-    return {**os.environ, "PATH": path}
-
-
-NO_SLURM = Path(tempfile.mkdtemp(prefix="no-slurm-"))
-(NO_SLURM / "scontrol").write_text("#!/bin/sh\nexit 1\n")
-(NO_SLURM / "scontrol").chmod(0o755)
-
-
 def snakemake(
-    cwd: Path,
-    *args: str,
-    timeout: int = 600,
-    prefix: tuple[str, ...] = (),
-    slurm: bool = False,
+    cwd: Path, *args: str, timeout: int = 600, prefix: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
-    env = workflow_env(slurm)
+    """The venv's snakemake, called by path as a user may call it: the venv need not be on PATH."""
     return subprocess.run(
         [*prefix, str(BIN / "snakemake"), *args],
         cwd=cwd,
-        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -155,6 +130,30 @@ def test_a_bad_config_value_fails_on_the_schema(
 def test_amp_true_from_the_command_line_is_accepted_as_a_boolean(repo_copy: Path) -> None:
     result = snakemake(repo_copy, "-n", "train", "--config", "amp=true")
     assert result.returncode == 0, result.stderr
+
+
+def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(tmp_path: Path) -> None:
+    """The venv's snakemake called by path, the venv not activated: the `python` that PATH
+    finds (here a stand-in that fails, before the system's own) must not run the jobs."""
+    root = copy_repository(tmp_path / "repo")
+    decoys = tmp_path / "decoys"
+    decoys.mkdir()
+    for name in ("python", "python3"):
+        (decoys / name).write_text("#!/bin/sh\necho 'the python on PATH ran a job' >&2\nexit 1\n")
+        (decoys / name).chmod(0o755)
+    env = {**os.environ, "PATH": os.pathsep.join([str(decoys), "/usr/bin", "/bin"])}
+    result = subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "1", "results/env.json"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    snakemakes_python = (BIN / "snakemake").read_text().splitlines()[0].removeprefix("#!")
+    assert f"{snakemakes_python} -m pipeline" in result.stdout + result.stderr
+    assert "cpu" in json.loads((root / "results" / "env.json").read_text())["available"]
 
 
 # ---- the real workflow ------------------------------------------------------------------
@@ -271,6 +270,22 @@ def test_a_second_run_has_nothing_to_do(finished: tuple[Path, subprocess.Complet
     result = snakemake(root, "results/report.html", "--cores", "1", *E2E_CONFIG)
     assert result.returncode == 0
     assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_the_same_venv_at_another_path_reruns_nothing(
+    finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    """Jobs run with the interpreter's path on their command line, yet another spelling of it
+    (a moved checkout, a symlinked venv) is no params change that reruns them."""
+    root, _ = finished
+    elsewhere = tmp_path / "venv-elsewhere"
+    elsewhere.symlink_to(BIN.parent, target_is_directory=True)
+    command = [str(elsewhere / "bin" / "python"), "-m", "snakemake", "results/report.html", "-n"]
+    result = subprocess.run(
+        [*command, *E2E_CONFIG], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_workflow import BIN, CI_CONFIG, copy_repository, snakemake, workflow_env
+from test_workflow import BIN, CI_CONFIG, copy_repository, snakemake
 
 from pipeline.engine import checkpoint
 
@@ -32,12 +32,10 @@ LONGER_TRAINING = "train:\n  epochs: 6\n" + FEWER_BENCHMARKS
 
 def start(root: Path, log: Path, *args: str) -> subprocess.Popen:
     """Snakemake in the background, in a session of its own so its jobs can be killed with it."""
-    env = workflow_env()
     with open(log, "w") as output:
         return subprocess.Popen(
             [str(BIN / "snakemake"), *args],
             cwd=root,
-            env=env,
             stdout=output,
             stderr=output,
             start_new_session=True,

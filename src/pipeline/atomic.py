@@ -1,38 +1,133 @@
-"""Write outputs through a temporary file and a rename, so a killed job never leaves a
-truncated file that looks complete."""
+"""Every output is written here: through a temporary file and a rename, so a killed job never
+leaves a truncated file that looks complete, and a failed write (a full disk, say) ends in one
+OutputError that names the file, the free space there and what is intact."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import OutputError
 
-def write_with(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` on a temporary file beside `path`, then rename it into place."""
+
+def write_with(path: str | Path, write: Callable[[Path], None], advice: str = "") -> Path:
+    """Call `write(tmp)` on a temporary file beside `path`, then rename it into place.
+
+    A failed write becomes an OutputError ending with `advice` (what else the caller keeps, and
+    how to go on), provided `write` lets its OSError through, if only as the context of its own
+    exception: torch.save into a Python file object does, torch.save into a path does not.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    # Exclusive create like mkstemp, but with mode 0o666 so the umask applies: mkstemp's 0600
-    # would leave every output unreadable to the group, e.g. on a shared cluster.
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    kept = (
+        f"The previous {path.name} is unchanged." if path.exists() else "No partial file is left."
+    )
     try:
-        write(tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as error:  # a file where a folder should be
+            raise NotADirectoryError(
+                errno.ENOTDIR, os.strerror(errno.ENOTDIR), error.filename
+            ) from error
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        # Exclusive create like mkstemp, but with mode 0o666 so the umask applies: mkstemp's
+        # 0600 would leave every output unreadable to the group, e.g. on a shared cluster.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        try:
+            write(tmp)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+    except Exception as error:
+        cause = _os_error(error)
+        if cause is None:
+            raise
+        raise _write_failed(path, cause, kept, advice) from error
     return path
 
 
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The OSError behind `error`: itself, or the one a library caught and replaced."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def append_line(path: str | Path, line: str, advice: str = "") -> None:
+    """Append `line` and a newline to a log such as metrics.jsonl. A failed write cuts the file
+    back to where it ended, so it never ends in half a line, and raises OutputError."""
+    path = Path(path)
+    data = (line + "\n").encode("utf-8")
+    try:
+        with open(path, "ab", buffering=0) as handle:  # unbuffered: no bytes left to flush later
+            end = handle.seek(0, os.SEEK_END)
+            try:
+                written = 0
+                while written < len(data):  # a write may take only part of the bytes
+                    written += handle.write(data[written:])
+            except OSError:
+                handle.truncate(end)
+                raise
+    except OSError as error:
+        kept = f"{path.name} keeps the lines written before."
+        raise _write_failed(path, error, kept, advice) from error
+
+
+def _write_failed(path: Path, error: OSError, kept: str, advice: str = "") -> OutputError:
+    """The one message of a failed write: the file, why, the free space there, what is intact."""
+    code = errno.errorcode.get(error.errno or 0)
+    culprit = Path(error.filename) if error.filename else None
+    if code and culprit and culprit.parent != path.parent:  # a folder on the way, say
+        code = f"{code}: {culprit}"
+    reason = f"{error.strerror} ({code})" if error.strerror and code else str(error)
+    parts = [f"Could not write {path}: {reason}{_free_space(path.parent)}.", kept]
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        parts.append("Free some space (or write elsewhere) and run again.")
+    if advice:
+        parts.append(advice)
+    return OutputError(" ".join(parts))
+
+
+def _free_space(folder: Path) -> str:
+    """', with 1.2 MiB free on the file system of FOLDER', or '' where that cannot be read."""
+    while not folder.is_dir() and folder != folder.parent:  # the nearest folder that exists
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    return f", with {_size(free)} free on the file system of {folder}"
+
+
+def _size(count: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
 def write_text(path: str | Path, text: str) -> Path:
-    return write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+    return write_with(path, write)
 
 
 def jsonable(value: Any) -> Any:

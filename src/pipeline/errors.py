@@ -29,3 +29,7 @@ class TrainingError(PipelineError):
 
 class ResultsFileError(PipelineError):
     """A file under the results folder is unreadable or not in the format its stage writes."""
+
+
+class OutputError(PipelineError):
+    """An output could not be written: a full disk, a quota, no permission, a read-only mount."""

@@ -35,10 +35,11 @@ rule bench_one:
         gpu=lambda wildcards: gpu_request(wildcards.backend),
         gpu_model=lambda wildcards: gpu_model(wildcards.backend),
     params:
+        python=interpreter,
         cpu_threads=config["cpu_threads"],
         settings=runs.flatten(runs.bench_settings(config)),
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
         " --precision {wildcards.precision} --mode {wildcards.mode} --out {output} {params.settings:q}"
 
 
@@ -58,10 +59,11 @@ checkpoint choose_precision:
         gpu=lambda wildcards: gpu_request(wildcards.backend),
         gpu_model=lambda wildcards: gpu_model(wildcards.backend),
     params:
+        python=interpreter,
         bench_dir="results/bench",
         settings=runs.flatten({"bench": {"models": runs.benchmarked_models(config)}}),
     shell:
-        "python -m pipeline --log {log} choose-precision --device {wildcards.backend} --bench {params.bench_dir:q}"
+        "{params.python:q} -m pipeline --log {log} choose-precision --device {wildcards.backend} --bench {params.bench_dir:q}"
         " --out {output:q} {params.settings:q}"
 
 

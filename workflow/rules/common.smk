@@ -1,6 +1,7 @@
 # Shared helpers: config validation, the job matrix and input functions of every stage.
 import json
 import os
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -43,6 +44,18 @@ def package_files(package):
         if "__pycache__" not in folder.split(os.sep)
         for name in names
     )
+
+
+def interpreter(wildcards, input):
+    """The Python running Snakemake (it has `pipeline`: this file imports it), which jobs run
+    as `{params.python:q} -m pipeline`; `python` on PATH may be another one when the venv's
+    snakemake is called by path. In a cluster job it is the interpreter on the node.
+
+    The `input` argument, unused, makes Snakemake count the value as derived from the inputs
+    and leave it out of its params rerun trigger: the same venv at another path (or spelled
+    python3) reruns nothing, where `python=sys.executable` would rerun every job.
+    """
+    return sys.executable
 
 
 def heavy_threads():

@@ -19,7 +19,8 @@ if config["data"]["format"] == "synthetic":
             mem_mb=2000,
             runtime=15,
         params:
+            python=interpreter,
             root=lambda wildcards, output: os.path.dirname(output.train),
             settings=runs.flatten({"data": {"synthetic": config["data"]["synthetic"]}}),
         shell:
-            "python -m pipeline --log {log} prepare-data --out {params.root:q} {params.settings:q}"
+            "{params.python:q} -m pipeline --log {log} prepare-data --out {params.root:q} {params.settings:q}"

@@ -16,6 +16,7 @@ checkpoint check_env:
         gpu=gpu_request(env_check_device()),
         gpu_model=gpu_model(env_check_device()),
     params:
+        python=interpreter,
         cpu_threads=config["cpu_threads"],
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} check-env --output {output}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} check-env --output {output}"

@@ -24,12 +24,13 @@ rule evaluate_run:
         gpu=lambda wildcards: gpu_request(wildcards.run),
         gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
+        python=interpreter,
         cpu_threads=config["cpu_threads"],
         checkpoint="results/train/{run}/best.pth",
         device=run_device,
         settings=runs.flatten({"eval": config["eval"]}),
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {params.checkpoint:q} --device {params.device}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {params.checkpoint:q} --device {params.device}"
         " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
 
 

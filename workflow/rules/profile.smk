@@ -20,6 +20,7 @@ rule profile_run:
         gpu=lambda wildcards: gpu_request(wildcards.run),
         gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
+        python=interpreter,
         cpu_threads=config["cpu_threads"],
         checkpoint="results/train/{run}/best.pth",
         device=run_device,
@@ -30,7 +31,7 @@ rule profile_run:
         budget=config["profile"]["time_budget_s"],
         trace_steps=config["profile"]["trace_steps"],
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} profile --checkpoint {params.checkpoint:q} --device {params.device}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} profile --checkpoint {params.checkpoint:q} --device {params.device}"
         " --batch-sizes {params.batch_sizes} --warmup {params.warmup} --repeats {params.repeats}"
         " --time-budget {params.budget} --trace-steps {params.trace_steps} --out {params.out:q}"
 

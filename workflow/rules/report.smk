@@ -22,8 +22,9 @@ rule report:
         mem_mb=2000,
         runtime=15,
     params:
+        python=interpreter,
         results=lambda wildcards, output: os.path.dirname(output[0]),
         config=json.dumps(config, sort_keys=True),
     shell:
-        "python -m pipeline --log {log} report --results {params.results:q} --config-json {params.config:q}"
+        "{params.python:q} -m pipeline --log {log} report --results {params.results:q} --config-json {params.config:q}"
         " --out {output:q}"

@@ -35,12 +35,13 @@ rule train_run:
         gpu=lambda wildcards: gpu_request(wildcards.run),
         gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
+        python=interpreter,
         cpu_threads=config["cpu_threads"],
         run_dir="results/train/{run}",
         choice=precision_choice_option,
         settings=train_settings,
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q}"
         " {params.choice:q} {params.settings:q}"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pipeline import atomic, environment
 from pipeline.cli import command_parser
-from pipeline.errors import PipelineError
 
 
 def main(argv: list[str]) -> int:
@@ -19,11 +18,6 @@ def main(argv: list[str]) -> int:
     info = environment.collect(args.device)
     print(environment.format_table(info))
     if args.output:
-        try:
-            atomic.write_json(args.output, info)
-        except OSError as error:
-            raise PipelineError(
-                f"Cannot write the environment report to {args.output}: {error}."
-            ) from error
+        atomic.write_json(args.output, info)
         print(f"\nwritten: {args.output}")
     return 0

@@ -251,9 +251,19 @@ class Trainer:
 
     # ---- loop --------------------------------------------------------------------------
     def _write_row(self, row: dict[str, Any]) -> None:
-        with open(self.paths["metrics"], "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(atomic.jsonable(row)) + "\n")
+        line = json.dumps(atomic.jsonable(row))
+        atomic.append_line(self.paths["metrics"], line, self._after_a_failed_write())
         self.trackers.log(row, self.global_step)
+
+    def _after_a_failed_write(self) -> str:
+        """What a failed write of a checkpoint or metrics row leaves to continue from."""
+        last = self.paths["last"]
+        if not last.exists():
+            return "No epoch was checkpointed yet: training starts from the beginning again."
+        return (
+            f"{last} holds the last epoch saved, and metrics.jsonl its rows: add --resume (the "
+            "workflow passes --resume-if-possible) to continue from there."
+        )
 
     def _stop_if_diverging(self, epoch: int, streak: float) -> None:
         limit = self.train_cfg["max_nonfinite_steps"]
@@ -379,7 +389,7 @@ class Trainer:
                     row["val"] = self._validate()
                 self._write_row(row)
                 self.epoch_rows.append(row)
-                checkpoint.save(self.paths["last"], self._state())
+                checkpoint.save(self.paths["last"], self._state(), self._after_a_failed_write())
         finally:
             self.trackers.close()
         summary = self._summary()
@@ -414,7 +424,7 @@ class Trainer:
         )
         if value > self.best_metric:
             self.best_metric, self.best_epoch = value, self.epoch
-            checkpoint.save(self.paths["best"], self._state())
+            checkpoint.save(self.paths["best"], self._state(), self._after_a_failed_write())
             log.info("new best %s %.4f: %s", self.train_cfg["monitor"], value, self.paths["best"])
         return val
 
