@@ -215,7 +215,7 @@ def test_amp_false_as_a_string_is_never_read_as_true(
     [
         (["amp=ture"], "Config key amp = 'ture' in the defaults"),
         (["amp=2"], "Config key amp = 2 in the defaults"),
-        (["--amp", "ture"], "--amp 'ture' is not understood: use auto, true or false."),
+        (["--amp", "ture"], "--amp 'ture' is not understood: use auto, true, false or measured."),
     ],
 )
 def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
@@ -225,7 +225,7 @@ def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
     message = user_error(capsys, "train", "--out", str(out), *amp, *tiny_settings(data_root))
     assert message.startswith(named)
     if amp[0] != "--amp":
-        assert "is not one of ['auto', True, False]" in message
+        assert "is not one of ['auto', True, False, 'measured']" in message
     assert not out.exists()
 
 
