@@ -200,7 +200,7 @@ def run(
     layout = memory_format(settings["channels_last"])
     model = build_model(model_name, NUM_CLASSES, "multilabel").to(device, memory_format=layout)
     record["parameters"] = parameter_count(model)
-    loss_fn = DetectionLoss(model)
+    loss_fn = DetectionLoss.for_model(model)
     images, targets = synthetic_batch(settings["batch_size"], settings["image_size"], device)
     images = images.contiguous(memory_format=layout)
     if precision != "fp32":

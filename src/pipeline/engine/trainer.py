@@ -114,7 +114,7 @@ class Trainer:
         self.model = build_from_config(config["model"], len(self.class_names)).to(
             self.device, memory_format=self.memory_format
         )
-        self.loss_fn = DetectionLoss(self.model, self.train_cfg["box_weight"])
+        self.loss_fn = DetectionLoss.for_model(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
         self.scheduler = build_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
