@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import parse_bool
+from pipeline.config import merge, parse_bool, parse_overrides
 from pipeline.errors import ConfigError, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -104,6 +104,12 @@ class Run:
         return items
 
 
+def run_config(config: dict[str, Any], run: Run) -> dict[str, Any]:
+    """The config `run` trains with: the workflow's, with the run's device, precision and
+    swept values, as `python -m pipeline train` reads its settings."""
+    return merge(config, parse_overrides(run.settings()))
+
+
 def parse_run(name: str) -> Run:
     head, *swept = name.split("+")
     part, _, precision = head.rpartition("-")
@@ -158,7 +164,11 @@ def bench_matrix(config: dict[str, Any], env: dict[str, Any]) -> list[tuple[str,
 
 
 def flatten(settings: dict[str, Any], prefix: str = "") -> list[str]:
-    """Nested settings as `a.b=value` items (values as JSON, which the CLI reads as YAML)."""
+    """Nested settings as `a.b=value` items (values as JSON, which the CLI reads as YAML).
+
+    Sorted: Snakemake compares a params list as its text, and merging `--config` changes
+    the order of a section's keys, which would rerun a job whose settings are all the same.
+    """
     items = []
     for key, value in settings.items():
         name = f"{prefix}{key}"
@@ -166,4 +176,4 @@ def flatten(settings: dict[str, Any], prefix: str = "") -> list[str]:
             items += flatten(value, f"{name}.")
         else:
             items.append(f"{name}={json.dumps(value)}")
-    return items
+    return sorted(items)

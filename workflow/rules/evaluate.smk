@@ -1,6 +1,6 @@
 rule evaluate_run:
     input:
-        summary="results/train/{run}/train_summary.json",
+        checkpoint="results/train/{run}/best.pth",
         code=code("engine/evaluator.py", "commands/evaluate.py"),
     output:
         metrics=report(
@@ -24,11 +24,10 @@ rule evaluate_run:
         gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
         cpu_threads=config["cpu_threads"],
-        checkpoint="results/train/{run}/best.pth",
         device=run_device,
         settings=runs.flatten({"eval": config["eval"]}),
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {params.checkpoint:q} --device {params.device}"
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {input.checkpoint:q} --device {params.device}"
         " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
 
 

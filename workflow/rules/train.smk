@@ -13,12 +13,13 @@ rule train_run:
             "device.py",
         ),
     output:
-        report(
+        summary=report(
             "results/train/{run}/train_summary.json",
             caption="../report/training.rst",
             category="Training",
             labels={"run": "{run}"},
         ),
+        checkpoint="results/train/{run}/best.pth",
     log:
         "logs/train/{run}.log",
     benchmark:
@@ -33,10 +34,13 @@ rule train_run:
         gpu_model=lambda wildcards: gpu_model(wildcards.run),
     params:
         cpu_threads=config["cpu_threads"],
+        device=run_device,
         run_dir="results/train/{run}",
         settings=train_settings,
+        speed=train_speed_settings,
     shell:
-        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q} {params.settings:q}"
+        "python -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --device {params.device}"
+        " --out {params.run_dir:q} {params.settings:q} {params.speed:q}"
 
 
 rule train:
