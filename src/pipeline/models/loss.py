@@ -15,7 +15,9 @@ raising the floor from ~0 to 1.5 cells lifted recall of objects under 12 px from
 Everything is computed densely, with masks as weights: no `.item()`, no boolean-mask
 indexing, no branch on a tensor's value. Each of those makes the host wait for the
 device (to read a value or to size a result), which would stall every training step on
-a GPU. Only shapes, known on the host, choose a path.
+a GPU. Only shapes, known on the host, choose a path. Targets the caller has already
+moved to the device (non_blocking) are used as they are; targets on the host are copied
+here, and such a copy waits for the device.
 """
 
 from __future__ import annotations
