@@ -63,7 +63,7 @@ class BareLoop:
         self.device, self.memory_format = trainer.device, trainer.memory_format
         self.model = copy.deepcopy(trainer.model)  # before any step: the same initial weights
         self.model.train()
-        self.loss_fn = DetectionLoss(self.model, train["box_weight"])
+        self.loss_fn = DetectionLoss.for_model(self.model, train["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), train)
         self.scheduler = build_scheduler(self.optimizer, train, trainer.steps_per_epoch)
         self.max_norm = train["grad_clip"]

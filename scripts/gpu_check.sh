@@ -6,8 +6,10 @@
 # Installs only the project itself (no dependency downloads; packages missing there, such as
 # pycocotools or jsonschema, come from WHEELS_DIR when given), then runs the environment
 # check, the benchmark matrix for cuda and cpu (train and infer, every precision, tiny_conv
-# and resnet18), a short training run, evaluation and profiling. Every JSON and the log go
-# to OUT_DIR. DEVICE=cpu runs the same steps without a GPU (to check the script itself).
+# and resnet18), a short training run, evaluation and profiling, then two checks of timing
+# code (DeviceTimer on the last visible GPU, profiler shares against torch's own table total).
+# Every JSON and the log go to OUT_DIR. DEVICE=cpu runs the same steps without a GPU and
+# without those two checks (to check the script itself).
 # Budget: under 6 minutes on an H200 machine. scripts/gpu_wheels.sh fetches WHEELS_DIR.
 set -euo pipefail
 
@@ -72,6 +74,61 @@ step "profile"
 run profile profile --checkpoint "$out/train/best.pth" --device "$device" --batch-sizes 1,8,32,128 --out "$out/profile"
 cp "$out/profile/profile.json" "$out/profile.json"
 rm -f "$out/train/"*.pth "$out/profile/trace.json"
+
+if [ "$device" = cuda ]; then
+  step "device timer on the last GPU, profiler shares"
+  # DeviceTimer must read the timed device's own stream (not cuda:0's) and the kernel rows'
+  # shares must add up to 1 against torch's own "Self CUDA time total".
+  "$python" - "$out/device_checks.json" <<'PY'
+import json, re, sys, time
+import torch
+from torch.profiler import ProfilerActivity, profile
+from pipeline import device as dev, profiling
+from pipeline.models import build_model
+
+device = torch.device("cuda", torch.cuda.device_count() - 1)
+x = torch.randn(4096, 4096, device=device)
+for _ in range(3):
+    x @ x
+dev.synchronize(device)
+timer = dev.DeviceTimer(device)
+start = time.perf_counter()
+timer.start()
+for _ in range(20):
+    x @ x
+event_ms = timer.stop_ms()
+wall_ms = (time.perf_counter() - start) * 1000
+
+model = build_model("tiny_conv", 4, "single").to(device).eval()
+images = torch.randint(0, 256, (8, 3, 128, 128), dtype=torch.uint8, device=device)
+with torch.inference_mode():
+    model(images)
+    dev.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model(images)
+        dev.synchronize(device)
+events = prof.key_averages()
+rows = profiling.operator_rows(events, "self_device_ms")
+kernel_ms = sum(row["self_device_ms"] for row in rows if row["kind"] == "kernel")
+total = re.search(r"Self CUDA time total: ([0-9.]+)(us|ms|s)", events.table())
+scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+torch_total_ms = float(total.group(1)) * scale[total.group(2)] if total else None
+result = {
+    "device": str(device),
+    "devices_visible": torch.cuda.device_count(),
+    "timer_event_ms": event_ms,
+    "timer_wall_ms": wall_ms,
+    "timer_ok": event_ms is not None and event_ms > 0.5 * wall_ms,
+    "kernel_share_sum": sum(row["share"] for row in rows if row["kind"] == "kernel"),
+    "operator_share_sum": sum(row["share"] for row in rows if row["kind"] == "operator"),
+    "kernel_self_device_ms": kernel_ms,
+    "torch_table_self_cuda_total_ms": torch_total_ms,
+    "shares_ok": torch_total_ms is not None and abs(kernel_ms - torch_total_ms) <= 0.01 * torch_total_ms + 0.01,
+}
+json.dump(result, open(sys.argv[1], "w"), indent=2)
+print(json.dumps(result, indent=2))
+PY
+fi
 
 step "done"
 echo "everything is in $out"

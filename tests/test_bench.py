@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -595,11 +596,13 @@ class FakeEvent:
     def __init__(self, enable_timing: bool = False) -> None:
         assert enable_timing, "timing events must be created with enable_timing=True"
         self.recorded_at: float | None = None
+        self.recorded_on: list[FakeStream | None] = []
         self.synchronized = False
         FakeEvent.created.append(self)
 
-    def record(self) -> None:
+    def record(self, stream: FakeStream | None = None) -> None:
         self.recorded_at = FakeEvent.clock_ms
+        self.recorded_on.append(stream)
 
     def synchronize(self) -> None:
         self.synchronized = True
@@ -609,10 +612,28 @@ class FakeEvent:
         return end.recorded_at - self.recorded_at
 
 
+@dataclass(frozen=True)
+class FakeStream:
+    """A CUDA stream, known by the device it belongs to."""
+
+    device: torch.device
+
+
+def current_stream(device: torch.device | str | int | None = None) -> FakeStream:
+    """torch.cuda.current_stream: without a device, the current device's, which is cuda:0."""
+    if device is None:
+        return FakeStream(torch.device("cuda", 0))
+    if isinstance(device, int):
+        return FakeStream(torch.device("cuda", device))
+    device = torch.device(device)
+    return FakeStream(device if device.index is not None else torch.device("cuda", 0))
+
+
 @pytest.fixture
 def fake_events(monkeypatch: pytest.MonkeyPatch) -> type[FakeEvent]:
     FakeEvent.clock_ms, FakeEvent.created = 0.0, []
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     monkeypatch.setattr(torch.mps, "Event", FakeEvent, raising=False)
     return FakeEvent
 
@@ -631,6 +652,19 @@ def test_device_timer_reports_the_event_time_between_start_and_stop(
     timer.start()
     fake_events.clock_ms = 21.0
     assert timer.stop_ms() == 1.0  # the same pair of events is reused
+
+
+@pytest.mark.parametrize("spec", ["cuda:1", "cuda:0", "cuda"])
+def test_device_timer_records_on_the_stream_of_the_timed_device(
+    fake_cuda, fake_events, spec: str
+) -> None:
+    """Recorded without a stream, events land on the current device's stream (cuda:0), which
+    is idle during a run on cuda:1: the timer would read about 0 ms."""
+    timer = DeviceTimer(spec)
+    timer.start()
+    timer.stop_ms()
+    expected = current_stream(torch.device(spec))
+    assert [event.recorded_on for event in fake_events.created] == [[expected], [expected]]
 
 
 def test_device_timer_has_no_events_on_cpu_or_on_mps_without_event_support(

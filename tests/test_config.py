@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from pipeline.config import (
+    differing_keys,
     load_config,
     load_schema,
     merge,
@@ -19,6 +20,8 @@ from pipeline.config import (
     parse_overrides,
     read_yaml,
     reference_markdown,
+    result_settings,
+    speed_settings,
     validate,
 )
 from pipeline.errors import ConfigError
@@ -425,3 +428,32 @@ def test_errors_say_where_the_settings_came_from(tmp_path: Path) -> None:
         load_config(path, ["train.epochs=0"])
     with pytest.raises(ConfigError, match="in the defaults with command-line settings"):
         load_config(None, ["train.epochs=0"])
+
+
+def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:
+    config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
+    result, speed = result_settings(config), speed_settings(config)
+    assert speed == {"data": {"num_workers": 3, "cache": True}, "eval": {"batch_size": 7}}
+    assert set(result) == {
+        "seed",
+        "deterministic",
+        "amp",
+        "amp_dtype",
+        "data",
+        "model",
+        "train",
+        "eval",
+    }
+    assert result["eval"] == {"score_threshold": 0.4, "iou_threshold": 0.5, "max_detections": 100}
+    test_keys = {"test_split", "test_annotations", "test_images_dir"}  # evaluation's alone
+    assert set(result["data"]) | set(speed["data"]) | test_keys == set(config["data"])
+    assert not set(result["data"]) & set(speed["data"])
+    assert "num_test" not in result["data"]["synthetic"]
+    assert result["model"] == config["model"] and result["train"] == config["train"]
+
+
+def test_differing_keys_names_nested_keys_and_keys_only_one_side_has() -> None:
+    old = {"seed": 0, "train": {"lr": 0.1, "epochs": 3}, "data": {"augment": {"hflip": 0.5}}}
+    new = {"seed": 0, "train": {"lr": 0.2, "epochs": 3}, "data": {"augment": {}}, "amp": True}
+    assert differing_keys(old, new) == ["train.lr", "data.augment.hflip", "amp"]
+    assert differing_keys(old, old) == []

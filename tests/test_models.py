@@ -194,7 +194,7 @@ def test_image_scores_of_a_real_forward_have_shape_batch_by_classes() -> None:
 @pytest.mark.parametrize("label_mode", ["multilabel", "single"])
 def test_loss_returns_finite_total_heatmap_and_box_terms(label_mode: str) -> None:
     model = tiny(label_mode)
-    losses = DetectionLoss(model)(model(images(2, 32)), two_targets())
+    losses = DetectionLoss.for_model(model)(model(images(2, 32)), two_targets())
     assert set(losses) == {"total", "heatmap", "box"}
     for key, value in losses.items():
         assert value.dim() == 0 and math.isfinite(value.item()), key
@@ -207,7 +207,7 @@ def test_loss_returns_finite_total_heatmap_and_box_terms(label_mode: str) -> Non
 @pytest.mark.parametrize("label_mode", ["multilabel", "single"])
 def test_loss_is_finite_and_backpropagates_for_images_without_objects(label_mode: str) -> None:
     model = tiny(label_mode)
-    loss_fn = DetectionLoss(model)
+    loss_fn = DetectionLoss.for_model(model)
     for targets in ([empty_target(), empty_target()], [two_targets()[1], empty_target()]):
         losses = loss_fn(model(images(2, 32)), targets)
         assert all(math.isfinite(value.item()) for value in losses.values())
@@ -221,7 +221,7 @@ def test_loss_is_finite_and_backpropagates_for_images_without_objects(label_mode
 
 def test_loss_falls_to_under_half_in_30_steps_on_a_fixed_batch() -> None:
     model = tiny()
-    loss_fn = DetectionLoss(model)
+    loss_fn = DetectionLoss.for_model(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     batch, targets = images(2, 32), two_targets()
     values = []
@@ -237,7 +237,7 @@ def test_loss_falls_to_under_half_in_30_steps_on_a_fixed_batch() -> None:
 
 @pytest.mark.parametrize("label_mode", ["multilabel", "single"])
 def test_loss_reads_the_heatmap_in_the_models_label_mode(label_mode: str) -> None:
-    assert DetectionLoss(tiny(label_mode)).label_mode == label_mode
+    assert DetectionLoss.for_model(tiny(label_mode)).label_mode == label_mode
 
 
 # --- registry --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from tiny_runs import (
     pipeline_logger_restored,
     tiny_config,
 )
+from torch.autograd import DeviceType
 
 from pipeline import cli, profiling, timing
 from pipeline import device as dev
@@ -172,6 +174,48 @@ def test_a_missing_checkpoint_exits_2_naming_it(
 
 
 # --- the pieces ------------------------------------------------------------------------------
+
+
+def profiler_row(name: str, cpu_us: float, device_us: float, device_type, **flags) -> Any:
+    """One row of prof.key_averages() as torch fills it (times in microseconds)."""
+    return SimpleNamespace(
+        key=name,
+        count=3,
+        self_cpu_time_total=cpu_us,
+        cpu_time_total=cpu_us,
+        self_device_time_total=device_us,
+        device_type=device_type,
+        is_user_annotation=flags.get("annotation", False),
+    )
+
+
+# What key_averages() gives on CUDA: operators charged their kernels' device time, the kernels
+# themselves, and a user annotation spanning the step.
+CUDA_EVENTS = [
+    profiler_row("aten::conv2d", 900.0, 6000.0, DeviceType.CPU),
+    profiler_row("aten::add", 300.0, 2000.0, DeviceType.CPU),
+    profiler_row("sm90_xmma_fprop_implicit_gemm", 0.0, 6000.0, DeviceType.CUDA),
+    profiler_row("vectorized_elementwise_kernel", 0.0, 2000.0, DeviceType.CUDA),
+    profiler_row("ProfilerStep#1", 0.0, 8000.0, DeviceType.CUDA, annotation=True),
+]
+
+
+def test_cuda_shares_are_of_the_kernel_time_so_each_kernel_counts_once() -> None:
+    rows = {row["name"]: row for row in profiling.operator_rows(CUDA_EVENTS, "self_device_ms")}
+    assert rows["sm90_xmma_fprop_implicit_gemm"]["share"] == pytest.approx(0.75)
+    assert rows["vectorized_elementwise_kernel"]["share"] == pytest.approx(0.25)
+    assert rows["aten::conv2d"]["share"] == pytest.approx(
+        0.75
+    )  # its kernels' share, as torch prints
+    kernels = [row for row in rows.values() if row["kind"] == "kernel"]
+    assert sum(row["share"] for row in kernels) == pytest.approx(1.0)
+    assert rows["aten::add"]["kind"] == "operator" and rows["aten::add"]["self_device_ms"] == 2.0
+
+
+def test_cpu_shares_are_of_the_self_cpu_time_of_every_row() -> None:
+    rows = profiling.operator_rows(CUDA_EVENTS[:2], "self_cpu_ms")
+    assert [row["name"] for row in rows] == ["aten::conv2d", "aten::add"]
+    assert [row["share"] for row in rows] == pytest.approx([0.75, 0.25])
 
 
 def test_operator_profile_on_mps_carries_the_note_that_only_cpu_dispatch_is_shown(

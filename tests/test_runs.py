@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import load_config, parse_overrides
+from pipeline.config import load_config, parse_overrides, result_settings, speed_settings
 from pipeline.errors import ConfigError
 from pipeline.runs import (
     DeviceUnavailableInEnv,
@@ -23,6 +23,7 @@ from pipeline.runs import (
     flatten,
     parse_run,
     read_env,
+    run_config,
     training_runs,
 )
 
@@ -313,12 +314,19 @@ def test_bench_matrix_with_an_absent_listed_backend_raises_with_the_envs_error()
 # ---------------------------------------------------------------------------- flatten
 
 
-def test_flatten_gives_dotted_json_items() -> None:
-    assert flatten({"eval": {"batch_size": 8, "score_threshold": 0.25}, "device": "cpu"}) == [
+def test_flatten_gives_dotted_json_items_sorted() -> None:
+    assert flatten({"eval": {"score_threshold": 0.25, "batch_size": 8}, "device": "cpu"}) == [
+        'device="cpu"',
         "eval.batch_size=8",
         "eval.score_threshold=0.25",
-        'device="cpu"',
     ]
+
+
+def test_flatten_does_not_depend_on_the_order_keys_were_merged_in() -> None:
+    """Snakemake compares params as text: `--config train={lr: 0.01}` reorders train's keys."""
+    assert flatten({"train": {"lr": 0.1, "epochs": 2}}) == flatten(
+        {"train": {"epochs": 2, "lr": 0.1}}
+    )
 
 
 def test_flatten_items_read_back_to_the_same_nested_dict() -> None:
@@ -416,3 +424,28 @@ def test_bench_settings_are_what_a_benchmark_reads_and_not_what_it_ignores() -> 
     assert settings["data"]["synthetic"] == {"classes": ["circle", "square", "triangle", "cross"]}
     changed = bench_settings(_config("train.epochs=30", "eval.batch_size=7", "data.cache=false"))
     assert changed == bench_settings(_config())
+
+
+def test_run_config_is_the_workflow_config_with_the_runs_device_precision_and_sweep() -> None:
+    config = load_config(None, ["train.lr=0.006", "amp_dtype=fp16"])
+    got = run_config(config, parse_run("cuda1-bf16+seed=3+lr=0.01"))
+    assert (got["device"], got["amp"], got["amp_dtype"]) == ("cuda:1", True, "bf16")
+    assert (got["seed"], got["train"]["lr"]) == (3, 0.01)
+    assert got["train"]["epochs"] == config["train"]["epochs"]
+    assert run_config(config, parse_run("cpu-fp32"))["amp"] is False
+    assert config["train"]["lr"] == 0.006  # the workflow's config is left as it was
+
+
+def test_the_workflows_training_settings_reproduce_every_setting_training_reads() -> None:
+    """The train rule passes result_settings as params and speed_settings beside them: between
+    them nothing may be left to the train command's own default config."""
+    config = _config("train.lr=0.00001", "data.cache=false", "eval.batch_size=3", "amp=true")
+    passed = _config(*flatten(result_settings(config)), *flatten(speed_settings(config)))
+    for key in ("seed", "deterministic", "amp", "amp_dtype", "data", "model", "train", "eval"):
+        assert passed[key] == config[key], key
+
+
+def test_the_held_out_test_split_is_no_training_setting() -> None:
+    """Only evaluation reads the test split: changing it must neither retrain nor block a resume."""
+    changed = _config("data.test_split=holdout", "data.synthetic.num_test=9")
+    assert result_settings(changed) == result_settings(_config())

@@ -13,7 +13,7 @@ import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ import torch
 from tiny_runs import global_torch_state, make_data, one_cpu_thread, tiny_config, tiny_settings
 
 from pipeline import cli
+from pipeline.config import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
 from pipeline.errors import CheckpointError, OutputError, TrainingError
@@ -255,18 +256,79 @@ def test_resume_required_without_a_checkpoint_says_it_does_not_exist(
 
 
 @pytest.mark.parametrize(
-    ("setting", "section"),
-    [("train.lr=0.001", "train"), ("seed=1", "seed"), ("model.width=16", "model")],
+    "setting",
+    [
+        "train.lr=0.001",
+        "seed=1",
+        "model.width=16",
+        "data.augment.hflip=0.0",
+        "amp=true",  # fp32 either way on a CPU, but a GPU would train the rest in fp16
+        "amp_dtype=bf16",
+        "eval.score_threshold=0.5",  # validation picks best.pth by F1 at this threshold
+        "eval.iou_threshold=0.6",
+        "eval.max_detections=10",
+    ],
 )
-def test_resume_required_with_other_settings_names_the_differing_section(
-    trained: Trainer, data_root: Path, tmp_path: Path, setting: str, section: str
+def test_resume_required_with_other_settings_names_the_differing_key(
+    trained: Trainer, data_root: Path, tmp_path: Path, setting: str
 ) -> None:
     run_dir = copy_of_last(trained, tmp_path / "run")
     trainer = Trainer(tiny_config(data_root, f"train.epochs={EPOCHS}", setting), run_dir)
     with pytest.raises(CheckpointError) as caught:
         trainer.resume(required=True)
-    assert f"different settings ({section})" in str(caught.value)
+    key = setting.partition("=")[0]
+    assert f"different settings ({key})" in str(caught.value)
     assert "another --out folder" in str(caught.value)
+
+
+@pytest.mark.parametrize("setting", ["eval.batch_size=3", "data.num_workers=1", "data.cache=false"])
+def test_resume_goes_on_when_only_settings_of_speed_differ(
+    trained: Trainer, data_root: Path, tmp_path: Path, setting: str
+) -> None:
+    run_dir = copy_of_last(trained, tmp_path / "run")
+    trainer = Trainer(tiny_config(data_root, f"train.epochs={EPOCHS}", setting), run_dir)
+    assert trainer.resume(required=True) is True
+
+
+def test_resume_with_another_training_precision_names_both(
+    trained: Trainer, config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Same config, another device: amp=auto trains fp32 on a CPU, fp16 on a GPU."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    state = checkpoint.load(trained.paths["last"])
+    checkpoint.save(run_dir / "last.pth", {**state, "precision": "fp16"})
+    with pytest.raises(CheckpointError, match=r"different settings \(precision fp16, now fp32\)"):
+        Trainer(config, run_dir).resume(required=True)
+
+
+def test_the_eval_settings_training_reads_are_result_or_speed_settings(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
+    """result_settings lists the eval keys validation reads: a new one must join the list."""
+
+    class Recording(dict):
+        read: ClassVar[set[str]] = set()
+
+        def __getitem__(self, key: str) -> Any:
+            Recording.read.add(key)
+            return super().__getitem__(key)
+
+    Trainer({**config, "eval": Recording(config["eval"])}, tmp_path / "run")
+    assert set(VALIDATION_EVAL_KEYS) <= Recording.read
+    assert Recording.read <= set(VALIDATION_EVAL_KEYS) | set(SPEED_SETTINGS["eval"])
+
+
+def test_resume_writes_best_pth_again_from_last_pth(trained: Trainer, tmp_path: Path) -> None:
+    """Snakemake deletes a job's declared outputs, best.pth among them, before it reruns the
+    job, also when training then resumes from last.pth."""
+    run_dir = copy_of_last(trained, tmp_path / "run")
+    assert not (run_dir / "best.pth").exists()
+    assert Trainer(trained.config, run_dir).resume(required=True) is True
+    got, expected = checkpoint.load(run_dir / "best.pth"), checkpoint.load(trained.paths["best"])
+    assert got["epoch"] == expected["epoch"] == trained.best_epoch
+    assert set(got["model"]) == set(expected["model"])
+    assert all(torch.equal(got["model"][key], expected["model"][key]) for key in expected["model"])
 
 
 def test_resume_auto_with_other_settings_warns_and_starts_fresh(
@@ -279,7 +341,7 @@ def test_resume_auto_with_other_settings_warns_and_starts_fresh(
     assert (trainer.epoch, trainer.global_step, trainer.best_epoch) == (0, 0, None)
     assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in fresh.items())
     warnings = [r.getMessage() for r in pipeline_log.records if r.levelno == logging.WARNING]
-    assert any("different settings (train)" in m and "starting a new run" in m for m in warnings)
+    assert any("different settings (train.lr)" in m and "starting a new run" in m for m in warnings)
 
 
 # --- failures --------------------------------------------------------------------------------

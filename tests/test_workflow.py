@@ -288,6 +288,53 @@ def test_the_same_venv_at_another_path_reruns_nothing(
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
+TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "report"}
+
+
+# Before the edits below, which rerun training whatever the settings.
+@pytest.mark.parametrize(
+    ("setting", "jobs"),
+    [
+        ("eval={batch_size: 7}", {"evaluate_run", "report"}),
+        ("train={weight_decay: 0.001}", TRAINING_AND_AFTER),
+        ("eval={score_threshold: 0.3}", TRAINING_AND_AFTER),  # validation picks best.pth by it
+        ("data={num_workers: 1, cache: false}", {"report"}),  # the report shows the config
+        ("train={lr: 0.01}", {"report"}),  # every run's lr comes from the sweep
+    ],
+)
+def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(
+    finished: tuple[Path, subprocess.CompletedProcess], setting: str, jobs: set[str]
+) -> None:
+    root, _ = finished
+    result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG, setting)
+    assert result.returncode == 0, result.stderr
+    assert planned_jobs(result) == jobs, result.stdout[-3000:]
+
+
+def test_best_pth_is_an_output_of_training_that_evaluation_and_profiling_read(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    best = sorted((root / "results" / "train").glob("*/best.pth"))[0]
+    original = best.read_bytes()
+    best.write_bytes(original + b"changed")
+    try:
+        changed = snakemake(root, "results/report.html", "-n", *E2E_CONFIG)
+    finally:
+        best.write_bytes(original)  # the same checksum again: nothing reruns for it
+    assert changed.returncode == 0, changed.stderr
+    assert planned_jobs(changed) == {"evaluate_run", "profile_run", "report"}
+
+    aside = best.with_name("best.pth.aside")
+    best.rename(aside)
+    try:
+        remade = snakemake(root, str(best.relative_to(root)), "-n", *E2E_CONFIG)
+    finally:
+        aside.rename(best)
+    assert remade.returncode == 0, remade.stderr
+    assert planned_jobs(remade) == {"train_run"}
+
+
 @pytest.mark.parametrize(
     "changed",
     [
@@ -319,7 +366,7 @@ def test_editing_the_trainer_reruns_training_and_what_depends_on_it(
     edit(root / "src/pipeline/engine/trainer.py")
     result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG)
     assert result.returncode == 0, result.stderr
-    assert planned_jobs(result) == {"train_run", "evaluate_run", "profile_run", "report"}
+    assert planned_jobs(result) == TRAINING_AND_AFTER
 
 
 def test_an_absent_backend_fails_fast_with_the_device_message_and_leaves_nothing(

@@ -142,7 +142,7 @@ def compare_numerics(
     weights give one training forward and backward in fp32 and in `precision`.
     """
     trained = copy.deepcopy(model)
-    trained_loss = DetectionLoss(trained, settings["train"]["box_weight"])
+    trained_loss = DetectionLoss.for_model(trained, settings["train"]["box_weight"])
     optimizer = build_optimizer(trained.parameters(), settings["train"])
     step = TrainStep(
         trained,
@@ -325,7 +325,7 @@ def _step(model, images, targets, device, precision, mode, settings, layout):
     # train.epochs and the schedule, which change no timing.
     train_step = TrainStep(
         runnable,
-        DetectionLoss(model, train["box_weight"]),
+        DetectionLoss.for_model(model, train["box_weight"]),
         build_optimizer(model.parameters(), train),
         device,
         precision,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,60 @@ def check_relations(config: dict[str, Any], source: str) -> None:
             f"Config key data.synthetic.max_object_size = {synthetic['max_object_size']} in {source} is "
             f"larger than data.synthetic.image_size = {synthetic['image_size']}."
         )
+
+
+# What training reads that changes how fast it runs, never what it learns: data loading
+# (augmentation is seeded per sample, so workers and caching give the same batches) and
+# the batch size of validation passes.
+SPEED_SETTINGS = {"data": ("num_workers", "cache"), "eval": ("batch_size",)}
+# Top-level keys and whole sections that training's result depends on; of `eval`, the keys
+# that training's validation reads (it picks best.pth by them).
+RESULT_KEYS = ("seed", "deterministic", "amp", "amp_dtype", "data", "model", "train")
+VALIDATION_EVAL_KEYS = ("score_threshold", "iou_threshold", "max_detections")
+# Data keys training never reads: the held-out test split is the evaluation's alone.
+TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
+
+
+def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a training run's result depends on, and nothing else.
+
+    One definition for both places that ask: what must match for `train --resume` to
+    continue a run, and what the workflow's training rule passes as params (a change
+    reruns training and what follows; a change of anything else reruns neither).
+    """
+    settings = {key: copy.deepcopy(config.get(key)) for key in RESULT_KEYS}
+    settings["data"] = {
+        key: value
+        for key, value in (settings["data"] or {}).items()
+        if key not in SPEED_SETTINGS["data"] and key not in TEST_SPLIT_KEYS
+    }
+    synthetic = settings["data"].get("synthetic")
+    if isinstance(synthetic, dict):
+        settings["data"]["synthetic"] = {k: v for k, v in synthetic.items() if k != "num_test"}
+    evaluation = config.get("eval") or {}
+    settings["eval"] = {key: evaluation.get(key) for key in VALIDATION_EVAL_KEYS}
+    return settings
+
+
+def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings training reads besides `result_settings` (see SPEED_SETTINGS)."""
+    return {
+        section: {key: copy.deepcopy(config[section][key]) for key in keys}
+        for section, keys in SPEED_SETTINGS.items()
+    }
+
+
+def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two (nested) settings, in order."""
+    keys = list(old) + [key for key in new if key not in old]
+    found = []
+    for key in keys:
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            found += differing_keys(before, after, f"{prefix}{key}.")
+        elif before != after or (key in old) != (key in new):
+            found.append(f"{prefix}{key}")
+    return found
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:

@@ -565,10 +565,14 @@ class DeviceTimer:
 
     Wall-clock time around a synchronized region includes launch and driver overhead;
     events measure what the GPU itself spent, which is what differs between backends.
+    CUDA events are recorded on the current stream of the timed device itself: recorded
+    without a stream they go to the current *device's* stream, and nothing makes cuda:1
+    current for a run on cuda:1, so they would time an idle stream on cuda:0.
     """
 
     def __init__(self, device: DeviceLike) -> None:
-        name = backend_name(device)
+        self.device = as_device(device)
+        name = backend_name(self.device)
         self._events = None
         if name == "cuda":
             self._events = (
@@ -585,15 +589,21 @@ class DeviceTimer:
     def available(self) -> bool:
         return self._events is not None
 
+    def _record(self, event) -> None:
+        if self.device.type == "cuda":
+            event.record(torch.cuda.current_stream(self.device))
+        else:
+            event.record()
+
     def start(self) -> None:
         if self._events:
-            self._events[0].record()
+            self._record(self._events[0])
 
     def stop_ms(self) -> float | None:
         """Milliseconds between start() and now, after waiting for the device; None without events."""
         if not self._events:
             return None
-        self._events[1].record()
+        self._record(self._events[1])
         self._events[1].synchronize()
         return float(self._events[0].elapsed_time(self._events[1]))
 

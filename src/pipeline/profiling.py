@@ -9,10 +9,12 @@ on MPS its operator table shows CPU-side dispatch only, and the output says so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from pipeline import atomic, stats, timing
@@ -26,6 +28,8 @@ MPS_NOTE = (
     "detail use torch.mps.profiler with Instruments, or PYTORCH_MPS_LOG_PROFILE_INFO."
 )
 TOP_OPERATORS = 25
+# Device types whose events are kernels in torch's operator table (profiler_util._build_table).
+_DEVICE_SIDE = frozenset({DeviceType.CUDA, DeviceType.PrivateUse1, DeviceType.MTIA, DeviceType.XPU})
 
 
 def _forward(model: torch.nn.Module, images: torch.Tensor, device: torch.device, precision: str):
@@ -81,6 +85,46 @@ def latency(
     }
 
 
+def _is_kernel(event: Any) -> bool:
+    """A device-side event (a kernel, a memcpy), as torch's own table counts them."""
+    return event.device_type in _DEVICE_SIDE and not getattr(event, "is_user_annotation", False)
+
+
+def operator_rows(events: Iterable[Any], key: str) -> list[dict[str, Any]]:
+    """Rows of `prof.key_averages()` sorted by `key`, each with its share of the total time.
+
+    With CUDA activity the events hold operator rows (CPU-side, charged the device time of
+    the kernels they launched) and kernel rows (the kernels themselves), so a sum over all
+    rows counts every kernel twice. The device total sums kernel rows only, and the CPU total
+    every row's self CPU time, as torch.autograd.profiler_util's table does: shares then
+    match the percentages torch prints.
+    """
+    rows = []
+    totals = {"self_cpu_ms": 0.0, "self_device_ms": 0.0}
+    for event in events:
+        device_self = getattr(event, "self_device_time_total", None) or getattr(
+            event, "self_cuda_time_total", 0
+        )
+        kernel = _is_kernel(event)
+        row = {
+            "name": event.key,
+            "kind": "kernel" if kernel else "operator",
+            "calls": event.count,
+            "self_cpu_ms": event.self_cpu_time_total / 1000,
+            "cpu_total_ms": event.cpu_time_total / 1000,
+            "self_device_ms": (device_self or 0) / 1000,
+        }
+        totals["self_cpu_ms"] += row["self_cpu_ms"]
+        if kernel:
+            totals["self_device_ms"] += row["self_device_ms"]
+        rows.append(row)
+    rows.sort(key=lambda row: row[key], reverse=True)
+    total = totals[key] or 1.0
+    for row in rows:
+        row["share"] = row[key] / total
+    return rows
+
+
 def operator_profile(
     model: torch.nn.Module,
     device: torch.device,
@@ -104,25 +148,8 @@ def operator_profile(
             forward()
         dev.synchronize(device)
     atomic.write_with(trace_path, lambda tmp: prof.export_chrome_trace(str(tmp)))
-    rows = []
-    for event in prof.key_averages():
-        device_self = getattr(event, "self_device_time_total", None) or getattr(
-            event, "self_cuda_time_total", 0
-        )
-        rows.append(
-            {
-                "name": event.key,
-                "calls": event.count,
-                "self_cpu_ms": event.self_cpu_time_total / 1000,
-                "cpu_total_ms": event.cpu_time_total / 1000,
-                "self_device_ms": (device_self or 0) / 1000,
-            }
-        )
     key = "self_device_ms" if device.type == "cuda" else "self_cpu_ms"
-    rows.sort(key=lambda row: row[key], reverse=True)
-    total = sum(row[key] for row in rows) or 1.0
-    for row in rows:
-        row["share"] = row[key] / total
+    rows = operator_rows(prof.key_averages(), key)
     return {
         "activities": [a.name for a in activities],
         "batch_size": batch_size,

@@ -162,10 +162,17 @@ def data_inputs(splits):
 
 
 def train_settings(wildcards):
-    """Every setting training depends on, then the run's own (device, precision, sweep)."""
-    sections = {key: config[key] for key in ("seed", "deterministic", "amp_dtype")}
-    sections.update({key: config[key] for key in ("data", "model", "train", "eval")})
-    return runs.flatten(sections) + training_run(wildcards).settings()
+    """What the run's result depends on (pipeline.config.result_settings, which resume checks
+    too), with the run's own precision and swept values: a change reruns training."""
+    run_config = runs.run_config(config, training_run(wildcards))
+    return runs.flatten(pipeline_config.result_settings(run_config))
+
+
+def train_speed_settings(wildcards, threads):
+    """The rest of what training reads: how fast data load, validation's batch size. A
+    params function of `threads` is a derived param to Snakemake (snakemake#3154), which
+    leaves it out of the params rerun trigger: changing one of these reruns nothing."""
+    return runs.flatten(pipeline_config.speed_settings(config))
 
 
 def precision_choice_option(wildcards, input):

@@ -1,6 +1,6 @@
 rule evaluate_run:
     input:
-        summary="results/train/{run}/train_summary.json",
+        checkpoint="results/train/{run}/best.pth",
         data=data_inputs(("val", "test")),
         code=code("engine/evaluator.py", "commands/evaluate.py"),
     output:
@@ -26,11 +26,10 @@ rule evaluate_run:
     params:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
-        checkpoint="results/train/{run}/best.pth",
         device=run_device,
         settings=runs.flatten({"eval": config["eval"]}),
     shell:
-        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {params.checkpoint:q} --device {params.device}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {input.checkpoint:q} --device {params.device}"
         " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
 
 

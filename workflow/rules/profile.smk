@@ -1,6 +1,6 @@
 rule profile_run:
     input:
-        summary="results/train/{run}/train_summary.json",
+        checkpoint="results/train/{run}/best.pth",
         code=code("profiling.py", "timing.py", "commands/profile.py"),
     output:
         profile="results/profile/{run}/profile.json",
@@ -22,7 +22,6 @@ rule profile_run:
     params:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
-        checkpoint="results/train/{run}/best.pth",
         device=run_device,
         out="results/profile/{run}",
         batch_sizes=",".join(str(size) for size in config["profile"]["batch_sizes"]),
@@ -31,7 +30,7 @@ rule profile_run:
         budget=config["profile"]["time_budget_s"],
         trace_steps=config["profile"]["trace_steps"],
     shell:
-        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} profile --checkpoint {params.checkpoint:q} --device {params.device}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} profile --checkpoint {input.checkpoint:q} --device {params.device}"
         " --batch-sizes {params.batch_sizes} --warmup {params.warmup} --repeats {params.repeats}"
         " --time-budget {params.budget} --trace-steps {params.trace_steps} --out {params.out:q}"
 

@@ -16,12 +16,13 @@ rule train_run:
             "device.py",
         ),
     output:
-        report(
+        summary=report(
             "results/train/{run}/train_summary.json",
             caption="../report/training.rst",
             category="Training",
             labels={"run": "{run}"},
         ),
+        checkpoint="results/train/{run}/best.pth",
     log:
         "logs/train/{run}.log",
     benchmark:
@@ -37,12 +38,14 @@ rule train_run:
     params:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
+        device=run_device,
         run_dir="results/train/{run}",
         choice=precision_choice_option,
         settings=train_settings,
+        speed=train_speed_settings,
     shell:
-        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --out {params.run_dir:q}"
-        " {params.choice:q} {params.settings:q}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --device {params.device}"
+        " --out {params.run_dir:q} {params.choice:q} {params.settings:q} {params.speed:q}"
 
 
 rule train:

@@ -25,6 +25,7 @@ import torch
 
 from pipeline import atomic
 from pipeline import device as dev
+from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
@@ -37,8 +38,6 @@ from pipeline.models import build_from_config, check_input_size, memory_format, 
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
-# What must match for `--resume` to continue a run rather than start another one.
-RESUME_KEYS = ("seed", "deterministic", "data", "model", "train")
 
 
 class StepTally:
@@ -134,7 +133,7 @@ class Trainer:
         self.model = build_from_config(config["model"], len(self.class_names)).to(
             self.device, memory_format=self.memory_format
         )
-        self.loss_fn = DetectionLoss(self.model, self.train_cfg["box_weight"])
+        self.loss_fn = DetectionLoss.for_model(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
         self.scheduler = build_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
         self.step = TrainStep(
@@ -155,6 +154,7 @@ class Trainer:
         self.tally = StepTally(self.device)
         self.best_metric = -math.inf
         self.best_epoch: int | None = None
+        self.best_weights: dict[str, torch.Tensor] | None = None  # a CPU copy, kept in last.pth
         self.epoch_rows: list[dict[str, Any]] = []
         self.step_times: list[float] = []
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
@@ -183,11 +183,30 @@ class Trainer:
             "global_step": self.global_step,
             "best_metric": self.best_metric,
             "best_epoch": self.best_epoch,
+            "best_model": self.best_weights,
             "config": self.config,
             "class_names": self.class_names,
             "precision": self.precision,
             "rng": checkpoint.rng_state(),
             "elapsed_s": self.elapsed_before + time.perf_counter() - self._session_start,
+        }
+
+    def _best_state(self) -> dict[str, Any]:
+        """best.pth: the best epoch's weights and what evaluating them needs.
+
+        last.pth carries the same weights, so a resume can write best.pth again: the
+        workflow declares best.pth an output, and Snakemake deletes a job's outputs before
+        it runs the job again, also a job that will resume from last.pth.
+        """
+        return {
+            "model": self.best_weights,
+            "epoch": self.best_epoch,
+            "best_epoch": self.best_epoch,
+            "best_metric": self.best_metric,
+            "monitor": self.train_cfg["monitor"],
+            "config": self.config,
+            "class_names": self.class_names,
+            "precision": self.precision,
         }
 
     def resume(self, required: bool) -> bool:
@@ -201,11 +220,12 @@ class Trainer:
             return False
         # On the CPU: RNG states must stay CPU tensors; the model and optimizer copy theirs over.
         state = checkpoint.load(path, map_location="cpu")
-        changed = [key for key in RESUME_KEYS if state["config"].get(key) != self.config.get(key)]
+        # what must match for a resume to continue this run rather than mix two
+        changed = differing_keys(result_settings(state["config"]), result_settings(self.config))
         if state["class_names"] != self.class_names:
             changed.append("class names")
         if state["precision"] != self.precision:
-            changed.append(f"precision: {state['precision']} then, {self.precision} now")
+            changed.append(f"precision {state['precision']}, now {self.precision}")
         if changed:
             message = f"{path} was trained with different settings ({', '.join(changed)})"
             if required:
@@ -224,9 +244,12 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
+        self.best_weights = state.get("best_model")
         self.elapsed_before = state["elapsed_s"]
         checkpoint.restore_rng_state(state["rng"])
         self._truncate_metrics()
+        if self.best_weights is not None:  # the workflow may have deleted best.pth
+            checkpoint.save(self.paths["best"], self._best_state())
         log.info("resumed from %s after epoch %d (step %d)", path, self.epoch, self.global_step)
         return True
 
@@ -424,7 +447,11 @@ class Trainer:
         )
         if value > self.best_metric:
             self.best_metric, self.best_epoch = value, self.epoch
-            checkpoint.save(self.paths["best"], self._state(), self._after_a_failed_write())
+            self.best_weights = {
+                key: tensor.detach().to("cpu", copy=True)
+                for key, tensor in self.model.state_dict().items()
+            }
+            checkpoint.save(self.paths["best"], self._best_state(), self._after_a_failed_write())
             log.info("new best %s %.4f: %s", self.train_cfg["monitor"], value, self.paths["best"])
         return val
 

@@ -19,6 +19,20 @@ _STD = (0.25, 0.25, 0.25)
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
+def decode_boxes(regression: torch.Tensor, stride: int) -> torch.Tensor:
+    """xyxy boxes in input pixels at every cell, [B,4,h,w], from the box head's
+    (dx, dy, log w, log h): one definition for decoding and for the loss that trains it."""
+    reg = regression.float()
+    _, _, h, w = reg.shape
+    ys = torch.arange(h, device=reg.device, dtype=reg.dtype).view(1, h, 1) + 0.5
+    xs = torch.arange(w, device=reg.device, dtype=reg.dtype).view(1, 1, w) + 0.5
+    cx = (xs + reg[:, 0]) * stride
+    cy = (ys + reg[:, 1]) * stride
+    half_w = reg[:, 2].clamp(max=_MAX_LOG_SIZE).exp() * stride / 2
+    half_h = reg[:, 3].clamp(max=_MAX_LOG_SIZE).exp() * stride / 2
+    return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
+
+
 def conv_bn(c_in: int, c_out: int, stride: int = 1, groups: int = 1) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(c_in, c_out, 3, stride, 1, groups=groups, bias=False),
@@ -137,15 +151,7 @@ class CenterNet(nn.Module):
 
     def boxes(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Decoded xyxy boxes in input pixels at every cell: [B,4,h,w]."""
-        reg = outputs["box"].float()
-        _, _, h, w = reg.shape
-        ys = torch.arange(h, device=reg.device, dtype=reg.dtype).view(1, h, 1) + 0.5
-        xs = torch.arange(w, device=reg.device, dtype=reg.dtype).view(1, 1, w) + 0.5
-        cx = (xs + reg[:, 0]) * self.stride
-        cy = (ys + reg[:, 1]) * self.stride
-        half_w = reg[:, 2].clamp(max=_MAX_LOG_SIZE).exp() * self.stride / 2
-        half_h = reg[:, 3].clamp(max=_MAX_LOG_SIZE).exp() * self.stride / 2
-        return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
+        return decode_boxes(outputs["box"], self.stride)
 
     def image_scores(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Image-level class scores [B,C]: the highest heatmap value of each class."""

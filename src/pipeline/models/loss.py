@@ -11,6 +11,13 @@ centre are punished as hard negatives although the centre's cell is a coin toss 
 them; the model answers with low scores for small objects. On the synthetic set,
 raising the floor from ~0 to 1.5 cells lifted recall of objects under 12 px from 0.36 to
 0.83 at the same training budget.
+
+Everything is computed densely, with masks as weights: no `.item()`, no boolean-mask
+indexing, no branch on a tensor's value. Each of those makes the host wait for the
+device (to read a value or to size a result), which would stall every training step on
+a GPU. Only shapes, known on the host, choose a path. Targets the caller has already
+moved to the device (non_blocking) are used as they are; targets on the host are copied
+here, and such a copy waits for the device.
 """
 
 from __future__ import annotations
@@ -21,14 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
-from torchvision.ops import generalized_box_iou_loss
 
-from pipeline.models.centernet import CenterNet
+from pipeline.models.centernet import LABEL_MODES, STRIDE, CenterNet, decode_boxes
 
 _HEAT_ALPHA = 0.54  # Gaussian spread of the heatmap target, as a fraction of the box size
 _BOX_BETA = 0.54  # same for the area where boxes are regressed
+_BOX_AREA_CUTOFF = 0.05  # a cell regresses an object's box where its Gaussian exceeds this
 MIN_SIGMA = 1.5  # cells
 _EPS = 1e-6
+_GIOU_EPS = 1e-7  # as torchvision.ops.generalized_box_iou_loss
 
 
 def _gaussians(
@@ -50,56 +58,99 @@ def _gaussians(
     )
 
 
-class DetectionLoss(nn.Module):
-    """Returns {'total', 'heatmap', 'box'}; call with the model's outputs and the batch's targets."""
+def giou_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """1 - GIoU of paired xyxy boxes [..., 4], elementwise.
 
-    def __init__(self, model: CenterNet, box_weight: float = 2.0) -> None:
+    The maths of torchvision.ops.generalized_box_iou_loss, whose intersection is computed
+    through a boolean mask (`x[mask]`): that indexing waits for the device to count the
+    mask. Clamping the overlap at zero gives the same values without the wait.
+    """
+    px1, py1, px2, py2 = predicted.unbind(-1)
+    tx1, ty1, tx2, ty2 = target.unbind(-1)
+    overlap_w = (torch.minimum(px2, tx2) - torch.maximum(px1, tx1)).clamp(min=0)
+    overlap_h = (torch.minimum(py2, ty2) - torch.maximum(py1, ty1)).clamp(min=0)
+    intersection = overlap_w * overlap_h
+    union = (px2 - px1) * (py2 - py1) + (tx2 - tx1) * (ty2 - ty1) - intersection
+    iou = intersection / (union + _GIOU_EPS)
+    enclosing = (torch.maximum(px2, tx2) - torch.minimum(px1, tx1)) * (
+        torch.maximum(py2, ty2) - torch.minimum(py1, ty1)
+    )
+    return 1 - iou + (enclosing - union) / (enclosing + _GIOU_EPS)
+
+
+def _padded_targets(
+    targets: list[dict[str, torch.Tensor]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes [B, N, 4] and labels [B, N] (-1 marks padding), with N >= 1: a batch without
+    any object gets one invalid slot, so no later step needs a path of its own for it."""
+    boxes = pad_sequence(
+        [t["boxes"].to(device, torch.float32).reshape(-1, 4) for t in targets], batch_first=True
+    )
+    labels = pad_sequence(
+        [t["labels"].to(device, torch.long) for t in targets], batch_first=True, padding_value=-1
+    )
+    if labels.shape[1] == 0:
+        boxes = boxes.new_zeros(len(targets), 1, 4)
+        labels = labels.new_full((len(targets), 1), -1)
+    return boxes, labels
+
+
+class DetectionLoss(nn.Module):
+    """Returns {'total', 'heatmap', 'box'}; call with the model's outputs and the batch's targets.
+
+    It holds no model, parameters or state: only what it must agree on with the model
+    (class count, label mode, stride), so that it reads the heatmap and boxes as the model
+    decodes them. `for_model` takes those from a model.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        label_mode: str,
+        stride: int = STRIDE,
+        box_weight: float = 2.0,
+    ) -> None:
         super().__init__()
-        self.model = model
-        self.label_mode = model.label_mode  # the loss must read the heatmap as the model decodes it
+        if label_mode not in LABEL_MODES:
+            raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
+        self.num_classes = num_classes
+        self.label_mode = label_mode
+        self.stride = stride
         self.box_weight = box_weight
+
+    @classmethod
+    def for_model(cls, model: CenterNet, box_weight: float = 2.0) -> DetectionLoss:
+        return cls(model.num_classes, model.label_mode, model.stride, box_weight)
 
     def forward(
         self, outputs: dict[str, torch.Tensor], targets: list[dict[str, torch.Tensor]]
     ) -> dict[str, torch.Tensor]:
         logits = outputs["heatmap"].float()
-        batch, _, h, w = logits.shape
-        stride = self.model.stride
-        device = logits.device
-        boxes = pad_sequence(
-            [t["boxes"].to(device, torch.float32) for t in targets], batch_first=True
-        )
-        labels = pad_sequence(
-            [t["labels"].to(device) for t in targets], batch_first=True, padding_value=-1
-        )
-        if boxes.numel() == 0:
-            boxes = torch.zeros(batch, 0, 4, device=device)
-            labels = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        _, _, h, w = logits.shape
+        boxes, labels = _padded_targets(targets, logits.device)
         valid = labels >= 0  # [B, N]
-        wh = (boxes[..., 2:] - boxes[..., :2]) / stride  # cells
-        centre = ((boxes[..., :2] + boxes[..., 2:]) / 2 / stride).floor().clamp(min=0)
-        centre = torch.minimum(centre, torch.tensor([w - 1.0, h - 1.0], device=device))
-
-        heat_target = self._heatmap_target(
-            centre, wh, labels, valid, (batch, self.model.num_classes, h, w)
+        wh = (boxes[..., 2:] - boxes[..., :2]) / self.stride  # cells
+        centre = ((boxes[..., :2] + boxes[..., 2:]) / 2 / self.stride).floor()
+        centre = torch.stack(
+            [centre[..., 0].clamp(0, w - 1), centre[..., 1].clamp(0, h - 1)], dim=-1
         )
+
+        heat_target = self._heatmap_target(centre, wh, labels, valid, h, w)
         heat_loss = self._focal_loss(logits, heat_target)
-        box_loss = self._box_loss(outputs, boxes, centre, wh, valid, h, w)
+        box_loss = self._box_loss(outputs["box"], boxes, centre, wh, valid, h, w)
         total = heat_loss + self.box_weight * box_loss
         return {"total": total, "heatmap": heat_loss.detach(), "box": box_loss.detach()}
 
-    @staticmethod
-    def _heatmap_target(centre, wh, labels, valid, shape) -> torch.Tensor:
-        _, classes, h, w = shape
+    def _heatmap_target(self, centre, wh, labels, valid, h, w) -> torch.Tensor:
+        """[B, C, h, w]: at each cell, the highest Gaussian among the objects of that class.
+
+        A scatter-max over the class dimension: never the [B, N, C, h, w] product of
+        objects and classes (5 GB a step for 80 classes, 60 objects, batch 16 at 512 px).
+        """
         gauss = _gaussians(centre, wh, _HEAT_ALPHA, h, w) * valid[..., None, None]  # [B, N, h, w]
-        one_hot = (
-            F.one_hot(labels.clamp(min=0), classes).to(gauss.dtype) * valid[..., None]
-        )  # [B, N, C]
-        # the max over objects of each class: one Gaussian per (object, class) slot
-        per_class = gauss[:, :, None] * one_hot[..., None, None]  # [B, N, C, h, w]
-        if per_class.shape[1] == 0:
-            return torch.zeros(shape, device=centre.device)
-        return per_class.amax(dim=1)
+        target = gauss.new_zeros(gauss.shape[0], self.num_classes, h, w)
+        index = labels.clamp(min=0)[..., None, None].expand_as(gauss)
+        return target.scatter_reduce_(1, index, gauss, reduce="amax")
 
     def _focal_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.label_mode == "multilabel":
@@ -110,36 +161,28 @@ class DetectionLoss(nn.Module):
             log_not_p = torch.log1p(-log_probs.exp().clamp(max=1 - _EPS))
         p = log_p.exp()
         positive = target >= 1 - _EPS
-        pos_loss = -(log_p * (1 - p) ** 2)[positive].sum()
-        neg_loss = -(log_not_p * p**2 * (1 - target) ** 4)[~positive].sum()
-        return (pos_loss + neg_loss) / positive.sum().clamp(min=1)
+        pos_loss = torch.where(positive, log_p * (1 - p) ** 2, 0.0).sum()
+        neg_loss = torch.where(positive, 0.0, log_not_p * p**2 * (1 - target) ** 4).sum()
+        return -(pos_loss + neg_loss) / positive.sum().clamp(min=1)
 
-    def _box_loss(self, outputs, boxes, centre, wh, valid, h, w) -> torch.Tensor:
-        batch, count = valid.shape
-        if count == 0 or not valid.any():
-            return outputs["box"].sum() * 0.0
+    def _box_loss(self, regression, boxes, centre, wh, valid, h, w) -> torch.Tensor:
+        batch = valid.shape[0]
         gauss = _gaussians(centre, wh, _BOX_BETA, h, w) * valid[..., None, None]  # [B, N, h, w]
         area = (wh[..., 0] * wh[..., 1]).clamp(min=_EPS)
         # each cell regresses the smallest object whose area covers it
-        key = torch.where(gauss > 0.05, area[..., None, None], torch.full_like(gauss, math.inf))
+        key = torch.where(gauss > _BOX_AREA_CUTOFF, area[..., None, None], math.inf)
         best, owner = key.min(dim=1)  # [B, h, w]
         assigned = torch.isfinite(best)
-        if not assigned.any():
-            return outputs["box"].sum() * 0.0
         owner_gauss = gauss.gather(1, owner[:, None]).squeeze(1)
         # each object weighs 1 in all; its cells share that by their Gaussian
         norm = torch.zeros_like(area).scatter_add_(
             1, owner.view(batch, -1), (owner_gauss * assigned).view(batch, -1)
         )
-        weight = owner_gauss / norm.gather(1, owner.view(batch, -1)).view(batch, h, w).clamp(
-            min=_EPS
-        )
+        owner_norm = norm.gather(1, owner.view(batch, -1)).view(batch, h, w)
+        weight = torch.where(assigned, owner_gauss / owner_norm.clamp(min=_EPS), 0.0)
         target_boxes = boxes.gather(1, owner.view(batch, -1, 1).expand(-1, -1, 4)).view(
             batch, h, w, 4
         )
-        predicted = self.model.boxes(outputs).permute(0, 2, 3, 1)  # [B, h, w, 4]
-        losses = generalized_box_iou_loss(
-            predicted[assigned], target_boxes[assigned], reduction="none"
-        )
-        weights = weight[assigned]
-        return (losses * weights).sum() / weights.sum().clamp(min=_EPS)
+        predicted = decode_boxes(regression, self.stride).permute(0, 2, 3, 1)  # [B, h, w, 4]
+        losses = torch.where(assigned, giou_loss(predicted, target_boxes) * weight, 0.0)
+        return losses.sum() / weight.sum().clamp(min=_EPS)

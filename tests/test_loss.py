@@ -1,0 +1,317 @@
+"""DetectionLoss: the same values as before, no model inside, no host syncs, bounded memory."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+from tiny_runs import one_cpu_thread
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pipeline.models import build_model
+from pipeline.models.centernet import STRIDE
+from pipeline.models.loss import DetectionLoss, giou_loss
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_cpu_thread():
+        yield
+
+
+def wave(shape: tuple[int, ...], rate: float, phase: float) -> torch.Tensor:
+    """Deterministic values without an RNG, so the literals below hold on any torch."""
+    n = torch.arange(math.prod(shape), dtype=torch.float32)
+    return torch.sin(n * rate + phase).reshape(shape)
+
+
+def fixed_outputs(batch: int, heat_channels: int, cells: int) -> dict[str, torch.Tensor]:
+    heatmap = 3.0 * wave((batch, heat_channels, cells, cells), 0.37, 0.5) - 1.0
+    box = 0.6 * wave((batch, 4, cells, cells), 0.23, 1.3)
+    return {"heatmap": heatmap.requires_grad_(), "box": box.requires_grad_()}
+
+
+def fixed_targets(objects: tuple[int, ...], classes: int, size: int) -> list[dict]:
+    """Boxes of 3 to size/2 px spread over the image, overlapping where there are many."""
+    targets = []
+    for i, count in enumerate(objects):
+        boxes = []
+        for j in range(count):
+            w, h = 3 + (13 * j + 7 * i) % (size // 2), 3 + (5 * j + 11 * i) % (size // 2)
+            x1, y1 = (17 * i + 29 * j) % (size - w), (11 * i + 37 * j) % (size - h)
+            boxes.append([float(x1), float(y1), float(x1 + w), float(y1 + h)])
+        labels = [(i + 2 * j) % classes for j in range(count)]
+        targets.append(
+            {
+                "boxes": torch.tensor(boxes).reshape(-1, 4),
+                "labels": torch.tensor(labels, dtype=torch.long),
+            }
+        )
+    return targets
+
+
+def probe(grad: torch.Tensor) -> torch.Tensor:
+    """A fixed projection of a gradient: sensitive to its direction, not only its size."""
+    return (grad * wave(tuple(grad.shape), 0.11, math.pi / 2)).sum()
+
+
+def loss_for(label_mode: str, classes: int) -> DetectionLoss:
+    return DetectionLoss(classes, label_mode, STRIDE, box_weight=2.0)
+
+
+# (label mode, classes, image size, objects per image) -> (total, heatmap, box,
+# sum |d total/d heatmap|, probe(d heatmap), sum |d total/d box|, probe(d box)), as the loss
+# gave them before it was made sync-free (commit 7447b17: model inside, one_hot product,
+# boolean-mask indexing, torchvision's GIoU loss).
+PREVIOUS = [
+    (
+        ("multilabel", 3, 64, (3, 0, 5)),
+        (113.87664794921875, 111.37027740478516, 1.2531863451004028, 94.43255615234375,
+         0.5697574019432068, 0.7908650040626526, 0.03265064209699631),
+    ),
+    (
+        ("single", 4, 64, (2, 6)),
+        (17.150497436523438, 14.651681900024414, 1.2494078874588013, 30.830862045288086,
+         -0.7520946264266968, 0.6961857676506042, -0.022828001528978348),
+    ),
+    (
+        ("single", 2, 32, (0, 0)),
+        (129.07901000976562, 129.07901000976562, -0.0, 142.431884765625,
+         -1.1360304355621338, 0.0, 0.0),
+    ),
+    (
+        ("multilabel", 5, 96, (12,)),
+        (91.37995910644531, 89.14031982421875, 1.1198188066482544, 75.78677368164062,
+         0.29201629757881165, 0.49819421768188477, 0.02537984773516655),
+    ),
+    (
+        ("single", 3, 128, (1, 4, 0, 9)),
+        (310.559814453125, 308.4060363769531, 1.0768920183181763, 379.46929931640625,
+         -0.04971253126859665, 0.36473533511161804, -0.07172548025846481),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "expected"), PREVIOUS, ids=[str(c) for c, _ in PREVIOUS])
+def test_values_and_gradients_match_the_previous_implementation(case, expected) -> None:
+    label_mode, classes, size, objects = case
+    heat_channels = classes + (label_mode == "single")
+    outputs = fixed_outputs(len(objects), heat_channels, size // STRIDE)
+    losses = loss_for(label_mode, classes)(outputs, fixed_targets(objects, classes, size))
+    losses["total"].backward()
+    heat_grad, box_grad = outputs["heatmap"].grad, outputs["box"].grad
+    got = (
+        losses["total"].item(),
+        losses["heatmap"].item(),
+        losses["box"].item(),
+        heat_grad.abs().sum().item(),
+        probe(heat_grad).item(),
+        box_grad.abs().sum().item(),
+        probe(box_grad).item(),
+    )
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_giou_loss_matches_torchvision_on_overlapping_touching_and_disjoint_boxes() -> None:
+    from torchvision.ops import generalized_box_iou_loss
+
+    first = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 4, 4], [2, 3, 9, 12]])
+    second = torch.tensor([[5.0, 5, 15, 15], [10, 0, 20, 10], [6, 6, 9, 9], [2, 3, 9, 12]])
+    torch.testing.assert_close(giou_loss(first, second), generalized_box_iou_loss(first, second))
+
+
+# ---- what the loss holds -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+def test_the_loss_holds_no_model_parameters_or_state(label_mode: str) -> None:
+    model = build_model("tiny_conv", 3, label_mode, width=8)
+    loss = DetectionLoss.for_model(model, box_weight=1.5)
+    assert list(loss.parameters()) == [] and list(loss.buffers()) == []
+    assert loss.state_dict() == {} and list(loss.children()) == []
+    assert (loss.num_classes, loss.label_mode, loss.stride, loss.box_weight) == (
+        3,
+        label_mode,
+        model.stride,
+        1.5,
+    )
+
+
+def test_an_unknown_label_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="label_mode must be one of"):
+        DetectionLoss(3, "softmax")
+
+
+# ---- host synchronisation --------------------------------------------------------------------
+
+# Ops that make the host wait for the device: reading a value (item, bool, comparisons that
+# return a Python bool) or sizing a result by the data (nonzero, masked_select, unique).
+_SYNCING_OPS = {
+    "_local_scalar_dense",
+    "is_nonzero",
+    "equal",
+    "nonzero",
+    "masked_select",
+    "_unique",
+    "_unique2",
+    "unique_consecutive",
+    "unique_dim",
+}
+
+
+class OpRecorder(TorchDispatchMode):
+    """Every ATen op that runs, with what it was given and what it produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncing: list[str] = []
+        self.largest: tuple[int, str] = (0, "")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        if name in _SYNCING_OPS:
+            self.syncing.append(func.__name__)
+        if name.startswith(("index", "_index_put")) and any(
+            _is_mask(index) for index in _flat(args[1:])
+        ):
+            self.syncing.append(f"{func.__name__} with a boolean mask")
+        result = func(*args, **kwargs)
+        for tensor in _flat(result):
+            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.largest[0]:
+                self.largest = (tensor.numel(), f"{func.__name__} -> {list(tensor.shape)}")
+        return result
+
+
+def _flat(value):
+    if isinstance(value, list | tuple):
+        for item in value:
+            yield from _flat(item)
+    else:
+        yield value
+
+
+def _is_mask(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.uint8)
+
+
+def record_ops(run: Callable[[], None]) -> OpRecorder:
+    recorder = OpRecorder()
+    with recorder:
+        run()
+    return recorder
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+@pytest.mark.parametrize("objects", [(3, 0, 5), (0, 0)], ids=["some-empty", "all-empty"])
+def test_forward_and_backward_never_make_the_host_wait_for_the_device(
+    label_mode: str, objects: tuple[int, ...]
+) -> None:
+    outputs = fixed_outputs(len(objects), 3 + (label_mode == "single"), 16)
+    targets = fixed_targets(objects, 3, 64)
+
+    def step() -> None:
+        loss_for(label_mode, 3)(outputs, targets)["total"].backward()
+
+    recorder = record_ops(step)
+    assert recorder.syncing == []
+    assert outputs["box"].grad is not None  # the box head stays in the graph, also without objects
+
+
+def test_the_sync_recorder_sees_item_and_boolean_mask_indexing() -> None:
+    """The check above is only as good as its recorder: it must catch the usual culprits."""
+    values = torch.arange(6.0)
+
+    def culprits() -> None:
+        mask = values > 2
+        values[mask].sum()
+        _ = values.sum().item()
+        if mask.any():
+            pass
+
+    syncing = record_ops(culprits).syncing
+    assert any("boolean mask" in op for op in syncing)
+    assert any(op.startswith("_local_scalar_dense") for op in syncing)
+    assert len(syncing) >= 3
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+# The scale issue 11 names: 80 classes at 512 px, 60 objects per image, batch 16.
+SCALE = {"batch": 16, "classes": 80, "size": 512, "objects": 60}
+
+
+def crowded_batch(batch: int, classes: int, size: int, objects: int):
+    cells = size // STRIDE
+    generator = torch.Generator().manual_seed(0)
+    outputs = {
+        "heatmap": torch.randn(batch, classes + 1, cells, cells, generator=generator),
+        "box": torch.randn(batch, 4, cells, cells, generator=generator),
+    }
+    targets = []
+    for _ in range(batch):
+        corner = torch.rand(objects, 2, generator=generator) * (size - 40)
+        extent = 4 + torch.rand(objects, 2, generator=generator) * 36
+        labels = torch.randint(0, classes, (objects,), generator=generator)
+        targets.append({"boxes": torch.cat([corner, corner + extent], 1), "labels": labels})
+    return outputs, targets
+
+
+def dense_sizes(batch: int, classes: int, size: int, objects: int) -> tuple[int, int]:
+    """Elements of the heatmap logits [B, C+1, h, w] and of one Gaussian per object [B, N, h, w]."""
+    cells = (size // STRIDE) ** 2
+    return batch * (classes + 1) * cells, batch * objects * cells
+
+
+def test_no_tensor_is_larger_than_the_heatmap_or_the_objects_gaussians() -> None:
+    """The heatmap target once came from a [B, N, C, h, w] product of objects and classes."""
+    scale = {**SCALE, "batch": 2}  # per image as at full scale; two images keep it quick
+    outputs, targets = crowded_batch(**scale)
+    for tensor in outputs.values():
+        tensor.requires_grad_()
+    loss = DetectionLoss(scale["classes"], "single")
+    recorder = record_ops(lambda: loss(outputs, targets)["total"].backward())
+    largest, where = recorder.largest
+    assert largest <= max(dense_sizes(**scale)), where
+
+
+_PEAK_SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_loss import SCALE, crowded_batch
+from pipeline.device import host_peak_rss_mb
+from pipeline.models.loss import DetectionLoss
+torch.set_num_threads(1)
+outputs, targets = crowded_batch(**SCALE)
+for tensor in outputs.values():
+    tensor.requires_grad_()
+before = host_peak_rss_mb()
+DetectionLoss(SCALE["classes"], "single")(outputs, targets)["total"].backward()
+print(json.dumps({"rise_mb": host_peak_rss_mb() - before}))
+"""
+
+
+@pytest.mark.slow
+def test_peak_memory_at_80_classes_512_px_60_objects_batch_16_stays_within_dense_sizes(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Measured in a fresh process (peak RSS): a few tensors of the dense sizes, where the
+    objects x classes product alone was 4.7 GiB."""
+    heat, objects = dense_sizes(**SCALE)
+    bound_mb = 16 * (heat + objects) * 4 / 2**20
+    product_mb = heat / (SCALE["classes"] + 1) * SCALE["classes"] * SCALE["objects"] * 4 / 2**20
+    assert bound_mb < product_mb / 2  # the bound leaves no room for the product
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, str(request.path.parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rise_mb = json.loads(result.stdout.splitlines()[-1])["rise_mb"]
+    assert 0 < rise_mb < bound_mb, f"peak rose by {rise_mb:.0f} MB (bound {bound_mb:.0f} MB)"
