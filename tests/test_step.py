@@ -1,0 +1,151 @@
+"""The training step and the loop around it never wait for the device between log steps.
+
+On CUDA and MPS every read of a device value (`.item()`, `.tolist()`, `bool(tensor)`, a
+synchronize) makes the host wait until the queued work is done, so the next step cannot be
+queued meanwhile. Here every such call is counted, on the CPU, where the same code runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_runs import SPEC, global_torch_state, one_cpu_thread, tiny_config
+
+from pipeline import device as dev
+from pipeline.data.synthetic import generate
+from pipeline.engine.step import TrainStep, build_optimizer
+from pipeline.engine.trainer import Trainer
+from pipeline.models import build_model
+from pipeline.models.loss import DetectionLoss
+
+# Python-level ways to read a tensor's value onto the host: each one is a synchronisation.
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
+
+
+@pytest.fixture
+def host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of a tensor value and every device synchronisation, in order."""
+    calls: list[str] = []
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    synchronize = dev.synchronize
+    monkeypatch.setattr(
+        dev, "synchronize", lambda device: (calls.append("synchronize"), synchronize(device))
+    )
+    return calls
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_cpu_thread(), global_torch_state():
+        yield
+
+
+def tiny_step(precision: str, fused: bool) -> tuple[TrainStep, torch.Tensor, list[dict]]:
+    torch.manual_seed(0)
+    model = build_model("tiny_conv", 2, "single", width=8)
+    train = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 1e-4}
+    optimizer = (
+        build_optimizer(model.parameters(), train)
+        if fused
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+    step = TrainStep(
+        model,
+        DetectionLoss.for_model(model),
+        optimizer,
+        torch.device("cpu"),
+        precision,
+        grad_clip=10.0,
+        memory_format=torch.contiguous_format,
+    )
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    targets = [
+        {"boxes": torch.tensor([[4.0, 4.0, 20.0, 18.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long)},
+    ]
+    return step, images, targets
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])  # fp16: through a GradScaler
+def test_a_step_with_a_fused_optimizer_reads_nothing_from_the_device(
+    host_reads: list[str], precision: str
+) -> None:
+    step, images, targets = tiny_step(precision, fused=True)
+    assert step.skips_on_device
+    step(images, targets)  # the first step creates the optimizer state
+    host_reads.clear()
+    for _ in range(3):
+        result = step(images, targets)
+    assert host_reads == []
+    assert bool(result.finite)
+
+
+def test_without_a_fused_optimizer_a_step_reads_the_device_once(host_reads: list[str]) -> None:
+    step, images, targets = tiny_step("fp32", fused=False)
+    assert not step.skips_on_device
+    step(images, targets)
+    host_reads.clear()
+    step(images, targets)
+    # the loss's finite flag; torch's own non-fused AdamW also reads its step counters, which
+    # live on the host (capturable=False), so those are no device synchronisation
+    assert host_reads.count("__bool__") == 1
+    assert set(host_reads) <= {"__bool__", "item"}
+
+
+def test_a_non_finite_loss_is_skipped_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    step, images, targets = tiny_step("fp32", fused=True)
+    step(images, targets)
+    before = {name: value.clone() for name, value in step.model.named_parameters()}
+    forward = DetectionLoss.forward
+
+    def nan_loss(self, outputs, targets):
+        losses = forward(self, outputs, targets)
+        return {**losses, "total": losses["total"] * float("nan")}
+
+    monkeypatch.setattr(DetectionLoss, "forward", nan_loss)
+    result = step(images, targets)
+    assert not bool(result.finite)
+    after = dict(step.model.named_parameters())
+    assert all(torch.equal(after[name], before[name]) for name in before)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("step-data")
+    generate(SPEC, root)
+    return root
+
+
+def test_the_trainer_reads_the_device_once_per_log_step_and_never_between(
+    data_root: Path, tmp_path: Path, host_reads: list[str]
+) -> None:
+    trainer = Trainer(
+        tiny_config(data_root, "train.batch_size=2", "train.log_interval=4", "train.epochs=1"),
+        tmp_path / "run",
+    )
+    trainer.run_dir.mkdir(parents=True)
+    trainer.trackers = type("NoTrackers", (), {"log": lambda *args: None})()
+    assert trainer.steps_per_epoch == 8 and trainer.step.skips_on_device
+    marks: list[int] = []
+    step = trainer.step
+
+    def marked(images, targets):
+        marks.append(len(host_reads))
+        return step(images, targets)
+
+    trainer.step = marked
+    trainer._train_epoch()
+    marks.append(len(host_reads))
+    per_step = [after - before for before, after in itertools.pairwise(marks)]
+    assert per_step == [0, 0, 0, 1, 0, 0, 0, 1]  # log steps 4 and 8 (the epoch's end)
