@@ -457,3 +457,20 @@ def test_differing_keys_names_nested_keys_and_keys_only_one_side_has() -> None:
     new = {"seed": 0, "train": {"lr": 0.2, "epochs": 3}, "data": {"augment": {}}, "amp": True}
     assert differing_keys(old, new) == ["train.lr", "data.augment.hflip", "amp"]
     assert differing_keys(old, old) == []
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["amp=measured", "bench.modes=[infer]"],
+        ["amp=measured", "bench.precisions=[bf16]"],
+        ["sweep.precision=[fp32, measured]", "bench.modes=[infer]"],
+    ],
+)
+def test_amp_measured_without_training_benchmarks_against_fp32_is_refused(
+    settings: list[str],
+) -> None:
+    with pytest.raises(
+        ConfigError, match="amp=measured in the defaults with command-line settings"
+    ):
+        load_config(None, settings)

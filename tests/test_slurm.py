@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 from report_page import Page
-from test_workflow import CI_CONFIG, REPO, copy_repository, snakemake
+from test_workflow import CI_CONFIG, REPO, copy_repository, snakemake, sweep_runs
 
 pytestmark = pytest.mark.slow
 SWEEP = "sweep={seed: [0, 1], lr: [0.003, 0.006]}"
-RUNS = {f"cpu-fp32+seed={seed}+lr={lr}" for seed in (0, 1) for lr in (0.003, 0.006)}
 WORKFLOW_TIMEOUT_S = 900  # hard bound: a stuck status check must not hang CI
 REQUIRE = "PIPELINE_REQUIRE_SLURM"
 PLUGIN = "snakemake_executor_plugin_slurm"
@@ -101,10 +100,10 @@ def test_every_job_ran_as_a_slurm_job(swept) -> None:
 def test_the_report_compares_the_four_swept_runs(swept) -> None:
     root, _ = swept
     trained = {p.parent.name for p in (root / "results" / "train").glob("*/train_summary.json")}
-    assert trained == RUNS
+    assert trained == sweep_runs(root)  # named after the precision amp=measured chose
     page = Page()
     page.feed((root / "results" / "report.html").read_text())
-    for run in RUNS:
+    for run in trained:
         assert run in page.text("training")
         assert run in page.text("evaluation")
 

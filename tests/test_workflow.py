@@ -28,7 +28,20 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CI_CONFIG = "tests/config/ci.yaml"
 SWEEP = "sweep={seed: [0, 1], lr: [0.003, 0.006]}"
-SWEEP_RUNS = {f"cpu-fp32+seed={seed}+lr={lr}" for seed in (0, 1) for lr in (0.003, 0.006)}
+
+
+def sweep_runs(root: Path) -> set[str]:
+    """The four swept runs, named after the precision amp=measured chose (tests/config/ci.yaml)
+    on the backend auto picked: fp32 on most CPUs, bf16 where it measured faster natively."""
+    backend = json.loads((root / "results" / "env.json").read_text())["auto"]
+    (choice,) = json.loads((root / "results" / "choice" / f"{backend}.json").read_text())["choices"]
+    return {
+        f"{backend}-{choice['precision']}+seed={seed}+lr={lr}"
+        for seed in (0, 1)
+        for lr in (0.003, 0.006)
+    }
+
+
 # every end-to-end invocation names the same config, so nothing reruns for a changed setting
 E2E_CONFIG = ("--configfile", CI_CONFIG, "--config", SWEEP)
 REQUIRE_ISOLATION = "PIPELINE_REQUIRE_NETWORK_ISOLATION"
@@ -209,7 +222,7 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
     for path in bench_files:
         jsonschema.Draft202012Validator(bench_schema).validate(json.loads(path.read_text()))
     runs = {p.parent.name for p in (results / "train").glob("*/train_summary.json")}
-    assert runs == {name.replace("cpu-", f"{env['auto']}-") for name in SWEEP_RUNS}
+    assert runs == sweep_runs(root)
     for name in runs:
         summary = json.loads((results / "train" / name / "train_summary.json").read_text())
         assert summary["epochs"] == 2 and summary["final_val"] is not None
@@ -229,6 +242,23 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
     assert {"check_env", "prepare_data", "report"} <= stats
 
 
+def test_training_ran_in_the_precision_the_benchmarks_chose(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """amp: measured (tests/config/ci.yaml): benchmarks, then the choice, then training with it."""
+    root, result = finished
+    output = result.stdout + result.stderr
+    assert output.index("checkpoint choose_precision:") < output.index("rule train_run:")
+    backend = json.loads((root / "results" / "env.json").read_text())["auto"]
+    (choice,) = json.loads((root / "results" / "choice" / f"{backend}.json").read_text())["choices"]
+    assert choice["reference"] == f"results/bench/{backend}-fp32-train.json"
+    assert {candidate["precision"] for candidate in choice["candidates"]} == {"bf16", "fp16"}
+    for name in sweep_runs(root):
+        summary = json.loads((root / "results" / "train" / name / "train_summary.json").read_text())
+        assert summary["precision"] == choice["precision"]
+        assert summary["precision_choice"] == choice
+
+
 def test_the_report_has_every_section_and_is_self_contained(
     finished: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
@@ -239,7 +269,7 @@ def test_the_report_has_every_section_and_is_self_contained(
     assert [attrs.get("id") for tag, attrs in page.tags if tag == "section"] == SECTION_IDS
     assert_self_contained(source, page, min_images=4)
     assert "On this machine, train with" in page.text("answer")
-    for run in SWEEP_RUNS:  # the four runs side by side
+    for run in sweep_runs(root):  # the four runs side by side
         assert run in page.text("training") and run in page.text("evaluation")
     assert "Runs compared" in page.text("training")
 

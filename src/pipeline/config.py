@@ -141,6 +141,17 @@ def validate(config: dict[str, Any], source: str = "the configuration") -> dict[
 
 def check_relations(config: dict[str, Any], source: str) -> None:
     """Rules across keys that a JSON schema cannot say."""
+    measured = config["amp"] == "measured" or "measured" in (
+        (config.get("sweep") or {}).get("precision") or []
+    )
+    bench = config["bench"]
+    if measured and ("train" not in bench["modes"] or "fp32" not in bench["precisions"]):
+        raise ConfigError(
+            f"amp=measured in {source} chooses from the training benchmarks against fp32, but "
+            f"bench.modes = {bench['modes']} and bench.precisions = {bench['precisions']}: "
+            "include train in bench.modes and fp32 in bench.precisions, or set amp to auto, "
+            "true or false."
+        )
     augment = config["data"]["augment"]
     if augment["scale_min"] > augment["scale_max"]:
         raise ConfigError(

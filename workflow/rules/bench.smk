@@ -1,6 +1,7 @@
 rule bench_one:
     input:
         env=ENV_JSON,
+        classes=class_list_inputs,
         code=code(
             "bench.py",
             "timing.py",

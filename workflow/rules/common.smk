@@ -161,6 +161,15 @@ def data_inputs(splits):
     return files
 
 
+def class_list_inputs(wildcards):
+    """What the benchmarks read to know training's class count: the user's training split
+    (pipeline.data.class_count); nothing for the synthetic set, whose classes are in the config.
+    """
+    if config["data"]["format"] == "synthetic" or config["data"]["classes"]:
+        return []
+    return [str(path) for path in split_files(config, ("train",))]
+
+
 def train_settings(wildcards):
     """What the run's result depends on (pipeline.config.result_settings, which resume checks
     too), with the run's own precision and swept values: a change reruns training."""

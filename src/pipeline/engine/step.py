@@ -101,6 +101,17 @@ class TrainStep:
         images = images.to(self.device, non_blocking=True).contiguous(
             memory_format=self.memory_format
         )
+        # queued copies (from pinned memory, the loaders' default on CUDA): the loss would
+        # otherwise copy the targets itself, and a blocking copy waits for the device
+        targets = [
+            {
+                key: value.to(self.device, non_blocking=True)
+                if isinstance(value, torch.Tensor)
+                else value
+                for key, value in target.items()
+            }
+            for target in targets
+        ]
         with dev.autocast(self.device, self.precision):
             outputs = self.model(images)
         losses = self.loss_fn(outputs, targets)
