@@ -346,3 +346,23 @@ def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path)
     page = Page()
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     assert "bf16 did not hold up (F1 -3.7 points, AP@.5 -3.3 points)" in page.text("answer")
+
+
+def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
+    tmp_path: Path,
+) -> None:
+    results = write_results_tree(tmp_path)
+    document = evaluation("cpu", "fp32", 0.42)
+    document.update(
+        split="test",
+        metrics_split="test",
+        operating_point={"threshold": 0.35, "picked_on": "val", "applied_to": "test", "f1": 0.44},
+    )
+    write_json(results / "eval" / "cpu-fp32.json", document)
+    render.build(results, tmp_path / "report.html")
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    text = page.text("evaluation")
+    assert "Run Split F1 (score threshold) Precision Recall F1 at the validation threshold" in text
+    assert "cpu-fp32 test (held out) 0.420 (0.30)" in text
+    assert "0.440 (0.35)" in text

@@ -327,7 +327,7 @@ def predictions_chart(
     class_names: list[Any],
     threshold: float,
 ) -> Image:
-    """Validation images in a grid, ground truth in green and detections above `threshold` in red."""
+    """Evaluated images in a grid, ground truth in green and detections above `threshold` in red."""
     columns = min(4, len(shown))
     rows = math.ceil(len(shown) / columns)
     figure = Figure(figsize=(2.6 * columns, 2.6 * rows))
@@ -343,7 +343,7 @@ def predictions_chart(
     figure.tight_layout()
     return figure_image(
         figure,
-        f"Validation images of {run_name} with ground-truth and detected boxes",
+        f"Evaluated images of {run_name} with ground-truth and detected boxes",
         palette=True,
     )
 

@@ -83,17 +83,33 @@ def evaluation_view(runs: list[RunResults], config: dict[str, Any] | None) -> di
 
 
 def evaluation_run(run: RunResults) -> dict[str, Any]:
+    """One row of the evaluation table: F1 at the configured threshold first, and the split
+    every figure comes from (the held-out test split where the data has one)."""
     evaluation = run.evaluation or {}
     metrics = evaluation["metrics"]
     micro = metrics.get("micro") if isinstance(metrics.get("micro"), dict) else metrics
     best = metrics.get("best") if isinstance(metrics.get("best"), dict) else {}
+    point = (
+        evaluation.get("operating_point")
+        if isinstance(evaluation.get("operating_point"), dict)
+        else {}
+    )
     return {
         "name": run.name,
+        "split": evaluation.get("split", "n/a"),
+        "held_out": evaluation.get("metrics_split") == "test",
         "checkpoint_epoch": evaluation.get("checkpoint_epoch", "n/a"),
         "score_threshold": metrics.get("score_threshold"),
         "precision": micro.get("precision"),
         "recall": micro.get("recall"),
         "f1": micro.get("f1"),
+        "picked": {
+            "threshold": point.get("threshold"),
+            "on": point.get("picked_on"),
+            "f1": point.get("f1"),
+        }
+        if point
+        else None,
         "best_f1": metrics.get("best_f1"),
         "best_f1_threshold": best.get("threshold", metrics.get("best_f1_threshold")),
         "ap50": metrics.get("ap50"),
@@ -135,7 +151,7 @@ def class_rows(run: RunResults) -> dict[str, dict[str, Any]]:
 
 
 def prediction_grid(runs: list[RunResults], config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Validation images of the first run with predictions, and the files that could not be read."""
+    """Evaluated images of the first run with predictions, and the files that could not be read."""
     run = next((run for run in runs if run.predictions_path), None)
     if run is None:
         return None
