@@ -90,6 +90,16 @@ def common_options() -> argparse.ArgumentParser:
     return parser
 
 
+def add_config_options(parser: argparse.ArgumentParser, example: str) -> None:
+    """`--config FILE` and `key=value` settings, as every command that reads the config takes them."""
+    parser.add_argument(
+        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
+    )
+    parser.add_argument(
+        "settings", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}"
+    )
+
+
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog=f"python -m pipeline {name}", description=description, parents=[common_options()]

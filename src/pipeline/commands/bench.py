@@ -10,7 +10,7 @@ import argparse
 import json
 
 from pipeline import atomic
-from pipeline.cli import command_parser
+from pipeline.cli import add_config_options, command_parser
 from pipeline.config import default_config_path, load_config, load_schema
 from pipeline.errors import ConfigError
 
@@ -37,9 +37,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--precision", required=True, choices=["fp32", "fp16", "bf16"])
     parser.add_argument("--mode", default="train", choices=["train", "infer"])
     parser.add_argument(
-        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
-    )
-    parser.add_argument(
         "--model", help="model name, or several separated by commas (default: training's model)"
     )
     parser.add_argument("--batch-size", type=int, help="default: train.batch_size")
@@ -61,9 +58,7 @@ def main(argv: list[str]) -> int:
         "--compile", action="store_true", default=None, help="torch.compile the model first"
     )
     parser.add_argument("--out", required=True, metavar="FILE.json")
-    parser.add_argument(
-        "settings", nargs="*", metavar="key=value", help="config overrides, e.g. model.width=16"
-    )
+    add_config_options(parser, "model.width=16")
     args = parser.parse_args(argv)
     for name in ("batch_size", "image_size", "steps"):
         value = getattr(args, name)

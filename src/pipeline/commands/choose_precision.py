@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from pipeline import atomic
-from pipeline.cli import command_parser
+from pipeline.cli import add_config_options, command_parser
 from pipeline.config import default_config_path, load_config
 
 log = logging.getLogger("pipeline")
@@ -22,16 +22,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--bench", default="results/bench", metavar="DIR", help="benchmark records to read"
     )
-    parser.add_argument(
-        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
-    )
     parser.add_argument("--out", metavar="FILE.json", help="also write the choices as JSON")
-    parser.add_argument(
-        "settings",
-        nargs="*",
-        metavar="key=value",
-        help="config overrides, e.g. model.name=resnet18",
-    )
+    add_config_options(parser, "model.name=resnet18")
     args = parser.parse_args(argv)
     config = load_config(default_config_path(args.config), args.settings)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.cli import command_parser
+from pipeline.cli import add_config_options, command_parser
 from pipeline.config import default_config_path, load_config
 from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError
@@ -13,17 +13,9 @@ from pipeline.errors import ConfigError
 def main(argv: list[str]) -> int:
     parser = command_parser("prepare-data", __doc__)
     parser.add_argument(
-        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
-    )
-    parser.add_argument(
         "--out", metavar="DIR", help="output folder (default: the config's data.root)"
     )
-    parser.add_argument(
-        "settings",
-        nargs="*",
-        metavar="key=value",
-        help="config overrides, e.g. data.synthetic.num_train=64",
-    )
+    add_config_options(parser, "data.synthetic.num_train=64")
     args = parser.parse_args(argv)
     config = load_config(default_config_path(args.config), args.settings)
     if config["data"]["format"] != "synthetic":

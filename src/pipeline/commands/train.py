@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.cli import command_parser
+from pipeline.cli import add_config_options, command_parser
 from pipeline.config import default_config_path, load_config, parse_bool
 from pipeline.errors import ConfigError
 
@@ -20,9 +20,6 @@ AMP_VALUES = (True, False, "auto", "measured")
 
 def main(argv: list[str]) -> int:
     parser = command_parser("train", __doc__)
-    parser.add_argument(
-        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
-    )
     parser.add_argument(
         "--device", help="auto, cpu, cuda, cuda:N or mps (overrides the config's device)"
     )
@@ -52,9 +49,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--out", metavar="DIR", help="run folder (default: results/train/<device>-<precision>)"
     )
-    parser.add_argument(
-        "settings", nargs="*", metavar="key=value", help="config overrides, e.g. train.epochs=5"
-    )
+    add_config_options(parser, "train.epochs=5")
     args = parser.parse_args(argv)
 
     settings = list(args.settings)
