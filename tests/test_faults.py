@@ -824,7 +824,7 @@ def test_resuming_from_a_resnet18_runs_checkpoint_names_the_model_as_the_differe
 ) -> None:
     message = resume_fails(capsys, here, checkpoints["resnet18_run"], data_root)
     assert message == (
-        f"Cannot resume: {here / 'run' / 'last.pth'} was trained with different settings (model). "
+        f"Cannot resume: {here / 'run' / 'last.pth'} was trained with different settings (model.name). "
         "Use another --out folder, or the same settings."
     )
 
