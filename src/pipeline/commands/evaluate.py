@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     from pipeline import device as dev
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
-    from pipeline.engine.evaluator import Evaluator
+    from pipeline.engine.evaluator import Evaluator, size_bucket_text
     from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
@@ -101,7 +101,8 @@ def main(argv: list[str]) -> int:
         atomic.write_json(args.predictions, _predictions(loader.dataset, detections, class_names))
     atomic.write_json(args.out, result)
     log.info(
-        "%s on %s (%s): F1 %.3f (P %.3f R %.3f) at score %.2f, best F1 %.3f, AP@.5 %.3f, AP %.3f -> %s",
+        "%s on %s (%s): F1 %.3f (P %.3f R %.3f) at score %.2f, best F1 %.3f, AP@.5 %.3f, AP %.3f; "
+        "AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
         precision,
@@ -112,6 +113,7 @@ def main(argv: list[str]) -> int:
         metrics["best_f1"],
         metrics["ap50"],
         metrics["ap"],
+        size_bucket_text(metrics["size_buckets"]),
         args.out,
     )
     return 0

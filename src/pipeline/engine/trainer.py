@@ -28,7 +28,7 @@ from pipeline import device as dev
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
-from pipeline.engine.evaluator import Evaluator
+from pipeline.engine.evaluator import Evaluator, size_bucket_text
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, TrainingError
 from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
@@ -402,10 +402,20 @@ class Trainer:
         value = metrics[self.train_cfg["monitor"]]
         val = {
             key: metrics[key]
-            for key in ("f1", "precision", "recall", "best_f1", "ap", "ap50", "ap75")
+            for key in (
+                "f1",
+                "precision",
+                "recall",
+                "best_f1",
+                "ap",
+                "ap50",
+                "ap75",
+                "size_buckets",
+            )
         }
         log.info(
-            "epoch %d validation: F1 %.3f (P %.3f R %.3f), best F1 %.3f, AP@.5 %.3f, AP %.3f",
+            "epoch %d validation: F1 %.3f (P %.3f R %.3f), best F1 %.3f, AP@.5 %.3f, AP %.3f; "
+            "AP@.5 by size %s",
             self.epoch,
             val["f1"],
             val["precision"],
@@ -413,6 +423,7 @@ class Trainer:
             val["best_f1"],
             val["ap50"],
             val["ap"],
+            size_bucket_text(val["size_buckets"]),
         )
         if value > self.best_metric:
             self.best_metric, self.best_epoch = value, self.epoch
