@@ -425,3 +425,10 @@ def test_errors_say_where_the_settings_came_from(tmp_path: Path) -> None:
         load_config(path, ["train.epochs=0"])
     with pytest.raises(ConfigError, match="in the defaults with command-line settings"):
         load_config(None, ["train.epochs=0"])
+
+
+def test_class_sizes_take_any_shape_as_key_and_numbers_from_strings() -> None:
+    config = validate({"data": {"synthetic": {"class_sizes": {"circle": ["8", "20"]}}}})
+    assert config["data"]["synthetic"]["class_sizes"] == {"circle": [8, 20]}
+    with pytest.raises(ConfigError, match=r"data\.synthetic\.class_sizes.*hexagon"):
+        validate({"data": {"synthetic": {"class_sizes": {"hexagon": [8, 20]}}}})
