@@ -31,7 +31,13 @@ from pipeline.engine import checkpoint
 from pipeline.engine.evaluator import Evaluator, size_bucket_text
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, TrainingError
-from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
+from pipeline.models import (
+    build_from_config,
+    check_input_size,
+    input_multiple,
+    memory_format,
+    parameter_count,
+)
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
@@ -102,7 +108,9 @@ class Trainer:
         self.train_cfg = config["train"]
         self._seed_everything()
 
-        check_input_size(config["model"]["name"], config["data"]["image_size"])
+        check_input_size(
+            config["model"]["name"], config["data"]["image_size"], input_multiple(config["model"])
+        )
         train_split, val_split = load_splits(config)
         self.class_names = train_split.class_names
         pin = dev.pin_memory_supported(self.device)
