@@ -472,7 +472,7 @@ def test_bench_on_a_missing_backend_exits_2_with_the_device_error(
     ("args", "message"),
     [
         (["--model", "yolo"], "Unknown model(s) ['yolo']"),
-        (["--image-size", "40"], "multiple of 16"),
+        (["--image-size", "40"], "multiple of 32"),
         (["--steps", "0"], "--steps must be at least 1"),
         (["--time-budget", "0"], "--time-budget must be positive"),
     ],

@@ -474,3 +474,10 @@ def test_amp_measured_without_training_benchmarks_against_fp32_is_refused(
         ConfigError, match="amp=measured in the defaults with command-line settings"
     ):
         load_config(None, settings)
+
+
+def test_class_sizes_take_any_shape_as_key_and_numbers_from_strings() -> None:
+    config = validate({"data": {"synthetic": {"class_sizes": {"circle": ["8", "20"]}}}})
+    assert config["data"]["synthetic"]["class_sizes"] == {"circle": [8, 20]}
+    with pytest.raises(ConfigError, match=r"data\.synthetic\.class_sizes.*hexagon"):
+        validate({"data": {"synthetic": {"class_sizes": {"hexagon": [8, 20]}}}})

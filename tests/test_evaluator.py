@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from pipeline.engine import evaluator as evaluator_module
 from pipeline.engine.evaluator import (
+    SIZE_BUCKETS,
     TIMING_KEYS,
     Evaluator,
     coco_ap,
@@ -335,6 +336,93 @@ def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
     assert 0.0 < ap["ap50"] < 1.0  # a fixture where the interpolation actually matters
 
 
+# --- size buckets (input pixels) -----------------------------------------------------------
+
+
+def square(x: float, y: float, side: float) -> list[float]:
+    return [x, y, x + side, y + side]
+
+
+def test_size_buckets_split_ground_truth_by_side_in_input_pixels_with_half_open_bounds() -> None:
+    # sides 8 | 16 (the medium bucket's lower bound), 40 | 64 (the large one's), 100
+    gts = [gt(1, [square(0, 0, 8), square(20, 0, 16), square(40, 0, 40)], [0, 0, 1])]
+    gts.append(gt(2, [square(0, 0, 64), square(100, 100, 100)], [1, 0]))
+    buckets = coco_ap(gts, perfect(gts), 2, (256, 256), ["a", "b"], 0.5)["size_buckets"]
+    assert list(buckets) == list(SIZE_BUCKETS) == ["small", "medium", "large"]
+    assert [row["range_px"] for row in buckets.values()] == [
+        [0.0, 16.0],
+        [16.0, 64.0],
+        [64.0, None],
+    ]
+    assert [row["num_gt"] for row in buckets.values()] == [1, 2, 2]
+    for row in buckets.values():
+        assert row["ap50"] == pytest.approx(1.0, abs=1e-9)
+        assert row["ap"] == pytest.approx(1.0, abs=1e-9)
+        assert row["recall"] == 1.0
+
+
+def test_bucket_recall_counts_detections_at_the_score_threshold_and_ap_counts_every_one() -> None:
+    gts = [gt(1, [square(0, 0, 8), square(50, 50, 10), square(100, 0, 90)], [0, 0, 0])]
+    dets = [det(1, gts[0]["boxes"].tolist(), [0.9, 0.2, 0.8], [0, 0, 0])]
+    buckets = coco_ap(gts, dets, 1, (256, 256), ["a"], score_threshold=0.5)["size_buckets"]
+    small, medium, large = buckets.values()
+    assert small["recall"] == 0.5  # the second small object is found only at score 0.2
+    assert small["ap50"] == pytest.approx(1.0, abs=1e-9)  # ranked TP, TP: AP counts it
+    assert large["recall"] == 1.0 and large["num_gt"] == 1
+    assert medium == {
+        "range_px": [16.0, 64.0],
+        "num_gt": 0,
+        "ap50": None,
+        "ap": None,
+        "recall": None,
+    }
+
+
+def test_bucket_ap_ignores_detections_of_other_sizes_as_cocoeval_does() -> None:
+    gts = [gt(1, [square(0, 0, 10), square(100, 100, 80)], [0, 0])]
+    # a confident false positive of large size; a correct small detection scored lower
+    dets = [det(1, [square(0, 0, 10), square(20, 100, 70)], [0.6, 0.95], [0, 0])]
+    small, _, large = coco_ap(gts, dets, 1, (256, 256), ["a"], 0.5)["size_buckets"].values()
+    assert small["ap50"] == pytest.approx(1.0, abs=1e-9)  # the large false positive is not small
+    assert large["ap50"] == pytest.approx(0.0, abs=1e-9) and large["recall"] == 0.0
+
+
+def test_size_buckets_without_detections_are_zero_and_without_ground_truth_none() -> None:
+    gts = [gt(1, [square(0, 0, 8)], [0]), gt(2, [], [])]
+    for dets in ([], [det(1, [], [], [])]):
+        buckets = coco_ap(gts, dets, 1, (64, 64), ["a"], 0.4)["size_buckets"]
+        assert buckets["small"] == {
+            "range_px": [0.0, 16.0],
+            "num_gt": 1,
+            "ap50": 0.0,
+            "ap": 0.0,
+            "recall": 0.0,
+        }
+        assert buckets["medium"]["ap50"] is None and buckets["large"]["recall"] is None
+
+
+def test_bucket_recalls_add_up_to_the_micro_recall_of_separated_objects() -> None:
+    """The buckets partition the objects; apart from each other, they match as in P/R/F1."""
+    rng = np.random.default_rng(3)
+    gts, dets = [], []
+    for image_id in range(1, 9):
+        sides = np.exp(rng.uniform(np.log(4), np.log(120), size=4))
+        corners = [(0, 0), (130, 0), (0, 130), (130, 130)]  # one object per 130-px quadrant
+        boxes = [square(x, y, side) for (x, y), side in zip(corners, sides, strict=True)]
+        labels = rng.integers(0, 2, size=4)
+        gts.append(gt(image_id, boxes, labels.tolist()))
+        jitter = np.asarray(boxes) + rng.normal(0, 1.0, size=(4, 4)) * (sides[:, None] / 10)
+        flipped = np.where(rng.random(4) < 0.15, 1 - labels, labels)
+        dets.append(det(image_id, jitter.tolist(), rng.random(4).tolist(), flipped.tolist()))
+    threshold = 0.4
+    buckets = coco_ap(gts, dets, 2, (256, 256), ["a", "b"], threshold)["size_buckets"]
+    counts = precision_recall_f1(gts, dets, 2, threshold)
+    assert sum(row["num_gt"] for row in buckets.values()) == counts["num_ground_truth"] == 32
+    found = sum(row["recall"] * row["num_gt"] for row in buckets.values() if row["num_gt"])
+    assert found == pytest.approx(counts["micro"]["tp"])
+    assert 0 < counts["micro"]["tp"] < 32  # thresholds, jitter and wrong classes all bite
+
+
 def test_detections_for_an_unknown_image_or_out_of_range_labels_are_refused() -> None:
     gts = [gt(1, [[0, 0, 10, 10]], [0])]
     with pytest.raises(ValueError, match="without ground truth"):
@@ -560,6 +648,11 @@ def test_evaluator_reports_metrics_timing_and_json_ready_detections(loader: Data
         5,
     )
     assert (metrics["score_threshold"], metrics["iou_threshold"]) == (0.3, 0.5)
+    # Sides 10, 8x20 and 14 are small (the last one wrongly classed), 16 x 16 is medium.
+    small, medium, large = metrics["size_buckets"].values()
+    assert (small["num_gt"], medium["num_gt"], large["num_gt"]) == (3, 1, 0)
+    assert small["recall"] == pytest.approx(2 / 3) and medium["recall"] == 1.0
+    assert large["ap50"] is None
 
     assert set(metrics["timing"]) == set(TIMING_KEYS)
     assert metrics["timing"]["model_s"] > 0 and metrics["timing"]["images_per_s"] > 0

@@ -145,8 +145,8 @@ def test_an_image_size_the_models_stride_cannot_divide_names_the_stride_and_two_
 ) -> None:
     message = train_fails(capsys, here / "run", data_root, "data.image_size=100")
     assert message == (
-        "data.image_size=100 does not fit model 'tiny_conv': its total stride is 16, so the input "
-        "size must be a multiple of 16 (for example 96 or 112)."
+        "data.image_size=100 does not fit model 'tiny_conv': its total stride is 32, so the input "
+        "size must be a multiple of 32 (for example 96 or 128)."
     )
 
 

@@ -10,11 +10,12 @@ from tiny_runs import one_cpu_thread
 
 from pipeline.errors import ConfigError
 from pipeline.models import (
-    INPUT_MULTIPLE,
+    FIXED_STRIDE,
     MODELS,
     build_from_config,
     build_model,
     check_input_size,
+    input_multiple,
 )
 from pipeline.models.centernet import STRIDE, CenterNet
 from pipeline.models.loss import DetectionLoss
@@ -245,7 +246,17 @@ def test_loss_reads_the_heatmap_in_the_models_label_mode(label_mode: str) -> Non
 
 def test_registry_lists_both_models_with_their_input_multiples() -> None:
     assert set(MODELS) == {"tiny_conv", "resnet18"}
-    assert INPUT_MULTIPLE == {"tiny_conv": 16, "resnet18": 32}
+    assert FIXED_STRIDE == {"resnet18": 32}
+    assert input_multiple({"name": "tiny_conv"}) == 32  # the default max_stride
+
+
+@pytest.mark.parametrize(("max_stride", "multiple"), [(32, 32), (16, 16)])
+def test_tiny_conv_input_multiple_follows_max_stride(max_stride: int, multiple: int) -> None:
+    config = {"name": "tiny_conv", "max_stride": max_stride}
+    assert input_multiple(config) == multiple
+    check_input_size(config, 48 if multiple == 16 else 64)
+    with pytest.raises(ConfigError, match=f"multiple of {multiple}"):
+        check_input_size(config, multiple + 8)
 
 
 def test_build_model_rejects_an_unknown_name_listing_the_choices() -> None:
@@ -265,27 +276,75 @@ def test_build_model_needs_at_least_one_class() -> None:
         build_model("tiny_conv", 0)
 
 
-def test_build_from_config_passes_the_width_to_tiny_conv_only(no_downloads: None) -> None:
-    small = build_from_config({"name": "tiny_conv", "label_mode": "single", "width": 8}, 2)
+TINY_OPTIONS = {"width": 8, "max_stride": 32}
+
+
+def test_build_from_config_passes_the_tiny_conv_options_to_tiny_conv_only(
+    no_downloads: None,
+) -> None:
+    small = build_from_config({"name": "tiny_conv", "label_mode": "single", **TINY_OPTIONS}, 2)
     assert small.neck.smooth[0].out_channels == 8
     assert small.label_mode == "single" and small.num_classes == 2
-    resnet = build_from_config({"name": "resnet18", "label_mode": "multilabel", "width": 8}, 2)
+    assert len(small.backbone.channels) == 4  # strides 4 to 32
+    shallow = build_from_config(
+        {"name": "tiny_conv", "label_mode": "single", **TINY_OPTIONS, "max_stride": 16}, 2
+    )
+    assert len(shallow.backbone.channels) == 3
+    resnet = build_from_config(
+        {"name": "resnet18", "label_mode": "multilabel", **TINY_OPTIONS, "max_stride": 16}, 2
+    )
     assert resnet.neck.smooth[0].out_channels == 64
+    assert len(resnet.backbone.channels) == 4
+
+
+def test_max_stride_16_builds_the_earlier_tiny_conv_module_for_module() -> None:
+    """The architecture before max_stride existed: strides 4 to 16, nothing else."""
+    names = set(build_model("tiny_conv", NUM_CLASSES, width=8, max_stride=16).state_dict())
+    stages = {name.split(".")[1] for name in names if name.startswith("backbone.")}
+    assert stages == {"stem", "stage4", "stage8", "stage16"}
+    assert {name.split(".")[2] for name in names if name.startswith("neck.lateral.")} == {
+        "0",
+        "1",
+        "2",
+    }
+    default = set(build_model("tiny_conv", NUM_CLASSES, width=8).state_dict())
+    assert names < default  # the default only adds (the stride-32 stage and its lateral)
+    assert {name.split(".")[1] for name in default - names} <= {"stage32", "lateral"}
+
+
+def _reach_px(model: CenterNet, size: int = 256) -> float:
+    """How far from the centre cell's own pixels an input pixel still changes that cell's output."""
+    model.eval()
+    image = torch.rand(1, 3, size, size, requires_grad=True)
+    outputs = model(image)
+    cell = size // STRIDE // 2
+    (outputs["heatmap"][0, :, cell, cell].sum() + outputs["box"][0, :, cell, cell].sum()).backward()
+    ys, xs = torch.nonzero(image.grad.abs().sum(dim=(0, 1)) > 0, as_tuple=True)
+    centre = (cell + 0.5) * STRIDE
+    return float(torch.maximum((xs + 0.5 - centre).abs(), (ys + 0.5 - centre).abs()).max())
+
+
+def test_the_stride_4_head_sees_stride_32_context_far_beyond_the_stride_16_reach() -> None:
+    """Large objects need the head's features to span them: 100 px from the centre at least."""
+    torch.manual_seed(0)
+    deep = build_model("tiny_conv", NUM_CLASSES, width=8)
+    shallow = build_model("tiny_conv", NUM_CLASSES, width=8, max_stride=16)
+    assert _reach_px(shallow) < 100 <= _reach_px(deep)
 
 
 @pytest.mark.parametrize(
     ("name", "size", "multiple", "examples"),
     [
-        ("tiny_conv", 50, 16, "48 or 64"),
+        ("tiny_conv", 50, 32, "32 or 64"),
         ("resnet18", 48, 32, "32 or 64"),
-        ("tiny_conv", 8, 16, "16 or 32"),
+        ("tiny_conv", 8, 32, "32 or 64"),
     ],
 )
 def test_check_input_size_names_the_size_and_the_multiple(
     name: str, size: int, multiple: int, examples: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        check_input_size(name, size)
+        check_input_size({"name": name}, size)
     message = str(caught.value)
     assert f"data.image_size={size}" in message
     assert f"multiple of {multiple}" in message
@@ -293,6 +352,6 @@ def test_check_input_size_names_the_size_and_the_multiple(
     assert repr(name) in message
 
 
-@pytest.mark.parametrize(("name", "size"), [("tiny_conv", 32), ("tiny_conv", 48), ("resnet18", 64)])
+@pytest.mark.parametrize(("name", "size"), [("tiny_conv", 32), ("tiny_conv", 96), ("resnet18", 64)])
 def test_check_input_size_accepts_multiples_of_the_stride(name: str, size: int) -> None:
-    check_input_size(name, size)
+    check_input_size({"name": name}, size)

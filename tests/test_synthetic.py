@@ -14,8 +14,11 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
+from pipeline.config import load_config
 from pipeline.data.synthetic import SHAPES, SyntheticSpec, generate, render_sample
 from pipeline.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
 
 SMALL = SyntheticSpec(num_train=6, num_val=3, num_test=2, image_size=64, max_object_size=32)
 # one object on a flat background: every pixel is the background or a blend of it and the object
@@ -252,6 +255,74 @@ def test_from_config_rejects_inconsistent_counts_and_sizes(settings: dict, named
         SyntheticSpec.from_config(settings)
 
 
+# Four classes of different sizes, as in real data; "cross" comes at every size.
+SIZED = dataclasses.replace(
+    SMALL,
+    min_objects=6,
+    max_objects=10,
+    min_object_size=4,
+    max_object_size=40,
+    max_overlap=0.5,
+    min_visible=0.0,
+    class_sizes=(("circle", 4, 8), ("square", 8, 20), ("triangle", 20, 40)),
+)
+
+
+def test_class_sizes_keep_each_class_inside_its_size_range() -> None:
+    largest = {name: 0.0 for name in SIZED.classes}
+    for index in range(16):
+        _, objects = render_sample(SIZED, "train", index)
+        for obj in objects:
+            x0, y0, x1, y1 = obj["box"]
+            name = SIZED.classes[obj["label"]]
+            largest[name] = max(largest[name], x1 - x0, y1 - y0)
+    # a box spans the visible pixels: never more than the nominal size (+1 for the rounding)
+    assert largest["circle"] <= 8 + 1 and largest["square"] <= 20 + 1
+    assert largest["triangle"] > 20 and largest["cross"] > 20  # the large ones do occur
+    assert all(value > 0 for value in largest.values())  # every class occurs
+
+
+def test_class_sizes_that_span_the_whole_range_change_no_byte() -> None:
+    """A size is drawn first, then a class among those it fits: with every class fitting
+    every size, the random stream is that of a spec without class_sizes (the default set)."""
+    spec = dataclasses.replace(SMALL, max_objects=8)
+    whole = tuple((name, spec.min_object_size, spec.max_object_size) for name in spec.classes)
+    for index in range(6):
+        pixels, objects = render_sample(spec, "train", index)
+        same, same_objects = render_sample(
+            dataclasses.replace(spec, class_sizes=whole), "train", index
+        )
+        np.testing.assert_array_equal(pixels, same)
+        assert objects == same_objects
+
+
+def test_from_config_takes_class_sizes_as_a_mapping_of_ranges() -> None:
+    spec = SyntheticSpec.from_config(
+        {"min_object_size": 4, "class_sizes": {"circle": [4, 12], "square": [10, 48]}}
+    )
+    assert spec.class_sizes == (("circle", 4.0, 12.0), ("square", 10.0, 48.0))
+    assert spec.size_range(0) == (4.0, 12.0) and spec.size_range(2) == (4.0, 48.0)
+    assert SyntheticSpec.from_config({"class_sizes": None}).class_sizes == ()
+
+
+@pytest.mark.parametrize(
+    ("class_sizes", "named"),
+    [
+        ({"ring": [8, 20]}, "'ring', which is not one of"),
+        ({"circle": [4, 20]}, r"class_sizes\.circle=\[4\.0, 20\.0\] must be a range"),
+        ({"circle": [30, 20]}, "must be a range"),
+        ({"circle": [8, 60]}, "inside min_object_size=8"),
+        ({"circle": [8, 20]} | {n: [8, 20] for n in ("square", "triangle", "cross")}, "from 20"),
+        ({"circle": [8]}, r"must be \[smallest, largest\]"),
+    ],
+)
+def test_class_sizes_that_do_not_fit_are_rejected_naming_the_class(
+    class_sizes: dict, named: str
+) -> None:
+    with pytest.raises(ConfigError, match=named):
+        SyntheticSpec.from_config({"class_sizes": class_sizes})
+
+
 def test_categories_follow_the_spec_class_order(tmp_path: Path) -> None:
     spec = SyntheticSpec(
         num_train=1,
@@ -270,3 +341,14 @@ def test_categories_follow_the_spec_class_order(tmp_path: Path) -> None:
             (1, "star"),
             (2, "ring"),
         ]
+
+
+def test_the_multiscale_preset_spans_4_px_to_60_percent_in_its_own_data_root() -> None:
+    preset = REPO / "config" / "presets" / "multiscale.yaml"
+    data = load_config(preset)["data"]
+    assert data["root"] != load_config(None)["data"]["root"]
+    spec = SyntheticSpec.from_config(data["synthetic"])
+    assert spec.image_size == data["image_size"]  # the model sees the sizes as generated
+    assert spec.min_object_size <= 4 and spec.max_object_size >= 0.6 * spec.image_size
+    ranges = [spec.size_range(label) for label in range(len(spec.classes))]
+    assert len({r for r in ranges}) == len(ranges)  # every class its own sizes

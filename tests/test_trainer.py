@@ -110,7 +110,10 @@ def test_metrics_jsonl_has_a_json_row_per_logged_step_and_per_epoch(trained: Tra
     for row in epochs:
         assert row["step"] == row["epoch"] * STEPS_PER_EPOCH
         assert row["train_loss"] > 0 and row["epoch_time_s"] > 0
-        assert set(row["val"]) == {"f1", "precision", "recall", "best_f1", "ap", "ap50", "ap75"}
+        assert set(row["val"]) == {
+            *("f1", "precision", "recall", "best_f1", "ap", "ap50", "ap75", "size_buckets")
+        }
+        assert set(row["val"]["size_buckets"]) == {"small", "medium", "large"}
 
 
 def test_train_summary_records_device_precision_times_memory_and_the_best_epoch(

@@ -73,7 +73,9 @@ def normalize(value: Any, schema: dict[str, Any] | None = None) -> Any:
     kinds = _types(schema)
     if isinstance(value, dict):
         properties = schema.get("properties", {})
-        return {key: normalize(item, properties.get(key, {})) for key, item in value.items()}
+        others = schema.get("additionalProperties")
+        others = others if isinstance(others, dict) else {}
+        return {key: normalize(item, properties.get(key, others)) for key, item in value.items()}
     if isinstance(value, list):
         return [normalize(item, schema.get("items", {})) for item in value]
     if (

@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
 
     plan = bench.settings_from_config(config, class_count(config))
     for name in plan["models"]:
-        check_input_size(name, plan["image_size"])
+        check_input_size({**plan["model_options"], "name": name}, plan["image_size"])
     device = dev.resolve_device(args.device)
     records = [bench.run(device, args.precision, args.mode, name, plan) for name in plan["models"]]
     atomic.write_json(args.out, {"format": bench.FORMAT, "records": records})

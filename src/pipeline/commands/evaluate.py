@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     from pipeline.data import has_test_split
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
-    from pipeline.engine.evaluator import Evaluator
+    from pipeline.engine.evaluator import Evaluator, size_bucket_text
     from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (P %.3f R %.3f) at score %.2f; at validation's best-F1 "
-        "threshold %.2f: F1 %.3f; AP@.5 %.3f, AP %.3f -> %s",
+        "threshold %.2f: F1 %.3f; AP@.5 %.3f, AP %.3f; AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
         role,
@@ -164,6 +164,7 @@ def main(argv: list[str]) -> int:
         at_val_threshold["f1"],
         metrics["ap50"],
         metrics["ap"],
+        size_bucket_text(metrics["size_buckets"]),
         args.out,
     )
     return 0

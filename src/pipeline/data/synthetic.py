@@ -52,6 +52,9 @@ class SyntheticSpec:
     noise_std: float = 12.0
     texture_strength: float = 40.0
     seed: int = 0
+    # (class, smallest, largest) per class whose sizes differ from the global range, as in real
+    # data where classes differ in size by an order of magnitude
+    class_sizes: tuple[tuple[str, float, float], ...] = ()
 
     @classmethod
     def from_config(cls, settings: dict[str, Any]) -> SyntheticSpec:
@@ -62,6 +65,8 @@ class SyntheticSpec:
         values = dict(settings)
         if "classes" in values:
             values["classes"] = tuple(values["classes"])
+        if "class_sizes" in values:
+            values["class_sizes"] = _class_sizes(values["class_sizes"])
         spec = cls(**values)
         spec.check()
         return spec
@@ -83,6 +88,56 @@ class SyntheticSpec:
                 "data.synthetic: object sizes must satisfy 2 <= min_object_size <= max_object_size "
                 f"<= image_size, got {self.min_object_size}, {self.max_object_size}, {self.image_size}."
             )
+        self._check_class_sizes()
+
+    def _check_class_sizes(self) -> None:
+        for name, smallest, largest in self.class_sizes:
+            if name not in self.classes:
+                raise ConfigError(
+                    f"data.synthetic.class_sizes names {name!r}, which is not one of "
+                    f"data.synthetic.classes ({', '.join(self.classes)})."
+                )
+            if not self.min_object_size <= smallest <= largest <= self.max_object_size:
+                raise ConfigError(
+                    f"data.synthetic.class_sizes.{name}=[{smallest}, {largest}] must be a range "
+                    f"[smallest, largest] inside min_object_size={self.min_object_size} to "
+                    f"max_object_size={self.max_object_size}."
+                )
+        # every size the generator draws must belong to some class, or it would be wasted
+        ranges = sorted(self.size_range(c) for c in range(len(self.classes)))
+        covered = self.min_object_size
+        for smallest, largest in ranges:
+            if smallest > covered:
+                break
+            covered = max(covered, largest)
+        if covered < self.max_object_size:
+            raise ConfigError(
+                f"data.synthetic.class_sizes leaves object sizes from {covered} px upwards to no "
+                f"class (up to max_object_size={self.max_object_size}): widen a class's range or "
+                "lower max_object_size."
+            )
+
+    def size_range(self, label: int) -> tuple[float, float]:
+        """The sizes class `label` is drawn at: its own range, else the global one."""
+        name = self.classes[label]
+        for named, smallest, largest in self.class_sizes:
+            if named == name:
+                return smallest, largest
+        return self.min_object_size, self.max_object_size
+
+    def classes_of_size(self, size: float) -> list[int]:
+        """Labels whose size range holds `size` (every label when no class_sizes are set).
+
+        The bounds get a relative slack of 1e-9: exp(log(x)) may miss x by a rounding error.
+        """
+        slack = 1e-9
+        return [
+            label
+            for label in range(len(self.classes))
+            if self.size_range(label)[0] * (1 - slack)
+            <= size
+            <= self.size_range(label)[1] * (1 + slack)
+        ]
 
     def count(self, split: str) -> int:
         return {"train": self.num_train, "val": self.num_val, "test": self.num_test}[split]
@@ -91,6 +146,25 @@ class SyntheticSpec:
     def splits(self) -> tuple[str, ...]:
         """The splits to generate: train, val and, unless num_test is 0, test."""
         return ("train", "val", "test") if self.num_test else ("train", "val")
+
+
+def _class_sizes(value: Any) -> tuple[tuple[str, float, float], ...]:
+    """{class: [smallest, largest]} (or null) from the config as the spec's tuple."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"data.synthetic.class_sizes={value!r} must map class names to [smallest, largest] "
+            "sizes in pixels, for example {circle: [4, 16]}."
+        )
+    result = []
+    for name, pair in value.items():
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            raise ConfigError(
+                f"data.synthetic.class_sizes.{name}={pair!r} must be [smallest, largest] in pixels."
+            )
+        result.append((str(name), float(pair[0]), float(pair[1])))
+    return tuple(result)
 
 
 @dataclass
@@ -247,7 +321,10 @@ def render_sample(
             box = (cx - obj_size / 2, cy - obj_size / 2, cx + obj_size / 2, cy + obj_size / 2)
             if any(_iou(box, other) > spec.max_overlap for other in nominal):
                 continue
-            label = int(rng.integers(len(spec.classes)))
+            # a class the size fits, drawn uniformly (without class_sizes: any class, so the
+            # random stream, and the files, are the same as before class_sizes existed)
+            eligible = spec.classes_of_size(obj_size)
+            label = eligible[int(rng.integers(len(eligible)))]
             alpha = _render_alpha(spec.classes[label], obj_size, (cx, cy), size, rng)
             if (alpha >= _ALPHA_VISIBLE).sum() < 4:
                 continue

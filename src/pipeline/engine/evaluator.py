@@ -27,6 +27,17 @@ from pipeline.errors import ConfigError, DataError
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
+# Object size buckets by the square root of the box area in the model's input pixels (after
+# resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
+# px) and put nearly every object of a 128-px input in one bucket; what the model sees is the
+# size at its input, which is what these measure. Half-open, unlike pycocotools' inclusive
+# bounds: integer boxes of exactly 16 x 16 px are common and must count once.
+SIZE_BUCKETS: dict[str, tuple[float, float | None]] = {
+    "small": (0.0, 16.0),
+    "medium": (16.0, 64.0),
+    "large": (64.0, None),
+}
+_NO_LIMIT = 1e5  # pycocotools' own "no upper limit" side length
 
 Record = Mapping[str, Any]
 
@@ -302,12 +313,83 @@ def _xywh(box: np.ndarray) -> list[float]:
     return [x1, y1, x2 - x1, y2 - y1]
 
 
+def _area_ranges() -> tuple[list[list[float]], list[str]]:
+    """pycocotools' areaRng and areaRngLbl for "all" and SIZE_BUCKETS.
+
+    pycocotools keeps areas with lower <= area <= upper; an upper bound one float below
+    upper**2 makes each bucket [lower**2, upper**2).
+    """
+    ranges = [[0.0, _NO_LIMIT**2]]
+    for lower, upper in SIZE_BUCKETS.values():
+        top = _NO_LIMIT**2 if upper is None else float(np.nextafter(upper**2, 0.0))
+        ranges.append([lower**2, top])
+    return ranges, ["all", *SIZE_BUCKETS]
+
+
+def _bucket_counts(areas: np.ndarray) -> dict[str, int]:
+    """Ground truth per size bucket, with the bounds pycocotools is given."""
+    ranges, labels = _area_ranges()
+    return {
+        label: int(((areas >= lower) & (areas <= upper)).sum())
+        for (lower, upper), label in zip(ranges[1:], labels[1:], strict=True)
+    }
+
+
+def _bucket_rows(
+    counts: Mapping[str, int],
+    ap50: Mapping[str, float | None],
+    ap: Mapping[str, float | None],
+    recall: Mapping[str, float | None],
+) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "range_px": [lower, upper],
+            "num_gt": counts[name],
+            "ap50": ap50[name],
+            "ap": ap[name],
+            "recall": recall[name],
+        }
+        for name, (lower, upper) in SIZE_BUCKETS.items()
+    }
+
+
+def size_bucket_text(buckets: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line for logs: 'small 0.812 (n=310), medium 0.954 (n=402), large - (n=0)'."""
+    return ", ".join(
+        f"{name} {'-' if row['ap50'] is None else format(row['ap50'], '.3f')} (n={row['num_gt']})"
+        for name, row in buckets.items()
+    )
+
+
+def _recall_at(evaluation: Any, area_index: int, iou_index: int, score_threshold: float) -> float:
+    """Recall of one area range at one IoU, counting matches by detections scoring >= threshold.
+
+    COCOeval matches greedily in descending score, so a detection's match never depends on
+    lower-scored ones: the matches of the kept detections are those of the full matching.
+    """
+    found = total = 0
+    num_areas, num_images = len(evaluation.params.areaRng), len(evaluation.params.imgIds)
+    for index, image in enumerate(evaluation.evalImgs):
+        if image is None or (index // num_images) % num_areas != area_index:
+            continue
+        wanted = ~np.asarray(image["gtIgnore"], dtype=bool)
+        score_of = dict(zip(image["dtIds"], image["dtScores"], strict=True))
+        matched = [
+            score_of.get(int(dt_id), -1.0) >= score_threshold
+            for dt_id in np.asarray(image["gtMatches"])[iou_index]
+        ]
+        found += int((np.asarray(matched, dtype=bool) & wanted).sum())
+        total += int(wanted.sum())
+    return _ratio(found, total)
+
+
 def coco_ap(
     gts: Iterable[Record],
     dets: Iterable[Record],
     num_classes: int,
     image_size: tuple[int, int],
     class_names: Sequence[str],
+    score_threshold: float = 0.0,
 ) -> dict[str, Any]:
     """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
 
@@ -317,6 +399,11 @@ def coco_ap(
     lets a detection on them count against.
     With no detections every AP is 0; with no ground truth at all AP is undefined and
     reported as 0 (per-class None).
+
+    `size_buckets` holds, per SIZE_BUCKETS entry (sizes in input pixels), the ground-truth
+    count, AP@.5 and AP (pycocotools with its area ranges set to the buckets) and the recall
+    at IoU 0.5 of the detections scoring >= `score_threshold`; all None for a bucket
+    without ground truth.
     """
     if len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
@@ -379,10 +466,19 @@ def coco_ap(
             for c in range(num_classes)
         ]
 
+    objects = [a["area"] for a in annotations if not a["iscrowd"]]  # ignore regions not counted
+    counts = _bucket_counts(np.asarray(objects, dtype=np.float64))
     # loadRes([]) raises; without objects (ignore regions alone) the stats stay at -1
     if not results or not gt_per_class.any():
         zeros = [0.0 if n else None for n in gt_per_class]
-        return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0, "per_class": per_class(zeros, zeros)}
+        empty = {name: 0.0 if n else None for name, n in counts.items()}
+        return {
+            "ap": 0.0,
+            "ap50": 0.0,
+            "ap75": 0.0,
+            "per_class": per_class(zeros, zeros),
+            "size_buckets": _bucket_rows(counts, empty, empty, empty),
+        }
 
     from pycocotools.coco import COCO  # imported here: only evaluation needs it
     from pycocotools.cocoeval import COCOeval
@@ -399,6 +495,7 @@ def coco_ap(
         coco_gt.createIndex()
         coco_dt = coco_gt.loadRes(results)
         evaluation = COCOeval(coco_gt, coco_dt, "bbox")
+        evaluation.params.areaRng, evaluation.params.areaRngLbl = _area_ranges()
         evaluation.evaluate()
         evaluation.accumulate()
         evaluation.summarize()
@@ -413,12 +510,26 @@ def coco_ap(
         if (values > -1).any():
             ap[category_id - 1] = float(values[values > -1].mean())
             ap50[category_id - 1] = float(values[at_50].mean())
+    bucket_ap50: dict[str, float | None] = {}
+    bucket_ap: dict[str, float | None] = {}
+    bucket_recall: dict[str, float | None] = {}
+    for name in SIZE_BUCKETS:
+        area = params.areaRngLbl.index(name)
+        values = evaluation.eval["precision"][:, :, :, area, -1]  # [T, R, K]
+        present = (values > -1).any(axis=(0, 1))  # classes with ground truth in this bucket
+        if counts[name] == 0 or not present.any():
+            bucket_ap50[name] = bucket_ap[name] = bucket_recall[name] = None
+            continue
+        bucket_ap50[name] = float(values[at_50][:, present].mean())
+        bucket_ap[name] = float(values[:, :, present].mean())
+        bucket_recall[name] = _recall_at(evaluation, area, at_50, score_threshold)
     stats = evaluation.stats
     return {
         "ap": float(stats[0]),
         "ap50": float(stats[1]),
         "ap75": float(stats[2]),
         "per_class": per_class(ap, ap50),
+        "size_buckets": _bucket_rows(counts, bucket_ap50, bucket_ap, bucket_recall),
     }
 
 
@@ -604,7 +715,12 @@ class Evaluator:
             )
             chosen = {"threshold": float(chosen_threshold), **at_chosen["micro"]}
         coco = coco_ap(
-            gts, dets, self.num_classes, (self.image_size, self.image_size), self.class_names
+            gts,
+            dets,
+            self.num_classes,
+            (self.image_size, self.image_size),
+            self.class_names,
+            self.score_threshold,
         )
         image_level = None
         if self.label_mode == "multilabel":
@@ -644,6 +760,7 @@ class Evaluator:
             "ap50": coco["ap50"],
             "ap75": coco["ap75"],
             "per_class": per_class,
+            "size_buckets": coco["size_buckets"],
             "micro": counts["micro"],
             "macro": counts["macro"],
             "best": counts["best"],

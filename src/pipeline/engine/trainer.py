@@ -29,7 +29,7 @@ from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
-from pipeline.engine.evaluator import Evaluator
+from pipeline.engine.evaluator import Evaluator, size_bucket_text
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, TrainingError
@@ -121,7 +121,7 @@ class Trainer:
         self.train_cfg = config["train"]
         self._seed_everything()
 
-        check_input_size(config["model"]["name"], config["data"]["image_size"])
+        check_input_size(config["model"], config["data"]["image_size"])
         train_split, val_split = load_splits(config)
         self.class_names = train_split.class_names
         pin = dev.pin_memory_supported(self.device)
@@ -433,10 +433,20 @@ class Trainer:
         value = metrics[self.train_cfg["monitor"]]
         val = {
             key: metrics[key]
-            for key in ("f1", "precision", "recall", "best_f1", "ap", "ap50", "ap75")
+            for key in (
+                "f1",
+                "precision",
+                "recall",
+                "best_f1",
+                "ap",
+                "ap50",
+                "ap75",
+                "size_buckets",
+            )
         }
         log.info(
-            "epoch %d validation: F1 %.3f (P %.3f R %.3f), best F1 %.3f, AP@.5 %.3f, AP %.3f",
+            "epoch %d validation: F1 %.3f (P %.3f R %.3f), best F1 %.3f, AP@.5 %.3f, AP %.3f; "
+            "AP@.5 by size %s",
             self.epoch,
             val["f1"],
             val["precision"],
@@ -444,6 +454,7 @@ class Trainer:
             val["best_f1"],
             val["ap50"],
             val["ap"],
+            size_bucket_text(val["size_buckets"]),
         )
         if value > self.best_metric:
             self.best_metric, self.best_epoch = value, self.epoch

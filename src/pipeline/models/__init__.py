@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,6 +16,7 @@ MODELS: dict[str, Callable[..., centernet.CenterNet]] = {
     "resnet18": centernet.resnet18,
 }
 LABEL_MODES = centernet.LABEL_MODES
+TINY_CONV_OPTIONS = ("width", "max_stride")  # config keys of model.*
 
 
 def build_model(
@@ -43,12 +45,20 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# How many pixels the deepest feature map of each model spans: inputs must be multiples of it.
-INPUT_MULTIPLE = {"tiny_conv": 16, "resnet18": 32}
+# The total stride of the models without a max_stride option: inputs must be multiples of it.
+FIXED_STRIDE = {"resnet18": 32}
 
 
-def check_input_size(name: str, image_size: int) -> None:
-    multiple = INPUT_MULTIPLE.get(name, 1)
+def input_multiple(model_config: Mapping[str, Any]) -> int:
+    """The total stride of the model a config's `model` section describes."""
+    if model_config["name"] == "tiny_conv":
+        return int(model_config.get("max_stride", 32))
+    return FIXED_STRIDE[model_config["name"]]
+
+
+def check_input_size(model_config: Mapping[str, Any], image_size: int) -> None:
+    """Refuse an input size the model's strides do not divide, naming sizes that fit."""
+    name, multiple = model_config["name"], input_multiple(model_config)
     if image_size % multiple:
         lower = max(multiple, image_size // multiple * multiple)
         raise ConfigError(
@@ -57,7 +67,11 @@ def check_input_size(name: str, image_size: int) -> None:
         )
 
 
-def build_from_config(model_config: dict, num_classes: int) -> centernet.CenterNet:
+def build_from_config(model_config: Mapping[str, Any], num_classes: int) -> centernet.CenterNet:
     """The model a config's `model` section describes (the trainer, eval and profile agree)."""
-    options = {"width": model_config["width"]} if model_config["name"] == "tiny_conv" else {}
+    options = (
+        {key: model_config[key] for key in TINY_CONV_OPTIONS}
+        if model_config["name"] == "tiny_conv"
+        else {}
+    )
     return build_model(model_config["name"], num_classes, model_config["label_mode"], **options)

@@ -42,9 +42,10 @@ def conv_bn(c_in: int, c_out: int, stride: int = 1, groups: int = 1) -> nn.Seque
 
 
 class TinyBackbone(nn.Module):
-    """A plain conv net giving features at strides 4, 8 and 16 (small and fast on a CPU)."""
+    """A plain conv net giving features at strides 4, 8, 16 and (max_stride 32) 32; small and
+    fast on a CPU."""
 
-    def __init__(self, width: int = 32) -> None:
+    def __init__(self, width: int = 32, max_stride: int = 32) -> None:
         super().__init__()
         w = width
         self.stem = nn.Sequential(conv_bn(3, w // 2, 2), conv_bn(w // 2, w // 2))
@@ -53,13 +54,21 @@ class TinyBackbone(nn.Module):
         self.stage16 = nn.Sequential(
             conv_bn(2 * w, 3 * w, 2), conv_bn(3 * w, 3 * w), conv_bn(3 * w, 3 * w)
         )
-        self.channels = (w, 2 * w, 3 * w)
+        self.channels: tuple[int, ...] = (w, 2 * w, 3 * w)
+        self.stage32 = None
+        if max_stride == 32:
+            self.stage32 = nn.Sequential(
+                conv_bn(3 * w, 4 * w, 2), conv_bn(4 * w, 4 * w), conv_bn(4 * w, 4 * w)
+            )
+            self.channels = (*self.channels, 4 * w)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         c4 = self.stage4(self.stem(x))
         c8 = self.stage8(c4)
-        c16 = self.stage16(c8)
-        return [c4, c8, c16]
+        features = [c4, c8, self.stage16(c8)]
+        if self.stage32 is not None:
+            features.append(self.stage32(features[-1]))
+        return features
 
 
 class ResNetBackbone(nn.Module):
@@ -180,8 +189,14 @@ class CenterNet(nn.Module):
         return results
 
 
-def tiny_conv(num_classes: int, label_mode: str, width: int = 32) -> CenterNet:
-    return CenterNet(TinyBackbone(width), num_classes, label_mode, neck_channels=width)
+def tiny_conv(
+    num_classes: int, label_mode: str, width: int = 32, max_stride: int = 32
+) -> CenterNet:
+    """max_stride 32: a stride-32 stage for objects up to most of the input; 16: the earlier
+    tiny_conv, module for module (objects up to about 50 px)."""
+    if max_stride not in (16, 32):
+        raise ValueError(f"tiny_conv's max_stride must be 16 or 32, got {max_stride!r}")
+    return CenterNet(TinyBackbone(width, max_stride), num_classes, label_mode, neck_channels=width)
 
 
 def resnet18(num_classes: int, label_mode: str) -> CenterNet:
