@@ -366,3 +366,18 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
     assert "Run Split F1 (score threshold) Precision Recall F1 at the validation threshold" in text
     assert "cpu-fp32 test (held out) 0.420 (0.30)" in text
     assert "0.440 (0.35)" in text
+
+
+def test_size_buckets_line_up_by_bucket_and_an_older_file_without_them_shows_na() -> None:
+    from pipeline.report.load import RunResults
+    from pipeline.report.run_views import size_view
+
+    with_sizes = RunResults("a", evaluation=evaluation("cpu", "fp32", 0.5))
+    older = evaluation("cpu", "bf16", 0.5)
+    del older["metrics"]["size_buckets"]
+    view = size_view([with_sizes, RunResults("b", evaluation=older)])
+    assert view["runs"] == ["a", "b"]
+    assert [bucket["name"] for bucket in view["buckets"]] == ["small", "medium", "large"]
+    assert view["buckets"][2]["range_px"] == [64.0, None]
+    small = view["buckets"][0]["cells"]
+    assert small[0]["num_gt"] == 9 and small[1] is None

@@ -212,6 +212,10 @@ def test_a_script_tag_in_a_class_name_a_file_name_and_a_profiler_note_is_escaped
             "runs": [SCRIPT],
             "classes": [{"name": SCRIPT, "num_gt": 3, "scores": [None]}],
         },
+        "sizes": {
+            "runs": [SCRIPT],
+            "buckets": [{"name": "small", "range_px": [0, 16], "cells": [None]}],
+        },
         "grid": {
             "run": SCRIPT,
             "predictions_file": SCRIPT,
@@ -222,7 +226,7 @@ def test_a_script_tag_in_a_class_name_a_file_name_and_a_profiler_note_is_escaped
         },
     }
     html = section_html("evaluation", evaluation)
-    assert "<script" not in html and html.count(ESCAPED) == 4
+    assert "<script" not in html and html.count(ESCAPED) == 5
     profile = {
         "chart": None,
         "latency": [],
@@ -268,7 +272,13 @@ def test_an_image_is_a_figure_with_its_alt_text_and_caption() -> None:
         "missing": [],
     }
     html = section_html(
-        "evaluation", {"runs": [], "per_class": {"runs": [], "classes": []}, "grid": grid}
+        "evaluation",
+        {
+            "runs": [],
+            "per_class": {"runs": [], "classes": []},
+            "sizes": {"runs": [], "buckets": []},
+            "grid": grid,
+        },
     )
     img = next(attrs for tag, attrs in tags_of(html) if tag == "img")
     assert img["alt"] == SCRIPT and img["width"] == "192"  # 288 px at 144 dpi, shown at 96 dpi

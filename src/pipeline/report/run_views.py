@@ -78,6 +78,7 @@ def evaluation_view(runs: list[RunResults], config: dict[str, Any] | None) -> di
     return {
         "runs": [evaluation_run(run) for run in evaluated],
         "per_class": per_class_view(evaluated),
+        "sizes": size_view(evaluated),
         "grid": prediction_grid(runs, config),
     }
 
@@ -141,6 +142,28 @@ def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
                 ],
             }
             for name in classes
+        ],
+    }
+
+
+def size_view(runs: list[RunResults]) -> dict[str, Any]:
+    """AP@.5, AP and recall per object-size bucket (rows) in each run (columns), from the
+    evaluator's `size_buckets`; None where a run's file has no such bucket (an older file)."""
+    per_run = {
+        run.name: (run.evaluation or {})["metrics"].get("size_buckets") or {} for run in runs
+    }
+    buckets = list(dict.fromkeys(name for rows in per_run.values() for name in rows))
+    return {
+        "runs": list(per_run),
+        "buckets": [
+            {
+                "name": name,
+                "range_px": next(
+                    rows[name].get("range_px") for rows in per_run.values() if name in rows
+                ),
+                "cells": [rows.get(name) for rows in per_run.values()],
+            }
+            for name in buckets
         ],
     }
 
