@@ -343,7 +343,12 @@ def test_the_benchmark_times_what_training_runs_unless_a_bench_key_overrides_it(
     assert code == 0
     (record,) = document["records"]
     configuration = record["configuration"]
-    assert configuration["model"] == {"name": "tiny_conv", "label_mode": "multilabel", "width": 8}
+    assert configuration["model"] == {
+        "name": "tiny_conv",
+        "label_mode": "multilabel",
+        "width": 8,
+        "max_stride": 32,
+    }
     assert (configuration["batch_size"], record["batch_size"]) == (3, 3)  # train.batch_size
     assert configuration["channels_last"] is False and configuration["num_classes"] == 2
     assert configuration["image_size"] == 32
