@@ -4,8 +4,8 @@ Side A is the default tiny_conv (`model.max_stride: 32`: a stride-32 stage whose
 the top-down neck brings back to the stride-4 head); side B is the same config with
 `model.max_stride=16`, which builds the earlier architecture exactly (the same modules and
 parameter names). Each side is a Trainer built from the default config plus the overrides
-given, and runs `Trainer._train_step` (forward, loss, backward, clipping, AdamW, scheduler)
-on the same K batches taken once from the training DataLoader and held in memory.
+given, and runs the Trainer's own step, `trainer.step` (forward, loss, backward, clipping,
+AdamW, scheduler), on the same K batches taken once from the training DataLoader and held in memory.
 Blocks of N steps alternate ABBA for R rounds. Target: median A / median B <= 1.3.
 """
 
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     def stepper(side: str):
         def step() -> None:
             images, targets = batches[next(positions[side]) % len(batches)]
-            if trainers[side]._train_step(images, targets) is None:
+            if not bool(trainers[side].step(images, targets).finite):  # one sync, both sides
                 skipped[side] += 1
 
         return step
