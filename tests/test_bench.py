@@ -434,7 +434,7 @@ def test_numerics_that_go_astray_are_not_acceptable_and_say_why(
     )
     assert numerics["acceptable"] is False
     assert "the loss is 10.0% off fp32's" in numerics["problem"]
-    assert "the gradients point elsewhere (cosine -0.9" in numerics["problem"]
+    assert "the gradients point elsewhere (cosine -1.000 with" in numerics["problem"]
 
 
 def test_bench_infer_mode_times_forward_passes(tmp_path, validator) -> None:
