@@ -68,6 +68,17 @@ def add_alternation_options(
     )
 
 
+def add_batches_and_data_options(result: argparse.ArgumentParser, settings_help: str) -> None:
+    """K batches held in memory, the generated data set, and config overrides for the Trainer."""
+    result.add_argument(
+        "--batches", type=int, default=16, help="K: batches taken once from the loader, reused"
+    )
+    result.add_argument(
+        "--data-root", default=str(DEFAULT_DATA_ROOT), help="the generated data set"
+    )
+    result.add_argument("settings", nargs="*", metavar="key=value", help=settings_help)
+
+
 def check_positive(result: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if getattr(args, name) < 1:

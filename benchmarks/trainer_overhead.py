@@ -38,17 +38,9 @@ def parse_args(argv: list[str]):
     parser = harness.parser(NAME, __doc__)
     harness.add_torch_options(parser)
     harness.add_alternation_options(parser, warmup=10, block=10, rounds=40)
-    parser.add_argument(
-        "--batches", type=int, default=16, help="K: batches taken once from the loader, reused"
-    )
-    parser.add_argument(
-        "--data-root", default=str(harness.DEFAULT_DATA_ROOT), help="the generated data set"
-    )
-    parser.add_argument(
-        "settings",
-        nargs="*",
-        metavar="key=value",
-        help="config overrides on top of the defaults, e.g. train.batch_size=32 model.name=resnet18",
+    harness.add_batches_and_data_options(
+        parser,
+        "config overrides on top of the defaults, e.g. train.batch_size=32 model.name=resnet18",
     )
     args = parser.parse_args(argv)
     harness.check_positive(parser, args, "batches", "block", "rounds")
