@@ -224,6 +224,50 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     )
 
 
+# --- time budget ------------------------------------------------------------------------------
+
+
+def test_a_time_budget_that_fits_every_epoch_changes_nothing(
+    trained: Trainer, data_root: Path, tmp_path: Path
+) -> None:
+    config = tiny_config(data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=100000")
+    summary = Trainer(config, tmp_path / "budget").fit()
+    assert summary["epochs"] == EPOCHS and summary["time_budget_s"] == 100000
+    assert summary["final_val"] == trained.summary["final_val"]
+
+
+def test_a_time_budget_plans_the_epochs_that_fit_and_the_schedule_ends_at_zero_in_them(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline_log
+) -> None:
+    config = tiny_config(data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=25")
+    plan = Trainer._fit_schedule_to_budget
+    # the first epoch "took" 10 s (a timed one would make the test depend on the machine)
+    monkeypatch.setattr(Trainer, "_fit_schedule_to_budget", lambda self, _: plan(self, 10.0))
+    run_dir = tmp_path / "budget"
+    summary = Trainer(config, run_dir).fit()
+    assert summary["epochs"] == 2  # 25 s // 10 s, of at most 3
+    rows = [row for row in read_rows(run_dir / "metrics.jsonl") if row["type"] == "epoch"]
+    assert [row["epoch"] for row in rows] == [1, 2]
+    assert rows[-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # the cosine spans the 2 epochs
+    assert rows[-1]["val"] is not None
+    assert "so 2 of at most 3 epochs fit" in pipeline_log.text
+    # the plan is part of the run: a resume keeps it (here: the run is finished)
+    assert checkpoint.load(run_dir / "last.pth")["planned_epochs"] == 2
+    assert Trainer(config, run_dir).resume(required=False) is False
+
+
+def test_a_first_epoch_longer_than_the_budget_stops_after_it_validated(
+    data_root: Path, tmp_path: Path, pipeline_log
+) -> None:
+    config = tiny_config(
+        data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=0.000001", "train.val_interval=5"
+    )
+    run_dir = tmp_path / "budget"
+    summary = Trainer(config, run_dir).fit()
+    assert summary["epochs"] == 1 and summary["final_val"] is not None
+    assert "the first epoch alone took longer than train.time_budget_s" in pipeline_log.text
+
+
 def test_resume_of_a_gpu_run_reads_the_checkpoint_onto_the_cpu(
     trained: Trainer, config: dict[str, Any], tmp_path: Path, fake_cuda
 ) -> None:

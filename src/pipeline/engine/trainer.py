@@ -135,7 +135,9 @@ class Trainer:
         )
         self.loss_fn = DetectionLoss.for_model(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
-        self.scheduler = build_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
+        # What the learning-rate schedule spans; a time budget shortens it after the first epoch.
+        self.schedule = dict(self.train_cfg)
+        self.scheduler = build_scheduler(self.optimizer, self.schedule, self.steps_per_epoch)
         self.step = TrainStep(
             self.model,
             self.loss_fn,
@@ -180,6 +182,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "epoch": self.epoch,
+            "planned_epochs": self.schedule["epochs"],
             "global_step": self.global_step,
             "best_metric": self.best_metric,
             "best_epoch": self.best_epoch,
@@ -234,7 +237,8 @@ class Trainer:
                 )
             log.warning("%s: starting a new run instead of resuming.", message)
             return False
-        if state["epoch"] >= self.train_cfg["epochs"] and not required:
+        planned = state.get("planned_epochs", self.train_cfg["epochs"])
+        if state["epoch"] >= planned and not required:
             # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
             log.info("%s holds a finished run: training again from the start.", path)
             return False
@@ -243,6 +247,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.global_step = state["epoch"], state["global_step"]
+        self.schedule["epochs"] = planned
         self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_weights = state.get("best_model")
         self.elapsed_before = state["elapsed_s"]
@@ -310,7 +315,7 @@ class Trainer:
         self.memory.reset()
         self.train_loader.sampler.set_epoch(epoch)
         self.tally.new_epoch()
-        batch_size, total_epochs = self.train_cfg["batch_size"], self.train_cfg["epochs"]
+        batch_size, total_epochs = self.train_cfg["batch_size"], self.schedule["epochs"]
         interval = self.train_cfg["log_interval"]
         dev.synchronize(self.device)
         start = mark = time.perf_counter()
@@ -375,7 +380,29 @@ class Trainer:
         }
 
     def _should_validate(self, epoch: int) -> bool:
-        return epoch % self.train_cfg["val_interval"] == 0 or epoch == self.train_cfg["epochs"]
+        return epoch % self.train_cfg["val_interval"] == 0 or epoch == self.schedule["epochs"]
+
+    def _fit_schedule_to_budget(self, first_epoch_s: float) -> None:
+        """With `train.time_budget_s`, plan as many epochs as fit (at most `train.epochs`), from
+        the first epoch's time with its validation where it has one; the learning-rate schedule
+        then spans them, so the run still ends its cosine at zero instead of being cut off."""
+        budget = self.train_cfg["time_budget_s"]
+        fitting = int(budget // first_epoch_s) if first_epoch_s > 0 else self.train_cfg["epochs"]
+        self.schedule["epochs"] = max(1, min(self.train_cfg["epochs"], fitting))
+        log.info(
+            "time budget %.0f s: the first epoch took %.1f s, so %d of at most %d epochs fit, "
+            "and the learning-rate schedule spans them",
+            budget,
+            first_epoch_s,
+            self.schedule["epochs"],
+            self.train_cfg["epochs"],
+        )
+        if fitting < 1:
+            log.warning(
+                "the first epoch alone took longer than train.time_budget_s=%s: training stops "
+                "after it. Raise the budget, or lower data.image_size or train.batch_size.",
+                budget,
+            )
 
     def fit(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -392,12 +419,13 @@ class Trainer:
             len(self.class_names),
             dev.describe_device(self.device),
             "AMP " + self.precision if self.amp else "fp32",
-            self.train_cfg["epochs"],
+            self.schedule["epochs"],
             self.steps_per_epoch,
             self.train_cfg["batch_size"],
         )
         try:
-            while self.epoch < self.train_cfg["epochs"]:
+            while self.epoch < self.schedule["epochs"]:
+                epoch_started = time.perf_counter()
                 row = self._train_epoch()
                 self.epoch = row["epoch"]
                 row.update(
@@ -410,6 +438,10 @@ class Trainer:
                 )
                 if self._should_validate(self.epoch):
                     row["val"] = self._validate()
+                if self.epoch == 1 and self.train_cfg["time_budget_s"] is not None:
+                    self._fit_schedule_to_budget(time.perf_counter() - epoch_started)
+                    if self.epoch == self.schedule["epochs"] and row["val"] is None:
+                        row["val"] = self._validate()  # the last epoch always validates
                 self._write_row(row)
                 self.epoch_rows.append(row)
                 checkpoint.save(self.paths["last"], self._state(), self._after_a_failed_write())
@@ -483,6 +515,7 @@ class Trainer:
             "parameters": parameter_count(self.model),
             "class_names": self.class_names,
             "epochs": self.epoch,
+            "time_budget_s": self.train_cfg["time_budget_s"],  # None: epochs = train.epochs
             "steps": self.global_step,
             "batch_size": self.train_cfg["batch_size"],
             "wall_time_s": self.elapsed_before + session,
