@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -206,6 +207,20 @@ def _cell(value: object) -> str:
 def ms(value: float) -> str:
     """Milliseconds to a width that keeps GPU-sized and CPU-sized steps readable."""
     return f"{value:.2f}" if abs(value) < 100 else f"{value:.1f}"
+
+
+def print_sides(
+    result: dict[str, dict[str, Any]], blocks: Sequence[dict[str, Any]], note: str = ""
+) -> tuple[float, list[float]]:
+    """Print sides A and B and the per-round A/B ratios; return median A / median B and them."""
+    ratio = result["A"]["summary"]["median_ms"] / result["B"]["summary"]["median_ms"]
+    per_round = round_ratios(blocks, "A", "B")
+    print(table(SIDE_HEADERS, [side_row(k, v) for k, v in result.items()]))
+    print(
+        f"{note}per-round A/B: min {min(per_round):.3f}, median {statistics.median(per_round):.3f}, "
+        f"max {max(per_round):.3f}"
+    )
+    return ratio, per_round
 
 
 def verdict(label: str, ratio: float, target: float) -> tuple[bool, str]:

@@ -12,7 +12,6 @@ Blocks of N steps alternate ABBA for R rounds. Target: median A / median B <= 1.
 from __future__ import annotations
 
 import itertools
-import statistics
 import tempfile
 import time
 
@@ -101,13 +100,10 @@ def main(argv: list[str]) -> int:
         }
         for side, label in SIDES.items()
     }
-    ratio = result["A"]["summary"]["median_ms"] / result["B"]["summary"]["median_ms"]
-    per_round = harness.round_ratios(blocks, "A", "B")
-    print(harness.table(harness.SIDE_HEADERS, [harness.side_row(k, v) for k, v in result.items()]))
-    print(
-        f"parameters: A {result['A']['parameters']:,}, B {result['B']['parameters']:,}; "
-        f"per-round A/B: min {min(per_round):.3f}, median {statistics.median(per_round):.3f}, "
-        f"max {max(per_round):.3f}"
+    ratio, per_round = harness.print_sides(
+        result,
+        blocks,
+        f"parameters: A {result['A']['parameters']:,}, B {result['B']['parameters']:,}; ",
     )
     for side, count in skipped.items():
         if count:

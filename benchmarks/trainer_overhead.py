@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import statistics
 import tempfile
 import time
 from typing import Any
@@ -141,13 +140,7 @@ def main(argv: list[str]) -> int:
         "A": harness.side_summary("Trainer step", harness.counted(blocks, "A")),
         "B": harness.side_summary("bare PyTorch loop", harness.counted(blocks, "B")),
     }
-    ratio = result["A"]["summary"]["median_ms"] / result["B"]["summary"]["median_ms"]
-    per_round = harness.round_ratios(blocks, "A", "B")
-    print(harness.table(harness.SIDE_HEADERS, [harness.side_row(k, v) for k, v in result.items()]))
-    print(
-        f"per-round A/B: min {min(per_round):.3f}, median {statistics.median(per_round):.3f}, "
-        f"max {max(per_round):.3f}"
-    )
+    ratio, per_round = harness.print_sides(result, blocks)
     # read once, after timing: steps of A whose loss was not finite (skipped: a faster A)
     skipped = next(positions["A"]) - int(trainer.tally.finite_steps.item())
     if skipped:

@@ -89,6 +89,17 @@ def test_on_a_cpu_without_native_bf16_a_faster_bf16_is_still_refused() -> None:
     assert choice.speedup is None
 
 
+def test_a_slower_precision_on_a_cpu_without_it_says_both_why() -> None:
+    refused = {"bf16": "this CPU has no native bf16 instructions (...)", "fp16": "no fp16 (...)"}
+    choice = measured.choose_precision(
+        records("cpu", fp32=50, bf16=400, fp16=800), "cpu", "tiny_conv", refused
+    )
+    assert choice.precision == "fp32"
+    bf16 = next(c for c in choice.candidates if c.precision == "bf16")
+    assert bf16.reason.startswith("not faster: 8.0")
+    assert bf16.reason.endswith("measured mode may not use it anyway: " + refused["bf16"])
+
+
 @pytest.mark.parametrize(
     ("medians", "expected"),
     [

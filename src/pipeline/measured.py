@@ -189,7 +189,8 @@ def _judge(
         problem = numerics.get("problem") or "numerics not acceptable"
         return Candidate(precision, False, f"{speed.text}, but {problem}", as_dict, path)
     if speed.verdict != "faster":
-        return Candidate(precision, False, f"not faster: {speed.text}", as_dict, path)
+        also = f"; measured mode may not use it anyway: {refused}" if refused else ""
+        return Candidate(precision, False, f"not faster: {speed.text}{also}", as_dict, path)
     if refused:
         return Candidate(
             precision,
