@@ -268,12 +268,23 @@ def _best_f1(pooled: _Pooled, fallback_threshold: float) -> dict[str, float]:
     }
 
 
+def _micro_at(pooled: _Pooled, threshold: float) -> dict[str, Any]:
+    """Micro P/R/F1 of the detections scoring >= `threshold`, from one matching pass."""
+    kept = pooled.scores >= threshold
+    tp = int((kept & pooled.is_tp).sum())
+    return {
+        "threshold": float(threshold),
+        **_counts(tp, int(kept.sum()) - tp, int(pooled.gt_per_class.sum()) - tp),
+    }
+
+
 def precision_recall_f1(
     gts: Iterable[Record],
     dets: Iterable[Record],
     num_classes: int,
     score_threshold: float,
     iou_threshold: float = 0.5,
+    chosen_threshold: float | None = None,
 ) -> dict[str, Any]:
     """Micro, macro and per-class P/R/F1 at one score threshold, plus the best-F1 operating point.
 
@@ -284,6 +295,8 @@ def precision_recall_f1(
     0/0 is 0. With no ground truth at all, recall is 0/0 and precision is 0 (or 0/0), so every
     figure is 0 even for a model that rightly predicts nothing: check `num_ground_truth`.
     Detections on ignore regions count nowhere (`num_ignored_detections`).
+    `chosen_threshold` adds the micro figures at that threshold too (`chosen_threshold`),
+    from the same matching.
     """
     pooled = _pool(gts, dets, num_classes, iou_threshold)
     kept = pooled.scores >= score_threshold
@@ -302,6 +315,9 @@ def precision_recall_f1(
         "macro": _macro(per_class, (pooled.gt_per_class > 0) | (detected > 0)),
         "per_class": per_class,
         "best": _best_f1(pooled, score_threshold),
+        "chosen_threshold": None
+        if chosen_threshold is None
+        else _micro_at(pooled, chosen_threshold),
         "num_ground_truth": int(pooled.gt_per_class.sum()),
         "num_detections": int(pooled.scores.size),
         "num_ignored_detections": pooled.ignored,
@@ -706,14 +722,13 @@ class Evaluator:
         chosen_threshold: float | None = None,
     ) -> dict[str, Any]:
         counts = precision_recall_f1(
-            gts, dets, self.num_classes, self.score_threshold, self.iou_threshold
+            gts,
+            dets,
+            self.num_classes,
+            self.score_threshold,
+            self.iou_threshold,
+            chosen_threshold,
         )
-        chosen = None
-        if chosen_threshold is not None:
-            at_chosen = precision_recall_f1(
-                gts, dets, self.num_classes, chosen_threshold, self.iou_threshold
-            )
-            chosen = {"threshold": float(chosen_threshold), **at_chosen["micro"]}
         coco = coco_ap(
             gts,
             dets,
@@ -764,7 +779,7 @@ class Evaluator:
             "micro": counts["micro"],
             "macro": counts["macro"],
             "best": counts["best"],
-            "chosen_threshold": chosen,
+            "chosen_threshold": counts["chosen_threshold"],
             "image_level": image_level,
             "num_images": num_images,
             "num_ground_truth": counts["num_ground_truth"],
