@@ -125,23 +125,18 @@ def evaluation_run(run: RunResults) -> dict[str, Any]:
 def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
     """AP@.5 and AP of each class (rows) in each run (columns); None where a run lacks the class."""
     per_run = {run.name: class_rows(run) for run in runs}
-    classes = list(dict.fromkeys(name for rows in per_run.values() for name in rows))
     return {
         "runs": list(per_run),
         "classes": [
             {
                 "name": name,
-                "num_gt": next(
-                    (rows[name].get("num_gt") for rows in per_run.values() if name in rows), "n/a"
-                ),
+                "num_gt": first.get("num_gt"),
                 "scores": [
-                    {"ap50": rows[name].get("ap50"), "ap": rows[name].get("ap")}
-                    if name in rows
-                    else None
-                    for rows in per_run.values()
+                    None if row is None else {"ap50": row.get("ap50"), "ap": row.get("ap")}
+                    for row in cells
                 ],
             }
-            for name in classes
+            for name, first, cells in _lined_up(per_run)
         ],
     }
 
@@ -152,20 +147,29 @@ def size_view(runs: list[RunResults]) -> dict[str, Any]:
     per_run = {
         run.name: (run.evaluation or {})["metrics"].get("size_buckets") or {} for run in runs
     }
-    buckets = list(dict.fromkeys(name for rows in per_run.values() for name in rows))
     return {
         "runs": list(per_run),
         "buckets": [
-            {
-                "name": name,
-                "range_px": next(
-                    rows[name].get("range_px") for rows in per_run.values() if name in rows
-                ),
-                "cells": [rows.get(name) for rows in per_run.values()],
-            }
-            for name in buckets
+            {"name": name, "range_px": first.get("range_px"), "cells": cells}
+            for name, first, cells in _lined_up(per_run)
         ],
     }
+
+
+def _lined_up(
+    per_run: dict[str, dict[str, dict[str, Any]]],
+) -> list[tuple[str, dict[str, Any], list[dict[str, Any] | None]]]:
+    """Rows named in any run, in first-seen order: (name, the first run's row of that name,
+    every run's row or None), for a table of rows by runs."""
+    names = dict.fromkeys(name for rows in per_run.values() for name in rows)
+    return [
+        (
+            name,
+            next(rows[name] for rows in per_run.values() if name in rows),
+            [rows.get(name) for rows in per_run.values()],
+        )
+        for name in names
+    ]
 
 
 def class_rows(run: RunResults) -> dict[str, dict[str, Any]]:
