@@ -131,12 +131,11 @@ class SyntheticSpec:
         The bounds get a relative slack of 1e-9: exp(log(x)) may miss x by a rounding error.
         """
         slack = 1e-9
+        ranges = (self.size_range(label) for label in range(len(self.classes)))
         return [
             label
-            for label in range(len(self.classes))
-            if self.size_range(label)[0] * (1 - slack)
-            <= size
-            <= self.size_range(label)[1] * (1 + slack)
+            for label, (smallest, largest) in enumerate(ranges)
+            if smallest * (1 - slack) <= size <= largest * (1 + slack)
         ]
 
     def count(self, split: str) -> int:
