@@ -8,6 +8,7 @@ rule train_run:
             "engine/step.py",
             "engine/checkpoint.py",
             "engine/evaluator.py",
+            "models/__init__.py",
             "models/centernet.py",
             "models/loss.py",
             "data/__init__.py",
