@@ -242,7 +242,7 @@ def test_a_time_budget_plans_the_epochs_that_fit_and_the_schedule_ends_at_zero_i
     config = tiny_config(data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=25")
     plan = Trainer._fit_schedule_to_budget
     # the first epoch "took" 10 s (a timed one would make the test depend on the machine)
-    monkeypatch.setattr(Trainer, "_fit_schedule_to_budget", lambda self, _: plan(self, 10.0))
+    monkeypatch.setattr(Trainer, "_fit_schedule_to_budget", lambda self, *_: plan(self, 10.0, 0.0))
     run_dir = tmp_path / "budget"
     summary = Trainer(config, run_dir).fit()
     assert summary["epochs"] == 2  # 25 s // 10 s, of at most 3
@@ -254,6 +254,23 @@ def test_a_time_budget_plans_the_epochs_that_fit_and_the_schedule_ends_at_zero_i
     # the plan is part of the run: a resume keeps it (here: the run is finished)
     assert checkpoint.load(run_dir / "last.pth")["planned_epochs"] == 2
     assert Trainer(config, run_dir).resume(required=False) is False
+
+
+@pytest.mark.parametrize(("validation_s", "planned"), [(0.0, 3), (2.0, 2)])
+def test_a_time_budget_counts_the_validations_the_planned_epochs_run(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validation_s, planned
+) -> None:
+    """8-s epochs in a 25-s budget: 3 fit without validation time; validating after every
+    epoch at 2 s each (3 x 10 s) does not fit, 2 epochs do."""
+    config = tiny_config(
+        data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=25", "train.val_interval=1"
+    )
+    plan = Trainer._fit_schedule_to_budget
+    monkeypatch.setattr(
+        Trainer, "_fit_schedule_to_budget", lambda self, *_: plan(self, 8.0, validation_s)
+    )
+    summary = Trainer(config, tmp_path / "budget").fit()
+    assert summary["epochs"] == planned
 
 
 def test_a_first_epoch_longer_than_the_budget_stops_after_it_validated(

@@ -380,24 +380,43 @@ class Trainer:
         }
 
     def _should_validate(self, epoch: int) -> bool:
-        return epoch % self.train_cfg["val_interval"] == 0 or epoch == self.schedule["epochs"]
-
-    def _fit_schedule_to_budget(self, first_epoch_s: float) -> None:
-        """With `train.time_budget_s`, plan as many epochs as fit (at most `train.epochs`), from
-        the first epoch's time with its validation where it has one; the learning-rate schedule
-        then spans them, so the run still ends its cosine at zero instead of being cut off."""
-        budget = self.train_cfg["time_budget_s"]
-        fitting = int(budget // first_epoch_s) if first_epoch_s > 0 else self.train_cfg["epochs"]
-        self.schedule["epochs"] = max(1, min(self.train_cfg["epochs"], fitting))
-        log.info(
-            "time budget %.0f s: the first epoch took %.1f s, so %d of at most %d epochs fit, "
-            "and the learning-rate schedule spans them",
-            budget,
-            first_epoch_s,
-            self.schedule["epochs"],
-            self.train_cfg["epochs"],
+        """Every `val_interval` epochs and the last; with a time budget also the first, whose
+        validation time the plan then counts."""
+        budgeted_first = epoch == 1 and self.train_cfg["time_budget_s"] is not None
+        return (
+            budgeted_first
+            or epoch % self.train_cfg["val_interval"] == 0
+            or epoch == self.schedule["epochs"]
         )
-        if fitting < 1:
+
+    def _fit_schedule_to_budget(self, epoch_s: float, validation_s: float) -> None:
+        """With `train.time_budget_s`, plan as many epochs as fit (at most `train.epochs`), from
+        the first epoch's training and validation times: the plan counts every validation the
+        epochs will run (each `val_interval` and the last). The learning-rate schedule then spans
+        them, so the run still ends its cosine at zero instead of being cut off."""
+        budget, most = self.train_cfg["time_budget_s"], self.train_cfg["epochs"]
+        interval = self.train_cfg["val_interval"]
+
+        def planned_time(epochs: int) -> float:
+            later_validations = sum(
+                1 for epoch in range(2, epochs + 1) if epoch % interval == 0 or epoch == epochs
+            )
+            return epochs * epoch_s + (1 + later_validations) * validation_s
+
+        fitting = 1
+        while fitting < most and planned_time(fitting + 1) <= budget:
+            fitting += 1
+        self.schedule["epochs"] = fitting
+        log.info(
+            "time budget %.0f s: the first epoch took %.1f s and its validation %.1f s, so %d of "
+            "at most %d epochs fit, and the learning-rate schedule spans them",
+            budget,
+            epoch_s,
+            validation_s,
+            fitting,
+            most,
+        )
+        if epoch_s + validation_s > budget:
             log.warning(
                 "the first epoch alone took longer than train.time_budget_s=%s: training stops "
                 "after it. Raise the budget, or lower data.image_size or train.batch_size.",
@@ -436,12 +455,13 @@ class Trainer:
                     host_peak_rss_mb=dev.host_peak_rss_mb(),
                     val=None,
                 )
+                trained = time.perf_counter()
                 if self._should_validate(self.epoch):
                     row["val"] = self._validate()
                 if self.epoch == 1 and self.train_cfg["time_budget_s"] is not None:
-                    self._fit_schedule_to_budget(time.perf_counter() - epoch_started)
-                    if self.epoch == self.schedule["epochs"] and row["val"] is None:
-                        row["val"] = self._validate()  # the last epoch always validates
+                    self._fit_schedule_to_budget(
+                        trained - epoch_started, time.perf_counter() - trained
+                    )
                 self._write_row(row)
                 self.epoch_rows.append(row)
                 checkpoint.save(self.paths["last"], self._state(), self._after_a_failed_write())
