@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.models import build_model
 from pipeline.models.centernet import STRIDE
-from pipeline.models.loss import DetectionLoss, giou_loss
+from pipeline.models.loss import _BOX_BETA, DetectionLoss, _gaussians, box_owners, giou_loss
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,19 +65,20 @@ def loss_for(label_mode: str, classes: int) -> DetectionLoss:
 
 
 # (label mode, classes, image size, objects per image) -> (total, heatmap, box,
-# sum |d total/d heatmap|, probe(d heatmap), sum |d total/d box|, probe(d box)), as the loss
-# gave them before it was made sync-free (commit 7447b17: model inside, one_hot product,
-# boolean-mask indexing, torchvision's GIoU loss).
-PREVIOUS = [
+# sum |d total/d heatmap|, probe(d heatmap), sum |d total/d box|, probe(d box)). The heatmap
+# terms are as the loss gave them before it was made sync-free (commit 7447b17: model inside,
+# one_hot product, boolean-mask indexing, torchvision's GIoU loss); the total and box terms as
+# it gives them since each cell regresses the object with the highest Gaussian (`box_owners`).
+PINNED = [
     (
         ("multilabel", 3, 64, (3, 0, 5)),
-        (113.87664794921875, 111.37027740478516, 1.2531863451004028, 94.43255615234375,
-         0.5697574019432068, 0.7908650040626526, 0.03265064209699631),
+        (113.77566528320312, 111.37027740478516, 1.202685832977295, 94.43255615234375,
+         0.5697574019432068, 0.7450687289237976, 0.08859119564294815),
     ),
     (
         ("single", 4, 64, (2, 6)),
-        (17.150497436523438, 14.651681900024414, 1.2494078874588013, 30.830862045288086,
-         -0.7520946264266968, 0.6961857676506042, -0.022828001528978348),
+        (16.95340919494629, 14.651681900024414, 1.1508632898330688, 30.830862045288086,
+         -0.7520946264266968, 0.7322782874107361, 0.004922248423099518),
     ),
     (
         ("single", 2, 32, (0, 0)),
@@ -86,19 +87,19 @@ PREVIOUS = [
     ),
     (
         ("multilabel", 5, 96, (12,)),
-        (91.37995910644531, 89.14031982421875, 1.1198188066482544, 75.78677368164062,
-         0.29201629757881165, 0.49819421768188477, 0.02537984773516655),
+        (91.36016845703125, 89.14031982421875, 1.1099228858947754, 75.78677368164062,
+         0.29201629757881165, 0.5305163264274597, 0.02484051138162613),
     ),
     (
         ("single", 3, 128, (1, 4, 0, 9)),
-        (310.559814453125, 308.4060363769531, 1.0768920183181763, 379.46929931640625,
-         -0.04971253126859665, 0.36473533511161804, -0.07172548025846481),
+        (310.5511474609375, 308.4060363769531, 1.072571873664856, 379.46929931640625,
+         -0.04971253126859665, 0.3647666573524475, -0.07413555681705475),
     ),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("case", "expected"), PREVIOUS, ids=[str(c) for c, _ in PREVIOUS])
-def test_values_and_gradients_match_the_previous_implementation(case, expected) -> None:
+@pytest.mark.parametrize(("case", "expected"), PINNED, ids=[str(c) for c, _ in PINNED])
+def test_values_and_gradients_match_the_pinned_ones(case, expected) -> None:
     label_mode, classes, size, objects = case
     heat_channels = classes + (label_mode == "single")
     outputs = fixed_outputs(len(objects), heat_channels, size // STRIDE)
@@ -115,6 +116,25 @@ def test_values_and_gradients_match_the_previous_implementation(case, expected) 
         probe(box_grad).item(),
     )
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_each_object_regresses_its_own_centre_cell_also_beside_a_smaller_one() -> None:
+    """A 96-px object with a 10-px one 8 px from its centre (inside its box, as a cell inside
+    a tissue): decoding reads each box at its object's centre cell, so that cell must regress
+    that object. The smallest-covering-object rule gave the large centre to the small object."""
+    cells = 32
+    centres = torch.tensor([[[16.0, 16.0], [18.0, 16.0]]])  # cells: large, small
+    sizes = torch.tensor([[[24.0, 24.0], [2.5, 2.5]]])  # cells (96 px and 10 px at stride 4)
+    gauss = _gaussians(centres, sizes, _BOX_BETA, cells, cells)
+    area = sizes[..., 0] * sizes[..., 1]
+    assert gauss[0, 1, 16, 16] > 0.05  # the small object's area covers the large one's centre
+    owner, assigned = box_owners(gauss, area)
+    assert owner[0, 16, 16] == 0 and owner[0, 16, 18] == 1
+    assert assigned[0, 16, 16] and assigned[0, 16, 18] and not assigned[0, 0, 0]
+    # padding (a zero Gaussian) never owns a cell; equal Gaussians go to the smaller object
+    twins = torch.cat([gauss[:, :1], gauss[:, :1], torch.zeros_like(gauss[:, :1])], dim=1)
+    owner, _ = box_owners(twins, torch.tensor([[576.0, 100.0, 1.0]]))
+    assert owner[0, 16, 16] == 1
 
 
 def test_giou_loss_matches_torchvision_on_overlapping_touching_and_disjoint_boxes() -> None:
