@@ -49,16 +49,19 @@ def _gaussians(
     h: int,
     w: int,
 ) -> torch.Tensor:
-    """[..., h, w] Gaussians peaking at 1 on each object's centre cell; sizes in cells."""
+    """[..., h, w] Gaussians peaking at 1 on each object's centre cell; sizes in cells.
+
+    Separable: a row and a column profile per object, multiplied out, so `exp` runs on
+    h + w values per object instead of h * w (it was 40% of the loss's time).
+    """
     sigma = (spread * sizes / 6).clamp(min=MIN_SIGMA)
     ys = torch.arange(h, device=centres.device, dtype=centres.dtype)
     xs = torch.arange(w, device=centres.device, dtype=centres.dtype)
-    dx = xs.view(1, 1, 1, w) - centres[..., 0, None, None]
-    dy = ys.view(1, 1, h, 1) - centres[..., 1, None, None]
-    return torch.exp(
-        -(dx**2) / (2 * sigma[..., 0, None, None] ** 2)
-        - dy**2 / (2 * sigma[..., 1, None, None] ** 2)
-    )
+    dx = xs - centres[..., 0, None]  # [..., w]
+    dy = ys - centres[..., 1, None]  # [..., h]
+    across = torch.exp(-(dx**2) / (2 * sigma[..., 0, None] ** 2))
+    down = torch.exp(-(dy**2) / (2 * sigma[..., 1, None] ** 2))
+    return down[..., :, None] * across[..., None, :]
 
 
 def giou_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
