@@ -375,7 +375,21 @@ def test_bucket_recall_counts_detections_at_the_score_threshold_and_ap_counts_ev
         "ap50": None,
         "ap": None,
         "recall": None,
+        "per_class": [{"label": 0, "name": "a", "num_gt": 0, "ap50": None}],
     }
+
+
+def test_a_bucket_averages_its_classes_and_per_class_shows_a_rare_one_dragging_it() -> None:
+    """Four medium objects of class a found, one medium object of class b (a large object cut
+    at the border, say) missed: the bucket's AP@.5 is COCO's mean over the two classes."""
+    gts = [gt(1, [square(20 * i, 0, 20) for i in range(4)] + [square(0, 100, 30)], [0] * 4 + [1])]
+    dets = [det(1, gts[0]["boxes"][:4].tolist(), [0.9] * 4, [0] * 4)]
+    medium = coco_ap(gts, dets, 2, (256, 256), ["a", "b"], 0.5)["size_buckets"]["medium"]
+    assert medium["ap50"] == pytest.approx(0.5, abs=1e-9) and medium["recall"] == 0.8
+    assert medium["per_class"] == [
+        {"label": 0, "name": "a", "num_gt": 4, "ap50": pytest.approx(1.0, abs=1e-9)},
+        {"label": 1, "name": "b", "num_gt": 1, "ap50": pytest.approx(0.0, abs=1e-9)},
+    ]
 
 
 def test_bucket_ap_ignores_detections_of_other_sizes_as_cocoeval_does() -> None:
@@ -397,6 +411,7 @@ def test_size_buckets_without_detections_are_zero_and_without_ground_truth_none(
             "ap50": 0.0,
             "ap": 0.0,
             "recall": 0.0,
+            "per_class": [{"label": 0, "name": "a", "num_gt": 1, "ap50": 0.0}],
         }
         assert buckets["medium"]["ap50"] is None and buckets["large"]["recall"] is None
 

@@ -356,6 +356,9 @@ def _bucket_rows(
     ap50: Mapping[str, float | None],
     ap: Mapping[str, float | None],
     recall: Mapping[str, float | None],
+    class_counts: Sequence[Mapping[str, int]],
+    class_ap50: Mapping[str, Sequence[float | None]],
+    class_names: Sequence[str],
 ) -> dict[str, dict[str, Any]]:
     return {
         name: {
@@ -364,6 +367,15 @@ def _bucket_rows(
             "ap50": ap50[name],
             "ap": ap[name],
             "recall": recall[name],
+            "per_class": [
+                {
+                    "label": c,
+                    "name": class_name,
+                    "num_gt": class_counts[c][name],
+                    "ap50": class_ap50[name][c],
+                }
+                for c, class_name in enumerate(class_names)
+            ],
         }
         for name, (lower, upper) in SIZE_BUCKETS.items()
     }
@@ -419,7 +431,9 @@ def coco_ap(
     `size_buckets` holds, per SIZE_BUCKETS entry (sizes in input pixels), the ground-truth
     count, AP@.5 and AP (pycocotools with its area ranges set to the buckets) and the recall
     at IoU 0.5 of the detections scoring >= `score_threshold`; all None for a bucket
-    without ground truth.
+    without ground truth. A bucket's AP is pycocotools' mean over the classes with ground
+    truth in it, so a class with two objects there weighs as much as one with hundreds:
+    `per_class` gives each class's count and AP@.5 in the bucket, which shows when that is so.
     """
     if len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
@@ -482,18 +496,33 @@ def coco_ap(
             for c in range(num_classes)
         ]
 
-    objects = [a["area"] for a in annotations if not a["iscrowd"]]  # ignore regions not counted
-    counts = _bucket_counts(np.asarray(objects, dtype=np.float64))
+    objects = [a for a in annotations if not a["iscrowd"]]  # ignore regions not counted
+    areas = np.asarray([a["area"] for a in objects], dtype=np.float64)
+    labels = np.asarray([a["category_id"] - 1 for a in objects], dtype=np.int64)
+    counts = _bucket_counts(areas)
+    class_counts = [_bucket_counts(areas[labels == c]) for c in range(num_classes)]
+
+    def buckets(
+        ap50: Mapping[str, float | None],
+        ap: Mapping[str, float | None],
+        recall: Mapping[str, float | None],
+        class_ap50: Mapping[str, Sequence[float | None]],
+    ) -> dict[str, dict[str, Any]]:
+        return _bucket_rows(counts, ap50, ap, recall, class_counts, class_ap50, class_names)
+
     # loadRes([]) raises; without objects (ignore regions alone) the stats stay at -1
     if not results or not gt_per_class.any():
         zeros = [0.0 if n else None for n in gt_per_class]
         empty = {name: 0.0 if n else None for name, n in counts.items()}
+        empty_per_class = {
+            name: [0.0 if row[name] else None for row in class_counts] for name in SIZE_BUCKETS
+        }
         return {
             "ap": 0.0,
             "ap50": 0.0,
             "ap75": 0.0,
             "per_class": per_class(zeros, zeros),
-            "size_buckets": _bucket_rows(counts, empty, empty, empty),
+            "size_buckets": buckets(empty, empty, empty, empty_per_class),
         }
 
     from pycocotools.coco import COCO  # imported here: only evaluation needs it
@@ -529,10 +558,15 @@ def coco_ap(
     bucket_ap50: dict[str, float | None] = {}
     bucket_ap: dict[str, float | None] = {}
     bucket_recall: dict[str, float | None] = {}
+    bucket_class_ap50: dict[str, list[float | None]] = {}
     for name in SIZE_BUCKETS:
         area = params.areaRngLbl.index(name)
         values = evaluation.eval["precision"][:, :, :, area, -1]  # [T, R, K]
         present = (values > -1).any(axis=(0, 1))  # classes with ground truth in this bucket
+        bucket_class_ap50[name] = [None] * num_classes
+        for k, category_id in enumerate(params.catIds):
+            if present[k]:
+                bucket_class_ap50[name][category_id - 1] = float(values[at_50][:, k].mean())
         if counts[name] == 0 or not present.any():
             bucket_ap50[name] = bucket_ap[name] = bucket_recall[name] = None
             continue
@@ -545,7 +579,7 @@ def coco_ap(
         "ap50": float(stats[1]),
         "ap75": float(stats[2]),
         "per_class": per_class(ap, ap50),
-        "size_buckets": _bucket_rows(counts, bucket_ap50, bucket_ap, bucket_recall),
+        "size_buckets": buckets(bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50),
     }
 
 
