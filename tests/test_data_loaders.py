@@ -949,9 +949,15 @@ def test_images_dir_per_split_overrides_the_common_one_and_the_annotation_folder
 
 
 def test_a_test_split_exists_where_its_file_is_named_or_found(
-    export: Path, voc_root: Path, coco_root: Path
+    export: Path, voc_root: Path, coco_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert has_test_split(load_config(None, export_settings(export, "train", "val", "test")))
+    # files named one by one: never the default data.root's test file (the synthetic set's,
+    # there after the default pipeline ran), which would evaluate the user's model on shapes
+    monkeypatch.chdir(tmp_path)
+    default_root = Path(load_config(None)["data"]["root"])
+    default_root.mkdir(parents=True)
+    (default_root / "instances_test.json").write_text("{}")
     assert not has_test_split(load_config(None, export_settings(export, "train", "val")))
     coco = load_config(None, [f"data.root={coco_root}", "data.format=coco"])
     assert not has_test_split(coco)

@@ -49,12 +49,18 @@ def split_file(config: dict[str, Any], split: str) -> Path:
 
 def has_test_split(config: dict[str, Any]) -> bool:
     """Whether the data set has a test split: generated (data.synthetic.num_test > 0), named
-    explicitly (data.test_annotations), or found where data.test_split puts it."""
+    explicitly (data.test_annotations), or found where data.test_split puts it.
+
+    A COCO data set whose train or val file is named one by one is not under data.root, so
+    its test split is data.test_annotations or none: data.root then still holds its default,
+    the synthetic set, whose test file must never stand in for the user's."""
     data = config["data"]
     if data["format"] == "synthetic":
         return data["synthetic"]["num_test"] > 0 and data["test_split"] is not None
-    if data["format"] == "coco" and data["test_annotations"]:
-        return True
+    if data["format"] == "coco" and (
+        data["test_annotations"] or data["train_annotations"] or data["val_annotations"]
+    ):
+        return bool(data["test_annotations"])
     return data["test_split"] is not None and split_file(config, "test").is_file()
 
 
