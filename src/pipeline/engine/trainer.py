@@ -379,15 +379,12 @@ class Trainer:
             "images_per_s": self.steps_per_epoch * batch_size / seconds,
         }
 
-    def _should_validate(self, epoch: int) -> bool:
-        """Every `val_interval` epochs and the last; with a time budget also the first, whose
-        validation time the plan then counts."""
+    def _should_validate(self, epoch: int, last_epoch: int | None = None) -> bool:
+        """Every `val_interval` epochs and the last (of the schedule, or `last_epoch`); with a
+        time budget also the first, whose validation time the plan then counts."""
         budgeted_first = epoch == 1 and self.train_cfg["time_budget_s"] is not None
-        return (
-            budgeted_first
-            or epoch % self.train_cfg["val_interval"] == 0
-            or epoch == self.schedule["epochs"]
-        )
+        last = self.schedule["epochs"] if last_epoch is None else last_epoch
+        return budgeted_first or epoch % self.train_cfg["val_interval"] == 0 or epoch == last
 
     def _fit_schedule_to_budget(self, epoch_s: float, validation_s: float) -> None:
         """With `train.time_budget_s`, plan as many epochs as fit (at most `train.epochs`), from
@@ -395,13 +392,10 @@ class Trainer:
         epochs will run (each `val_interval` and the last). The learning-rate schedule then spans
         them, so the run still ends its cosine at zero instead of being cut off."""
         budget, most = self.train_cfg["time_budget_s"], self.train_cfg["epochs"]
-        interval = self.train_cfg["val_interval"]
 
         def planned_time(epochs: int) -> float:
-            later_validations = sum(
-                1 for epoch in range(2, epochs + 1) if epoch % interval == 0 or epoch == epochs
-            )
-            return epochs * epoch_s + (1 + later_validations) * validation_s
+            validations = sum(self._should_validate(e, epochs) for e in range(1, epochs + 1))
+            return epochs * epoch_s + validations * validation_s
 
         fitting = 1
         while fitting < most and planned_time(fitting + 1) <= budget:
