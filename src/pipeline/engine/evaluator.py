@@ -548,13 +548,20 @@ def coco_ap(
     # precision: [IoU thresholds T, recall thresholds R, classes K, area ranges A, maxDets M]
     precision = evaluation.eval["precision"][:, :, :, params.areaRngLbl.index("all"), -1]
     at_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
-    ap: list[float | None] = [None] * num_classes
-    ap50: list[float | None] = [None] * num_classes
-    for k, category_id in enumerate(params.catIds):
-        values = precision[:, :, k]
-        if (values > -1).any():
-            ap[category_id - 1] = float(values[values > -1].mean())
-            ap50[category_id - 1] = float(values[at_50].mean())
+
+    def by_class(values: np.ndarray) -> tuple[list[float | None], list[float | None]]:
+        """AP and AP@.5 per class label from one area range's precision [T, R, K]; None for
+        a class without ground truth there (pycocotools' -1)."""
+        class_ap: list[float | None] = [None] * num_classes
+        class_ap50: list[float | None] = [None] * num_classes
+        for k, category_id in enumerate(params.catIds):
+            found = values[:, :, k]
+            if (found > -1).any():
+                class_ap[category_id - 1] = float(found[found > -1].mean())
+                class_ap50[category_id - 1] = float(found[at_50].mean())
+        return class_ap, class_ap50
+
+    ap, ap50 = by_class(precision)
     bucket_ap50: dict[str, float | None] = {}
     bucket_ap: dict[str, float | None] = {}
     bucket_recall: dict[str, float | None] = {}
@@ -563,10 +570,7 @@ def coco_ap(
         area = params.areaRngLbl.index(name)
         values = evaluation.eval["precision"][:, :, :, area, -1]  # [T, R, K]
         present = (values > -1).any(axis=(0, 1))  # classes with ground truth in this bucket
-        bucket_class_ap50[name] = [None] * num_classes
-        for k, category_id in enumerate(params.catIds):
-            if present[k]:
-                bucket_class_ap50[name][category_id - 1] = float(values[at_50][:, k].mean())
+        _, bucket_class_ap50[name] = by_class(values)
         if counts[name] == 0 or not present.any():
             bucket_ap50[name] = bucket_ap[name] = bucket_recall[name] = None
             continue
