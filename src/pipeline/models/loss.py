@@ -96,8 +96,8 @@ def box_owners(gauss: torch.Tensor, area: torch.Tensor) -> tuple[torch.Tensor, t
 
     The object whose Gaussian is highest at the cell, ties going to the smaller one, so that
     every object's own centre cell (where decoding reads its box) regresses that object. TTFNet
-    gives each cell to the smallest object whose area covers it; on the multi-scale preset that
-    handed 11% of the large objects' centre cells to a small object beside the centre.
+    gives each cell to the smallest object whose area covers it, which hands a large object's
+    centre cell to any small object near that centre.
     gauss: [B, N, h, w] (zero for padding); area: [B, N].
     """
     highest = gauss.amax(dim=1, keepdim=True)
