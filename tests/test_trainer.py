@@ -11,6 +11,7 @@ import os
 import pickle
 import random
 import shutil
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,7 +24,7 @@ from tiny_runs import global_torch_state, make_data, one_cpu_thread, tiny_config
 from pipeline import cli
 from pipeline.config import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
 from pipeline.engine import checkpoint
-from pipeline.engine.trainer import Trainer
+from pipeline.engine.trainer import BudgetTiming, Trainer, steps_within_budget
 from pipeline.errors import CheckpointError, OutputError, TrainingError
 from pipeline.models.loss import DetectionLoss
 
@@ -236,41 +237,123 @@ def test_a_time_budget_that_fits_every_epoch_changes_nothing(
     assert summary["final_val"] == trained.summary["final_val"]
 
 
-def test_a_time_budget_plans_the_epochs_that_fit_and_the_schedule_ends_at_zero_in_them(
+def fake_timing(epochs_s: list[float], validation_s: float):
+    """A `Trainer._budget_timing` whose epoch `k` "took" `epochs_s[k - 1]` seconds and each
+    validation `validation_s` (timed ones would make the tests depend on the machine)."""
+
+    def timing(self: Trainer) -> BudgetTiming:
+        taken = epochs_s[: self.epoch]
+        validations = len(self.timings["validations_s"])
+        return BudgetTiming(
+            used_s=sum(taken) + validations * validation_s,
+            epoch_s=statistics.median(taken),
+            validation_s=validation_s,
+        )
+
+    return timing
+
+
+def epoch_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [row for row in read_rows(run_dir / "metrics.jsonl") if row["type"] == "epoch"]
+
+
+def test_a_time_budget_plans_the_steps_that_fit_and_the_schedule_ends_at_zero_in_them(
     data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline_log
 ) -> None:
+    """Epochs of 2 steps and 10 s in a 25-s budget: after the first, 15 s are left for 3 more
+    steps, so the third epoch stops after its first step, and the cosine ends there."""
     config = tiny_config(data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=25")
-    plan = Trainer._fit_schedule_to_budget
-    # the first epoch "took" 10 s (a timed one would make the test depend on the machine)
-    monkeypatch.setattr(Trainer, "_fit_schedule_to_budget", lambda self, *_: plan(self, 10.0, 0.0))
+    monkeypatch.setattr(Trainer, "_budget_timing", fake_timing([10.0] * EPOCHS, 0.0))
     run_dir = tmp_path / "budget"
     summary = Trainer(config, run_dir).fit()
-    assert summary["epochs"] == 2  # 25 s // 10 s, of at most 3
-    rows = [row for row in read_rows(run_dir / "metrics.jsonl") if row["type"] == "epoch"]
-    assert [row["epoch"] for row in rows] == [1, 2]
-    assert rows[-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # the cosine spans the 2 epochs
-    assert rows[-1]["val"] is not None
-    assert "so 2 of at most 3 epochs fit" in pipeline_log.text
+    assert (summary["epochs"], summary["steps"]) == (3, 5)
+    rows = epoch_rows(run_dir)
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert rows[-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # the cosine spans the 5 steps
+    assert rows[-2]["lr"] > 0 and rows[-1]["val"] is not None
+    assert "so 2.5 of at most 3 epochs fit (5 steps)" in pipeline_log.text
     # the plan is part of the run: a resume keeps it (here: the run is finished)
-    assert checkpoint.load(run_dir / "last.pth")["planned_epochs"] == 2
+    state = checkpoint.load(run_dir / "last.pth")
+    assert state["planned_steps"] == 5 and len(state["timings"]["epochs_s"]) == 3
     assert Trainer(config, run_dir).resume(required=False) is False
 
 
-@pytest.mark.parametrize(("validation_s", "planned"), [(0.0, 3), (2.0, 2)])
-def test_a_time_budget_counts_the_validations_the_planned_epochs_run(
-    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validation_s, planned
+def test_a_time_budget_plans_again_after_every_epoch(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline_log
 ) -> None:
-    """8-s epochs in a 25-s budget: 3 fit without validation time; validating after every
-    epoch at 2 s each (3 x 10 s) does not fit, 2 epochs do."""
+    """Epochs of 2 steps. A slow first epoch (16 s) plans 2.5 epochs into 44 s; after the second
+    (8 s) the median epoch is 12 s, 24 s are used, and 20 s make 3 more steps of 6 s: 3.5
+    epochs; after the third, 8-s epochs fit all 4, and the cosine stretches to end in it."""
+    config = tiny_config(data_root, "train.epochs=4", "train.time_budget_s=44")
+    monkeypatch.setattr(Trainer, "_budget_timing", fake_timing([16.0, 8.0, 8.0, 8.0], 0.0))
+    run_dir = tmp_path / "budget"
+    summary = Trainer(config, run_dir).fit()
+    assert "so 2.5 of at most 4 epochs fit (5 steps)" in pipeline_log.text
+    assert "24 s used after epoch 2" in pipeline_log.text
+    assert "so 3.5 of at most 4 epochs fit (7 steps)" in pipeline_log.text
+    assert "so 4.0 of at most 4 epochs fit (8 steps)" in pipeline_log.text
+    assert (summary["epochs"], summary["steps"]) == (4, 8)
+    rows = epoch_rows(run_dir)
+    assert rows[-2]["lr"] > 0 and rows[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_budgeted_run_that_trained_its_planned_last_epoch_ends_with_time_left(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 s, then 4-s epochs, in 40 s: after epoch 1 two epochs fit; after epoch 2 a third
+    would (24 s used), but the learning rate has annealed to zero, and the run does not
+    warm it up again."""
+    config = tiny_config(data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=40")
+    monkeypatch.setattr(Trainer, "_budget_timing", fake_timing([20.0, 4.0, 4.0], 0.0))
+    assert Trainer(config, tmp_path / "budget").fit()["epochs"] == 2
+
+
+@pytest.mark.parametrize(("validation_s", "steps"), [(0.0, 6), (2.0, 4)])
+def test_a_time_budget_counts_the_validations_the_planned_epochs_run(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validation_s, steps
+) -> None:
+    """8-s epochs of two 4-s steps in a 25-s budget, validating after every epoch: without
+    validation time all 3 epochs fit (24 s); at 2 s a validation, one step of the third epoch
+    and its validation would end at 26 s, so the run stops after the second (20 s)."""
     config = tiny_config(
         data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=25", "train.val_interval=1"
     )
-    plan = Trainer._fit_schedule_to_budget
-    monkeypatch.setattr(
-        Trainer, "_fit_schedule_to_budget", lambda self, *_: plan(self, 8.0, validation_s)
-    )
+    monkeypatch.setattr(Trainer, "_budget_timing", fake_timing([8.0] * EPOCHS, validation_s))
     summary = Trainer(config, tmp_path / "budget").fit()
-    assert summary["epochs"] == planned
+    assert summary["steps"] == steps
+
+
+def every_second_and_the_last(epoch: int, last_epoch: int) -> bool:
+    return epoch % 2 == 0 or epoch == last_epoch
+
+
+@pytest.mark.parametrize(
+    ("used_s", "done_steps", "validated", "most_epochs", "expected"),
+    [
+        # 10-s epochs of 10 steps, 1-s validations (after epochs 2, 4, ... and the last), 100 s:
+        # 95 steps (9.5 epochs) and 5 validations (2, 4, 6, 8 and the last, 10) make 100 s
+        (0.0, 0, True, 100, 95),
+        # 5 s left after epoch 4: 3 steps and 2 validations (4, 5), or 4 steps if 4 validated
+        (95.0, 40, False, 100, 43),
+        (95.0, 40, True, 100, 44),
+        (15.0, 10, True, 3, 30),  # room for more, but train.epochs caps the plan
+        (500.0, 70, True, 100, 70),  # over budget already: never fewer steps than trained
+    ],
+)
+def test_steps_within_budget_counts_what_is_left(
+    used_s, done_steps, validated, most_epochs, expected
+) -> None:
+    timing = BudgetTiming(used_s=used_s, epoch_s=10.0, validation_s=1.0)
+    fitting = steps_within_budget(
+        timing,
+        budget_s=100.0,
+        done_steps=done_steps,
+        steps_per_epoch=10,
+        validated=validated,
+        most_epochs=most_epochs,
+        validates=every_second_and_the_last,
+    )
+    assert fitting == expected
 
 
 def test_a_first_epoch_longer_than_the_budget_stops_after_it_validated(

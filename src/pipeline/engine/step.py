@@ -44,8 +44,9 @@ def build_optimizer(params, train: dict[str, Any]) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, train: dict[str, Any], steps_per_epoch: int) -> float:
-    """Linear warm-up, then cosine to zero, step decay, or constant; per optimizer step."""
-    total = train["epochs"] * steps_per_epoch
+    """Linear warm-up, then cosine to zero, step decay, or constant; per optimizer step.
+    `train["epochs"]` may be fractional: a time budget's plan may end part-way into an epoch."""
+    total = round(train["epochs"] * steps_per_epoch)
     warmup = min(int(train["warmup_epochs"] * steps_per_epoch), total - 1)
     if step < warmup:
         return (step + 1) / (warmup + 1)

@@ -16,7 +16,10 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,41 @@ def _format_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+@dataclass(frozen=True)
+class BudgetTiming:
+    used_s: float  # the run's wall time so far
+    epoch_s: float  # a whole epoch's training
+    validation_s: float  # one validation
+
+
+def steps_within_budget(
+    timing: BudgetTiming,
+    *,
+    budget_s: float,
+    done_steps: int,
+    steps_per_epoch: int,
+    validated: bool,
+    most_epochs: int,
+    validates: Callable[[int, int], bool],
+) -> int:
+    """The most optimizer steps, from `done_steps` (whole epochs, the last of which has validated
+    if `validated`) up to `most_epochs` epochs, that fit into `budget_s` with the validations
+    still to come; the last epoch may stop part-way. `validates(epoch, last_epoch)` says
+    whether an epoch validates in a run of that many epochs."""
+    done_epochs = math.ceil(done_steps / steps_per_epoch)
+    step_s = timing.epoch_s / steps_per_epoch
+    fitting = done_steps
+    for epochs in range(done_epochs + 1, most_epochs + 1):
+        pending = [] if validated else [done_epochs]
+        later = range(done_epochs + 1, epochs + 1)
+        validations = sum(validates(epoch, epochs) for epoch in (*pending, *later))
+        left_s = budget_s - timing.used_s - validations * timing.validation_s
+        steps = min(epochs * steps_per_epoch, done_steps + math.floor(left_s / step_s))
+        if steps > (epochs - 1) * steps_per_epoch:  # at least one step into this epoch
+            fitting = steps
+    return fitting
+
+
 class Trainer:
     """Trains one run into `run_dir`; `fit()` returns the summary it also writes."""
 
@@ -135,9 +173,10 @@ class Trainer:
         )
         self.loss_fn = DetectionLoss.for_model(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
-        # What the learning-rate schedule spans; a time budget shortens it after the first epoch.
+        # What the learning-rate schedule spans (its "epochs" may be fractional); set by _plan.
         self.schedule = dict(self.train_cfg)
         self.scheduler = build_scheduler(self.optimizer, self.schedule, self.steps_per_epoch)
+        self._plan(self.train_cfg["epochs"] * self.steps_per_epoch)
         self.step = TrainStep(
             self.model,
             self.loss_fn,
@@ -160,6 +199,8 @@ class Trainer:
         self.epoch_rows: list[dict[str, Any]] = []
         self.step_times: list[float] = []
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
+        # what a time budget plans from: every epoch's training and every validation, in seconds
+        self.timings: dict[str, list[float]] = {"epochs_s": [], "validations_s": []}
 
     # ---- setup -------------------------------------------------------------------------
     def _seed_everything(self) -> None:
@@ -182,7 +223,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "epoch": self.epoch,
-            "planned_epochs": self.schedule["epochs"],
+            "planned_steps": self.planned_steps,
+            "timings": self.timings,
             "global_step": self.global_step,
             "best_metric": self.best_metric,
             "best_epoch": self.best_epoch,
@@ -237,8 +279,11 @@ class Trainer:
                 )
             log.warning("%s: starting a new run instead of resuming.", message)
             return False
-        planned = state.get("planned_epochs", self.train_cfg["epochs"])
-        if state["epoch"] >= planned and not required:
+        # checkpoints before 2026-12 hold the plan in epochs
+        planned = state.get("planned_steps") or self.steps_per_epoch * state.get(
+            "planned_epochs", self.train_cfg["epochs"]
+        )
+        if state["global_step"] >= planned and not required:
             # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
             log.info("%s holds a finished run: training again from the start.", path)
             return False
@@ -247,7 +292,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.global_step = state["epoch"], state["global_step"]
-        self.schedule["epochs"] = planned
+        self._plan(planned)
+        self.timings = state.get("timings", self.timings)  # absent in checkpoints before 2026-12
         self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_weights = state.get("best_model")
         self.elapsed_before = state["elapsed_s"]
@@ -315,27 +361,29 @@ class Trainer:
         self.memory.reset()
         self.train_loader.sampler.set_epoch(epoch)
         self.tally.new_epoch()
-        batch_size, total_epochs = self.train_cfg["batch_size"], self.schedule["epochs"]
+        batch_size, total_epochs = self.train_cfg["batch_size"], self.planned_epochs
+        steps = min(
+            self.steps_per_epoch, self.planned_steps - self.global_step
+        )  # the plan's last: fewer
         interval = self.train_cfg["log_interval"]
         dev.synchronize(self.device)
         start = mark = time.perf_counter()
-        for index, (images, targets) in enumerate(self.train_loader, start=1):
+        for index, (images, targets) in enumerate(islice(self.train_loader, steps), start=1):
             result = self.step(images, targets)
             self.global_step += 1
             self.memory.update()
             self.tally.add(result)
-            if index % interval and index != self.steps_per_epoch:
+            if index % interval and index != steps:
                 continue
             read = self.tally.read(result)
             now = time.perf_counter()
             self._stop_if_diverging(epoch, read["worst_streak"])
-            steps = index % interval or interval
-            step_time = (now - mark) / steps
+            step_time = (now - mark) / (index % interval or interval)
             mark = now
             self.step_times.append(step_time)
             if not read["finite"]:  # a skipped step has no figures to log
                 continue
-            remaining = (total_epochs - epoch) * self.steps_per_epoch + self.steps_per_epoch - index
+            remaining = self.planned_steps - self.global_step
             lr = self.optimizer.param_groups[0]["lr"]
             self._write_row(
                 {
@@ -356,7 +404,7 @@ class Trainer:
                 epoch,
                 total_epochs,
                 index,
-                self.steps_per_epoch,
+                steps,
                 read["loss"],
                 read["heatmap"],
                 read["box"],
@@ -376,41 +424,72 @@ class Trainer:
             "train_heatmap": means[1],
             "train_box": means[2],
             "epoch_time_s": seconds,
-            "images_per_s": self.steps_per_epoch * batch_size / seconds,
+            "images_per_s": steps * batch_size / seconds,
         }
 
     def _should_validate(self, epoch: int, last_epoch: int | None = None) -> bool:
-        """Every `val_interval` epochs and the last (of the schedule, or `last_epoch`); with a
-        time budget also the first, whose validation time the plan then counts."""
-        budgeted_first = epoch == 1 and self.train_cfg["time_budget_s"] is not None
-        last = self.schedule["epochs"] if last_epoch is None else last_epoch
-        return budgeted_first or epoch % self.train_cfg["val_interval"] == 0 or epoch == last
+        """Every `val_interval` epochs and the last (of the schedule, or `last_epoch`)."""
+        last = self.planned_epochs if last_epoch is None else last_epoch
+        return epoch % self.train_cfg["val_interval"] == 0 or epoch == last
 
-    def _fit_schedule_to_budget(self, epoch_s: float, validation_s: float) -> None:
-        """With `train.time_budget_s`, plan as many epochs as fit (at most `train.epochs`), from
-        the first epoch's training and validation times: the plan counts every validation the
-        epochs will run (each `val_interval` and the last). The learning-rate schedule then spans
-        them, so the run still ends its cosine at zero instead of being cut off."""
-        budget, most = self.train_cfg["time_budget_s"], self.train_cfg["epochs"]
-
-        def planned_time(epochs: int) -> float:
-            validations = sum(self._should_validate(e, epochs) for e in range(1, epochs + 1))
-            return epochs * epoch_s + validations * validation_s
-
-        fitting = 1
-        while fitting < most and planned_time(fitting + 1) <= budget:
-            fitting += 1
-        self.schedule["epochs"] = fitting
-        log.info(
-            "time budget %.0f s: the first epoch took %.1f s and its validation %.1f s, so %d of "
-            "at most %d epochs fit, and the learning-rate schedule spans them",
-            budget,
-            epoch_s,
-            validation_s,
-            fitting,
-            most,
+    def _budget_timing(self) -> BudgetTiming:
+        """What the budget's plan knows now: the run's seconds so far (all sessions), and the
+        median time of an epoch's training and of a validation (0 before the first)."""
+        return BudgetTiming(
+            used_s=self.elapsed_before + time.perf_counter() - self._session_start,
+            epoch_s=statistics.median(self.timings["epochs_s"]),
+            validation_s=statistics.median(self.timings["validations_s"] or [0.0]),
         )
-        if epoch_s + validation_s > budget:
+
+    def _plan(self, steps: int) -> None:
+        """The run's length in optimizer steps: the learning-rate schedule spans them (ending at
+        zero after the last), and the last epoch stops there, part-way through if need be."""
+        self.planned_steps = steps
+        self.schedule["epochs"] = steps / self.steps_per_epoch  # what lr_factor spans
+
+    @property
+    def planned_epochs(self) -> int:
+        return math.ceil(self.planned_steps / self.steps_per_epoch)
+
+    def _fit_schedule_to_budget(self, validated: bool) -> None:
+        """With `train.time_budget_s`, after every epoch: plan as many steps as fit into what is
+        left of the budget (at most `train.epochs`, never fewer than trained), from the median
+        epoch and validation times so far, counting every validation still to come (each
+        `val_interval` and the last); the last epoch may stop part-way. The learning-rate
+        schedule spans the plan, so the run ends its cosine at zero instead of being cut off.
+        Planning again after each epoch corrects the first epoch's estimate (it runs slower
+        than later ones) and follows a host that speeds up or slows down. A run that has
+        trained its planned last epoch ends there, time left or not: its learning rate has
+        annealed to zero and would restart."""
+        if self.epoch >= self.planned_epochs:
+            return
+        budget, most = self.train_cfg["time_budget_s"], self.train_cfg["epochs"]
+        timing = self._budget_timing()
+        fitting = steps_within_budget(
+            timing,
+            budget_s=budget,
+            done_steps=self.global_step,
+            steps_per_epoch=self.steps_per_epoch,
+            validated=validated,
+            most_epochs=most,
+            validates=self._should_validate,
+        )
+        if fitting != self.planned_steps or self.epoch == 1:
+            log.info(
+                "time budget %.0f s: %.0f s used after epoch %d; an epoch takes %.1f s and a "
+                "validation %.1f s, so %.1f of at most %d epochs fit (%d steps), and the "
+                "learning-rate schedule spans them",
+                budget,
+                timing.used_s,
+                self.epoch,
+                timing.epoch_s,
+                timing.validation_s,
+                fitting / self.steps_per_epoch,
+                most,
+                fitting,
+            )
+        self._plan(fitting)
+        if self.epoch == 1 and timing.used_s > budget:
             log.warning(
                 "the first epoch alone took longer than train.time_budget_s=%s: training stops "
                 "after it. Raise the budget, or lower data.image_size or train.batch_size.",
@@ -432,12 +511,12 @@ class Trainer:
             len(self.class_names),
             dev.describe_device(self.device),
             "AMP " + self.precision if self.amp else "fp32",
-            self.schedule["epochs"],
+            self.planned_epochs,
             self.steps_per_epoch,
             self.train_cfg["batch_size"],
         )
         try:
-            while self.epoch < self.schedule["epochs"]:
+            while self.epoch < self.planned_epochs:
                 epoch_started = time.perf_counter()
                 row = self._train_epoch()
                 self.epoch = row["epoch"]
@@ -449,13 +528,14 @@ class Trainer:
                     host_peak_rss_mb=dev.host_peak_rss_mb(),
                     val=None,
                 )
-                trained = time.perf_counter()
-                if self._should_validate(self.epoch):
-                    row["val"] = self._validate()
-                if self.epoch == 1 and self.train_cfg["time_budget_s"] is not None:
-                    self._fit_schedule_to_budget(
-                        trained - epoch_started, time.perf_counter() - trained
-                    )
+                self.timings["epochs_s"].append(time.perf_counter() - epoch_started)
+                budgeted = self.train_cfg["time_budget_s"] is not None
+                if budgeted and self.epoch == 1:  # the budget's plan needs a validation's time
+                    row["val"] = self._timed_validation()
+                if budgeted:
+                    self._fit_schedule_to_budget(validated=row["val"] is not None)
+                if row["val"] is None and self._should_validate(self.epoch):
+                    row["val"] = self._timed_validation()
                 self._write_row(row)
                 self.epoch_rows.append(row)
                 checkpoint.save(self.paths["last"], self._state(), self._after_a_failed_write())
@@ -471,6 +551,12 @@ class Trainer:
             if stale.is_file():
                 stale.unlink(missing_ok=True)
                 log.info("removed %s, left behind by an interrupted write", stale)
+
+    def _timed_validation(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        val = self._validate()
+        self.timings["validations_s"].append(time.perf_counter() - started)
+        return val
 
     def _validate(self) -> dict[str, Any]:
         metrics, _ = self.evaluator.evaluate(
