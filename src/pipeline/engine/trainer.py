@@ -362,9 +362,8 @@ class Trainer:
         self.train_loader.sampler.set_epoch(epoch)
         self.tally.new_epoch()
         batch_size, total_epochs = self.train_cfg["batch_size"], self.planned_epochs
-        steps = min(
-            self.steps_per_epoch, self.planned_steps - self.global_step
-        )  # the plan's last: fewer
+        # all of the epoch's batches, or fewer where the plan ends part-way into it
+        steps = min(self.steps_per_epoch, self.planned_steps - self.global_step)
         interval = self.train_cfg["log_interval"]
         dev.synchronize(self.device)
         start = mark = time.perf_counter()
