@@ -452,6 +452,18 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
     assert result["model"] == config["model"] and result["train"] == config["train"]
 
 
+@pytest.mark.parametrize(
+    ("amp", "matters"), [("false", False), ("measured", False), ("true", True), ("auto", True)]
+)
+def test_amp_dtype_is_a_result_setting_only_where_training_reads_it(
+    amp: str, matters: bool
+) -> None:
+    """amp=false trains fp32 and amp=measured the benchmarks' choice, whatever amp_dtype says:
+    changing it must not retrain those runs (the workflow's train params) nor stop a resume."""
+    fp16, bf16 = (load_config(None, [f"amp={amp}", f"amp_dtype={d}"]) for d in ("fp16", "bf16"))
+    assert (result_settings(fp16) != result_settings(bf16)) is matters
+
+
 def test_differing_keys_names_nested_keys_and_keys_only_one_side_has() -> None:
     old = {"seed": 0, "train": {"lr": 0.1, "epochs": 3}, "data": {"augment": {"hflip": 0.5}}}
     new = {"seed": 0, "train": {"lr": 0.2, "epochs": 3}, "data": {"augment": {}}, "amp": True}

@@ -330,6 +330,7 @@ TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "report"}
         ("eval={score_threshold: 0.3}", TRAINING_AND_AFTER),  # validation picks best.pth by it
         ("data={num_workers: 1, cache: false}", {"report"}),  # the report shows the config
         ("train={lr: 0.01}", {"report"}),  # every run's lr comes from the sweep
+        ("amp_dtype=bf16", {"report"}),  # amp=measured here: the choice sets the precision
     ],
 )
 def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(

@@ -209,6 +209,9 @@ def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         settings["data"]["synthetic"] = {k: v for k, v in synthetic.items() if k != "num_test"}
     evaluation = config.get("eval") or {}
     settings["eval"] = {key: evaluation.get(key) for key in VALIDATION_EVAL_KEYS}
+    if settings["amp"] is False or settings["amp"] == "measured":
+        # fp32 never reads the autocast dtype, and measured takes it from the benchmarks' choice
+        del settings["amp_dtype"]
     return settings
 
 
