@@ -297,6 +297,21 @@ def test_a_time_budget_plans_again_after_every_epoch(
     assert rows[-2]["lr"] > 0 and rows[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_resumed_budgeted_run_keeps_its_plan_and_the_times_it_came_from(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tiny_config(data_root, f"train.epochs={EPOCHS}", "train.time_budget_s=25")
+    monkeypatch.setattr(Trainer, "_budget_timing", fake_timing([10.0] * EPOCHS, 0.0))
+    run_dir = tmp_path / "budget"
+    with pytest.raises(KeyboardInterrupt):
+        InterruptedInEpoch2(config, run_dir).fit()
+    resumed = Trainer(config, run_dir)
+    assert resumed.resume(required=True) is True
+    assert resumed.planned_steps == 5 and len(resumed.timings["epochs_s"]) == 1
+    summary = resumed.fit()
+    assert (summary["epochs"], summary["steps"]) == (3, 5)  # as the uninterrupted run above
+
+
 def test_a_budgeted_run_that_trained_its_planned_last_epoch_ends_with_time_left(
     data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
