@@ -117,9 +117,9 @@ def steps_within_budget(
     whether an epoch validates in a run of that many epochs."""
     done_epochs = math.ceil(done_steps / steps_per_epoch)
     step_s = timing.epoch_s / steps_per_epoch
+    pending = [] if validated else [done_epochs]
     fitting = done_steps
     for epochs in range(done_epochs + 1, most_epochs + 1):
-        pending = [] if validated else [done_epochs]
         later = range(done_epochs + 1, epochs + 1)
         validations = sum(validates(epoch, epochs) for epoch in (*pending, *later))
         left_s = budget_s - timing.used_s - validations * timing.validation_s
