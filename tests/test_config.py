@@ -119,6 +119,27 @@ def test_a_config_file_sets_nested_keys_and_keeps_the_other_defaults(tmp_path: P
     assert config["data"]["augment"] == {**load_config(None)["data"]["augment"], "vflip": 0.0}
 
 
+def test_config_files_layer_in_order_with_later_ones_winning(tmp_path: Path) -> None:
+    """A preset under the user's own file, as Snakemake's `--configfile A B` layers them."""
+    preset, mine = tmp_path / "preset.yaml", tmp_path / "mine.yaml"
+    preset.write_text("train:\n  epochs: 2\n  batch_size: 4\ndata:\n  augment:\n    vflip: 0.0\n")
+    mine.write_text("train:\n  epochs: 7\ndata:\n  augment:\n    hflip: 0.0\n")
+    config = load_config([preset, mine], ["train.lr=0.01"])
+    assert (config["train"]["epochs"], config["train"]["batch_size"]) == (7, 4)
+    assert config["train"]["lr"] == 0.01
+    augment = config["data"]["augment"]
+    assert (augment["vflip"], augment["hflip"]) == (0.0, 0.0)
+    assert load_config([mine, preset])["train"]["epochs"] == 2
+
+
+def test_an_error_in_layered_files_names_them_in_order(tmp_path: Path) -> None:
+    preset, mine = tmp_path / "preset.yaml", tmp_path / "mine.yaml"
+    preset.write_text("train:\n  epochs: 2\n")
+    mine.write_text("train:\n  epoch: 7\n")
+    with pytest.raises(ConfigError, match=f"train.epoch in {preset} \\+ {mine}"):
+        load_config([preset, mine])
+
+
 def test_every_schema_key_is_documented_in_the_config_readme() -> None:
     readme = REPO / "config" / "README.md"
     assert readme.is_file(), f"{readme} does not exist"

@@ -110,6 +110,15 @@ def test_an_unknown_config_key_names_it_and_the_valid_keys_of_its_section(
     assert "Valid keys in data: augment, cache," in message and "image_size" in message
 
 
+def test_config_given_twice_layers_both_files_and_an_error_names_them(
+    here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (here / "preset.yaml").write_text("data:\n  image_size: 96\n")
+    (here / "mine.yaml").write_text("data:\n  image_sise: 64\n")
+    message = user_error(capsys, "prepare-data", "--config", "preset.yaml", "--config", "mine.yaml")
+    assert message.startswith("Unknown config key(s) data.image_sise in preset.yaml + mine.yaml.")
+
+
 def test_a_value_of_the_wrong_type_names_the_key_the_value_and_the_type(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

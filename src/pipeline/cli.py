@@ -91,9 +91,14 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def add_config_options(parser: argparse.ArgumentParser, example: str) -> None:
-    """`--config FILE` and `key=value` settings, as every command that reads the config takes them."""
+    """`--config FILE` (repeatable) and `key=value` settings, as every command that reads the
+    config takes them."""
     parser.add_argument(
-        "--config", metavar="FILE.yaml", help="config file (default: config/config.yaml if present)"
+        "--config",
+        action="append",
+        metavar="FILE.yaml",
+        help="config file; give it again to layer more files, later ones winning (default: "
+        "config/config.yaml if present)",
     )
     parser.add_argument(
         "settings", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,16 +289,27 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def default_config_path(given: str | Path | None) -> Path | None:
-    """The config file to start from: the one given, else config/config.yaml if present."""
-    return Path(given) if given else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+def default_config_paths(given: Sequence[str | Path] | None) -> list[Path]:
+    """The config files to start from: those given, else config/config.yaml if present."""
+    if given:
+        return [Path(path) for path in given]
+    return [DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> dict[str, Any]:
-    """YAML file (or the schema's defaults), then `key=value` overrides, validated."""
-    config = read_yaml(path) if path else {}
+def load_config(
+    paths: str | Path | Sequence[str | Path] | None = None, overrides: Iterable[str] = ()
+) -> dict[str, Any]:
+    """YAML files merged in order, later ones winning (or the schema's defaults alone), then
+    `key=value` overrides, validated; as Snakemake layers `--configfile A B`."""
+    if paths is None:
+        paths = []
+    elif isinstance(paths, str | Path):
+        paths = [paths]
+    config: dict[str, Any] = {}
+    for path in paths:
+        config = merge(config, read_yaml(path))
     items = list(overrides)
-    source = str(path) if path else "the defaults"
+    source = " + ".join(str(path) for path in paths) or "the defaults"
     if items:
         config = merge(config, parse_overrides(items))
         source += " with command-line settings"

@@ -11,7 +11,7 @@ import json
 
 from pipeline import atomic
 from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_path, load_config, load_schema
+from pipeline.config import default_config_paths, load_config, load_schema
 from pipeline.errors import ConfigError
 
 # option -> bench key it overrides (None: not given)
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
                     f"Unknown model(s) {unknown or [args.model]}: choose from {', '.join(known)}."
                 )
         overrides.append(f"bench.{key}={json.dumps(value)}")
-    config = load_config(default_config_path(args.config), overrides)
+    config = load_config(default_config_paths(args.config), overrides)
 
     from pipeline import bench
     from pipeline import device as dev

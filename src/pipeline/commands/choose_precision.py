@@ -11,7 +11,7 @@ import logging
 
 from pipeline import atomic
 from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_path, load_config
+from pipeline.config import default_config_paths, load_config
 
 log = logging.getLogger("pipeline")
 
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", metavar="FILE.json", help="also write the choices as JSON")
     add_config_options(parser, "model.name=resnet18")
     args = parser.parse_args(argv)
-    config = load_config(default_config_path(args.config), args.settings)
+    config = load_config(default_config_paths(args.config), args.settings)
 
     from pipeline import device as dev
     from pipeline import measured

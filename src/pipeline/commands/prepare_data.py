@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_path, load_config
+from pipeline.config import default_config_paths, load_config
 from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError
 
@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     )
     add_config_options(parser, "data.synthetic.num_train=64")
     args = parser.parse_args(argv)
-    config = load_config(default_config_path(args.config), args.settings)
+    config = load_config(default_config_paths(args.config), args.settings)
     if config["data"]["format"] != "synthetic":
         raise ConfigError(
             f"data.format is {config['data']['format']!r}: prepare-data only generates the built-in synthetic set. "

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_path, load_config, parse_bool
+from pipeline.config import default_config_paths, load_config, parse_bool
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
                 f"--amp {args.amp!r} is not understood: use auto, true, false or measured."
             )
         settings.append(f"amp={str(amp).lower()}")
-    config = load_config(default_config_path(args.config), settings)
+    config = load_config(default_config_paths(args.config), settings)
 
     from pipeline import device as dev
     from pipeline import measured
