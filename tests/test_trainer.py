@@ -283,7 +283,8 @@ def test_a_time_budget_plans_again_after_every_epoch(
 ) -> None:
     """Epochs of 2 steps. A slow first epoch (16 s) plans 2.5 epochs into 44 s; after the second
     (8 s) the median epoch is 12 s, 24 s are used, and 20 s make 3 more steps of 6 s: 3.5
-    epochs; after the third, 8-s epochs fit all 4, and the cosine stretches to end in it."""
+    epochs; after the third, 8-s epochs fit all 4, and the cosine stretches to end in it. The
+    log names the plans that moved by a whole epoch, not the last half-epoch step."""
     config = tiny_config(data_root, "train.epochs=4", "train.time_budget_s=44")
     monkeypatch.setattr(Trainer, "_budget_timing", fake_timing([16.0, 8.0, 8.0, 8.0], 0.0))
     run_dir = tmp_path / "budget"
@@ -291,7 +292,8 @@ def test_a_time_budget_plans_again_after_every_epoch(
     assert "so 2.5 of at most 4 epochs fit (5 steps)" in pipeline_log.text
     assert "24 s used after epoch 2" in pipeline_log.text
     assert "so 3.5 of at most 4 epochs fit (7 steps)" in pipeline_log.text
-    assert "so 4.0 of at most 4 epochs fit (8 steps)" in pipeline_log.text
+    assert "epochs fit (8 steps)" not in pipeline_log.text
+    assert pipeline_log.text.count("time budget 44 s:") == 2
     assert (summary["epochs"], summary["steps"]) == (4, 8)
     rows = epoch_rows(run_dir)
     assert rows[-2]["lr"] > 0 and rows[-1]["lr"] == pytest.approx(0.0, abs=1e-12)

@@ -201,6 +201,7 @@ class Trainer:
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
         # what a time budget plans from: every epoch's training and every validation, in seconds
         self.timings: dict[str, list[float]] = {"epochs_s": [], "validations_s": []}
+        self.logged_plan_steps: int | None = None  # the budget's plan as last logged
 
     # ---- setup -------------------------------------------------------------------------
     def _seed_everything(self) -> None:
@@ -456,6 +457,8 @@ class Trainer:
         epoch and validation times so far, counting every validation still to come (each
         `val_interval` and the last); the last epoch may stop part-way. The learning-rate
         schedule spans the plan, so the run ends its cosine at zero instead of being cut off.
+        The plan is logged after the first epoch, whenever it moves by a whole epoch from what
+        was last logged, and when it ends the run; not at every small change.
         Planning again after each epoch corrects the first epoch's estimate (it runs slower
         than later ones) and follows a host that speeds up or slows down. A run that has
         trained its planned last epoch ends there, time left or not: its learning rate has
@@ -473,7 +476,13 @@ class Trainer:
             most_epochs=most,
             validates=self._should_validate,
         )
-        if fitting != self.planned_steps or self.epoch == 1:
+        moved = (
+            self.logged_plan_steps is None
+            or abs(fitting - self.logged_plan_steps) >= self.steps_per_epoch
+            or fitting == self.global_step  # ends now
+        )
+        if moved:
+            self.logged_plan_steps = fitting
             log.info(
                 "time budget %.0f s: %.0f s used after epoch %d; an epoch takes %.1f s and a "
                 "validation %.1f s, so %.1f of at most %d epochs fit (%d steps), and the "
