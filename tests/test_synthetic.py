@@ -352,3 +352,34 @@ def test_the_multiscale_preset_spans_4_px_to_60_percent_in_its_own_data_root() -
     assert spec.min_object_size <= 4 and spec.max_object_size >= 0.6 * spec.image_size
     ranges = [spec.size_range(label) for label in range(len(spec.classes))]
     assert len({r for r in ranges}) == len(ranges)  # every class its own sizes
+
+
+@pytest.mark.parametrize("kind", ["microscopy-kind", "large-objects-kind"])
+def test_a_stand_in_preset_layers_over_the_natural_one_and_keeps_its_own_data_root(
+    kind: str,
+) -> None:
+    """The stand-ins for real data sets set the data alone: training and augmentation are the
+    natural-image preset's, as a user's own data file would leave them."""
+    natural = load_config(REPO / "config" / "presets" / "natural.yaml")
+    config = load_config(
+        [REPO / "config" / "presets" / f"{name}.yaml" for name in ("natural", kind)]
+    )
+    assert config["train"] == natural["train"]
+    assert config["data"]["augment"] == natural["data"]["augment"]
+    roots = {
+        load_config(REPO / "config" / "presets" / f"{name}.yaml")["data"]["root"]
+        for name in ("multiscale", "microscopy-kind", "large-objects-kind")
+    }
+    assert len(roots | {natural["data"]["root"]}) == 4
+    assert SyntheticSpec.from_config(config["data"]["synthetic"]).num_test > 0
+
+
+def test_the_microscopy_stand_in_has_classes_an_order_of_magnitude_apart_in_input_pixels() -> None:
+    data = load_config(REPO / "config" / "presets" / "microscopy-kind.yaml")["data"]
+    spec = SyntheticSpec.from_config(data["synthetic"])
+    scale = data["image_size"] / spec.image_size
+    ranges = sorted(spec.size_range(label) for label in range(len(spec.classes)))
+    assert len(ranges) == 3
+    (smallest, _), (_, largest) = ranges[0], ranges[-1]
+    # as 20-px and 200-px objects reach the model from a 640-px image letterboxed to 384
+    assert smallest * scale <= 12 and largest * scale >= 120
