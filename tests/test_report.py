@@ -319,6 +319,36 @@ def native_bf16_cpu_tree(tmp_path: Path, bf16_f1: float) -> Path:
     return results
 
 
+def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_called_with(
+    tmp_path: Path,
+) -> None:
+    """A report of the user's own data must not send them back to the defaults: its commands
+    keep their --configfile files and --config settings; amp and the device are replaced."""
+    results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
+    invocation = {
+        "configfiles": ["config/presets/natural.yaml", "my data.yaml"],
+        "config": {"amp": True, "train": {"epochs": 5}, "cpu_threads": "auto"},
+    }
+    render.build(results, tmp_path / "report.html", CONFIG, invocation)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    answer = page.text("answer")
+    assert (
+        "run snakemake --cores 1 results/report.html --configfile config/presets/natural.yaml "
+        "'my data.yaml' --config 'train={\"epochs\": 5}' cpu_threads=auto amp=measured (or "
+        "python -m pipeline train --config config/presets/natural.yaml --config 'my data.yaml' "
+        "--amp measured 'cpu_threads=\"auto\"' train.epochs=5)" in answer
+    )
+
+
+def test_the_report_command_rejects_an_invocation_that_is_not_a_json_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture, restore_pipeline_logger
+) -> None:
+    code = cli.main(["report", "--results", str(tmp_path), "--invocation-json", "[1]"])
+    assert code == 2
+    assert "--invocation-json must be a JSON object, not a list." in capsys.readouterr().err
+
+
 def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and_command(
     tmp_path: Path,
 ) -> None:

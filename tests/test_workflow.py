@@ -118,6 +118,28 @@ def test_dry_run_of_the_report_starts_with_the_environment_check(repo_copy: Path
     assert "check_env" in result.stdout
 
 
+def test_the_report_job_is_told_the_config_files_and_settings_of_the_call(
+    repo_copy: Path,
+) -> None:
+    """The report's commands repeat them (tests/test_report.py), so it must be given them."""
+    (repo_copy / "mine.yaml").write_text("train:\n  epochs: 2\n")
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "-p",
+        "results/report.html",
+        "--configfile",
+        "mine.yaml",
+        "--config",
+        "device=cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        """--invocation-json '{"config": {"device": "cpu"}, "configfiles": ["mine.yaml"]}'"""
+        in result.stdout
+    )
+
+
 def test_dry_run_of_train_on_cpu_succeeds(repo_copy: Path) -> None:
     result = snakemake(repo_copy, "-n", "train", "--config", "device=cpu")
     assert result.returncode == 0, result.stderr

@@ -46,6 +46,17 @@ def package_files(package):
     )
 
 
+def invocation():
+    """How this workflow was called: its --configfile files (relative to the working directory
+    when inside it) and --config settings, so the report's commands can repeat them."""
+    settings = workflow.config_settings
+    files = []
+    for path in settings.configfiles:
+        relative = os.path.relpath(path)
+        files.append(str(path) if relative.startswith("..") else relative)
+    return {"configfiles": files, "config": dict(settings.config)}
+
+
 def interpreter(wildcards, input):
     """The Python running Snakemake (it has `pipeline`: this file imports it), which jobs run
     as `{params.python:q} -m pipeline`; `python` on PATH may be another one when the venv's

@@ -25,6 +25,7 @@ rule report:
         python=interpreter,
         results=lambda wildcards, output: os.path.dirname(output[0]),
         config=json.dumps(config, sort_keys=True),
+        invocation=json.dumps(invocation(), sort_keys=True),
     shell:
         "{params.python:q} -m pipeline --log {log} report --results {params.results:q} --config-json {params.config:q}"
-        " --out {output:q}"
+        " --invocation-json {params.invocation:q} --out {output:q}"

@@ -14,18 +14,16 @@ from pipeline.errors import ConfigError
 log = logging.getLogger("pipeline")
 
 
-def _config_from_json(text: str) -> dict[str, Any]:
+def _json_object(text: str, option: str) -> dict[str, Any]:
     try:
-        config = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as error:
         raise ConfigError(
-            f"--config-json is not valid JSON ({error.msg} at column {error.colno})."
+            f"{option} is not valid JSON ({error.msg} at column {error.colno})."
         ) from error
-    if not isinstance(config, dict):
-        raise ConfigError(
-            f"--config-json must be a JSON object of config keys, not a {type(config).__name__}."
-        )
-    return config
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option} must be a JSON object, not a {type(value).__name__}.")
+    return value
 
 
 def _config_from_file(path: str) -> dict[str, Any]:
@@ -51,19 +49,28 @@ def main(argv: list[str]) -> int:
         "--config", metavar="FILE", help="a YAML or JSON config file instead of --config-json"
     )
     parser.add_argument(
+        "--invocation-json",
+        metavar="JSON",
+        help='how the workflow was called, {"configfiles": [...], "config": {...}}, so the '
+        "report's commands repeat it",
+    )
+    parser.add_argument(
         "--out", metavar="FILE", help="HTML file to write (default: <results>/report.html)"
     )
     args = parser.parse_args(argv)
     config = None
     if args.config_json is not None:
-        config = _config_from_json(args.config_json)
+        config = _json_object(args.config_json, "--config-json")
     elif args.config is not None:
         config = _config_from_file(args.config)
+    invocation = None
+    if args.invocation_json is not None:
+        invocation = _json_object(args.invocation_json, "--invocation-json")
 
     # pandas, matplotlib and jinja2: imported only once the arguments are good
     from pipeline.report.render import build
 
     out = Path(args.out) if args.out else Path(args.results) / "report.html"
-    build(args.results, out, config)
+    build(args.results, out, config, invocation)
     log.info("report written: %s", out)
     return 0

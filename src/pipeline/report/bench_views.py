@@ -5,17 +5,23 @@ nothing to show yet: the template says which step to run."""
 
 from __future__ import annotations
 
+import json
+import shlex
 from typing import Any
 
 import pandas as pd
+import yaml
 
+from pipeline import runs
 from pipeline.report import charts, decisions
 from pipeline.report.formatting import number, setting_label
 from pipeline.report.load import PRECISIONS, Results
 from pipeline.stats import Speedup
 
 
-def answer_view(results: Results, config: dict[str, Any] | None) -> dict[str, Any]:
+def answer_view(
+    results: Results, config: dict[str, Any] | None, invocation: dict[str, Any] | None = None
+) -> dict[str, Any]:
     frame, env = results.bench, results.env
     checks = decisions.accuracy_checks(results.runs)
     view: dict[str, Any] = {
@@ -71,12 +77,14 @@ def answer_view(results: Results, config: dict[str, Any] | None) -> dict[str, An
         cautions=decisions.answer_cautions(best, frame),
         differs_from_default=differs and view["shipped_default"] is not None,
         vs_default=decisions.speed_between(default, best) if default is not None else None,
-        command=measured_command(best["backend"], env, "amp=measured"),
-        train_command=measured_train_command(best["backend"], env),
+        command=measured_command(best["backend"], env, "amp=measured", invocation=invocation),
+        train_command=measured_train_command(best["backend"], env, invocation),
         accuracy_command=None
         if best["precision"] == "fp32"
         or any(check.precision == best["precision"] for check in checks)
-        else measured_command(best["backend"], env, "'sweep={precision: [fp32, measured]}'"),
+        else measured_command(
+            best["backend"], env, "'sweep={precision: [fp32, measured]}'", invocation=invocation
+        ),
     )
     return view
 
@@ -99,15 +107,57 @@ def shipped_default_row(
     return match.iloc[0] if not match.empty else None
 
 
-def measured_command(backend: str, env: dict[str, Any] | None, *settings: str) -> str:
-    """The workflow command that trains with `settings` on `backend`, and reports it."""
-    device = [] if env and env.get("auto") == backend else [f"device={backend}"]
-    return f"snakemake --cores 1 results/report.html --config {' '.join([*device, *settings])}"
+def measured_command(
+    backend: str,
+    env: dict[str, Any] | None,
+    *settings: str,
+    invocation: dict[str, Any] | None = None,
+) -> str:
+    """The workflow command that trains with `settings` on `backend`, and reports it: with the
+    --configfile files and --config settings the workflow was called with (`invocation`), so it
+    trains on the user's data and settings, `settings` and the device replacing theirs."""
+    ours = ([] if env and env.get("auto") == backend else [f"device={backend}"]) + list(settings)
+    replaced = {setting.strip("'").split("=", 1)[0] for setting in ours}
+    invocation = invocation or {}
+    words = ["snakemake --cores 1 results/report.html"]
+    if invocation.get("configfiles"):
+        words += ["--configfile", *(shlex.quote(str(path)) for path in invocation["configfiles"])]
+    theirs = [
+        shlex.quote(f"{key}={cli_value(value)}")
+        for key, value in (invocation.get("config") or {}).items()
+        if key not in replaced
+    ]
+    return " ".join([*words, "--config", *theirs, *ours])
 
 
-def measured_train_command(backend: str, env: dict[str, Any] | None) -> str:
-    device = "" if env and env.get("auto") == backend else f" --device {backend}"
-    return f"python -m pipeline train{device} --amp measured"
+def measured_train_command(
+    backend: str, env: dict[str, Any] | None, invocation: dict[str, Any] | None = None
+) -> str:
+    """`python -m pipeline train --amp measured` with the workflow's config files and settings."""
+    invocation = invocation or {}
+    words = ["python -m pipeline train"]
+    words += [f"--config {shlex.quote(str(path))}" for path in invocation.get("configfiles") or []]
+    if not (env and env.get("auto") == backend):
+        words.append(f"--device {backend}")
+    words.append("--amp measured")
+    settings = {
+        key: value
+        for key, value in (invocation.get("config") or {}).items()
+        if key not in ("amp", "device", "sweep")
+    }
+    return " ".join([*words, *(shlex.quote(item) for item in runs.flatten(settings))])
+
+
+def cli_value(value: Any) -> str:
+    """A --config value as Snakemake reads it back (YAML): plain where it reads back the same,
+    else JSON (which YAML reads too)."""
+    if isinstance(value, str):
+        try:
+            if yaml.safe_load(value) == value:
+                return value
+        except yaml.YAMLError:
+            pass
+    return json.dumps(value)
 
 
 def accuracy_view(check: decisions.AccuracyCheck) -> dict[str, Any]:

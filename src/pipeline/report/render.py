@@ -36,18 +36,30 @@ SECTIONS = {  # id: heading, in page order; each has its template sections/<id>.
 }
 
 
-def build(results_dir: str | Path, out: str | Path, config: dict[str, Any] | None = None) -> Path:
-    """Read every result under `results_dir` and write the report to `out` atomically."""
+def build(
+    results_dir: str | Path,
+    out: str | Path,
+    config: dict[str, Any] | None = None,
+    invocation: dict[str, Any] | None = None,
+) -> Path:
+    """Read every result under `results_dir` and write the report to `out` atomically;
+    `invocation` (how the workflow was called) goes into the commands the report gives."""
     results = load_results(Path(results_dir))
     out = Path(out)
-    return atomic.write_text(out, render(results, config, out, datetime.now(UTC)))
+    return atomic.write_text(out, render(results, config, out, datetime.now(UTC), invocation))
 
 
-def render(results: Results, config: dict[str, Any] | None, out: Path, generated: datetime) -> str:
+def render(
+    results: Results,
+    config: dict[str, Any] | None,
+    out: Path,
+    generated: datetime,
+    invocation: dict[str, Any] | None = None,
+) -> str:
     """The page as HTML; `out` is where it will be written (links are relative to it)."""
     colors = charts.run_colors(results.runs)
     views = {
-        "answer": answer_view(results, config),
+        "answer": answer_view(results, config, invocation),
         "environment": environment_view(results.env),
         "benchmarks": benchmarks_view(results.bench),
         "amp-policy": amp_policy_view(results, config),
