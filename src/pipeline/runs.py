@@ -165,7 +165,7 @@ def training_runs(
     keys = [key for key in SWEEP_KEYS if sweep.get(key)]
     runs: dict[str, Run] = {}
     for wanted in requested:
-        is_measured = wanted == "measured" or (wanted is None and config["amp"] == "measured")
+        is_measured = _asks_for_measured(config, wanted)
         for values in itertools.product(*(sweep[key] for key in keys)):
             swept = tuple(zip(keys, values, strict=True))
             if is_measured:
@@ -181,6 +181,21 @@ def training_runs(
             if run.name not in runs or is_measured:
                 runs[run.name] = run
     return list(runs.values())
+
+
+def _asks_for_measured(config: dict[str, Any], wanted: str | None) -> bool:
+    """Whether a sweep.precision entry (None: the config's own amp) trains as amp=measured."""
+    return wanted == "measured" or (wanted is None and config["amp"] == "measured")
+
+
+def measured_backends(config: dict[str, Any], env: dict[str, Any]) -> list[str]:
+    """The backends whose precision choice the config's runs need (amp=measured, or measured
+    in sweep.precision): the workflow declares their choice files as plain inputs of what
+    aggregates the runs, so a missing choice is made even when those targets already exist."""
+    requested = (config.get("sweep") or {}).get("precision") or [None]
+    if not any(_asks_for_measured(config, wanted) for wanted in requested):
+        return []
+    return [resolve_device_spec(env, config["device"]).partition(":")[0]]
 
 
 def find_run(runs: list[Run], name: str) -> Run:

@@ -3,7 +3,7 @@ import json
 import os
 import sys
 
-from snakemake.exceptions import WorkflowError
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.utils import validate
 
 from pipeline import config as pipeline_config
@@ -143,11 +143,28 @@ def precision_choice(wildcards):
     return [f"results/choice/{run.device.partition(':')[0]}.json"]
 
 
+def choice_files(wildcards):
+    """The choose_precision outputs the config's runs read, as plain inputs of what aggregates
+    the runs (run_files gives no runs until they exist). Through the checkpoint alone a missing
+    choice is not made when the file that reads it exists (Snakemake 9, PR #4124), so
+    `--config amp=measured` after a plain run would leave the report as it was; as a plain
+    input it is made, and Snakemake evaluates run_files again once it is there."""
+    return [
+        f"results/choice/{backend}.json"
+        for backend in runs.measured_backends(config, env_report())
+    ]
+
+
 def run_files(pattern):
     """An input function giving `pattern` for every training run the config asks for."""
 
     def files(wildcards):
-        return [pattern.format(run=run.name) for run in training_runs()]
+        try:
+            return [pattern.format(run=run.name) for run in training_runs()]
+        except IncompleteCheckpointException as error:
+            if error.rule.name != "choose_precision":
+                raise
+            return []  # choice_files makes the choice first
 
     return files
 

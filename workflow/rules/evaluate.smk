@@ -36,3 +36,4 @@ rule evaluate_run:
 rule evaluate:
     input:
         run_files("results/eval/{run}.json"),
+        choice_files,

@@ -38,3 +38,4 @@ rule profile_run:
 rule profile:
     input:
         run_files("results/profile/{run}/profile.json"),
+        choice_files,

@@ -5,6 +5,7 @@ rule report:
         train=run_files("results/train/{run}/train_summary.json"),
         evaluation=run_files("results/eval/{run}.json"),
         profile=run_files("results/profile/{run}/profile.json"),
+        choices=choice_files,
         code=code("commands/report.py", *package_files("report")),
     output:
         report(

@@ -52,3 +52,4 @@ rule train_run:
 rule train:
     input:
         run_files("results/train/{run}/train_summary.json"),
+        choice_files,
