@@ -324,6 +324,25 @@ def test_a_second_run_has_nothing_to_do(finished: tuple[Path, subprocess.Complet
     assert "Nothing to be done" in result.stdout + result.stderr
 
 
+def test_a_missing_precision_choice_is_made_again_though_the_report_exists(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """As after a plain run followed by --config amp=measured: the report exists, the choice
+    does not. Snakemake 9 skips a checkpoint whose output is missing when what reads it exists,
+    so the workflow declares the choice as a plain input (choice_files)."""
+    root, _ = finished
+    choices = root / "results" / "choice"
+    kept = root / "choice-kept"
+    choices.rename(kept)
+    try:
+        result = snakemake(root, "-n", "results/report.html", *E2E_CONFIG)
+        assert result.returncode == 0, result.stderr
+        assert "Nothing to be done" not in result.stdout + result.stderr
+        assert {"choose_precision", "report"} <= planned_jobs(result)
+    finally:
+        kept.rename(choices)
+
+
 def test_the_same_venv_at_another_path_reruns_nothing(
     finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
 ) -> None:
