@@ -162,9 +162,13 @@ def run_files(pattern):
         try:
             return [pattern.format(run=run.name) for run in training_runs()]
         except IncompleteCheckpointException as error:
-            if error.rule.name != "choose_precision":
+            # a choice on disk is read through the checkpoint as usual; a missing one is
+            # made first through choice_files, and this is evaluated again once it is there
+            if error.rule.name != "choose_precision" or os.path.exists(
+                error.targetfile
+            ):
                 raise
-            return []  # choice_files makes the choice first
+            return []
 
     return files
 
