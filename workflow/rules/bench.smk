@@ -49,7 +49,7 @@ checkpoint choose_precision:
         bench=choice_inputs,
         code=code("measured.py", "stats.py", "commands/choose_precision.py"),
     output:
-        "results/choice/{backend}.json",
+        CHOICE_JSON,
     log:
         "logs/choice/{backend}.log",
     conda:

@@ -27,6 +27,8 @@ wildcard_constraints:
 
 
 ENV_JSON = "results/env.json"
+# the choose_precision checkpoint's output, which measured runs and run_files' readers need
+CHOICE_JSON = "results/choice/{backend}.json"
 DATA_ROOT = config["data"]["root"]
 
 
@@ -140,7 +142,7 @@ def precision_choice(wildcards):
     run = training_run(wildcards)
     if not run.measured:
         return []
-    return [f"results/choice/{run.device.partition(':')[0]}.json"]
+    return [CHOICE_JSON.format(backend=run.device.partition(":")[0])]
 
 
 def choice_files(wildcards):
@@ -150,7 +152,7 @@ def choice_files(wildcards):
     `--config amp=measured` after a plain run would leave the report as it was; as a plain
     input it is made, and Snakemake evaluates run_files again once it is there."""
     return [
-        f"results/choice/{backend}.json"
+        CHOICE_JSON.format(backend=backend)
         for backend in runs.measured_backends(config, env_report())
     ]
 
