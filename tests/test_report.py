@@ -411,3 +411,29 @@ def test_size_buckets_line_up_by_bucket_and_an_older_file_without_them_shows_na(
     assert view["buckets"][2]["range_px"] == [64.0, None]
     small = view["buckets"][0]["cells"]
     assert small[0]["num_gt"] == 9 and small[1] is None
+
+
+def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
+    tmp_path: Path,
+) -> None:
+    """COCO's bucket AP is a mean over classes: two missed rings pull a bucket of hundreds of
+    found objects down, and the report says which class and how few objects did it."""
+    results = write_results_tree(tmp_path)
+    document = evaluation("cpu", "fp32", 0.9)
+    document["metrics"]["size_buckets"]["medium"].update(
+        num_gt=302,
+        ap50=0.55,
+        per_class=[
+            {"label": 0, "name": "circle", "num_gt": 300, "ap50": 0.98},
+            {"label": 1, "name": "ring", "num_gt": 2, "ap50": 0.12},
+            {"label": 2, "name": "star", "num_gt": 0, "ap50": None},
+        ],
+    )
+    write_json(results / "eval" / "cpu-fp32.json", document)
+    render.build(results, tmp_path / "report.html")
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    text = page.text("evaluation")
+    assert "0.550 / 0.450 / 0.900 (302) ring: 2 objects, AP@.5 0.120" in text
+    assert "circle: 300" not in text and "star:" not in text
+    assert "fewer than 10 objects in a bucket is named under its figures" in text

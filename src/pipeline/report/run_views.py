@@ -141,19 +141,39 @@ def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
     }
 
 
+# A class with fewer objects than this in a size bucket is named under the bucket's AP: each of
+# its objects moves the class's AP by a tenth or more, and the bucket's AP, COCO's mean over
+# classes, by that over the number of classes, however many objects the others have.
+FEW_IN_BUCKET = 10
+
+
 def size_view(runs: list[RunResults]) -> dict[str, Any]:
     """AP@.5, AP and recall per object-size bucket (rows) in each run (columns), from the
-    evaluator's `size_buckets`; None where a run's file has no such bucket (an older file)."""
+    evaluator's `size_buckets`; None where a run's file has no such bucket (an older file).
+    Each cell's `few` lists the classes with fewer than FEW_IN_BUCKET objects in the bucket,
+    with their count and AP@.5."""
     per_run = {
         run.name: (run.evaluation or {})["metrics"].get("size_buckets") or {} for run in runs
     }
     return {
         "runs": list(per_run),
+        "few_in_bucket": FEW_IN_BUCKET,
         "buckets": [
-            {"name": name, "range_px": first.get("range_px"), "cells": cells}
+            {
+                "name": name,
+                "range_px": first.get("range_px"),
+                "cells": [None if cell is None else {**cell, "few": _few(cell)} for cell in cells],
+            }
             for name, first, cells in _lined_up(per_run)
         ],
     }
+
+
+def _few(bucket: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bucket's classes with 1 to FEW_IN_BUCKET - 1 objects (none in files without per_class)."""
+    return [
+        row for row in bucket.get("per_class") or [] if 0 < row["num_gt"] < FEW_IN_BUCKET
+    ]
 
 
 def _lined_up(
