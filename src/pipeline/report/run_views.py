@@ -171,9 +171,7 @@ def size_view(runs: list[RunResults]) -> dict[str, Any]:
 
 def _few(bucket: dict[str, Any]) -> list[dict[str, Any]]:
     """The bucket's classes with 1 to FEW_IN_BUCKET - 1 objects (none in files without per_class)."""
-    return [
-        row for row in bucket.get("per_class") or [] if 0 < row["num_gt"] < FEW_IN_BUCKET
-    ]
+    return [row for row in bucket.get("per_class") or [] if 0 < row["num_gt"] < FEW_IN_BUCKET]
 
 
 def _lined_up(
