@@ -213,8 +213,24 @@ def test_a_script_tag_in_a_class_name_a_file_name_and_a_profiler_note_is_escaped
             "classes": [{"name": SCRIPT, "num_gt": 3, "scores": [None]}],
         },
         "sizes": {
-            "runs": [SCRIPT],
-            "buckets": [{"name": "small", "range_px": [0, 16], "cells": [None]}],
+            "runs": [SCRIPT, "b"],
+            "few_in_bucket": 10,
+            "buckets": [
+                {
+                    "name": "small",
+                    "range_px": [0, 16],
+                    "cells": [
+                        None,
+                        {
+                            "num_gt": 5,
+                            "ap50": 0.5,
+                            "ap": 0.3,
+                            "recall": 0.4,
+                            "few": [{"name": SCRIPT, "num_gt": 2, "ap50": 0.1}],
+                        },
+                    ],
+                }
+            ],
         },
         "grid": {
             "run": SCRIPT,
@@ -226,7 +242,7 @@ def test_a_script_tag_in_a_class_name_a_file_name_and_a_profiler_note_is_escaped
         },
     }
     html = section_html("evaluation", evaluation)
-    assert "<script" not in html and html.count(ESCAPED) == 5
+    assert "<script" not in html and html.count(ESCAPED) == 6
     profile = {
         "chart": None,
         "latency": [],
