@@ -13,6 +13,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from report_fixtures import (
@@ -378,6 +379,15 @@ def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path)
     assert "bf16 did not hold up (F1 -3.7 points, AP@.5 -3.3 points)" in page.text("answer")
 
 
+def evaluation_section(results: Path, document: dict[str, Any]) -> str:
+    """The evaluation section's text of a report built with `document` as cpu-fp32's evaluation."""
+    write_json(results / "eval" / "cpu-fp32.json", document)
+    render.build(results, results.parent / "report.html")
+    page = Page()
+    page.feed((results.parent / "report.html").read_text(encoding="utf-8"))
+    return page.text("evaluation")
+
+
 def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
     tmp_path: Path,
 ) -> None:
@@ -388,11 +398,7 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
         metrics_split="test",
         operating_point={"threshold": 0.35, "picked_on": "val", "applied_to": "test", "f1": 0.44},
     )
-    write_json(results / "eval" / "cpu-fp32.json", document)
-    render.build(results, tmp_path / "report.html")
-    page = Page()
-    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
-    text = page.text("evaluation")
+    text = evaluation_section(results, document)
     assert "Run Split F1 (score threshold) Precision Recall F1 at the validation threshold" in text
     assert "cpu-fp32 test (held out) 0.420 (0.30)" in text
     assert "0.440 (0.35)" in text
@@ -429,11 +435,7 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
             {"label": 2, "name": "star", "num_gt": 0, "ap50": None},
         ],
     )
-    write_json(results / "eval" / "cpu-fp32.json", document)
-    render.build(results, tmp_path / "report.html")
-    page = Page()
-    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
-    text = page.text("evaluation")
+    text = evaluation_section(results, document)
     assert "0.550 / 0.450 / 0.900 (302) ring: 2 objects, AP@.5 0.120" in text
     assert "circle: 300" not in text and "star:" not in text
     assert "fewer than 10 objects in a bucket is named under its figures" in text
