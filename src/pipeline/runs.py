@@ -152,7 +152,7 @@ def training_runs(
     device = resolve_device_spec(env, config["device"])
     backend = device.partition(":")[0]
     sweep = config.get("sweep") or {}
-    requested = sweep.get("precision") or [None]  # None: the config's amp and amp_dtype
+    requested = _requested_precisions(config)
     fixed = [p for p in requested if p not in (None, "measured")]
     lost = [p for p in fixed if precision_for(env, backend, p != "fp32", p) != p]
     if lost:
@@ -183,6 +183,11 @@ def training_runs(
     return list(runs.values())
 
 
+def _requested_precisions(config: dict[str, Any]) -> list[str | None]:
+    """sweep.precision, or [None] without it: None trains with the config's amp and amp_dtype."""
+    return (config.get("sweep") or {}).get("precision") or [None]
+
+
 def _asks_for_measured(config: dict[str, Any], wanted: str | None) -> bool:
     """Whether a sweep.precision entry (None: the config's own amp) trains as amp=measured."""
     return wanted == "measured" or (wanted is None and config["amp"] == "measured")
@@ -192,8 +197,7 @@ def measured_backends(config: dict[str, Any], env: dict[str, Any]) -> list[str]:
     """The backends whose precision choice the config's runs need (amp=measured, or measured
     in sweep.precision): the workflow declares their choice files as plain inputs of what
     aggregates the runs, so a missing choice is made even when those targets already exist."""
-    requested = (config.get("sweep") or {}).get("precision") or [None]
-    if not any(_asks_for_measured(config, wanted) for wanted in requested):
+    if not any(_asks_for_measured(config, wanted) for wanted in _requested_precisions(config)):
         return []
     return [resolve_device_spec(env, config["device"]).partition(":")[0]]
 
