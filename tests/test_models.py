@@ -74,7 +74,7 @@ def no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("label_mode", "heat_channels"), [("multilabel", NUM_CLASSES), ("single", NUM_CLASSES + 1)]
 )
-def test_tiny_conv_outputs_a_stride_4_heatmap_with_c_or_c_plus_1_channels_and_4_box_channels(
+def test_tiny_conv_outputs_a_stride_4_heatmap_with_c_or_c_plus_1_channels_and_4_box_channels_per_class(
     label_mode: str, heat_channels: int
 ) -> None:
     model = tiny(label_mode).eval()
@@ -82,7 +82,7 @@ def test_tiny_conv_outputs_a_stride_4_heatmap_with_c_or_c_plus_1_channels_and_4_
         outputs = model(images(2, 64))
     assert set(outputs) == {"heatmap", "box"}
     assert outputs["heatmap"].shape == (2, heat_channels, 64 // STRIDE, 64 // STRIDE)
-    assert outputs["box"].shape == (2, 4, 64 // STRIDE, 64 // STRIDE)
+    assert outputs["box"].shape == (2, 4 * NUM_CLASSES, 64 // STRIDE, 64 // STRIDE)
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_resnet18_builds_without_downloading_and_outputs_stride_4_maps(
     with torch.no_grad():
         outputs = model(images(1, 64))
     assert outputs["heatmap"].shape == (1, heat_channels, 16, 16)
-    assert outputs["box"].shape == (1, 4, 16, 16)
+    assert outputs["box"].shape == (1, 4 * NUM_CLASSES, 16, 16)
 
 
 def test_uint8_and_unit_float_images_give_the_same_outputs() -> None:
@@ -128,7 +128,8 @@ def test_decode_returns_at_most_max_detections_inside_the_image_with_valid_label
     with torch.no_grad():
         outputs = model(images(2, size))
     outputs["box"] = torch.randn(outputs["box"].shape, generator=torch.Generator().manual_seed(1))
-    outputs["box"][:, 2:] += 3.0  # boxes of ~80 px, so that many would cross the border
+    sizes = outputs["box"].view(2, NUM_CLASSES, 4, *outputs["box"].shape[-2:])[:, :, 2:]
+    sizes += 3.0  # boxes of ~80 px, so that many would cross the border
     detections = model.decode(outputs, max_detections=7)
     assert len(detections) == 2
     for found in detections:
@@ -153,9 +154,10 @@ def one_peak_outputs(label_mode: str) -> dict[str, torch.Tensor]:
         heatmap = torch.full((1, NUM_CLASSES + 1, h, w), -1000.0)
         heatmap[0, -1] = 10.0  # background everywhere
         heatmap[0, 2, 5, 7] = 30.0
-    box = torch.zeros(1, 4, h, w)
-    box[0, :, 5, 7] = torch.tensor([0.25, -0.25, math.log(3.0), math.log(2.0)])
-    return {"heatmap": heatmap, "box": box}
+    box = torch.zeros(1, NUM_CLASSES, 4, h, w)
+    box[0, 2, :, 5, 7] = torch.tensor([0.25, -0.25, math.log(3.0), math.log(2.0)])
+    box[0, 1, :, 5, 7] = torch.tensor([0.0, 0.0, math.log(20.0), math.log(20.0)])  # not class 2's
+    return {"heatmap": heatmap, "box": box.view(1, 4 * NUM_CLASSES, h, w)}
 
 
 @pytest.mark.parametrize("label_mode", ["multilabel", "single"])
@@ -168,6 +170,20 @@ def test_one_heatmap_peak_decodes_to_exactly_its_box_label_and_score(label_mode:
     assert found["labels"].tolist() == [2]
     expected = torch.sigmoid(torch.tensor(5.0)) if label_mode == "multilabel" else torch.tensor(1.0)
     torch.testing.assert_close(found["scores"], expected.view(1))
+
+
+def test_two_classes_peaking_at_one_cell_decode_each_to_its_own_classs_box() -> None:
+    """A small object inside a large one of another class (a nucleus in a cell, a shape in a
+    ring's hole) can share its centre cell: each class has box channels of its own there."""
+    model = tiny("multilabel")
+    outputs = one_peak_outputs("multilabel")
+    outputs["heatmap"][0, 1, 5, 7] = 4.0  # class 1 peaks at class 2's cell, with a lower score
+    (found,) = model.decode(outputs, max_detections=100)
+    assert found["labels"].tolist() == [2, 1]
+    # class 1's box: centre (30, 22), 80 x 80 px, clipped to the 64-px input
+    torch.testing.assert_close(
+        found["boxes"], torch.tensor([[25.0, 17.0, 37.0, 25.0], [0.0, 0.0, 64.0, 62.0]])
+    )
 
 
 def test_image_scores_are_the_highest_class_probability_per_image() -> None:

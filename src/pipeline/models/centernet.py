@@ -1,5 +1,11 @@
-"""Anchor-free CenterNet-style detectors: a per-class heatmap at stride 4 plus, at every cell,
-the offset to the object's centre and the object's size.
+"""Anchor-free CenterNet-style detectors: a per-class heatmap at stride 4 plus, at every cell
+and for every class, the offset to the object's centre and the object's size.
+
+Boxes are regressed per class (as Faster R-CNN's box head does, unlike CenterNet's one box per
+cell): an object inside another of another class (a nucleus in a cell, a shape in a ring's hole)
+sits a cell or two from the outer one's centre, and with one box per cell the box head had to
+jump from the inner box to the outer one between neighbouring cells; it blended them, and large
+objects came out with their hole's box.
 
 Decoding keeps heatmap peaks (3x3 max-pool test) and the top K: no NMS. The box branch is
 trained densely around each centre (TTFNet-style), which converges far faster than
@@ -19,18 +25,25 @@ _STD = (0.25, 0.25, 0.25)
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
+def _xyxy(
+    regression: torch.Tensor, col: torch.Tensor, row: torch.Tensor, stride: int
+) -> torch.Tensor:
+    """xyxy boxes in input pixels, [..., 4], from the box head's (dx, dy, log w, log h), [..., 4],
+    at cells (col, row): the one definition that decoding and the loss share."""
+    dx, dy, log_w, log_h = regression.float().unbind(-1)
+    cx = (col + 0.5 + dx) * stride
+    cy = (row + 0.5 + dy) * stride
+    half_w = log_w.clamp(max=_MAX_LOG_SIZE).exp() * stride / 2
+    half_h = log_h.clamp(max=_MAX_LOG_SIZE).exp() * stride / 2
+    return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=-1)
+
+
 def decode_boxes(regression: torch.Tensor, stride: int) -> torch.Tensor:
-    """xyxy boxes in input pixels at every cell, [B,4,h,w], from the box head's
-    (dx, dy, log w, log h): one definition for decoding and for the loss that trains it."""
-    reg = regression.float()
-    _, _, h, w = reg.shape
-    ys = torch.arange(h, device=reg.device, dtype=reg.dtype).view(1, h, 1) + 0.5
-    xs = torch.arange(w, device=reg.device, dtype=reg.dtype).view(1, 1, w) + 0.5
-    cx = (xs + reg[:, 0]) * stride
-    cy = (ys + reg[:, 1]) * stride
-    half_w = reg[:, 2].clamp(max=_MAX_LOG_SIZE).exp() * stride / 2
-    half_h = reg[:, 3].clamp(max=_MAX_LOG_SIZE).exp() * stride / 2
-    return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
+    """xyxy boxes [B,h,w,4] at every cell of one box per cell, [B,4,h,w]."""
+    _, _, h, w = regression.shape
+    rows = torch.arange(h, device=regression.device, dtype=torch.float32).view(h, 1)
+    cols = torch.arange(w, device=regression.device, dtype=torch.float32).view(1, w)
+    return _xyxy(regression.permute(0, 2, 3, 1), cols, rows, stride)
 
 
 def conv_bn(c_in: int, c_out: int, stride: int = 1, groups: int = 1) -> nn.Sequential:
@@ -110,7 +123,8 @@ class TopDownNeck(nn.Module):
 
 
 class CenterNet(nn.Module):
-    """Backbone + neck + two heads: class heatmap logits and box (dx, dy, log w, log h) per cell."""
+    """Backbone + neck + two heads: class heatmap logits, and per class a box (dx, dy, log w,
+    log h) per cell: box channels 4c to 4c+3 are class c's."""
 
     def __init__(
         self, backbone: nn.Module, num_classes: int, label_mode: str, neck_channels: int
@@ -128,7 +142,7 @@ class CenterNet(nn.Module):
             conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, heat_channels, 1)
         )
         self.box_head = nn.Sequential(
-            conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4, 1)
+            conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4 * num_classes, 1)
         )
         self.register_buffer("mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
@@ -158,10 +172,6 @@ class CenterNet(nn.Module):
             return logits.sigmoid()
         return logits.softmax(dim=1)[:, : self.num_classes]
 
-    def boxes(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Decoded xyxy boxes in input pixels at every cell: [B,4,h,w]."""
-        return decode_boxes(outputs["box"], self.stride)
-
     def image_scores(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Image-level class scores [B,C]: the highest heatmap value of each class."""
         return self.class_probs(outputs).amax(dim=(2, 3))
@@ -178,14 +188,19 @@ class CenterNet(nn.Module):
         scores, flat = peaks.reshape(batch, -1).topk(k, dim=1)
         labels = flat // (h * w)
         cells = flat % (h * w)
-        boxes = self.boxes(outputs).reshape(batch, 4, h * w)
+        regression = outputs["box"]
+        coords = torch.arange(4, device=regression.device)
         size = torch.tensor([w, h, w, h], device=probs.device, dtype=probs.dtype) * self.stride
         results = []
         for i in range(batch):
             keep = scores[i] > 0
-            picked = boxes[i][:, cells[i][keep]].T
+            label, cell = labels[i][keep], cells[i][keep]
+            row, col = cell // w, cell % w
+            # each detection's box from its own class's box channels at its cell
+            values = regression[i][label[:, None] * 4 + coords, row[:, None], col[:, None]]
+            picked = _xyxy(values, col, row, self.stride)
             picked = torch.minimum(picked.clamp(min=0), size)
-            results.append({"boxes": picked, "scores": scores[i][keep], "labels": labels[i][keep]})
+            results.append({"boxes": picked, "scores": scores[i][keep], "labels": label})
         return results
 
 

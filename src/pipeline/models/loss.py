@@ -5,7 +5,8 @@ weighted by that Gaussian (TTFNet), which gives the box branch many more trainin
 signals per image than the centre cell alone. Every object weighs the same in the box
 loss (TTFNet's log-area weight favoured large objects; small ones are the hard ones here),
 and where areas overlap a cell regresses the object whose Gaussian is highest there
-(`box_owners`).
+(`box_owners`), in the box channels of that object's class: the other classes' box channels
+at that cell are left to their own objects.
 
 Gaussians are at least `MIN_SIGMA` cells wide. With CenterNet's size-proportional
 spread, an 8 px object at stride 4 gets a one-cell target, so the cells beside its
@@ -165,7 +166,7 @@ class DetectionLoss(nn.Module):
 
         heat_target = self._heatmap_target(centre, wh, labels, valid, h, w)
         heat_loss = self._focal_loss(logits, heat_target)
-        box_loss = self._box_loss(outputs["box"], boxes, centre, wh, valid, h, w)
+        box_loss = self._box_loss(outputs["box"], boxes, labels, centre, wh, valid, h, w)
         total = heat_loss + self.box_weight * box_loss
         return {"total": total, "heatmap": heat_loss.detach(), "box": box_loss.detach()}
 
@@ -195,7 +196,7 @@ class DetectionLoss(nn.Module):
         neg_loss = torch.where(positive, 0.0, log_not_p * p**2 * (1 - target) ** 4).sum()
         return -(pos_loss + neg_loss) / positive.sum().clamp(min=1)
 
-    def _box_loss(self, regression, boxes, centre, wh, valid, h, w) -> torch.Tensor:
+    def _box_loss(self, regression, boxes, labels, centre, wh, valid, h, w) -> torch.Tensor:
         batch = valid.shape[0]
         gauss = (
             _gaussians(centre, wh, _BOX_BETA, h, w, MIN_BOX_SIGMA) * valid[..., None, None]
@@ -212,6 +213,10 @@ class DetectionLoss(nn.Module):
         target_boxes = boxes.gather(1, owner.view(batch, -1, 1).expand(-1, -1, 4)).view(
             batch, h, w, 4
         )
-        predicted = decode_boxes(regression, self.stride).permute(0, 2, 3, 1)  # [B, h, w, 4]
+        # a cell regresses its owner's box in the box channels of its owner's class
+        owner_label = labels.clamp(min=0).gather(1, owner.view(batch, -1)).view(batch, 1, h, w)
+        coords = torch.arange(4, device=regression.device).view(1, 4, 1, 1)
+        owned = regression.gather(1, owner_label * 4 + coords)  # [B, 4, h, w]
+        predicted = decode_boxes(owned, self.stride)  # [B, h, w, 4]
         losses = torch.where(assigned, giou_loss(predicted, target_boxes) * weight, 0.0)
         return losses.sum() / weight.sum().clamp(min=_EPS)
