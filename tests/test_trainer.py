@@ -508,6 +508,28 @@ def test_resume_auto_with_other_settings_warns_and_starts_fresh(
     assert any("different settings (train.lr)" in m and "starting a new run" in m for m in warnings)
 
 
+def test_resume_auto_of_an_earlier_models_weights_warns_and_starts_fresh(
+    trained: Trainer, tmp_path: Path, pipeline_log: pytest.LogCaptureFixture
+) -> None:
+    """An interrupted run of an earlier version (one box per cell: 4 box channels) meets the
+    per-class box head: it cannot continue, and nothing of it may leak into the new run."""
+    run_dir = copy_of_last(trained, tmp_path / "run")
+    state = checkpoint.load(run_dir / "last.pth")
+    state["global_step"] = 1  # interrupted, so not a finished run trained again
+    for key in ("box_head.1.weight", "box_head.1.bias"):
+        state["model"][key] = state["model"][key][:4].clone()
+    checkpoint.save(run_dir / "last.pth", state)
+    trainer = Trainer(trained.config, run_dir)
+    fresh = {key: value.clone() for key, value in trainer.model.state_dict().items()}
+    assert trainer.resume(required=False) is False
+    assert (trainer.epoch, trainer.global_step, trainer.best_epoch) == (0, 0, None)
+    assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in fresh.items())
+    warnings = [r.getMessage() for r in pipeline_log.records if r.levelno == logging.WARNING]
+    assert any("weights of another architecture" in m for m in warnings), warnings
+    with pytest.raises(CheckpointError, match="does not fit model 'tiny_conv'"):
+        Trainer(trained.config, run_dir).resume(required=True)
+
+
 # --- failures --------------------------------------------------------------------------------
 
 

@@ -215,6 +215,16 @@ def check_compatible(
         raise CheckpointError(f"Checkpoint {path} does not fit: it holds {'; '.join(differences)}.")
 
 
+def weights_fit(model: torch.nn.Module, state: dict[str, Any]) -> bool:
+    """Whether the checkpoint's weights have the model's names and shapes: weights of an earlier
+    version of the model (say, one box per cell) do not, and a resume that may start afresh
+    must find that out before loading, since `load_state_dict` copies what fits and then raises."""
+    own, theirs = model.state_dict(), state["model"]
+    return own.keys() == theirs.keys() and all(
+        tuple(own[key].shape) == tuple(theirs[key].shape) for key in own
+    )
+
+
 def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
     """Copy a checkpoint's weights into `model`; weights of another architecture, width or
     class count raise a CheckpointError naming the model and the first mismatch, not torch's

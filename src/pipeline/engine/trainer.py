@@ -288,6 +288,14 @@ class Trainer:
             # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
             log.info("%s holds a finished run: training again from the start.", path)
             return False
+        if not required and not checkpoint.weights_fit(self.model, state):
+            log.warning(
+                "%s holds weights of another architecture (an earlier version of %s): starting "
+                "a new run instead of resuming.",
+                path,
+                self.config["model"]["name"],
+            )
+            return False
         checkpoint.load_weights(self.model, state, path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
