@@ -3,8 +3,9 @@
 Side A is the default tiny_conv (`model.max_stride: 32`: a stride-32 stage whose features
 the top-down neck brings back to the stride-4 head); side B is the same config with
 `model.max_stride=16`, which builds the earlier architecture (the same modules and parameter
-names; both sides have the per-class box channels, so the ratio is what the context costs). Each side is a Trainer built from the default config plus the overrides
-given, and runs the Trainer's own step, `trainer.step` (forward, loss, backward, clipping,
+names; both sides have the per-class box channels, so the ratio is what the context costs).
+Each side is a Trainer built from the default config plus the overrides given, and runs the
+Trainer's own step, `trainer.step` (forward, loss, backward, clipping,
 AdamW, scheduler), on the same K batches taken once from the training DataLoader and held in memory.
 Blocks of N steps alternate ABBA for R rounds. Target: median A / median B <= 1.3.
 """

@@ -325,9 +325,7 @@ def dense_sizes(batch: int, classes: int, size: int, objects: int) -> tuple[int,
     return batch * (classes + 1) * cells, batch * 4 * classes * cells, batch * objects * cells
 
 
-def test_no_tensor_but_the_boxes_gradient_is_larger_than_the_heatmap_or_the_objects_gaussians() -> (
-    None
-):
+def test_only_the_boxes_gradient_outgrows_the_heatmap_and_the_objects_gaussians() -> None:
     """The heatmap target once came from a [B, N, C, h, w] product of objects and classes."""
     scale = {**SCALE, "batch": 2}  # per image as at full scale; two images keep it quick
     outputs, targets = crowded_batch(**scale)
@@ -339,7 +337,7 @@ def test_no_tensor_but_the_boxes_gradient_is_larger_than_the_heatmap_or_the_obje
         lambda: loss(outputs, targets)["total"].backward(), larger_than=max(heat, objects)
     )
     box_shape = tuple(outputs["box"].shape)
-    assert recorder.large, "the boxes' gradient is as large as the boxes"
+    assert recorder.large, "the recorder saw no tensor the size of the boxes' gradient"
     assert all(shape == box_shape for _, shape in recorder.large), recorder.large
 
 
