@@ -72,6 +72,22 @@ def test_the_test_split_leaves_train_and_val_byte_identical_and_num_test_0_omits
     assert all(ours[name] == digest for name, digest in without.items())
 
 
+def test_a_larger_test_split_made_alone_keeps_its_first_images_and_touches_no_other_split(
+    generated: Path, tmp_path: Path
+) -> None:
+    written = generate(dataclasses.replace(SMALL, num_test=3), tmp_path, splits=("test",))
+    assert set(written) == {"test"}
+    alone, ours = _digests(tmp_path), _digests(generated)
+    assert set(alone) == {"instances_test.json", *(f"test/{i:06d}.png" for i in range(3))}
+    assert all(alone[f"test/{i:06d}.png"] == ours[f"test/{i:06d}.png"] for i in range(2))
+
+
+def test_a_split_the_spec_does_not_have_is_refused_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no 'test' split .* data.synthetic.num_test > 0"):
+        generate(dataclasses.replace(SMALL, num_test=0), tmp_path, splits=("test",))
+    assert not any(tmp_path.iterdir())
+
+
 def test_test_images_differ_from_train_and_val_images(generated: Path) -> None:
     test = {d for n, d in _digests(generated).items() if n.startswith("test/")}
     others = {d for n, d in _digests(generated).items() if n.startswith(("train/", "val/"))}

@@ -367,6 +367,8 @@ TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "report"}
     ("setting", "jobs"),
     [
         ("eval={batch_size: 7}", {"evaluate_run", "report"}),
+        # a larger test split, for narrower intervals: only it is made again, nothing retrains
+        ("data={synthetic: {num_test: 24}}", {"prepare_test_data", "evaluate_run", "report"}),
         ("train={weight_decay: 0.001}", TRAINING_AND_AFTER),
         ("eval={score_threshold: 0.3}", TRAINING_AND_AFTER),  # validation picks best.pth by it
         ("data={num_workers: 1, cache: false}", {"report"}),  # the report shows the config

@@ -175,11 +175,13 @@ def run_files(pattern):
     return files
 
 
-def synthetic_test_output():
-    """prepare_data's test split output, when the synthetic set has one (num_test > 0)."""
-    if has_test_split(config):
-        return {"test": f"{DATA_ROOT}/instances_test.json"}
-    return {}
+def synthetic_settings(without=()):
+    """The config's data.synthetic keys, less `without`: what a data rule's output depends on."""
+    return {
+        key: value
+        for key, value in config["data"]["synthetic"].items()
+        if key not in without
+    }
 
 
 def data_inputs(splits):
@@ -189,7 +191,13 @@ def data_inputs(splits):
 
     def files(wildcards):
         if config["data"]["format"] == "synthetic":
-            return rules.prepare_data.output
+            generated = {
+                "train": rules.prepare_data.output.train,
+                "val": rules.prepare_data.output.val,
+            }
+            if has_test_split(config):
+                generated["test"] = rules.prepare_test_data.output.test
+            return [generated[split] for split in splits if split in generated]
         return [str(path) for path in split_files(config, splits)]
 
     return files

@@ -15,6 +15,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--out", metavar="DIR", help="output folder (default: the config's data.root)"
     )
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        choices=("train", "val", "test"),
+        metavar="SPLIT",
+        help="only these splits (train, val, test; default: all the config has)",
+    )
     add_config_options(parser, "data.synthetic.num_train=64")
     args = parser.parse_args(argv)
     config = load_config(default_config_paths(args.config), args.settings)
@@ -26,5 +33,6 @@ def main(argv: list[str]) -> int:
     generate(
         SyntheticSpec.from_config(config["data"]["synthetic"]),
         Path(args.out or config["data"]["root"]),
+        splits=args.splits,
     )
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
 from itertools import repeat
@@ -397,18 +398,32 @@ def _write_sample(spec: SyntheticSpec, root: Path, split: str, index: int) -> li
     return objects
 
 
-def generate(spec: SyntheticSpec, root: str | Path, workers: int | None = None) -> dict[str, Path]:
-    """Write `<root>/<split>/NNNNNN.png` and `<root>/instances_<split>.json` for every split.
+def generate(
+    spec: SyntheticSpec,
+    root: str | Path,
+    workers: int | None = None,
+    splits: Sequence[str] | None = None,
+) -> dict[str, Path]:
+    """Write `<root>/<split>/NNNNNN.png` and `<root>/instances_<split>.json` for each of
+    `splits` (default: all the spec has).
 
-    Samples are independent (each seeded by its own index), so they are rendered in
-    `workers` processes (default: every usable CPU) with identical results. The annotation
-    file of a split is written last and atomically: its presence means the split is complete.
+    Samples are independent (each seeded by its split and index), so they are rendered in
+    `workers` processes (default: every usable CPU) with identical results, and one split can
+    be made alone: the same as it would be beside the others. The annotation file of a split is
+    written last and atomically: its presence means the split is complete.
     """
     root = Path(root)
+    splits = spec.splits if splits is None else tuple(splits)
+    missing = [split for split in splits if split not in spec.splits]
+    if missing:
+        raise ConfigError(
+            f"The synthetic set has no {missing[0]!r} split to generate: it has "
+            f"{', '.join(spec.splits)} (a test split needs data.synthetic.num_test > 0)."
+        )
     workers = workers or usable_cpu_count()
     written = {}
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        for split in spec.splits:
+        for split in splits:
             (root / split).mkdir(parents=True, exist_ok=True)
             count = spec.count(split)
             per_sample = pool.map(
