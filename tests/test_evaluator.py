@@ -147,6 +147,23 @@ def test_hand_built_precision_recall_f1_micro_macro_and_per_class() -> None:
     assert result["num_detections"] == 6
 
 
+def test_per_image_counts_add_up_to_the_micro_counts_and_bound_the_f1_interval() -> None:
+    result = precision_recall_f1(HAND_GTS, HAND_DETS, num_classes=3, score_threshold=0.5)
+    # image 1: one hit, a duplicate, a wrong class and a loose box; 2: a miss; 3: a stray box
+    assert result["per_image"] == {
+        "image_ids": [1, 2, 3],
+        "tp": [1, 0, 0],
+        "fp": [3, 0, 1],
+        "fn": [2, 1, 0],
+    }
+    interval = result["f1_interval"]
+    assert interval["images"] == 3 and interval["confidence"] == 0.95
+    assert 0.0 <= interval["low"] < 2 / 9 < interval["high"] <= 1.0
+    # an ignored detection counts in no image
+    crowd = precision_recall_f1([CROWD_GT], [CROWD_DET], num_classes=2, score_threshold=0.5)
+    assert crowd["per_image"] == {"image_ids": [1], "tp": [1], "fp": [2], "fn": [0]}
+
+
 def test_best_f1_on_the_hand_built_case_lowers_the_threshold_to_catch_the_last_true_positive() -> (
     None
 ):

@@ -148,8 +148,8 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
         "snakemake --cores 1 results/report.html --config 'sweep={precision: [fp32, measured]}' "
         "trains both" in answer
     )
-    assert "cpu-fp32: F1 0.420, best F1 0.470" in answer
-    assert "cuda-fp16: F1 0.610, best F1 0.660" in answer
+    assert "cpu-fp32: F1 0.420 (95% interval 0.412–0.427), best F1 0.470" in answer
+    assert "cuda-fp16: F1 0.610 (95% interval 0.602–0.618), best F1 0.660" in answer
 
 
 def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, Page]) -> None:
@@ -365,7 +365,10 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
         " (or python -m pipeline train --amp measured)" in answer
     )
     assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
-    assert "bf16 held up." in answer
+    assert (
+        "bf16 held up (F1 −0.6 points, 95% interval −0.8 to −0.4 over 1000 images; "
+        "AP@.5 −0.5 points)." in answer
+    )
     assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
     policy = page.text("amp-policy")
     assert "default not confirmed on this machine: amp=measured trains in bf16 here" in policy
@@ -376,7 +379,38 @@ def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path)
     render.build(results, tmp_path / "report.html", CONFIG)
     page = Page()
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
-    assert "bf16 did not hold up (F1 -3.7 points, AP@.5 -3.3 points)" in page.text("answer")
+    assert (
+        "bf16 did not hold up (F1 −3.7 points, 95% interval −4.3 to −3.2 over 1000 images; "
+        "AP@.5 −3.3 points)." in page.text("answer")
+    )
+
+
+def test_a_loss_the_images_cannot_settle_is_called_so_and_says_what_would_settle_it(
+    tmp_path: Path,
+) -> None:
+    """F1 0.929 against 0.937 on 1,000 images: the interval straddles -1 point. On the
+    built-in data the page gives the command that evaluates on a larger test split, keeping
+    the caller's data settings; on the user's own data it asks for more test images."""
+    results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.929)
+    invocation = {"config": {"data": {"root": "my data", "synthetic": {"seed": 3}}, "seed": 1}}
+    synthetic = {**CONFIG, "data": {"format": "synthetic"}}
+    render.build(results, tmp_path / "report.html", synthetic, invocation)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert (
+        "not settled (F1 −0.8 points, 95% interval −1.1 to −0.5 over 1000 images): these images "
+        "cannot tell whether bf16 lost more than 1 point. More images narrow the interval (4 "
+        "times the images about halve it): about 1792 test images would settle it were the "
+        "change to stay where it is; snakemake --cores 1 results/report.html --config seed=1 "
+        '\'data={"root": "my data", "synthetic": {"seed": 3, "num_test": 1792}}\' '
+        "makes that test split and evaluates every run on it, retraining nothing."
+        in page.text("answer")
+    )
+    own_data = {**CONFIG, "data": {"format": "coco"}}
+    render.build(results, tmp_path / "report.html", own_data, invocation)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert "about halve it): a larger test split of your data." in page.text("answer")
 
 
 def evaluation_section(results: Path, document: dict[str, Any]) -> str:
@@ -399,8 +433,11 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
         operating_point={"threshold": 0.35, "picked_on": "val", "applied_to": "test", "f1": 0.44},
     )
     text = evaluation_section(results, document)
-    assert "Run Split F1 (score threshold) Precision Recall F1 at the validation threshold" in text
-    assert "cpu-fp32 test (held out) 0.420 (0.30)" in text
+    assert (
+        "Run Split F1 (score threshold) F1 95% interval Precision Recall "
+        "F1 at the validation threshold" in text
+    )
+    assert "cpu-fp32 test (held out) 0.420 (0.30) 0.412–0.427" in text
     assert "0.440 (0.35)" in text
 
 

@@ -11,7 +11,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from report_fixtures import BENCH, bench_record, env_json, metrics_rows, train_summary
+from report_fixtures import (
+    BENCH,
+    bench_record,
+    env_json,
+    metrics_rows,
+    per_image_counts,
+    train_summary,
+)
 
 from pipeline.report import decisions, load
 from pipeline.stats import SPEEDUP_TOLERANCE, speedup
@@ -231,10 +238,10 @@ def test_the_policy_table_has_a_record_or_none_per_precision() -> None:
 # ---- accuracy against fp32 ------------------------------------------------------------------
 
 
-def scored(name: str, f1: float, ap50: float) -> load.RunResults:
-    return load.RunResults(
-        name, evaluation={"split": "val", "metrics": {"f1": f1, "best_f1": f1, "ap50": ap50}}
-    )
+def scored(name: str, f1: float, ap50: float, images: int = 1000) -> load.RunResults:
+    """An evaluated run with per-image counts of that F1 (`per_image_counts`)."""
+    metrics = {"f1": f1, "best_f1": f1, "ap50": ap50, "per_image": per_image_counts(f1, images)}
+    return load.RunResults(name, evaluation={"split": "val", "metrics": metrics})
 
 
 def test_a_reduced_precision_run_is_compared_with_its_fp32_twin() -> None:
@@ -249,16 +256,46 @@ def test_a_reduced_precision_run_is_compared_with_its_fp32_twin() -> None:
     assert set(checks) == {"cpu-bf16+seed=1", "cuda-fp16+seed=1"}
     held = checks["cpu-bf16+seed=1"]
     assert held.reference == "cpu-fp32+seed=1" and held.split == "val"
-    assert held.drops == {"F1": pytest.approx(0.006), "AP@.5": pytest.approx(0.003)}
-    assert held.held is True
+    assert held.drops == {"F1": pytest.approx(0.006, abs=1e-3), "AP@.5": pytest.approx(0.003)}
+    assert held.f1_change.change == pytest.approx(-0.006, abs=1e-3)
+    assert -0.01 < held.f1_change.low < held.f1_change.change < held.f1_change.high
+    assert held.verdict == "held"
     dropped = checks["cuda-fp16+seed=1"]
-    assert dropped.drops["F1"] == pytest.approx(0.03) and dropped.held is False
+    assert dropped.drops["F1"] == pytest.approx(0.03) and dropped.verdict == "dropped"
+    assert dropped.f1_change.high < -0.01
 
 
-def test_an_accuracy_check_without_figures_has_no_verdict() -> None:
+def test_a_loss_within_the_tolerance_is_undecided_where_the_images_are_too_few_to_show_it() -> None:
+    """The same 0.6-point loss held on 1,000 images: on 50 the interval reaches past -1 point."""
+    runs = [scored("cpu-fp32", 0.937, 0.963, images=50), scored("cpu-bf16", 0.931, 0.960, 50)]
+    (check,) = decisions.accuracy_checks(runs)
+    assert check.f1_change.images == 50
+    assert check.f1_change.low < -0.01 < check.f1_change.high
+    assert check.verdict == "undecided"
+
+
+def test_an_f1_that_held_with_an_ap50_that_fell_more_than_the_tolerance_is_undecided() -> None:
+    runs = [scored("cpu-fp32", 0.937, 0.963), scored("cpu-bf16", 0.937, 0.940)]
+    (check,) = decisions.accuracy_checks(runs)
+    assert check.f1_change.verdict == "held" and check.verdict == "undecided"
+
+
+def test_an_accuracy_check_without_per_image_counts_has_no_verdict_and_says_why() -> None:
     runs = [load.RunResults("cpu-fp32"), load.RunResults("cpu-bf16")]
     (check,) = decisions.accuracy_checks(runs)
-    assert check.held is None and check.split == "validation during training"
+    assert check.verdict == "not comparable" and check.split == "validation during training"
+    assert "no per-image counts to pair them by" in check.why_unpaired
+    older = scored("cpu-bf16", 0.931, 0.960)
+    del older.evaluation["metrics"]["per_image"]  # an eval JSON of an earlier version
+    (check,) = decisions.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), older])
+    assert check.verdict == "not comparable" and check.f1_change is None
+
+
+def test_runs_scored_on_different_images_are_not_compared() -> None:
+    runs = [scored("cpu-fp32", 0.937, 0.963, images=100), scored("cpu-bf16", 0.931, 0.96, 90)]
+    (check,) = decisions.accuracy_checks(runs)
+    assert check.verdict == "not comparable"
+    assert check.why_unpaired == "the two evaluations scored different images (100 and 90)"
 
 
 def run(name: str, **parts: Any) -> load.RunResults:
@@ -269,16 +306,31 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
     summary = train_summary("cpu", "fp32", 0.5)
     assert decisions.run_scores(run("cpu-fp32", summary=summary)) == {
         "f1": summary["final_val"]["f1"],
+        "f1_interval": None,
         "best_f1": 0.5,
         "ap50": pytest.approx(0.45),
         "split": "validation during training",
+        "per_image": None,
     }
-    evaluation = {"split": "test", "metrics": {"f1": 0.65, "best_f1": 0.7, "ap50": 0.6}}
+    counts = per_image_counts(0.65, images=20)
+    interval = {"low": 0.6, "high": 0.7, "confidence": 0.95, "images": 20}
+    evaluation = {
+        "split": "test",
+        "metrics": {
+            "f1": 0.65,
+            "f1_interval": interval,
+            "best_f1": 0.7,
+            "ap50": 0.6,
+            "per_image": counts,
+        },
+    }
     assert decisions.run_scores(run("cpu-fp32", summary=summary, evaluation=evaluation)) == {
         "f1": 0.65,
+        "f1_interval": interval,
         "best_f1": 0.7,
         "ap50": 0.6,
         "split": "test",
+        "per_image": counts,
     }
 
 
@@ -302,3 +354,11 @@ def test_the_score_threshold_is_the_evaluations_else_the_configs_else_the_defaul
     assert decisions.score_threshold(evaluated, {"eval": {"score_threshold": 0.4}}) == 0.5
     assert decisions.score_threshold(run("cpu-fp32"), {"eval": {"score_threshold": 0.4}}) == 0.4
     assert decisions.score_threshold(run("cpu-fp32"), None) == decisions.DEFAULT_SCORE_THRESHOLD
+
+
+def test_malformed_per_image_counts_leave_the_check_without_a_verdict_not_the_report() -> None:
+    broken = scored("cpu-bf16", 0.931, 0.960)
+    del broken.evaluation["metrics"]["per_image"]["fn"]
+    (check,) = decisions.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), broken])
+    assert check.verdict == "not comparable"
+    assert check.why_unpaired == "their per-image counts are malformed: rerun the evaluation"

@@ -1,4 +1,5 @@
-"""Statistics of step times: summaries, drift, the warm-up settling rule and speed-up intervals."""
+"""Statistics of step times (summaries, drift, the warm-up settling rule, speed-up intervals)
+and the bootstrap intervals of a detection F1 and of the F1 change between two runs."""
 
 from __future__ import annotations
 
@@ -159,3 +160,103 @@ def test_the_interval_is_reproducible() -> None:
 def test_a_speed_up_needs_samples_on_both_sides() -> None:
     with pytest.raises(ValueError, match="at least one timed step"):
         stats.speedup([], [0.1])
+
+
+# ---- detection F1 over images ---------------------------------------------------------------
+
+
+def counts(tp: list[int], fp: list[int], fn: list[int], ids: list[int] | None = None) -> dict:
+    return {"image_ids": ids or list(range(len(tp))), "tp": tp, "fp": fp, "fn": fn}
+
+
+def noisy_images(images: int, seed: int) -> dict:
+    """Images of 0 to 4 objects each, found with random misses and false positives."""
+    rng = np.random.default_rng(seed)
+    objects = rng.integers(0, 5, images)
+    tp = rng.binomial(objects, 0.9)
+    return counts(tp.tolist(), rng.binomial(2, 0.1, images).tolist(), (objects - tp).tolist())
+
+
+def test_f1_of_counts_is_2tp_over_2tp_fp_fn_and_0_where_nothing_was_found_or_expected() -> None:
+    assert stats.f1_of_counts(3, 1, 1) == pytest.approx(0.75)
+    assert stats.f1_of_counts(np.array([0, 2]), np.array([0, 0]), np.array([0, 2])).tolist() == [
+        0.0,
+        pytest.approx(2 / 3),
+    ]
+
+
+def test_the_f1_interval_holds_the_f1_and_halves_with_four_times_the_images() -> None:
+    small, large = noisy_images(250, seed=1), noisy_images(1000, seed=2)
+    widths = []
+    for per_image in (small, large):
+        f1 = stats.f1_of_counts(*(sum(per_image[key]) for key in ("tp", "fp", "fn")))
+        interval = stats.f1_interval(per_image)
+        assert interval["low"] < f1 < interval["high"]
+        widths.append(interval["high"] - interval["low"])
+    assert widths[1] / widths[0] == pytest.approx(0.5, abs=0.15)
+    assert stats.f1_interval(small) == stats.f1_interval(small)  # seeded
+
+
+def test_an_f1_interval_of_identical_images_is_a_point_and_of_no_images_none() -> None:
+    interval = stats.f1_interval(counts([2] * 10, [1] * 10, [1] * 10))
+    assert interval["low"] == interval["high"] == pytest.approx(2 / 3)
+    assert stats.f1_interval(counts([], [], [])) is None
+    assert stats.interval_text(interval) == "95% interval 0.667-0.667 over 10 images"
+    assert stats.interval_text(None) == "no interval: no images"
+
+
+def test_a_run_against_itself_held_whatever_the_order_of_its_images() -> None:
+    run = noisy_images(200, seed=3)
+    shuffled = {key: list(reversed(values)) for key, values in run.items()}
+    change = stats.f1_change(run, shuffled, tolerance=0.01)
+    assert (change.change, change.low, change.high) == (0.0, 0.0, 0.0)
+    assert change.verdict == "held" and change.images == 200
+
+
+def test_pairing_narrows_the_interval_of_a_change_both_runs_share_the_images_of() -> None:
+    """The candidate misses 2 more objects in 20 of 500 noisy images: a sure loss of about 2
+    points. Each run's own interval is wider than that loss; paired, only those 20 images
+    differ between the runs, and the change's interval is narrower than either run's."""
+    reference = noisy_images(500, seed=4)
+    candidate = {key: list(values) for key, values in reference.items()}
+    worse = [i for i, tp in enumerate(reference["tp"]) if tp >= 2][:20]
+    for i in worse:
+        candidate["tp"][i] -= 2
+        candidate["fn"][i] += 2
+    change = stats.f1_change(reference, candidate, tolerance=0.01)
+    assert change.high < -0.01 and change.verdict == "dropped"
+    alone = stats.f1_interval(reference)
+    assert alone["high"] - alone["low"] > -change.change
+    assert change.high - change.low < alone["high"] - alone["low"]
+
+
+def test_a_change_straddling_the_tolerance_is_undecided() -> None:
+    reference = noisy_images(40, seed=5)
+    candidate = {key: list(values) for key, values in reference.items()}
+    hit = next(i for i, tp in enumerate(reference["tp"]) if tp >= 2)
+    candidate["tp"][hit] -= 2
+    candidate["fn"][hit] += 2
+    change = stats.f1_change(reference, candidate, tolerance=0.01)
+    assert change.low < -0.01 < change.high and change.verdict == "undecided"
+
+
+def test_runs_of_different_or_repeated_images_are_refused() -> None:
+    run = counts([1, 1], [0, 0], [0, 0])
+    with pytest.raises(ValueError, match="scored different images"):
+        stats.f1_change(run, counts([1, 1], [0, 0], [0, 0], ids=[0, 2]), tolerance=0.01)
+    twice = counts([1, 1], [0, 0], [0, 0], ids=[3, 3])
+    with pytest.raises(ValueError, match="scored different images"):
+        stats.f1_change(twice, twice, tolerance=0.01)
+    with pytest.raises(ValueError, match="no images"):
+        stats.f1_change(counts([], [], []), counts([], [], []), tolerance=0.01)
+
+
+def test_an_undecided_change_says_about_how_many_images_would_settle_it() -> None:
+    undecided = stats.F1Change(-0.008, -0.011, -0.005, "undecided", 1000, 0.01)
+    # half-width 0.003, 0.002 from -1 point: (0.003 / 0.002)^2 = 2.25 times the images
+    assert undecided.images_to_settle() == 2304
+    at_the_tolerance = stats.F1Change(-0.01, -0.013, -0.007, "undecided", 1000, 0.01)
+    assert at_the_tolerance.images_to_settle() is None
+    close = stats.F1Change(-0.0095, -0.012, -0.007, "undecided", 1000, 0.01)
+    assert close.images_to_settle() is None  # 25 times the images: past the limit
+    assert stats.F1Change(0.0, -0.005, 0.005, "held", 1000, 0.01).images_to_settle() is None

@@ -1,12 +1,13 @@
-"""Statistics of step times, without torch: robust summaries (median and IQR, as
-torch.utils.benchmark gives them), a drift check, the warm-up settling rule, and speed-ups
-with a bootstrap interval. The report reads them too, so nothing here imports torch."""
+"""Statistics without torch, which the report reads too: robust summaries of step times
+(median and IQR, as torch.utils.benchmark gives them), a drift check, the warm-up settling
+rule, speed-ups with a bootstrap interval, and bootstrap intervals over images of a detection
+F1 and of the F1 change between two runs scored on the same images."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -198,3 +199,144 @@ def speedup(
     return Speedup(
         ratio, low, high, verdict, int(reference.size), int(candidate.size), confidence, tolerance
     )
+
+
+# ---- detection F1 over images ---------------------------------------------------------------
+
+F1_METHOD = f"percentile bootstrap over images, {BOOTSTRAP_RESAMPLES} resamples"
+_RESAMPLE_CHUNK = 200  # resamples drawn at once: bounds memory at 200 x images indices
+
+
+def f1_of_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """Micro F1 = 2TP / (2TP + FP + FN) elementwise, 0 where nothing was found or expected
+    (the evaluator's convention for 0/0)."""
+    tp, fp, fn = (np.asarray(v, dtype=np.float64) for v in (tp, fp, fn))
+    denominator = 2 * tp + fp + fn
+    return np.divide(2 * tp, denominator, out=np.zeros_like(denominator), where=denominator > 0)
+
+
+def _image_resamples(images: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
+    """Bootstrap samples of image indices, [k, images] at a time, `resamples` in all."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, resamples, _RESAMPLE_CHUNK):
+        yield rng.integers(0, images, (min(_RESAMPLE_CHUNK, resamples - start), images))
+
+
+def _per_image(counts: Mapping[str, Sequence[int]]) -> np.ndarray:
+    """[images, 3] TP/FP/FN from an eval JSON's `per_image` counts."""
+    return np.stack([np.asarray(counts[key], dtype=np.int64) for key in ("tp", "fp", "fn")], 1)
+
+
+def f1_interval(
+    per_image: Mapping[str, Sequence[int]],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """The interval of a micro F1 over the images it was measured on, from per-image counts
+    (`tp`, `fp`, `fn`). Images are the unit resampled: objects of one image are not independent
+    (one clutter patch makes several false positives). None without images."""
+    counts = _per_image(per_image)
+    if len(counts) == 0:
+        return None
+    samples = np.concatenate(
+        [
+            f1_of_counts(*counts[indices].sum(axis=1).T)
+            for indices in _image_resamples(len(counts), resamples, seed)
+        ]
+    )
+    tail = (1 - confidence) / 2 * 100
+    low, high = (float(v) for v in np.percentile(samples, [tail, 100 - tail]))
+    return {
+        "low": low,
+        "high": high,
+        "confidence": confidence,
+        "images": len(counts),
+        "method": F1_METHOD,
+    }
+
+
+def interval_text(interval: Mapping[str, Any] | None) -> str:
+    """'95% interval 0.914-0.957 over 256 images', for logs and the report."""
+    if not interval:
+        return "no interval: no images"
+    return (
+        f"{interval['confidence']:.0%} interval {interval['low']:.3f}-{interval['high']:.3f} "
+        f"over {interval['images']} images"
+    )
+
+
+@dataclass(frozen=True)
+class F1Change:
+    """A candidate run's F1 against a reference's on the same images, with a paired interval.
+
+    `change` is candidate minus reference (negative: F1 lost), `low`/`high` bound it at
+    `confidence`. `verdict` is 'held' where the whole interval lies above -tolerance (the
+    candidate lost at most that), 'dropped' where the whole interval lies below it, and
+    'undecided' where it straddles -tolerance: those images cannot tell.
+    """
+
+    change: float
+    low: float
+    high: float
+    verdict: str
+    images: int
+    tolerance: float
+    confidence: float = CONFIDENCE
+    method: str = f"paired {F1_METHOD} (both runs resampled at the same images)"
+
+    def images_to_settle(self, limit: int = 16384) -> int | None:
+        """About how many images would settle an undecided change, were it to stay where it
+        is: the interval narrows as 1/sqrt(images), and must clear -tolerance by the distance
+        the change lies from it. A multiple of 256; None above `limit` (a change sitting at
+        the tolerance itself) or where the change is decided already."""
+        margin = abs(self.change + self.tolerance)
+        if self.verdict != "undecided" or margin == 0:
+            return None
+        needed = self.images * ((self.high - self.low) / 2 / margin) ** 2
+        rounded = 256 * math.ceil(max(needed, self.images + 1) / 256)
+        return rounded if rounded <= limit else None
+
+
+def f1_change(
+    reference: Mapping[str, Sequence[Any]],
+    candidate: Mapping[str, Sequence[Any]],
+    *,
+    tolerance: float,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> F1Change:
+    """The F1 change from `reference` to `candidate`, each an eval JSON's `per_image` counts
+    (`image_ids`, `tp`, `fp`, `fn`), resampling images in pairs: the two runs' results on one
+    image go together, so what both find easy or hard cancels out of the interval.
+
+    ValueError where the two were not scored on the same images.
+    """
+    ids = [list(counts["image_ids"]) for counts in (reference, candidate)]
+    if sorted(ids[0]) != sorted(ids[1]) or len(set(ids[0])) != len(ids[0]):
+        raise ValueError(
+            f"the two evaluations scored different images ({len(ids[0])} and {len(ids[1])})"
+        )
+    if not ids[0]:
+        raise ValueError("the evaluations scored no images")
+    position = {image_id: index for index, image_id in enumerate(ids[1])}
+    order = np.asarray([position[image_id] for image_id in ids[0]])
+    ref, cand = _per_image(reference), _per_image(candidate)[order]
+    changes = np.concatenate(
+        [
+            f1_of_counts(*cand[indices].sum(axis=1).T) - f1_of_counts(*ref[indices].sum(axis=1).T)
+            for indices in _image_resamples(len(ref), resamples, seed)
+        ]
+    )
+    tail = (1 - confidence) / 2 * 100
+    low, high = (float(v) for v in np.percentile(changes, [tail, 100 - tail]))
+    change = float(f1_of_counts(*cand.sum(axis=0)) - f1_of_counts(*ref.sum(axis=0)))
+    if low >= -tolerance:
+        verdict = "held"
+    elif high < -tolerance:
+        verdict = "dropped"
+    else:
+        verdict = "undecided"
+    return F1Change(change, low, high, verdict, len(ref), tolerance, confidence)

@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
     from pipeline.engine import checkpoint
     from pipeline.engine.evaluator import Evaluator, size_bucket_text
     from pipeline.models import memory_format
+    from pipeline.stats import interval_text
 
     state = checkpoint.load(args.checkpoint)
     overrides = parse_overrides(args.settings)
@@ -150,13 +151,14 @@ def main(argv: list[str]) -> int:
         atomic.write_json(args.predictions, _predictions(loader.dataset, detections, class_names))
     atomic.write_json(args.out, result)
     log.info(
-        "%s on %s (%s split, %s): F1 %.3f (P %.3f R %.3f) at score %.2f; at validation's best-F1 "
-        "threshold %.2f: F1 %.3f; AP@.5 %.3f, AP %.3f; AP@.5 by size %s -> %s",
+        "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f; at validation's "
+        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f, AP %.3f; AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
         role,
         precision,
         metrics["f1"],
+        interval_text(metrics["f1_interval"]),
         metrics["precision"],
         metrics["recall"],
         metrics["score_threshold"],

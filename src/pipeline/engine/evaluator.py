@@ -24,6 +24,7 @@ from torchvision.ops import box_iou
 
 from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError, DataError
+from pipeline.stats import f1_interval
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
@@ -172,8 +173,25 @@ class _Pooled:
     scores: np.ndarray  # float64 [D]
     labels: np.ndarray  # int64 [D]
     is_tp: np.ndarray  # bool [D]
+    image_index: np.ndarray  # int64 [D]: the detection's image, a position in `image_ids`
+    image_ids: list[int]  # [N], in ground-truth order
+    gt_per_image: np.ndarray  # int64 [N]
     gt_per_class: np.ndarray  # int64 [C]
     ignored: int  # detections left out for falling on an ignore region
+
+    def per_image(self, threshold: float) -> dict[str, list[int]]:
+        """TP, FP and FN of each image at one score threshold: what a bootstrap over images
+        resamples, and what finds the images a model gets wrong."""
+        kept = self.scores >= threshold
+        images = len(self.image_ids)
+        tp = np.bincount(self.image_index[kept & self.is_tp], minlength=images)
+        detected = np.bincount(self.image_index[kept], minlength=images)
+        return {
+            "image_ids": list(self.image_ids),
+            "tp": tp.tolist(),
+            "fp": (detected - tp).tolist(),
+            "fn": (self.gt_per_image - tp).tolist(),
+        }
 
 
 def _index_by_image(records: Iterable[Record], what: str) -> dict[int, Record]:
@@ -206,13 +224,15 @@ def _pool(
     unknown = sorted(set(found) - set(truth))
     if unknown:
         raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
-    scores, labels, flags = [], [], []
+    scores, labels, flags, image_index = [], [], [], []
     ignored = 0
     gt_per_class = np.zeros(num_classes, dtype=np.int64)
-    for image_id, gt in truth.items():
+    gt_per_image = np.zeros(len(truth), dtype=np.int64)
+    for position, (image_id, gt) in enumerate(truth.items()):
         gt_labels = _vector(gt["labels"], np.int64)
         _check_labels(gt_labels, num_classes, image_id, "Ground truth")
         gt_per_class += np.bincount(gt_labels, minlength=num_classes)
+        gt_per_image[position] = gt_labels.size
         det = found.get(image_id)
         if det is None:
             continue
@@ -234,10 +254,14 @@ def _pool(
         flags.append(is_tp[counted])
         scores.append(det_scores[counted])
         labels.append(det_labels[counted])
+        image_index.append(np.full(int(counted.sum()), position, dtype=np.int64))
     return _Pooled(
         scores=np.concatenate(scores) if scores else np.zeros(0, dtype=np.float64),
         labels=np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64),
         is_tp=np.concatenate(flags) if flags else np.zeros(0, dtype=bool),
+        image_index=np.concatenate(image_index) if image_index else np.zeros(0, dtype=np.int64),
+        image_ids=list(truth),
+        gt_per_image=gt_per_image,
         gt_per_class=gt_per_class,
         ignored=ignored,
     )
@@ -296,7 +320,8 @@ def precision_recall_f1(
     figure is 0 even for a model that rightly predicts nothing: check `num_ground_truth`.
     Detections on ignore regions count nowhere (`num_ignored_detections`).
     `chosen_threshold` adds the micro figures at that threshold too (`chosen_threshold`),
-    from the same matching.
+    from the same matching. `per_image` holds each image's TP/FP/FN at `score_threshold`, and
+    `f1_interval` the 95% interval of the micro F1 over these images (None without images).
     """
     pooled = _pool(gts, dets, num_classes, iou_threshold)
     kept = pooled.scores >= score_threshold
@@ -304,6 +329,7 @@ def precision_recall_f1(
     detected = np.bincount(pooled.labels[kept], minlength=num_classes)
     fp = detected - tp
     fn = pooled.gt_per_class - tp
+    per_image = pooled.per_image(score_threshold)
     per_class = [
         {"label": c, "num_gt": int(pooled.gt_per_class[c]), **_counts(tp[c], fp[c], fn[c])}
         for c in range(num_classes)
@@ -321,6 +347,8 @@ def precision_recall_f1(
         "num_ground_truth": int(pooled.gt_per_class.sum()),
         "num_detections": int(pooled.scores.size),
         "num_ignored_detections": pooled.ignored,
+        "per_image": per_image,
+        "f1_interval": f1_interval(per_image),
     }
 
 
@@ -804,6 +832,7 @@ class Evaluator:
         ]
         return {
             "f1": counts["micro"]["f1"],
+            "f1_interval": counts["f1_interval"],
             "precision": counts["micro"]["precision"],
             "recall": counts["micro"]["recall"],
             "f1_macro": counts["macro"]["f1"],
@@ -823,6 +852,7 @@ class Evaluator:
             "num_ground_truth": counts["num_ground_truth"],
             "num_detections": counts["num_detections"],
             "num_ignored_detections": counts["num_ignored_detections"],
+            "per_image": counts["per_image"],
             "score_threshold": self.score_threshold,
             "iou_threshold": self.iou_threshold,
             "timing": {

@@ -5,6 +5,7 @@ nothing to show yet: the template says which step to run."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from typing import Any
@@ -24,13 +25,15 @@ def answer_view(
 ) -> dict[str, Any]:
     frame, env = results.bench, results.env
     checks = decisions.accuracy_checks(results.runs)
+    synthetic_data = ((config or {}).get("data") or {}).get("format") == "synthetic"
     view: dict[str, Any] = {
         "model": decisions.answer_model(frame, config),
         "best": None,
         "shipped_default": shipped_default(env, config),
         "runs": [{"name": run.name, **decisions.run_scores(run)} for run in results.runs],
-        "accuracy": [accuracy_view(check) for check in checks],
+        "accuracy": [accuracy_view(check, synthetic_data, invocation) for check in checks],
         "tolerance_points": 100 * decisions.ACCURACY_TOLERANCE,
+        "synthetic_data": synthetic_data,
     }
     if view["model"] is None:
         return view
@@ -117,7 +120,13 @@ def measured_command(
     --configfile files and --config settings the workflow was called with (`invocation`), so it
     trains on the user's data and settings, `settings` and the device replacing theirs."""
     ours = ([] if env and env.get("auto") == backend else [f"device={backend}"]) + list(settings)
-    replaced = {setting.strip("'").split("=", 1)[0] for setting in ours}
+    return workflow_command(ours, invocation)
+
+
+def workflow_command(settings: list[str], invocation: dict[str, Any] | None = None) -> str:
+    """The workflow command that builds the report with the --configfile files and --config
+    settings it was called with (`invocation`), `settings` (`key=value`) replacing theirs."""
+    replaced = {setting.strip("'").split("=", 1)[0] for setting in settings}
     invocation = invocation or {}
     words = ["snakemake --cores 1 results/report.html"]
     if invocation.get("configfiles"):
@@ -127,7 +136,7 @@ def measured_command(
         for key, value in (invocation.get("config") or {}).items()
         if key not in replaced
     ]
-    return " ".join([*words, "--config", *theirs, *ours])
+    return " ".join([*words, "--config", *theirs, *settings])
 
 
 def measured_train_command(
@@ -160,7 +169,23 @@ def cli_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def accuracy_view(check: decisions.AccuracyCheck) -> dict[str, Any]:
+def larger_test_split_command(images: int, invocation: dict[str, Any] | None) -> str:
+    """The workflow command that evaluates every run on a synthetic test split of `images`
+    (only the test split is made again, and nothing retrains), keeping the caller's data keys."""
+    theirs = ((invocation or {}).get("config") or {}).get("data")
+    data = copy.deepcopy(theirs) if isinstance(theirs, dict) else {}
+    synthetic = data.get("synthetic")
+    data["synthetic"] = {**(synthetic if isinstance(synthetic, dict) else {}), "num_test": images}
+    return workflow_command([shlex.quote(f"data={json.dumps(data)}")], invocation)
+
+
+def accuracy_view(
+    check: decisions.AccuracyCheck,
+    synthetic_data: bool = False,
+    invocation: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    change = check.f1_change
+    settle = None if change is None or not synthetic_data else change.images_to_settle()
     return {
         "reduced": check.reduced,
         "reference": check.reference,
@@ -170,8 +195,22 @@ def accuracy_view(check: decisions.AccuracyCheck) -> dict[str, Any]:
         "ap50": check.ap50,
         "reference_ap50": check.reference_ap50,
         "drops": {name: None if drop is None else 100 * drop for name, drop in check.drops.items()},
-        "held": check.held,
+        "verdict": check.verdict,
+        "f1_change": None
+        if change is None
+        else {
+            "points": 100 * change.change,
+            "low": 100 * change.low,
+            "high": 100 * change.high,
+            "images": change.images,
+            "confidence": change.confidence,
+            "verdict": change.verdict,
+        },
+        "why_unpaired": check.why_unpaired,
         "split": check.split,
+        "settle": None
+        if settle is None
+        else {"images": settle, "command": larger_test_split_command(settle, invocation)},
     }
 
 

@@ -23,7 +23,7 @@ from pipeline.report.formatting import (
 )
 from pipeline.report.load import PRECISIONS, RunResults
 from pipeline.runs import parse_run
-from pipeline.stats import Speedup, quality_words, speedup
+from pipeline.stats import F1Change, Speedup, f1_change, quality_words, speedup
 
 # Where neither the evaluation nor the config says which detections to draw.
 DEFAULT_SCORE_THRESHOLD = 0.3
@@ -296,14 +296,19 @@ def compare_text(times: dict[str, pd.Series]) -> str:
 
 # ---- accuracy: did the reduced precision hold up? -----------------------------------------
 
-# A reduced-precision run within this many points (of F1 and AP@.5, in [0, 1]) of its fp32
-# twin has kept the accuracy.
+# A reduced-precision run that loses at most this much F1 (in [0, 1]) against its fp32 twin,
+# with the whole 95% interval of the change above it, has kept the accuracy; AP@.5 (one figure,
+# no interval) must not fall further either.
 ACCURACY_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
 class AccuracyCheck:
-    """A reduced-precision run against the fp32 run of otherwise equal settings."""
+    """A reduced-precision run against the fp32 run of otherwise equal settings.
+
+    `f1_change` is the paired interval of the F1 change over the images both were scored on;
+    None where either evaluation lacks per-image counts (`why_unpaired` says why).
+    """
 
     reduced: str
     reference: str
@@ -313,6 +318,8 @@ class AccuracyCheck:
     ap50: float | None
     reference_ap50: float | None
     split: str
+    f1_change: F1Change | None = None
+    why_unpaired: str | None = None
 
     @property
     def drops(self) -> dict[str, float | None]:
@@ -325,9 +332,19 @@ class AccuracyCheck:
         }
 
     @property
-    def held(self) -> bool | None:
-        known = [drop for drop in self.drops.values() if drop is not None]
-        return None if not known else all(drop <= ACCURACY_TOLERANCE for drop in known)
+    def verdict(self) -> str:
+        """'held', 'dropped', 'undecided' (the images cannot tell, or F1 held and AP@.5 fell)
+        or 'not comparable' (no paired interval)."""
+        if self.f1_change is None:
+            return "not comparable"
+        ap_drop = self.drops["AP@.5"]
+        if (
+            self.f1_change.verdict == "held"
+            and ap_drop is not None
+            and ap_drop > ACCURACY_TOLERANCE
+        ):
+            return "undecided"
+        return self.f1_change.verdict
 
 
 def accuracy_checks(runs: list[RunResults]) -> list[AccuracyCheck]:
@@ -356,6 +373,7 @@ def accuracy_checks(runs: list[RunResults]) -> list[AccuracyCheck]:
         if twin is None:
             continue
         reduced, reference = run_scores(by_name[name]), run_scores(by_name[twin])
+        change, why_unpaired = paired_f1_change(reference, reduced)
         checks.append(
             AccuracyCheck(
                 name,
@@ -366,9 +384,35 @@ def accuracy_checks(runs: list[RunResults]) -> list[AccuracyCheck]:
                 reduced["ap50"],
                 reference["ap50"],
                 reduced["split"] if reduced["split"] == reference["split"] else "mixed",
+                change,
+                why_unpaired,
             )
         )
     return checks
+
+
+def paired_f1_change(
+    reference: dict[str, Any], reduced: dict[str, Any]
+) -> tuple[F1Change | None, str | None]:
+    """The paired F1 change of two runs' scores (`run_scores`), or None and why not."""
+    if reference["split"] != reduced["split"]:
+        return (
+            None,
+            f"they were scored on different splits ({reference['split']}, {reduced['split']})",
+        )
+    if reference["per_image"] is None or reduced["per_image"] is None:
+        return None, (
+            "no per-image counts to pair them by (an evaluation of an earlier version, or only "
+            "validation during training): rerun the evaluation"
+        )
+    try:
+        return f1_change(
+            reference["per_image"], reduced["per_image"], tolerance=ACCURACY_TOLERANCE
+        ), None
+    except ValueError as error:
+        return None, str(error)
+    except (KeyError, TypeError):
+        return None, "their per-image counts are malformed: rerun the evaluation"
 
 
 # ---- runs and their accuracy ---------------------------------------------------------------
@@ -379,18 +423,24 @@ def run_scores(run: RunResults) -> dict[str, Any]:
     the last validation of training; `split` says which."""
     if run.evaluation:
         metrics = run.evaluation["metrics"]
+        per_image = metrics.get("per_image")
+        interval = metrics.get("f1_interval")
         return {
             "f1": number(metrics.get("f1")),
+            "f1_interval": interval if isinstance(interval, dict) else None,
             "best_f1": number(metrics.get("best_f1")),
             "ap50": number(metrics.get("ap50")),
             "split": str(run.evaluation.get("split") or "evaluation"),
+            "per_image": per_image if isinstance(per_image, dict) else None,
         }
     final = (run.summary or {}).get("final_val") or {}
     return {
         "f1": number(final.get("f1")),
+        "f1_interval": None,
         "best_f1": number(final.get("best_f1")),
         "ap50": number(final.get("ap50")),
         "split": "validation during training",
+        "per_image": None,
     }
 
 

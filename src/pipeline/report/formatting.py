@@ -59,6 +59,23 @@ def fmt_speedup(speed: Any) -> str:
     return f"{fmt_ratio(speed.ratio)} ({speed.low:.2f}–{speed.high:.2f})"
 
 
+def fmt_points(value: Any, digits: int = 1) -> str:
+    """A change in points, always signed: '+0.4', '−1.2' (a minus sign, not a hyphen)."""
+    value = number(value)
+    if value is None:
+        return "n/a"
+    text = f"{abs(value):.{digits}f}"
+    return ("−" if value < 0 and float(text) != 0 else "+") + text
+
+
+def fmt_interval(interval: Any, digits: int = 3) -> str:
+    """An interval {low, high} as '0.914–0.957'."""
+    if not isinstance(interval, dict):
+        return "n/a"
+    low, high = number(interval.get("low")), number(interval.get("high"))
+    return "n/a" if low is None or high is None else f"{low:.{digits}f}–{high:.{digits}f}"
+
+
 def fmt_mb(value: Any) -> str:
     value = number(value)
     if value is None:
@@ -122,6 +139,8 @@ FILTERS = {
     "rel": fmt_rel,
     "ratio": fmt_ratio,
     "speedup": fmt_speedup,
+    "points": fmt_points,
+    "interval": fmt_interval,
     "mb": fmt_mb,
     "seconds": fmt_seconds,
     "utc": fmt_time,

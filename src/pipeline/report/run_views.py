@@ -104,6 +104,7 @@ def evaluation_run(run: RunResults) -> dict[str, Any]:
         "precision": micro.get("precision"),
         "recall": micro.get("recall"),
         "f1": micro.get("f1"),
+        "f1_interval": metrics.get("f1_interval"),
         "picked": {
             "threshold": point.get("threshold"),
             "on": point.get("picked_on"),
