@@ -434,6 +434,12 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
             "best_f1_threshold": 0.25,
             "ap": f1 / 2,
             "ap50": f1 * 0.9,
+            "ap50_interval": {
+                "low": f1 * 0.9 - 0.021,
+                "high": f1 * 0.9 + 0.019,
+                "confidence": 0.95,
+                "images": 1000,
+            },
             "ap75": f1 / 3,
             "per_class": per_class,
             "size_buckets": {

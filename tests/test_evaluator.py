@@ -323,10 +323,12 @@ def reference_ap50(
     return result
 
 
-def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
-    rng = np.random.default_rng(7)
+def noisy_scene(images: int, seed: int = 7) -> tuple[list, list]:
+    """Images of 1 to 4 objects of 3 classes, found with jitter (some under IoU 0.5), a few
+    wrong classes and clutter."""
+    rng = np.random.default_rng(seed)
     num_classes, gts, dets = 3, [], []
-    for image_id in range(1, 6):
+    for image_id in range(1, images + 1):
         count = int(rng.integers(1, 5))
         corners = rng.uniform(0, 80, size=(count, 2))
         sizes = rng.uniform(8, 40, size=(count, 2))
@@ -344,13 +346,44 @@ def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
         dets.append(
             det(image_id, all_boxes.tolist(), rng.random(count + 2).tolist(), all_labels.tolist())
         )
+    return gts, dets
 
+
+def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
+    num_classes = 3
+    gts, dets = noisy_scene(5)
     expected = reference_ap50(gts, dets, num_classes)
     ap = coco_ap(gts, dets, num_classes, (128, 128), ["x", "y", "z"])
     assert [row["ap50"] for row in ap["per_class"]] == pytest.approx(expected, abs=1e-6)
     present = [value for value in expected if value is not None]
     assert ap["ap50"] == pytest.approx(np.mean(present), abs=1e-6)
     assert 0.0 < ap["ap50"] < 1.0  # a fixture where the interpolation actually matters
+
+
+def test_ap50_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> None:
+    """The interval's resamples reuse pycocotools' matches with image weights: all ones must
+    give back pycocotools' AP@.5 exactly, classes without objects left out as it does."""
+    from pipeline.engine import evaluator
+
+    gts, dets = noisy_scene(12, seed=3)
+    ones = lambda images: iter([np.ones((3, images), dtype=np.int64)])  # noqa: E731
+    monkeypatch.setattr(evaluator, "bootstrap_weights", ones)
+    ap = coco_ap(gts, dets, 4, (128, 128), ["x", "y", "z", "none"], ap50_interval=True)
+    assert ap["ap50_interval"]["low"] == pytest.approx(ap["ap50"], abs=1e-12)
+    assert ap["ap50_interval"]["high"] == pytest.approx(ap["ap50"], abs=1e-12)
+
+
+def test_the_ap50_interval_holds_ap50_and_narrows_with_more_images() -> None:
+    widths = []
+    for images in (20, 80):
+        gts, dets = noisy_scene(images, seed=images)
+        ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)
+        interval = ap["ap50_interval"]
+        assert interval["low"] < ap["ap50"] < interval["high"]
+        assert interval["images"] == images and interval["confidence"] == 0.95
+        widths.append(interval["high"] - interval["low"])
+    assert widths[1] < 0.75 * widths[0]
+    assert coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])["ap50_interval"] is None
 
 
 # --- size buckets (input pixels) -----------------------------------------------------------

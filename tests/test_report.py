@@ -148,7 +148,7 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
         "snakemake --cores 1 results/report.html --config 'sweep={precision: [fp32, measured]}' "
         "trains both" in answer
     )
-    assert "cpu-fp32: F1 0.420 (95% interval 0.412–0.427), best F1 0.470" in answer
+    assert "cpu-fp32: F1 0.420 (95% interval 0.413–0.427), best F1 0.470" in answer
     assert "cuda-fp16: F1 0.610 (95% interval 0.602–0.618), best F1 0.660" in answer
 
 
@@ -366,7 +366,7 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
     )
     assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
     assert (
-        "bf16 held up (F1 −0.6 points, 95% interval −0.8 to −0.4 over 1000 images; "
+        "bf16 held up (F1 −0.6 points, 95% interval −0.9 to −0.4 over 1000 images; "
         "AP@.5 −0.5 points)." in answer
     )
     assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
@@ -400,9 +400,9 @@ def test_a_loss_the_images_cannot_settle_is_called_so_and_says_what_would_settle
     assert (
         "not settled (F1 −0.8 points, 95% interval −1.1 to −0.5 over 1000 images): these images "
         "cannot tell whether bf16 lost more than 1 point. More images narrow the interval (4 "
-        "times the images about halve it): about 1792 test images would settle it were the "
+        "times the images about halve it): about 2048 test images would settle it were the "
         "change to stay where it is; snakemake --cores 1 results/report.html --config seed=1 "
-        '\'data={"root": "my data", "synthetic": {"seed": 3, "num_test": 1792}}\' '
+        '\'data={"root": "my data", "synthetic": {"seed": 3, "num_test": 2048}}\' '
         "makes that test split and evaluates every run on it, retraining nothing."
         in page.text("answer")
     )
@@ -435,9 +435,9 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
     text = evaluation_section(results, document)
     assert (
         "Run Split F1 (score threshold) F1 95% interval Precision Recall "
-        "F1 at the validation threshold" in text
+        "F1 at the validation threshold AP@.5 AP@.5 95% interval" in text
     )
-    assert "cpu-fp32 test (held out) 0.420 (0.30) 0.412–0.427" in text
+    assert "cpu-fp32 test (held out) 0.420 (0.30) 0.413–0.427" in text
     assert "0.440 (0.35)" in text
 
 

@@ -309,6 +309,7 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
         "f1_interval": None,
         "best_f1": 0.5,
         "ap50": pytest.approx(0.45),
+        "ap50_interval": None,
         "split": "validation during training",
         "per_image": None,
     }
@@ -329,6 +330,7 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
         "f1_interval": interval,
         "best_f1": 0.7,
         "ap50": 0.6,
+        "ap50_interval": None,
         "split": "test",
         "per_image": counts,
     }

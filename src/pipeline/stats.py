@@ -33,6 +33,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
+def percentile_interval(samples: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The central `confidence` interval of bootstrap samples (the percentile method)."""
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def drift(samples_s: Sequence[float]) -> dict[str, Any]:
     """Median of the second half of the samples over the first half's, in timed order.
 
@@ -177,8 +184,7 @@ def speedup(
     ref_medians = np.median(rng.choice(reference, (resamples, reference.size)), axis=1)
     cand_medians = np.median(rng.choice(candidate, (resamples, candidate.size)), axis=1)
     ratios = ref_medians / cand_medians
-    tail = (1 - confidence) / 2 * 100
-    low, high = (float(v) for v in np.percentile(ratios, [tail, 100 - tail]))
+    low, high = percentile_interval(ratios, confidence)
     ratio = float(np.median(reference) / np.median(candidate))
     sizes = sorted((reference.size, candidate.size))
     enough = sizes[0] >= MIN_SAMPLES_FOR_A_CLAIM
@@ -203,8 +209,8 @@ def speedup(
 
 # ---- detection F1 over images ---------------------------------------------------------------
 
-F1_METHOD = f"percentile bootstrap over images, {BOOTSTRAP_RESAMPLES} resamples"
-_RESAMPLE_CHUNK = 200  # resamples drawn at once: bounds memory at 200 x images indices
+IMAGES_METHOD = f"percentile bootstrap over images, {BOOTSTRAP_RESAMPLES} resamples"
+_RESAMPLE_CHUNK = 200  # resamples drawn at once: bounds memory at 200 x images weights
 
 
 def f1_of_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
@@ -215,11 +221,16 @@ def f1_of_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
     return np.divide(2 * tp, denominator, out=np.zeros_like(denominator), where=denominator > 0)
 
 
-def _image_resamples(images: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
-    """Bootstrap samples of image indices, [k, images] at a time, `resamples` in all."""
+def bootstrap_weights(
+    images: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> Iterator[np.ndarray]:
+    """Bootstrap resamples of `images` images as weights, [k, images] at a time and
+    `resamples` rows in all: how often each image was drawn (with replacement, `images`
+    draws; multinomial, which is the same thing). Seeded: the same call gives the same rows."""
     rng = np.random.default_rng(seed)
+    uniform = np.full(images, 1.0 / images)
     for start in range(0, resamples, _RESAMPLE_CHUNK):
-        yield rng.integers(0, images, (min(_RESAMPLE_CHUNK, resamples - start), images))
+        yield rng.multinomial(images, uniform, size=min(_RESAMPLE_CHUNK, resamples - start))
 
 
 def _per_image(counts: Mapping[str, Sequence[int]]) -> np.ndarray:
@@ -242,18 +253,17 @@ def f1_interval(
         return None
     samples = np.concatenate(
         [
-            f1_of_counts(*counts[indices].sum(axis=1).T)
-            for indices in _image_resamples(len(counts), resamples, seed)
+            f1_of_counts(*(weights @ counts).T)
+            for weights in bootstrap_weights(len(counts), resamples, seed)
         ]
     )
-    tail = (1 - confidence) / 2 * 100
-    low, high = (float(v) for v in np.percentile(samples, [tail, 100 - tail]))
+    low, high = percentile_interval(samples, confidence)
     return {
         "low": low,
         "high": high,
         "confidence": confidence,
         "images": len(counts),
-        "method": F1_METHOD,
+        "method": IMAGES_METHOD,
     }
 
 
@@ -284,7 +294,7 @@ class F1Change:
     images: int
     tolerance: float
     confidence: float = CONFIDENCE
-    method: str = f"paired {F1_METHOD} (both runs resampled at the same images)"
+    method: str = f"paired {IMAGES_METHOD} (both runs resampled at the same images)"
 
     def images_to_settle(self, limit: int = 16384) -> int | None:
         """About how many images would settle an undecided change, were it to stay where it
@@ -326,12 +336,11 @@ def f1_change(
     ref, cand = _per_image(reference), _per_image(candidate)[order]
     changes = np.concatenate(
         [
-            f1_of_counts(*cand[indices].sum(axis=1).T) - f1_of_counts(*ref[indices].sum(axis=1).T)
-            for indices in _image_resamples(len(ref), resamples, seed)
+            f1_of_counts(*(weights @ cand).T) - f1_of_counts(*(weights @ ref).T)
+            for weights in bootstrap_weights(len(ref), resamples, seed)
         ]
     )
-    tail = (1 - confidence) / 2 * 100
-    low, high = (float(v) for v in np.percentile(changes, [tail, 100 - tail]))
+    low, high = percentile_interval(changes, confidence)
     change = float(f1_of_counts(*cand.sum(axis=0)) - f1_of_counts(*ref.sum(axis=0)))
     if low >= -tolerance:
         verdict = "held"

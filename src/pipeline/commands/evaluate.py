@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
         state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
     )
     pin = dev.pin_memory_supported(device)
-    evaluator = Evaluator.from_config(config, class_names)
+    evaluator = Evaluator.from_config(config, class_names, ap50_interval=True)
     memory = dev.PeakMemory(device)
     loader = loader_for(val, config, train=False, pin_memory=pin)
     val_metrics, detections = evaluator.evaluate(model, loader, device, precision)
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f; at validation's "
-        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f, AP %.3f; AP@.5 by size %s -> %s",
+        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s), AP %.3f; AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
         role,
@@ -165,6 +165,7 @@ def main(argv: list[str]) -> int:
         val_threshold,
         at_val_threshold["f1"],
         metrics["ap50"],
+        interval_text(metrics["ap50_interval"]),
         metrics["ap"],
         size_bucket_text(metrics["size_buckets"]),
         args.out,

@@ -423,15 +423,18 @@ def run_scores(run: RunResults) -> dict[str, Any]:
     the last validation of training; `split` says which."""
     if run.evaluation:
         metrics = run.evaluation["metrics"]
-        per_image = metrics.get("per_image")
-        interval = metrics.get("f1_interval")
+
+        def mapping(key: str) -> dict[str, Any] | None:
+            return metrics.get(key) if isinstance(metrics.get(key), dict) else None
+
         return {
             "f1": number(metrics.get("f1")),
-            "f1_interval": interval if isinstance(interval, dict) else None,
+            "f1_interval": mapping("f1_interval"),
             "best_f1": number(metrics.get("best_f1")),
             "ap50": number(metrics.get("ap50")),
+            "ap50_interval": mapping("ap50_interval"),
             "split": str(run.evaluation.get("split") or "evaluation"),
-            "per_image": per_image if isinstance(per_image, dict) else None,
+            "per_image": mapping("per_image"),
         }
     final = (run.summary or {}).get("final_val") or {}
     return {
@@ -439,6 +442,7 @@ def run_scores(run: RunResults) -> dict[str, Any]:
         "f1_interval": None,
         "best_f1": number(final.get("best_f1")),
         "ap50": number(final.get("ap50")),
+        "ap50_interval": None,
         "split": "validation during training",
         "per_image": None,
     }

@@ -115,6 +115,7 @@ def evaluation_run(run: RunResults) -> dict[str, Any]:
         "best_f1": metrics.get("best_f1"),
         "best_f1_threshold": best.get("threshold", metrics.get("best_f1_threshold")),
         "ap50": metrics.get("ap50"),
+        "ap50_interval": metrics.get("ap50_interval"),
         "ap": metrics.get("ap"),
         "ap75": metrics.get("ap75"),
         "num_images": metrics.get("num_images", "n/a"),
