@@ -257,14 +257,15 @@ def f1_interval(
             for weights in bootstrap_weights(len(counts), resamples, seed)
         ]
     )
+    return bootstrap_interval(samples, len(counts), IMAGES_METHOD, confidence)
+
+
+def bootstrap_interval(
+    samples: np.ndarray, images: int, method: str, confidence: float = CONFIDENCE
+) -> dict[str, Any]:
+    """An interval over images as the eval JSON records it (`f1_interval`, `ap50_interval`)."""
     low, high = percentile_interval(samples, confidence)
-    return {
-        "low": low,
-        "high": high,
-        "confidence": confidence,
-        "images": len(counts),
-        "method": IMAGES_METHOD,
-    }
+    return {"low": low, "high": high, "confidence": confidence, "images": images, "method": method}
 
 
 def interval_text(interval: Mapping[str, Any] | None) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,11 @@ from torchvision.ops import box_iou
 from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError, DataError
 from pipeline.stats import (
-    CONFIDENCE,
     IMAGES_METHOD,
+    bootstrap_interval,
     bootstrap_weights,
     f1_interval,
-    percentile_interval,
+    f1_of_counts,
 )
 
 LABEL_MODES = ("multilabel", "single")
@@ -67,7 +67,7 @@ def _counts(tp: int, fp: int, fn: int) -> dict[str, float | int]:
     return {
         "precision": _ratio(tp, tp + fp),
         "recall": _ratio(tp, tp + fn),
-        "f1": _ratio(2 * tp, 2 * tp + fp + fn),
+        "f1": float(f1_of_counts(tp, fp, fn)),
         "tp": int(tp),
         "fp": int(fp),
         "fn": int(fn),
@@ -423,6 +423,18 @@ def size_bucket_text(buckets: Mapping[str, Mapping[str, Any]]) -> str:
     )
 
 
+def _evaluated_images(evaluation: Any, area_index: int) -> Iterator[tuple[int, int, dict]]:
+    """(class position, image position, COCOeval's per-image result) for one area range, in
+    class then image order. evalImgs is laid out [class][area][image], None where an image has
+    neither objects nor detections of the class."""
+    num_areas, num_images = len(evaluation.params.areaRng), len(evaluation.params.imgIds)
+    for index, image in enumerate(evaluation.evalImgs):
+        k, rest = divmod(index, num_areas * num_images)
+        area, i = divmod(rest, num_images)
+        if image is not None and area == area_index:
+            yield k, i, image
+
+
 def _recall_at(evaluation: Any, area_index: int, iou_index: int, score_threshold: float) -> float:
     """Recall of one area range at one IoU, counting matches by detections scoring >= threshold.
 
@@ -430,10 +442,7 @@ def _recall_at(evaluation: Any, area_index: int, iou_index: int, score_threshold
     lower-scored ones: the matches of the kept detections are those of the full matching.
     """
     found = total = 0
-    num_areas, num_images = len(evaluation.params.areaRng), len(evaluation.params.imgIds)
-    for index, image in enumerate(evaluation.evalImgs):
-        if image is None or (index // num_images) % num_areas != area_index:
-            continue
+    for _, _, image in _evaluated_images(evaluation, area_index):
         wanted = ~np.asarray(image["gtIgnore"], dtype=bool)
         score_of = dict(zip(image["dtIds"], image["dtScores"], strict=True))
         matched = [
@@ -461,22 +470,21 @@ class _ClassMatches:
 def _class_matches(evaluation: Any, iou_index: int) -> list[_ClassMatches]:
     """COCOeval's own matches per class, read from evalImgs as accumulate reads them."""
     params = evaluation.params
-    area, num_areas = params.areaRngLbl.index("all"), len(params.areaRng)
-    num_images, max_det = len(params.imgIds), params.maxDets[-1]
+    num_classes, num_images, max_det = len(params.catIds), len(params.imgIds), params.maxDets[-1]
+    per_class: list[tuple[list, list, list, list]] = [([], [], [], []) for _ in range(num_classes)]
+    gt_counts = np.zeros((num_classes, num_images), dtype=np.int64)
+    for k, i, image in _evaluated_images(evaluation, params.areaRngLbl.index("all")):
+        scores, image_index, matched, ignored = per_class[k]
+        image_scores = np.asarray(image["dtScores"][:max_det], dtype=np.float64)
+        scores.append(image_scores)
+        image_index.append(np.full(image_scores.size, i, dtype=np.int64))
+        matched.append(np.asarray(image["dtMatches"])[iou_index, :max_det] > 0)
+        ignored.append(np.asarray(image["dtIgnore"])[iou_index, :max_det].astype(bool))
+        gt_counts[k, i] = int((~np.asarray(image["gtIgnore"], dtype=bool)).sum())
     classes = []
-    for k in range(len(params.catIds)):
-        scores, image_index, matched, ignored = [], [], [], []
-        gt_per_image = np.zeros(num_images, dtype=np.int64)
-        for i in range(num_images):
-            image = evaluation.evalImgs[(k * num_areas + area) * num_images + i]
-            if image is None:
-                continue
-            image_scores = np.asarray(image["dtScores"][:max_det], dtype=np.float64)
-            scores.append(image_scores)
-            image_index.append(np.full(image_scores.size, i, dtype=np.int64))
-            matched.append(np.asarray(image["dtMatches"])[iou_index, :max_det] > 0)
-            ignored.append(np.asarray(image["dtIgnore"])[iou_index, :max_det].astype(bool))
-            gt_per_image[i] = int((~np.asarray(image["gtIgnore"], dtype=bool)).sum())
+    for (scores, image_index, matched, ignored), gt_per_image in zip(
+        per_class, gt_counts, strict=True
+    ):
         if not scores:
             empty = np.zeros(0, dtype=bool)
             classes.append(_ClassMatches(np.zeros(0, np.int64), empty, empty, gt_per_image))
@@ -540,14 +548,9 @@ def _ap50_interval(evaluation: Any, iou_index: int) -> dict[str, Any] | None:
     samples = samples[np.isfinite(samples)]
     if samples.size == 0:
         return None
-    low, high = percentile_interval(samples)
-    return {
-        "low": low,
-        "high": high,
-        "confidence": CONFIDENCE,
-        "images": len(evaluation.params.imgIds),
-        "method": IMAGES_METHOD + ", pycocotools' matches reweighed",
-    }
+    return bootstrap_interval(
+        samples, len(evaluation.params.imgIds), IMAGES_METHOD + ", pycocotools' matches reweighed"
+    )
 
 
 def coco_ap(
