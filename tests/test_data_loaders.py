@@ -972,7 +972,7 @@ def test_a_test_split_exists_where_its_file_is_named_or_found(
     (voc_root / "ImageSets" / "Main" / "test.txt").write_text("wide\n")
     assert split_files(voc)[-1] == voc_root / "ImageSets/Main/test.txt"
     synthetic = load_config(None, [])
-    assert has_test_split(synthetic)  # generated: num_test defaults to 256
+    assert has_test_split(synthetic)  # generated: num_test defaults to 2048
     assert not has_test_split(load_config(None, ["data.synthetic.num_test=0"]))
 
 

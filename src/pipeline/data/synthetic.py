@@ -39,7 +39,7 @@ class SyntheticSpec:
 
     num_train: int = 1024
     num_val: int = 256
-    num_test: int = 256
+    num_test: int = 2048
     image_size: int = 128
     classes: tuple[str, ...] = ("circle", "square", "triangle", "cross")
     min_objects: int = 0
