@@ -5,7 +5,13 @@
 #   scripts/slurm_local.sh start   install if missing, write a one-node slurm.conf, start
 #                                  munged, slurmctld and slurmd, wait until the node is idle
 #   scripts/slurm_local.sh stop    stop the three daemons by the PIDs in their pid files
+#   scripts/slurm_local.sh uninstall  stop, then purge the packages `start` installed (and
+#                                  the files it wrote), leaving the machine as start found it
 #   scripts/slurm_local.sh status  exit 0 if the node answers, print sinfo
+#
+# Left installed, SLURM's client makes every later `snakemake` call on this machine wait 10 s
+# (the executor plugin's `scontrol show config` timeout, with no controller to answer), which is
+# why the tests uninstall what they installed.
 #
 # Every wait is bounded (SLURM_LOCAL_TIMEOUT seconds, default 120) and fails loudly.
 # SLURM_LOCAL_CPUS declares more CPUs than the machine has (default: as many as it has), so
@@ -14,6 +20,11 @@ set -euo pipefail
 
 timeout_s=${SLURM_LOCAL_TIMEOUT:-120}
 pid_files=(/run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid)
+# what `start` installed, one package per line: `uninstall` purges exactly these
+installed_list=/var/lib/slurm_local/installed-packages
+# what `configure` writes, removed with the packages that use it
+slurm_files=(/etc/slurm/slurm.conf /var/spool/slurmctld /var/spool/slurmd /var/log/slurm)
+munge_files=(/etc/munge /run/munge /var/log/munge /var/lib/munge)
 
 say() { printf 'slurm_local: %s\n' "$*" >&2; }
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -52,9 +63,32 @@ install() {
   command -v apt-get >/dev/null || { say "SLURM is not installed and there is no apt-get"; exit 1; }
   say "installing slurmctld, slurmd, slurm-client and munge from Debian's packages"
   export DEBIAN_FRONTEND=noninteractive
+  local before
+  before=$(installed_packages)
   timeout "$((timeout_s * 3))" apt-get update -qq
   timeout "$((timeout_s * 3))" apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge >/dev/null
+  mkdir -p "$(dirname "$installed_list")"
+  comm -13 <(printf '%s\n' "$before") <(installed_packages) >"$installed_list"
+}
+
+installed_packages() {
+  dpkg-query -W -f='${db:Status-Status} ${binary:Package}\n' | awk '$1 == "installed" {print $2}' | sort
+}
+
+uninstall() {
+  stop
+  if [ ! -s "$installed_list" ]; then
+    say "nothing to uninstall: SLURM was not installed by this script"
+    return 0
+  fi
+  say "purging the $(wc -l <"$installed_list") packages start installed"
+  export DEBIAN_FRONTEND=noninteractive
+  # shellcheck disable=SC2046  # one package name per word
+  timeout "$((timeout_s * 3))" apt-get purge -y -qq $(cat "$installed_list") >/dev/null
+  grep -qx 'slurmctld\(:.*\)\?' "$installed_list" && rm -rf "${slurm_files[@]}"
+  grep -qx 'munge\(:.*\)\?' "$installed_list" && rm -rf "${munge_files[@]}"
+  rm -rf "$(dirname "$installed_list")"
 }
 
 node_idle() {
@@ -131,9 +165,10 @@ start() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  uninstall) uninstall ;;
   status) sinfo && node_idle ;;
   *)
-    say "usage: $0 start|stop|status"
+    say "usage: $0 start|stop|uninstall|status"
     exit 2
     ;;
 esac

@@ -3,7 +3,8 @@
 It runs the tiny test config with a 2 seeds x 2 learning rates sweep through
 `snakemake --profile workflow/profiles/slurm-local`, and checks that the jobs really went
 through SLURM and that the report compares the four runs. Starting that cluster installs
-Debian's SLURM packages and runs their daemons on this machine, so it runs only where
+Debian's SLURM packages and runs their daemons on this machine (the teardown stops them and
+purges what it installed), so it runs only where
 PIPELINE_REQUIRE_SLURM=1 asks for it (.ci/run sets it), and then fails rather than skips when
 it cannot (no root, no Linux, no apt-get). The site-profile dry run needs only the plugin.
 """
@@ -55,14 +56,16 @@ def cluster():
         pytest.fail(f"{REQUIRE}=1 but {reason}")
     script = REPO / "scripts" / "slurm_local.sh"
     env = {**os.environ, "SLURM_LOCAL_CPUS": "4"}
-    started = subprocess.run(
-        [str(script), "start"], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert started.returncode == 0, started.stderr
+    # left installed, SLURM's client makes every later snakemake call here wait 10 s
+    teardown = "stop" if shutil.which("slurmctld") else "uninstall"
     try:
+        started = subprocess.run(
+            [str(script), "start"], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert started.returncode == 0, started.stderr
         yield
     finally:
-        subprocess.run([str(script), "stop"], capture_output=True, timeout=120)
+        subprocess.run([str(script), teardown], capture_output=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
