@@ -163,12 +163,17 @@ def test_written_file_has_the_permissions_of_a_plain_write(tmp_path: Path) -> No
     assert _mode(written) == _mode(plain)
 
 
-def test_write_json_round_trips_and_ends_with_a_newline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("indent", [2, None], ids=["indented", "compact"])
+def test_write_json_round_trips_and_ends_with_a_newline(tmp_path: Path, indent: int | None) -> None:
     data = {"name": "run", "values": [1, 2.5, None, True], "nested": {"a": {"b": "c"}}}
-    target = atomic.write_json(tmp_path / "data.json", data)
+    target = atomic.write_json(tmp_path / "data.json", data, indent=indent)
     text = target.read_text()
     assert text.endswith("}\n")
     assert json.loads(text) == data
+    if indent is None:  # one line without spaces: what keeps a predictions file small
+        assert text == '{"name":"run","values":[1,2.5,null,true],"nested":{"a":{"b":"c"}}}\n'
+    else:
+        assert '\n  "name": "run",\n' in text
 
 
 def test_non_finite_floats_are_written_as_null(tmp_path: Path) -> None:

@@ -1011,6 +1011,7 @@ def test_an_export_trains_and_evaluates_end_to_end_reporting_on_its_test_split(
     assert result["splits"]["test"]["num_images"] == 4
     assert result["val_metrics"]["num_images"] == 4
     assert result["operating_point"]["threshold"] == result["val_metrics"]["best_f1_threshold"]
+    assert predictions.read_text().count("\n") == 1  # compact: one line
     files = [image["file"] for image in json.loads(predictions.read_text())["images"]]
     assert files[0] == str(export / "test" / "test image 0.jpg")
 

@@ -145,5 +145,8 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | Path, data: Any) -> Path:
-    return write_text(path, json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
+    """Indented for people to read; `indent=None` writes one compact line (large files)."""
+    separators = None if indent is not None else (",", ":")
+    text = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
+    return write_text(path, text + "\n")

@@ -148,7 +148,9 @@ def main(argv: list[str]) -> int:
         "host_peak_rss_mb": dev.host_peak_rss_mb(),
     }
     if args.predictions:
-        atomic.write_json(args.predictions, _predictions(loader.dataset, detections, class_names))
+        # compact: every image's top detections, one number per line, made 28 MB of 2,048 images
+        predictions = _predictions(loader.dataset, detections, class_names)
+        atomic.write_json(args.predictions, predictions, indent=None)
     atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f; at validation's "
