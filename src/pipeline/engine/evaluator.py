@@ -567,7 +567,8 @@ def coco_ap(
     `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
     and class). With `ap50_interval`, `ap50_interval` is AP@.5's 95% interval over the images
     (about a second per 500 images here, so the evaluate stage asks for it and validation
-    during training does not); else None. Per-class AP is None for a class without ground truth (pycocotools' -1).
+    during training does not); else None. Per-class AP is None for a class without ground
+    truth (pycocotools' -1).
     Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
     lets a detection on them count against.
     With no detections every AP is 0; with no ground truth at all AP is undefined and
@@ -802,7 +803,6 @@ class Evaluator:
         iou_threshold: float = 0.5,
         max_detections: int = 100,
         image_threshold: float = 0.5,
-        ap50_interval: bool = False,
     ) -> None:
         if label_mode not in LABEL_MODES:
             raise ConfigError(
@@ -817,12 +817,9 @@ class Evaluator:
         self.iou_threshold = float(iou_threshold)
         self.max_detections = int(max_detections)
         self.image_threshold = float(image_threshold)
-        self.ap50_interval = ap50_interval
 
     @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], class_names: Sequence[str], ap50_interval: bool = False
-    ) -> Evaluator:
+    def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
         """The evaluator a resolved config describes (training's validation and `eval` agree)."""
         settings = config["eval"]
         return cls(
@@ -832,7 +829,6 @@ class Evaluator:
             score_threshold=settings["score_threshold"],
             iou_threshold=settings["iou_threshold"],
             max_detections=settings["max_detections"],
-            ap50_interval=ap50_interval,
         )
 
     @property
@@ -846,6 +842,7 @@ class Evaluator:
         device: DeviceLike,
         precision: str = "fp32",
         chosen_threshold: float | None = None,
+        ap50_interval: bool = False,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Metrics and JSON-ready detections for one pass over `loader`.
 
@@ -854,7 +851,8 @@ class Evaluator:
         to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
-        picked on the very images it is measured on, is optimistic.
+        picked on the very images it is measured on, is optimistic. `ap50_interval` adds AP@.5's
+        interval over the images (see `coco_ap`).
         """
         device = torch.device(device)
         gts: list[dict[str, Any]] = []
@@ -891,7 +889,9 @@ class Evaluator:
                     postprocess_s += time.perf_counter() - start
         finally:
             model.train(was_training)
-        metrics = self._metrics(gts, dets, score_rows, model_s, postprocess_s, chosen_threshold)
+        metrics = self._metrics(
+            gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap50_interval
+        )
         return metrics, [
             {
                 "image_id": det["image_id"],
@@ -910,6 +910,7 @@ class Evaluator:
         model_s: float,
         postprocess_s: float,
         chosen_threshold: float | None = None,
+        ap50_interval: bool = False,
     ) -> dict[str, Any]:
         counts = precision_recall_f1(
             gts,
@@ -926,7 +927,7 @@ class Evaluator:
             (self.image_size, self.image_size),
             self.class_names,
             self.score_threshold,
-            self.ap50_interval,
+            ap50_interval,
         )
         image_level = None
         if self.label_mode == "multilabel":
