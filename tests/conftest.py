@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline import atomic, formats
+
 
 class FakeCuda:
     """State behind the torch.cuda functions that `fake_cuda` replaces; tests change it freely."""
@@ -142,6 +144,25 @@ def restore_pipeline_logger() -> Iterator[None]:
         if handler not in saved[0]:
             handler.close()
     logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.fixture(autouse=True)
+def written_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every JSON document with a format tag that code under test writes (atomic.write_json)
+    is checked against its format's schema (src/pipeline/schemas), so that no writer drifts from
+    the format it documents; tests/test_workflow.py checks the files a real workflow wrote."""
+    write_json = atomic.write_json
+
+    def checked(path, data, **options):
+        document = atomic.jsonable(data)
+        tag = document.get("format") if isinstance(document, dict) else None
+        name = formats.name_for_tag(tag) if isinstance(tag, str) else None
+        if name is not None:
+            problem = formats.problem(document, name)
+            assert problem is None, f"{path} {problem}"
+        return write_json(path, data, **options)
+
+    monkeypatch.setattr(atomic, "write_json", checked)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,17 +15,15 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-import yaml
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, cli, stats, timing
+from pipeline import bench, cli, formats, stats, timing
 from pipeline import device as dev
 from pipeline.config import load_config
 from pipeline.device import DeviceTimer, PeakMemory, available_backends
 from pipeline.models import build_model
 
-SCHEMA_PATH = Path(bench.__file__).parent / "schemas" / "bench.schema.yaml"
 MB = 1024 * 1024
 CONDITION_KEYS = {
     "started",
@@ -49,9 +47,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def validator() -> Draft202012Validator:
-    schema = yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    return formats.validator("bench")
 
 
 def run_bench(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any] | None]:

@@ -19,10 +19,11 @@ import zipfile
 from datetime import datetime
 from pathlib import Path
 
-import jsonschema
 import pytest
-import yaml
 from report_page import SECTION_IDS, Page, assert_self_contained
+from results_schemas import check_results
+
+from pipeline import formats
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -232,7 +233,6 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
     results = root / "results"
     env = json.loads((results / "env.json").read_text())
     assert env["auto"] in env["available"]
-    bench_schema = yaml.safe_load((REPO / "src/pipeline/schemas/bench.schema.yaml").read_text())
     bench_files = sorted((results / "bench").glob("*.json"))
     expected = {
         f"{backend}-{precision}-{mode}.json"
@@ -241,8 +241,6 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
         for mode in ("train", "infer")
     }
     assert {path.name for path in bench_files} == expected
-    for path in bench_files:
-        jsonschema.Draft202012Validator(bench_schema).validate(json.loads(path.read_text()))
     runs = {p.parent.name for p in (results / "train").glob("*/train_summary.json")}
     assert runs == sweep_runs(root)
     for name in runs:
@@ -262,6 +260,15 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
         assert isinstance(trace["traceEvents"], list)
     stats = {path.stem for path in (results / "job_stats").rglob("*.tsv")}
     assert {"check_env", "prepare_data", "report"} <= stats
+
+
+def test_every_results_file_matches_the_schema_of_its_format(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    checked = check_results(finished[0] / "results")
+    assert set(checked) == set(formats.names()) - {"common"}  # every format, each file
+    runs = len(sweep_runs(finished[0]))
+    assert checked["train_summary"] == checked["eval"] == checked["profile"] == runs
 
 
 def test_training_ran_in_the_precision_the_benchmarks_chose(

@@ -11,34 +11,23 @@ so nothing here imports torch: the device layer's verdicts come in as `refused` 
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from pipeline import stats
+from pipeline import formats, stats
 from pipeline.errors import ConfigError, DataError
 
 FORMAT = "pipeline.choice/1"
 BENCH_FORMAT = "pipeline.bench/2"
-BENCH_SCHEMA = Path(__file__).parent / "schemas" / "bench.schema.yaml"
 REDUCED = ("bf16", "fp16")  # preference among equally fast precisions: bf16 needs no scaler
 DEFAULT_BENCH_DIR = Path("results/bench")
 
 
-@functools.cache
-def bench_schema() -> dict[str, Any]:
-    return yaml.safe_load(BENCH_SCHEMA.read_text(encoding="utf-8"))
-
-
 def read_bench_file(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one `python -m pipeline bench` file, checked against its schema."""
-    import jsonschema
-
+    """The records of one `python -m pipeline bench` file, checked against bench.schema.yaml."""
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -46,16 +35,11 @@ def read_bench_file(path: str | Path) -> list[dict[str, Any]]:
         raise DataError(f"Benchmark file {path} does not exist.") from error
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DataError(f"Benchmark file {path} is not valid JSON: {error}.") from error
-    problems = sorted(
-        jsonschema.Draft202012Validator(bench_schema()).iter_errors(document),
-        key=lambda e: list(e.absolute_path),
-    )
-    if problems:
-        where = "/".join(str(part) for part in problems[0].absolute_path) or "(top level)"
+    problem = formats.problem(document, "bench")
+    if problem:
         raise DataError(
-            f"Benchmark file {path} does not match {BENCH_SCHEMA.name} at {where}: "
-            f"{problems[0].message}. Run the benchmark again (snakemake bench, or python -m "
-            "pipeline bench) to rewrite it."
+            f"Benchmark file {path} {problem}. Run the benchmark again (snakemake bench, or "
+            "python -m pipeline bench) to rewrite it."
         )
     return document["records"]
 
@@ -218,8 +202,12 @@ def read_choices(path: str | Path) -> dict[str, PrecisionChoice]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"Precision choice file {path} cannot be read: {error}.") from error
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DataError(f"{path} is not a precision choice file (no '{FORMAT}' format tag).")
+    problem = formats.problem(data, "choice")
+    if problem:
+        raise DataError(
+            f"{path} is not a precision choice file: it {problem}. Write it again with "
+            "python -m pipeline choose-precision."
+        )
     return {item["model"]: PrecisionChoice.from_dict(item) for item in data["choices"]}
 
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from pipeline.data.sources import SplitAnnotations
 
 log = logging.getLogger("pipeline")
-FORMAT = "pipeline.eval/1"
+FORMAT = "pipeline.eval/1"  # schemas/eval.schema.yaml
+PREDICTIONS_FORMAT = "pipeline.predictions/1"  # schemas/predictions.schema.yaml
 
 
 def main(argv: list[str]) -> int:
@@ -234,4 +235,4 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
                 },
             }
         )
-    return {"format": "pipeline.predictions/1", "class_names": class_names, "images": images}
+    return {"format": PREDICTIONS_FORMAT, "class_names": class_names, "images": images}

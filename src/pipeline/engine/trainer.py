@@ -41,6 +41,7 @@ from pipeline.models import build_from_config, check_input_size, memory_format, 
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
+SUMMARY_FORMAT = "pipeline.train_summary/1"  # schemas/train_summary.schema.yaml
 
 
 class StepTally:
@@ -619,6 +620,7 @@ class Trainer:
         final = next((row["val"] for row in reversed(epochs) if row.get("val")), None)
         session = time.perf_counter() - self._session_start
         return {
+            "format": SUMMARY_FORMAT,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "requested_device": self.requested_device,
             "device": str(self.device),
