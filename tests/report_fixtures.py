@@ -283,6 +283,49 @@ BENCH = [
 ]
 
 
+def size_buckets(f1: float) -> dict[str, Any]:
+    """The evaluator's figures by object size: small and medium objects, no large ones."""
+
+    def bucket(
+        range_px: list[float | None],
+        counts: list[int],
+        ap50: float | None,
+        ap: float | None,
+        recall: float | None,
+    ) -> dict[str, Any]:
+        return {
+            "range_px": range_px,
+            "num_gt": sum(counts),
+            "ap50": ap50,
+            "ap": ap,
+            "recall": recall,
+            "per_class": [
+                {"label": label, "name": name, "num_gt": count, "ap50": ap50 if count else None}
+                for label, (name, count) in enumerate(zip(CLASS_NAMES, counts, strict=True))
+            ],
+        }
+
+    return {
+        "small": bucket([0.0, 16.0], [30, 20], f1 * 0.8, f1 / 3, f1 * 0.7),
+        "medium": bucket([16.0, 64.0], [12, 10], f1, f1 / 2, f1),
+        "large": bucket([64.0, None], [0, 0], None, None, None),
+    }
+
+
+def validation_summary(f1: float) -> dict[str, Any]:
+    """What an epoch row and the training summary keep of a validation."""
+    return {
+        "f1": f1,
+        "precision": f1,
+        "recall": f1,
+        "best_f1": f1,
+        "ap": f1 / 2,
+        "ap50": f1 * 0.9,
+        "ap75": f1 / 3,
+        "size_buckets": size_buckets(f1),
+    }
+
+
 def metrics_rows(losses: list[float], f1s: list[float]) -> list[dict[str, Any]]:
     rows, memory = (
         [],
@@ -306,15 +349,7 @@ def metrics_rows(losses: list[float], f1s: list[float]) -> list[dict[str, Any]]:
         )
         if index % 2 == 0:
             f1 = f1s[epoch - 1]
-            val = {
-                "f1": f1,
-                "precision": f1,
-                "recall": f1,
-                "best_f1": f1,
-                "ap": f1 / 2,
-                "ap50": f1 * 0.9,
-                "ap75": f1 / 3,
-            }
+            val = validation_summary(f1)
             rows.append(
                 {
                     "epoch": epoch,
@@ -335,20 +370,26 @@ def metrics_rows(losses: list[float], f1s: list[float]) -> list[dict[str, Any]]:
 
 
 def train_summary(backend: str, precision: str, best: float) -> dict[str, Any]:
+    run = f"results/train/{backend}-{precision}"
     return {
+        "format": "pipeline.train_summary/1",
+        "created": "2026-11-29T17:22:59+00:00",
         "requested_device": backend,
         "device": backend,
         "backend": backend,
         "device_description": "NVIDIA Fake H100" if backend == "cuda" else "CPU",
         "amp": precision != "fp32",
         "precision": precision,
+        "precision_choice": None,
         "model": "tiny_conv",
         "parameters": 20908,
         "class_names": CLASS_NAMES,
         "epochs": 3,
+        "time_budget_s": None,
         "steps": 6,
         "batch_size": 16,
         "wall_time_s": 12.5,
+        "resumed_after_s": 0.0,
         "train_time_s": 1.2,
         "epoch_times_s": [0.4, 0.4, 0.4],
         "median_step_time_s": 0.1,
@@ -365,16 +406,14 @@ def train_summary(backend: str, precision: str, best: float) -> dict[str, Any]:
         "monitor": "f1",
         "best_metric": best,
         "best_epoch": 3,
-        "final_val": {
-            "f1": best,
-            "precision": best,
-            "recall": best,
-            "best_f1": best,
-            "ap": best / 2,
-            "ap50": best * 0.9,
-            "ap75": best / 3,
+        "final_val": validation_summary(best),
+        "paths": {
+            "last": f"{run}/last.pth",
+            "best": f"{run}/best.pth",
+            "metrics": f"{run}/metrics.jsonl",
+            "train_summary": f"{run}/train_summary.json",
+            "config": f"{run}/config.json",
         },
-        "paths": {},
     }
 
 
@@ -423,6 +462,22 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
         "precision": precision,
         "data_root": "resources/data/ci",
         "split": "val",
+        "metrics_split": "val",
+        "splits": {
+            "val": {
+                "name": "val",
+                "source": "resources/data/ci/instances_val.json",
+                "num_images": 1000,
+            }
+        },
+        "operating_point": {
+            "threshold": 0.25,
+            "picked_on": "val",
+            "applied_to": "val",
+            "precision": f1,
+            "recall": f1,
+            "f1": f1 + 0.05,
+        },
         "class_names": CLASS_NAMES,
         "metrics": {
             "f1": f1,
@@ -439,42 +494,40 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
                 "high": f1 * 0.9 + 0.019,
                 "confidence": 0.95,
                 "images": 1000,
+                "method": "percentile bootstrap over images, 2000 resamples, pycocotools' matches reweighed",
             },
             "ap75": f1 / 3,
             "per_class": per_class,
-            "size_buckets": {
-                "small": {
-                    "range_px": [0.0, 16.0],
-                    "num_gt": 9,
-                    "ap50": f1 * 0.8,
-                    "ap": f1 / 3,
-                    "recall": f1 * 0.7,
-                },
-                "medium": {
-                    "range_px": [16.0, 64.0],
-                    "num_gt": 5,
-                    "ap50": f1,
-                    "ap": f1 / 2,
-                    "recall": f1,
-                },
-                "large": {
-                    "range_px": [64.0, None],
-                    "num_gt": 0,
-                    "ap50": None,
-                    "ap": None,
-                    "recall": None,
-                },
-            },
+            "size_buckets": size_buckets(f1),
             "micro": {"precision": f1, "recall": f1, "f1": f1, "tp": 6, "fp": 2, "fn": 8},
             "macro": {"precision": f1, "recall": f1, "f1": f1, "num_classes": 2},
             "best": {"threshold": 0.25, "precision": f1, "recall": f1, "f1": f1 + 0.05},
-            "num_images": 3,
+            "chosen_threshold": None,
+            "image_level": {
+                "threshold": 0.5,
+                "num_images": 1000,
+                "f1": f1,
+                "precision": f1,
+                "recall": f1,
+                "f1_macro": f1,
+                "micro": {"precision": f1, "recall": f1, "f1": f1, "tp": 6, "fp": 2, "fn": 8},
+                "macro": {"precision": f1, "recall": f1, "f1": f1, "num_classes": 2},
+            },
+            "num_images": 1000,
             "num_ground_truth": 14,
             "num_detections": 40,
+            "num_ignored_detections": 0,
             "per_image": per_image,
             "score_threshold": 0.3,
             "iou_threshold": 0.5,
+            "timing": {
+                "model_s": 2.5,
+                "postprocess_s": 0.4,
+                "images_per_s": 400.0,
+                "ms_per_image": 2.5,
+            },
         },
+        "val_metrics": None,
         "peak_memory": {
             "peak_mb": 0.0,
             "reserved_mb": 0.0,
@@ -497,6 +550,8 @@ def predictions(image_files: list[str]) -> dict[str, Any]:
                 "ground_truth": {
                     "boxes": [[4.0, 4.0, 16.0, 16.0], [18.0, 18.0, 30.0, 30.0]],
                     "labels": [0, 1],
+                    "ignore_boxes": [],
+                    "ignore_labels": [],
                 },
                 "detections": {
                     "boxes": [
@@ -528,9 +583,14 @@ def profile(backend: str, precision: str) -> dict[str, Any]:
             "min_ms": median * 0.97,
             "max_ms": median * 1.2,
             "noisy": False,
+            "drift_ratio": 1.0,
+            "drifting": False,
             "warmup_steps": 3,
+            "warmup_s": 0.01,
+            "warmup_settled": True,
             "total_s": 0.1,
             "budget_limited": batch == 16,
+            "samples_ms": step_samples(median),
         }
         latency.append(
             {
@@ -549,6 +609,7 @@ def profile(backend: str, precision: str) -> dict[str, Any]:
     operators = [
         {
             "name": f"aten::op{index}",
+            "kind": "operator",
             "calls": 12,
             "self_cpu_ms": 2.0 / index,
             "cpu_total_ms": 2.0,

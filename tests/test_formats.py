@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
+from report_fixtures import write_results_tree
+from results_schemas import check_results
 
 from pipeline import atomic, environment, formats, measured, profiling
 from pipeline.commands import evaluate
@@ -99,3 +101,8 @@ def test_a_choice_file_of_another_shape_is_refused_naming_the_file_and_place(
     ):
         measured.read_choices(path)
 
+
+def test_the_report_tests_full_results_tree_is_shaped_like_real_files(tmp_path: Path) -> None:
+    """The fixture the report tests start from; their variants leave pieces out on purpose."""
+    checked = check_results(write_results_tree(tmp_path))
+    assert set(checked) == set(formats.names()) - {"common", "choice"}

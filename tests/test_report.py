@@ -453,7 +453,7 @@ def test_size_buckets_line_up_by_bucket_and_an_older_file_without_them_shows_na(
     assert [bucket["name"] for bucket in view["buckets"]] == ["small", "medium", "large"]
     assert view["buckets"][2]["range_px"] == [64.0, None]
     small = view["buckets"][0]["cells"]
-    assert small[0]["num_gt"] == 9 and small[1] is None
+    assert small[0]["num_gt"] == 50 and small[1] is None
 
 
 def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
