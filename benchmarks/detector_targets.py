@@ -1,0 +1,245 @@
+"""The detector's accuracy targets within CPU time budgets, measured on this machine.
+
+Each training runs as a user runs it: `python -m pipeline prepare-data`, `train` and `eval`
+in subprocesses, with the presets of config/presets, into a work folder (the data sets are
+generated there too, so nothing under resources/ changes). Every figure comes from the
+evaluate stage's JSON: the held-out test split, and validation where a target names it.
+
+  default             the default synthetic set in a 2-minute budget: F1 >= 0.93, AP@.5 >= 0.95
+  multiscale          config/presets/multiscale.yaml (its 5 minutes): AP@.5 >= 0.90 in every
+                      size bucket, on validation and on test
+  microscopy-kind     natural.yaml + microscopy-kind.yaml (5 minutes, 384 px): AP@.5 >= 0.88,
+                      every class >= 0.80, F1 >= 0.85
+  large-objects-kind  natural.yaml + large-objects-kind.yaml (5 minutes, 256 px): AP@.5 >= 0.95
+
+The two kinds are synthetic stand-ins for real data sets, not those sets: a PASS there says
+nothing about the real ones. What a budget reaches follows how many epochs fit into it, so a
+slower CPU fits fewer and may miss what a faster one meets; the table says how many fit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import harness
+import torch
+
+from pipeline import atomic, timing
+from pipeline.errors import PipelineError
+from pipeline.report.run_views import FEW_IN_BUCKET
+
+NAME = "detector_targets"
+PRESETS = harness.REPO / "config" / "presets"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure against its lower bound."""
+
+    label: str
+    value: float | None
+    target: float
+    spread: str  # its interval, or how many objects it rests on
+
+    @property
+    def passed(self) -> bool:
+        return self.value is not None and self.value >= self.target
+
+
+def interval(metrics: dict[str, Any], key: str) -> str:
+    found = metrics.get(f"{key}_interval")
+    return f"95% {found['low']:.3f}-{found['high']:.3f}" if found else "no interval"
+
+
+def overall(metrics: dict[str, Any], f1: float | None, ap50: float) -> list[Figure]:
+    figures = [Figure("test AP@.5", metrics["ap50"], ap50, interval(metrics, "ap50"))]
+    if f1 is not None:
+        figures.insert(0, Figure("test F1", metrics["f1"], f1, interval(metrics, "f1")))
+    return figures
+
+
+def default_figures(evaluation: dict[str, Any]) -> list[Figure]:
+    return overall(evaluation["metrics"], f1=0.93, ap50=0.95)
+
+
+def multiscale_figures(evaluation: dict[str, Any]) -> list[Figure]:
+    figures = []
+    for split, metrics in (
+        ("validation", evaluation["val_metrics"]),
+        ("test", evaluation["metrics"]),
+    ):
+        for bucket, found in metrics["size_buckets"].items():
+            # as the report does: a class with a handful of objects can decide a bucket's mean
+            few = [
+                f"{c['name']}: {c['num_gt']} at {c['ap50']:.3f}"
+                for c in found["per_class"]
+                if 0 < c["num_gt"] < FEW_IN_BUCKET
+            ]
+            spread = "; ".join([f"{found['num_gt']} objects", *few])
+            figures.append(Figure(f"{split} AP@.5 {bucket}", found["ap50"], 0.90, spread))
+    return figures
+
+
+def microscopy_figures(evaluation: dict[str, Any]) -> list[Figure]:
+    metrics = evaluation["metrics"]
+    figures = overall(metrics, f1=0.85, ap50=0.88)
+    for found in metrics["per_class"]:
+        figures.append(
+            Figure(f"test AP@.5 {found['name']}", found["ap50"], 0.80, f"{found['num_gt']} objects")
+        )
+    return figures
+
+
+def large_objects_figures(evaluation: dict[str, Any]) -> list[Figure]:
+    return overall(evaluation["metrics"], f1=None, ap50=0.95)
+
+
+@dataclass(frozen=True)
+class Training:
+    name: str
+    configs: tuple[str, ...]  # config/presets files, layered in this order
+    settings: tuple[str, ...]  # key=value on top
+    figures: Callable[[dict[str, Any]], list[Figure]]
+
+
+TRAININGS = (
+    Training("default", (), ("train.time_budget_s=120",), default_figures),
+    Training("multiscale", ("multiscale.yaml",), (), multiscale_figures),
+    Training("microscopy-kind", ("natural.yaml", "microscopy-kind.yaml"), (), microscopy_figures),
+    Training(
+        "large-objects-kind", ("natural.yaml", "large-objects-kind.yaml"), (), large_objects_figures
+    ),
+)
+
+
+def parse_args(argv: list[str]):
+    parser = harness.parser(NAME, __doc__)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[training.name for training in TRAININGS],
+        metavar="NAME",
+        help="only these trainings (default: all four, about 20 minutes plus data generation)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the config's seed")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="folder for the data sets, runs and logs (default: a temporary one, removed after)",
+    )
+    return parser.parse_args(argv)
+
+
+def pipeline(args: list[str], log: Path) -> None:
+    """`python -m pipeline ARGS` from the repository root, its output appended to `log`."""
+    with log.open("a", encoding="utf-8") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline", *args],
+            cwd=harness.REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-12:])
+        raise PipelineError(
+            f"python -m pipeline {' '.join(args)} exited {done.returncode}; the end of its "
+            f"output ({log}):\n{tail}"
+        )
+
+
+def measure(training: Training, seed: int, work: Path) -> dict[str, Any]:
+    configs = [arg for name in training.configs for arg in ("--config", str(PRESETS / name))]
+    data, run, log = (
+        work / "data" / training.name,
+        work / training.name,
+        work / f"{training.name}.log",
+    )
+    settings = [f"data.root={data}", f"seed={seed}", *training.settings]
+    pipeline(["prepare-data", *configs, *settings], log)
+    conditions = timing.RunConditions()
+    pipeline(["train", *configs, "--out", str(run), *settings], log)
+    measured = conditions.finish()
+    harness.warn_if_loaded(measured, f"training {training.name}")
+    evaluation_path = work / f"{training.name}.json"
+    pipeline(["eval", "--checkpoint", str(run / "best.pth"), "--out", str(evaluation_path)], log)
+    summary = json.loads((run / "train_summary.json").read_text(encoding="utf-8"))
+    evaluation = json.loads(evaluation_path.read_text(encoding="utf-8"))
+    figures = training.figures(evaluation)
+    return {
+        "name": training.name,
+        "configs": list(training.configs),
+        "settings": settings,
+        "epochs": summary["epochs"],
+        "steps": summary["steps"],
+        "time_budget_s": summary["time_budget_s"],
+        "wall_time_s": summary["wall_time_s"],
+        "median_step_time_s": summary["median_step_time_s"],
+        "figures": [asdict(figure) | {"passed": figure.passed} for figure in figures],
+        "passed": all(figure.passed for figure in figures),
+        "evaluation": evaluation["metrics"] | {"per_image": None},
+        "conditions": measured,
+    }
+
+
+def print_result(result: dict[str, Any]) -> None:
+    print(
+        f"\n{result['name']}: {result['steps']} steps over {result['epochs']} epochs in "
+        f"{result['wall_time_s']:.0f} s, median step {1000 * result['median_step_time_s']:.0f} ms",
+        flush=True,
+    )
+    rows = [
+        [
+            figure["label"],
+            "n/a" if figure["value"] is None else f"{figure['value']:.3f}",
+            f">= {figure['target']:.2f}",
+            figure["spread"],
+            "PASS" if figure["passed"] else "FAIL",
+        ]
+        for figure in result["figures"]
+    ]
+    print(harness.table(("figure", "value", "target", "spread", ""), rows), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    chosen = [t for t in TRAININGS if args.only is None or t.name in args.only]
+    with tempfile.TemporaryDirectory(prefix=f"{NAME}-") as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        results = []
+        for training in chosen:
+            results.append(measure(training, args.seed, work))
+            print_result(results[-1])
+    passed = all(result["passed"] for result in results)
+    print(
+        "\nall targets "
+        + (
+            "PASS"
+            if passed
+            else "FAIL: " + ", ".join(r["name"] for r in results if not r["passed"])
+        )
+    )
+    atomic.write_json(
+        args.out,
+        {
+            "name": NAME,
+            "environment": harness.environment(torch.device("cpu")),
+            "seed": args.seed,
+            "results": results,
+            "passed": passed,
+        },
+    )
+    print(f"wrote {args.out}")
+    return 1 if args.check and not passed else 0
+
+
+if __name__ == "__main__":
+    harness.run(main)
