@@ -166,7 +166,8 @@ def written_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the SLURM test last: where it runs (CI), it leaves SLURM's client installed with its
-    daemons stopped, and there, with the cluster extra installed, every Snakemake start waits
-    10 s for `scontrol` (the SLURM plugin calls it at import; see tests/test_install.py)."""
+    """Run the SLURM test last: it purges the SLURM packages it installed, but where SLURM was
+    installed before, it only stops the daemons, and there, with the cluster extra installed,
+    every Snakemake start waits 10 s for `scontrol` (the SLURM plugin calls it at import; see
+    tests/test_install.py)."""
     items.sort(key=lambda item: Path(str(item.fspath)).name == "test_slurm.py")

@@ -2,10 +2,11 @@
 
 A schema is named after its file (`eval` for `schemas/eval.schema.yaml`) and names its format
 tag (`format: {const: pipeline.eval/1}`); parts several files share (a memory reading, the
-metrics by object size) are defined once, in `common.schema.yaml`. Readers check a file
-before they use it, so a file that a different version wrote, or that was edited, stops with
-the place where it goes wrong instead of a KeyError deep in the report. Nothing here imports
-torch: the report and `amp: measured` read these files without it.
+metrics by object size) are defined once, in `common.schema.yaml`. The files a decision rests
+on (benchmarks and precision choices, which `amp: measured` trains by) are checked where they
+are read, so one that a different version wrote, or that was edited, stops naming the place
+where it goes wrong; the report reads the others leniently, and the test suite holds every
+writer to its schema. Nothing here imports torch: the report and `amp: measured` run without it.
 """
 
 from __future__ import annotations
