@@ -58,6 +58,11 @@ def interval(metrics: dict[str, Any], key: str) -> str:
     return f"95% {found['low']:.3f}-{found['high']:.3f}" if found else "no interval"
 
 
+def ap50_spread(found: dict[str, Any]) -> str:
+    """A class's or a bucket's AP@.5 interval and the objects it rests on."""
+    return f"{interval(found, 'ap50')}; {found['num_gt']} objects"
+
+
 def overall(metrics: dict[str, Any], f1: float | None, ap50: float) -> list[Figure]:
     figures = [Figure("test AP@.5", metrics["ap50"], ap50, interval(metrics, "ap50"))]
     if f1 is not None:
@@ -82,7 +87,7 @@ def multiscale_figures(evaluation: dict[str, Any]) -> list[Figure]:
                 for c in found["per_class"]
                 if 0 < c["num_gt"] < FEW_IN_BUCKET
             ]
-            spread = "; ".join([f"{found['num_gt']} objects", *few])
+            spread = "; ".join([ap50_spread(found), *few])
             figures.append(Figure(f"{split} AP@.5 {bucket}", found["ap50"], 0.90, spread))
     return figures
 
@@ -92,7 +97,7 @@ def microscopy_figures(evaluation: dict[str, Any]) -> list[Figure]:
     figures = overall(metrics, f1=0.85, ap50=0.88)
     for found in metrics["per_class"]:
         figures.append(
-            Figure(f"test AP@.5 {found['name']}", found["ap50"], 0.80, f"{found['num_gt']} objects")
+            Figure(f"test AP@.5 {found['name']}", found["ap50"], 0.80, ap50_spread(found))
         )
     return figures
 

@@ -371,6 +371,14 @@ def test_ap50_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) ->
     ap = coco_ap(gts, dets, 4, (128, 128), ["x", "y", "z", "none"], ap50_interval=True)
     assert ap["ap50_interval"]["low"] == pytest.approx(ap["ap50"], abs=1e-12)
     assert ap["ap50_interval"]["high"] == pytest.approx(ap["ap50"], abs=1e-12)
+    rows = [*ap["per_class"], *(row for row in ap["size_buckets"].values())]
+    assert sum(row["ap50"] is not None for row in rows) >= 5  # three classes, two buckets
+    for row in rows:
+        if row["ap50"] is None:  # the class "none", a bucket without objects
+            assert row["ap50_interval"] is None
+        else:
+            assert row["ap50_interval"]["low"] == pytest.approx(row["ap50"], abs=1e-12)
+            assert row["ap50_interval"]["high"] == pytest.approx(row["ap50"], abs=1e-12)
 
 
 def test_the_ap50_interval_holds_ap50_and_narrows_with_more_images() -> None:
@@ -383,7 +391,32 @@ def test_the_ap50_interval_holds_ap50_and_narrows_with_more_images() -> None:
         assert interval["images"] == images and interval["confidence"] == 0.95
         widths.append(interval["high"] - interval["low"])
     assert widths[1] < 0.75 * widths[0]
-    assert coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])["ap50_interval"] is None
+    unasked = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    assert unasked["ap50_interval"] is None
+    assert all(row["ap50_interval"] is None for row in unasked["per_class"])
+    assert all(row["ap50_interval"] is None for row in unasked["size_buckets"].values())
+
+
+def test_a_bucket_whose_mean_turns_on_two_objects_gets_a_wide_interval() -> None:
+    """Medium objects: 40 of class a, all found, and 2 of class b, both missed. COCO's mean over
+    classes puts the bucket at 0.5, and resamples that draw neither b object put it at 1: the
+    interval must say so, while class a's own interval stays tight at 1."""
+    gts, dets = [], []
+    for image_id in range(1, 41):
+        boxes, labels = [square(10, 10, 30)], [0]
+        if image_id <= 2:
+            boxes.append(square(60, 60, 30))
+            labels.append(1)
+        gts.append(gt(image_id, boxes, labels))
+        dets.append(det(image_id, [square(10, 10, 30)], [0.9], [0]))
+    ap = coco_ap(gts, dets, 2, (128, 128), ["a", "b"], ap50_interval=True)
+    medium = ap["size_buckets"]["medium"]
+    assert medium["ap50"] == pytest.approx(0.5)
+    assert medium["ap50_interval"]["low"] == pytest.approx(0.5)
+    assert medium["ap50_interval"]["high"] == pytest.approx(1.0)
+    class_a, class_b = ap["per_class"]
+    assert class_a["ap50_interval"]["low"] == class_a["ap50_interval"]["high"] == 1.0
+    assert class_b["ap50_interval"]["high"] == 0.0  # drawn or not, b is never found
 
 
 # --- size buckets (input pixels) -----------------------------------------------------------
@@ -423,6 +456,7 @@ def test_bucket_recall_counts_detections_at_the_score_threshold_and_ap_counts_ev
         "range_px": [16.0, 64.0],
         "num_gt": 0,
         "ap50": None,
+        "ap50_interval": None,
         "ap": None,
         "recall": None,
         "per_class": [{"label": 0, "name": "a", "num_gt": 0, "ap50": None}],
@@ -459,6 +493,7 @@ def test_size_buckets_without_detections_are_zero_and_without_ground_truth_none(
             "range_px": [0.0, 16.0],
             "num_gt": 1,
             "ap50": 0.0,
+            "ap50_interval": None,
             "ap": 0.0,
             "recall": 0.0,
             "per_class": [{"label": 0, "name": "a", "num_gt": 1, "ap50": 0.0}],

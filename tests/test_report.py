@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from report_fixtures import (
     SCRIPT_CLASS,
+    ap50_interval,
     bench_record,
     env_json,
     evaluation,
@@ -460,12 +461,14 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
     tmp_path: Path,
 ) -> None:
     """COCO's bucket AP is a mean over classes: two missed rings pull a bucket of hundreds of
-    found objects down, and the report says which class and how few objects did it."""
+    found objects down, and the report says which class and how few objects did it, and the
+    bucket's interval how far those two objects move it."""
     results = write_results_tree(tmp_path)
     document = evaluation("cpu", "fp32", 0.9)
     document["metrics"]["size_buckets"]["medium"].update(
         num_gt=302,
         ap50=0.55,
+        ap50_interval={**ap50_interval(0.55, 0.0), "high": 0.98},
         per_class=[
             {"label": 0, "name": "circle", "num_gt": 300, "ap50": 0.98},
             {"label": 1, "name": "ring", "num_gt": 2, "ap50": 0.12},
@@ -473,6 +476,6 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
         ],
     )
     text = evaluation_section(results, document)
-    assert "0.550 / 0.450 / 0.900 (302) ring: 2 objects, AP@.5 0.120" in text
+    assert "0.550 (0.550–0.980) / 0.450 / 0.900 (302) ring: 2 objects, AP@.5 0.120" in text
     assert "circle: 300" not in text and "star:" not in text
     assert "fewer than 10 objects in a bucket is named under its figures" in text

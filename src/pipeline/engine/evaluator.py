@@ -393,12 +393,14 @@ def _bucket_rows(
     class_counts: Sequence[Mapping[str, int]],
     class_ap50: Mapping[str, Sequence[float | None]],
     class_names: Sequence[str],
+    ap50_intervals: Mapping[str, dict[str, Any] | None],
 ) -> dict[str, dict[str, Any]]:
     return {
         name: {
             "range_px": [lower, upper],
             "num_gt": counts[name],
             "ap50": ap50[name],
+            "ap50_interval": ap50_intervals.get(name),
             "ap": ap[name],
             "recall": recall[name],
             "per_class": [
@@ -416,11 +418,17 @@ def _bucket_rows(
 
 
 def size_bucket_text(buckets: Mapping[str, Mapping[str, Any]]) -> str:
-    """One line for logs: 'small 0.812 (n=310), medium 0.954 (n=402), large - (n=0)'."""
-    return ", ".join(
-        f"{name} {'-' if row['ap50'] is None else format(row['ap50'], '.3f')} (n={row['num_gt']})"
-        for name, row in buckets.items()
-    )
+    """One line for logs: 'small 0.812 (95% 0.790-0.833, n=310), medium 0.954 (n=402), large -
+    (n=0)': the interval where the figures have one."""
+
+    def text(row: Mapping[str, Any]) -> str:
+        if row["ap50"] is None:
+            return f"- (n={row['num_gt']})"
+        found = row.get("ap50_interval")
+        spread = f"95% {found['low']:.3f}-{found['high']:.3f}, " if found else ""
+        return f"{row['ap50']:.3f} ({spread}n={row['num_gt']})"
+
+    return ", ".join(f"{name} {text(row)}" for name, row in buckets.items())
 
 
 def _evaluated_images(evaluation: Any, area_index: int) -> Iterator[tuple[int, int, dict]]:
@@ -467,13 +475,14 @@ class _ClassMatches:
     gt_per_image: np.ndarray  # int64 [I]: objects that count (not crowd/ignored)
 
 
-def _class_matches(evaluation: Any, iou_index: int) -> list[_ClassMatches]:
-    """COCOeval's own matches per class, read from evalImgs as accumulate reads them."""
+def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[_ClassMatches]:
+    """COCOeval's own matches per class in one area range, read from evalImgs as accumulate
+    reads them (objects outside the range and detections matching none there are ignored)."""
     params = evaluation.params
     num_classes, num_images, max_det = len(params.catIds), len(params.imgIds), params.maxDets[-1]
     per_class: list[tuple[list, list, list, list]] = [([], [], [], []) for _ in range(num_classes)]
     gt_counts = np.zeros((num_classes, num_images), dtype=np.int64)
-    for k, i, image in _evaluated_images(evaluation, params.areaRngLbl.index("all")):
+    for k, i, image in _evaluated_images(evaluation, area_index):
         scores, image_index, matched, ignored = per_class[k]
         image_scores = np.asarray(image["dtScores"][:max_det], dtype=np.float64)
         scores.append(image_scores)
@@ -504,12 +513,13 @@ def _class_matches(evaluation: Any, iou_index: int) -> list[_ClassMatches]:
     return classes
 
 
-def _weighted_ap50(
+def _weighted_class_ap50(
     classes: Sequence[_ClassMatches], weights: np.ndarray, recall_thresholds: np.ndarray
 ) -> np.ndarray:
-    """AP@.5 [R] for each row of image weights [R, I] (how often a resample drew each image),
-    computed as COCOeval.accumulate does: the precision envelope at 101 recall points,
-    averaged over the classes with objects. All-ones weights give pycocotools' AP@.5."""
+    """AP@.5 [K, R] of each class for each row of image weights [R, I] (how often a resample
+    drew each image), computed as COCOeval.accumulate does: the precision envelope at 101
+    recall points; NaN where a resample drew none of the class's objects. All-ones weights
+    give pycocotools' per-class AP@.5."""
     per_class = np.full((len(classes), len(weights)), np.nan)
     for k, found in enumerate(classes):
         objects = weights @ found.gt_per_image  # [R]
@@ -529,27 +539,61 @@ def _weighted_ap50(
             at = np.searchsorted(recall[r], recall_thresholds, side="left")
             reached = at < recall.shape[1]
             per_class[k, r] = envelope[r, at[reached]].sum() / len(recall_thresholds)
-    counted = np.isfinite(per_class).sum(axis=0)  # NaN where a resample drew no objects at all
+    return per_class
+
+
+def _class_mean(per_class: np.ndarray) -> np.ndarray:
+    """The mean over the classes with objects [R] of per-class AP [K, R], as pycocotools
+    averages; NaN where a resample drew no objects at all."""
+    counted = np.isfinite(per_class).sum(axis=0)
     totals = np.where(np.isfinite(per_class), per_class, 0.0).sum(axis=0)
-    return np.divide(totals, counted, out=np.full(len(weights), np.nan), where=counted > 0)
+    return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
 
 
-def _ap50_interval(evaluation: Any, iou_index: int) -> dict[str, Any] | None:
-    """AP@.5's interval over the images, resampling images as `stats.f1_interval` does, with
-    pycocotools' matches kept: a resample reweighs images, it does not match again."""
-    classes = _class_matches(evaluation, iou_index)
-    thresholds = np.asarray(evaluation.params.recThrs, dtype=np.float64)
-    samples = np.concatenate(
-        [
-            _weighted_ap50(classes, weights, thresholds)
-            for weights in bootstrap_weights(len(evaluation.params.imgIds))
-        ]
-    )
-    samples = samples[np.isfinite(samples)]
-    if samples.size == 0:
+@dataclass(frozen=True)
+class _AP50Intervals:
+    """AP@.5's 95% intervals over the images: of the whole split, of each class, and of each
+    size bucket; None where no resample drew an object of what it measures."""
+
+    overall: dict[str, Any] | None
+    per_class: list[dict[str, Any] | None]
+    size_buckets: dict[str, dict[str, Any] | None]
+
+
+def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
+    finite = samples[np.isfinite(samples)]
+    if finite.size == 0:
         return None
-    return bootstrap_interval(
-        samples, len(evaluation.params.imgIds), IMAGES_METHOD + ", pycocotools' matches reweighed"
+    return bootstrap_interval(finite, images, IMAGES_METHOD + ", pycocotools' matches reweighed")
+
+
+def _ap50_intervals(evaluation: Any, iou_index: int) -> _AP50Intervals:
+    """AP@.5's intervals, resampling images as `stats.f1_interval` does, with pycocotools'
+    matches kept: a resample reweighs images, it does not match again. Every figure is read
+    from the same resamples. A class's or a bucket's interval is over the resamples that drew
+    objects of it: with a handful of objects it is wide, which is the point."""
+    params = evaluation.params
+    labels, images = list(params.areaRngLbl), len(params.imgIds)
+    matches = {
+        label: _class_matches(evaluation, iou_index, index) for index, label in enumerate(labels)
+    }
+    thresholds = np.asarray(params.recThrs, dtype=np.float64)
+    class_samples, mean_samples = [], {label: [] for label in labels}
+    for weights in bootstrap_weights(images):
+        for label, classes in matches.items():
+            per_class = _weighted_class_ap50(classes, weights, thresholds)
+            mean_samples[label].append(_class_mean(per_class))
+            if label == "all":
+                class_samples.append(per_class)
+    by_class = np.concatenate(class_samples, axis=1)  # [K, resamples]
+    intervals = {
+        label: _interval_of(np.concatenate(mean_samples[label]), images) for label in labels
+    }
+    per_class: list[dict[str, Any] | None] = [None] * len(params.catIds)
+    for k, category_id in enumerate(params.catIds):
+        per_class[category_id - 1] = _interval_of(by_class[k], images)
+    return _AP50Intervals(
+        intervals["all"], per_class, {name: intervals[name] for name in SIZE_BUCKETS}
     )
 
 
@@ -565,9 +609,10 @@ def coco_ap(
     """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
 
     `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
-    and class). With `ap50_interval`, `ap50_interval` is AP@.5's 95% interval over the images
-    (about a second per 500 images here, so the evaluate stage asks for it and validation
-    during training does not); else None. Per-class AP is None for a class without ground
+    and class). With `ap50_interval`, `ap50_interval` is AP@.5's 95% interval over the images,
+    and each class and size bucket has its AP@.5's interval too, from the same resamples
+    (a few seconds per 500 images here, so the evaluate stage asks for them and validation
+    during training does not); else they are None. Per-class AP is None for a class without ground
     truth (pycocotools' -1).
     Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
     lets a detection on them count against.
@@ -630,7 +675,11 @@ def coco_ap(
                 }
             )
 
-    def per_class(ap: Sequence[float | None], ap50: Sequence[float | None]) -> list[dict[str, Any]]:
+    def per_class(
+        ap: Sequence[float | None],
+        ap50: Sequence[float | None],
+        intervals: Sequence[dict[str, Any] | None] = (),
+    ) -> list[dict[str, Any]]:
         return [
             {
                 "label": c,
@@ -638,6 +687,7 @@ def coco_ap(
                 "num_gt": int(gt_per_class[c]),
                 "ap": ap[c],
                 "ap50": ap50[c],
+                "ap50_interval": intervals[c] if intervals else None,
             }
             for c in range(num_classes)
         ]
@@ -653,8 +703,11 @@ def coco_ap(
         ap: Mapping[str, float | None],
         recall: Mapping[str, float | None],
         class_ap50: Mapping[str, Sequence[float | None]],
+        intervals: Mapping[str, dict[str, Any] | None],
     ) -> dict[str, dict[str, Any]]:
-        return _bucket_rows(counts, ap50, ap, recall, class_counts, class_ap50, class_names)
+        return _bucket_rows(
+            counts, ap50, ap, recall, class_counts, class_ap50, class_names, intervals
+        )
 
     # loadRes([]) raises; without objects (ignore regions alone) the stats stay at -1
     if not results or not gt_per_class.any():
@@ -669,7 +722,7 @@ def coco_ap(
             "ap50_interval": None,
             "ap75": 0.0,
             "per_class": per_class(zeros, zeros),
-            "size_buckets": buckets(empty, empty, empty, empty_per_class),
+            "size_buckets": buckets(empty, empty, empty, empty_per_class, {}),
         }
 
     from pycocotools.coco import COCO  # imported here: only evaluation needs it
@@ -725,13 +778,18 @@ def coco_ap(
         bucket_ap[name] = float(values[:, :, present].mean())
         bucket_recall[name] = _recall_at(evaluation, area, at_50, score_threshold)
     stats = evaluation.stats
+    intervals = (
+        _ap50_intervals(evaluation, at_50) if ap50_interval else _AP50Intervals(None, [], {})
+    )
     return {
         "ap": float(stats[0]),
         "ap50": float(stats[1]),
-        "ap50_interval": _ap50_interval(evaluation, at_50) if ap50_interval else None,
+        "ap50_interval": intervals.overall,
         "ap75": float(stats[2]),
-        "per_class": per_class(ap, ap50),
-        "size_buckets": buckets(bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50),
+        "per_class": per_class(ap, ap50, intervals.per_class),
+        "size_buckets": buckets(
+            bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals.size_buckets
+        ),
     }
 
 
@@ -947,6 +1005,7 @@ class Evaluator:
                 "num_gt": counts["per_class"][c]["num_gt"],
                 "ap": coco["per_class"][c]["ap"],
                 "ap50": coco["per_class"][c]["ap50"],
+                "ap50_interval": coco["per_class"][c]["ap50_interval"],
                 "precision": counts["per_class"][c]["precision"],
                 "recall": counts["per_class"][c]["recall"],
                 "f1": counts["per_class"][c]["f1"],

@@ -76,6 +76,14 @@ def fmt_interval(interval: Any, digits: int = 3) -> str:
     return "n/a" if low is None or high is None else f"{low:.{digits}f}–{high:.{digits}f}"
 
 
+def fmt_with_interval(value: Any, interval: Any, digits: int = 3) -> str:
+    """A figure with its 95% interval in brackets, '0.937 (0.920–0.952)'; the figure alone where
+    its file holds no interval (written before it had one, or nothing to resample)."""
+    text = fmt_float(value, digits)
+    spread = fmt_interval(interval, digits)
+    return text if text == "n/a" or spread == "n/a" else f"{text} ({spread})"
+
+
 def fmt_mb(value: Any) -> str:
     value = number(value)
     if value is None:
@@ -141,6 +149,7 @@ FILTERS = {
     "speedup": fmt_speedup,
     "points": fmt_points,
     "interval": fmt_interval,
+    "with_interval": fmt_with_interval,
     "mb": fmt_mb,
     "seconds": fmt_seconds,
     "utc": fmt_time,

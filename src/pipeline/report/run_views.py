@@ -125,7 +125,8 @@ def evaluation_run(run: RunResults) -> dict[str, Any]:
 
 
 def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
-    """AP@.5 and AP of each class (rows) in each run (columns); None where a run lacks the class."""
+    """AP@.5 (with its interval where the file has one) and AP of each class (rows) in each run
+    (columns); None where a run lacks the class."""
     per_run = {run.name: class_rows(run) for run in runs}
     return {
         "runs": list(per_run),
@@ -134,7 +135,13 @@ def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
                 "name": name,
                 "num_gt": first.get("num_gt"),
                 "scores": [
-                    None if row is None else {"ap50": row.get("ap50"), "ap": row.get("ap")}
+                    None
+                    if row is None
+                    else {
+                        "ap50": row.get("ap50"),
+                        "ap50_interval": row.get("ap50_interval"),
+                        "ap": row.get("ap"),
+                    }
                     for row in cells
                 ],
             }
