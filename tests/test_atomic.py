@@ -205,3 +205,22 @@ def test_jsonable_converts_scalars_paths_and_keys() -> None:
     assert atomic.jsonable(float("nan")) is None
     assert atomic.jsonable(1.5) == 1.5
     assert atomic.jsonable("text") == "text"
+
+
+def test_json_keeps_each_list_of_numbers_on_one_line_and_strings_as_they_are(
+    tmp_path: Path,
+) -> None:
+    data = {
+        "tp": list(range(12)),
+        "interval": [0.5, -1e-05, 3],
+        "nested": [[1, 2], [3, 4]],
+        "mixed": [1, "x"],
+        "empty": [],
+        "text": "a list [\n1, 2\n] in a string",
+    }
+    text = atomic.write_json(tmp_path / "a.json", data).read_text()
+    assert json.loads(text) == data
+    assert '  "tp": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],\n' in text
+    assert "    [1, 2],\n    [3, 4]\n" in text
+    assert '"mixed": [\n    1,\n    "x"\n  ]' in text
+    assert atomic.write_json(tmp_path / "b.json", data, indent=None).read_text().count("\n") == 1

@@ -9,6 +9,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable
@@ -145,8 +146,21 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+# A list of numbers as json.dumps indents it: one number per line. Only indentation puts a raw
+# newline in JSON text (strings escape theirs), so this never matches inside a string.
+_INDENTED_NUMBERS = re.compile(r"\[\n[-+0-9.eE,\s]*\n\s*\]")
+
+
+def _one_line(numbers: re.Match[str]) -> str:
+    return "[" + " ".join(numbers.group(0)[1:-1].split()) + "]"
+
+
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
-    """Indented for people to read; `indent=None` writes one compact line (large files)."""
+    """Indented for people to read, with each list of numbers on one line (a step-time list or
+    an eval JSON's per-image counts would take a line per number); `indent=None` writes one
+    compact line (large files)."""
     separators = None if indent is not None else (",", ":")
     text = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
+    if indent is not None:
+        text = _INDENTED_NUMBERS.sub(_one_line, text)
     return write_text(path, text + "\n")
