@@ -445,6 +445,33 @@ def per_image_counts(f1: float, images: int = 1000, objects: int = 4) -> dict[st
     }
 
 
+def ap50_matches(counts: dict[str, list[int]], classes: int = 2) -> dict[str, Any]:
+    """pycocotools' matches as the evaluate stage keeps them, for per-image counts: every object
+    is class 0's, and every true positive outranks every false positive, so the false positives
+    fall after the last true positive (left out) and AP@.5 is the recall, TP / objects."""
+    detections = [i for i, tp in enumerate(counts["tp"]) for _ in range(tp)]
+    objects = [
+        i
+        for i, (tp, fn) in enumerate(zip(counts["tp"], counts["fn"], strict=True))
+        for _ in range(tp + fn)
+    ]
+    return {
+        "image_ids": list(counts["image_ids"]),
+        "classes": [
+            {
+                "label": 0,
+                "detections": detections,
+                "true_positive": [1] * len(detections),
+                "objects": objects,
+            },
+            *(
+                {"label": label, "detections": [], "true_positive": [], "objects": []}
+                for label in range(1, classes)
+            ),
+        ],
+    }
+
+
 def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
     per_class = [
         {
@@ -504,6 +531,7 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
             "ap": f1 / 2,
             "ap50": f1 * 0.9,
             "ap50_interval": ap50_interval(f1 * 0.9, 0.02),
+            "ap50_matches": ap50_matches(per_image),
             "ap75": f1 / 3,
             "per_class": per_class,
             "size_buckets": size_buckets(f1, intervals=True),

@@ -851,3 +851,49 @@ def test_evaluator_takes_ignore_regions_from_the_targets(loader: DataLoader) -> 
     assert (metrics["micro"]["tp"], metrics["micro"]["fp"], metrics["micro"]["fn"]) == (3, 0, 1)
     assert metrics["num_ignored_detections"] == 1
     assert metrics["per_class"][0]["ap"] == pytest.approx(1.0)
+
+
+def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself() -> None:
+    """`ap50_matches` is what the report pairs two runs' AP@.5 by: read back, it must give
+    pycocotools' AP@.5 with every image drawn once, and a run against itself changes by 0."""
+    from pipeline import stats
+
+    gts, dets = noisy_scene(30, seed=5)
+    ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)
+    image_ids, classes = stats.read_ap50_matches(ap["ap50_matches"])
+    assert sorted(image_ids) == sorted(g["image_id"] for g in gts)
+    ones = np.ones((1, len(image_ids)))
+    assert stats.class_mean(stats.weighted_class_ap50(classes, ones))[0] == pytest.approx(
+        ap["ap50"], abs=1e-12
+    )
+    shuffled = {**ap["ap50_matches"], "classes": ap["ap50_matches"]["classes"][::-1]}
+    same = stats.ap50_change(ap["ap50_matches"], shuffled, tolerance=0.01)
+    assert (same.change, same.low, same.high, same.verdict) == (0.0, 0.0, 0.0, "held")
+    assert coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])["ap50_matches"] is None
+
+
+def test_a_paired_ap50_change_does_not_depend_on_the_order_each_file_lists_its_images() -> None:
+    from pipeline import stats
+
+    gts, dets = noisy_scene(30, seed=5)
+    _, worse = noisy_scene(30, seed=6)  # another scene's detections: mostly wrong here
+    matches = [
+        coco_ap(gts, found, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)["ap50_matches"]
+        for found in (dets, worse)
+    ]
+    ids = matches[1]["image_ids"]
+    moved = list(range(len(ids)))[::-1]  # position i is listed at moved[i]
+    reversed_file = {
+        "image_ids": ids[::-1],
+        "classes": [
+            {
+                **row,
+                "detections": [moved[i] for i in row["detections"]],
+                "objects": [moved[i] for i in row["objects"]],
+            }
+            for row in matches[1]["classes"]
+        ],
+    }
+    as_written = stats.ap50_change(matches[0], matches[1], tolerance=0.01)
+    assert stats.ap50_change(matches[0], reversed_file, tolerance=0.01) == as_written
+    assert as_written.change != 0.0

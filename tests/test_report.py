@@ -368,7 +368,7 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
     assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
     assert (
         "bf16 held up (F1 −0.6 points, 95% interval −0.9 to −0.4 over 1000 images; "
-        "AP@.5 −0.5 points)." in answer
+        "AP@.5 +0.0 points, 95% interval −1.0 to +0.0)." in answer
     )
     assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
     policy = page.text("amp-policy")
@@ -382,7 +382,7 @@ def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path)
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     assert (
         "bf16 did not hold up (F1 −3.7 points, 95% interval −4.3 to −3.2 over 1000 images; "
-        "AP@.5 −3.3 points)." in page.text("answer")
+        "AP@.5 −3.0 points, 95% interval −4.0 to −3.0)." in page.text("answer")
     )
 
 
@@ -399,7 +399,8 @@ def test_a_loss_the_images_cannot_settle_is_called_so_and_says_what_would_settle
     page = Page()
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     assert (
-        "not settled (F1 −0.8 points, 95% interval −1.1 to −0.5 over 1000 images): these images "
+        "not settled (F1 −0.8 points, 95% interval −1.1 to −0.5 over 1000 images; AP@.5 −1.0 "
+        "points, 95% interval −1.0 to +0.0): these images "
         "cannot tell whether bf16 lost more than 1 point. More images narrow the interval (4 "
         "times the images about halve it): about 2048 test images would settle it were the "
         "change to stay where it is; snakemake --cores 1 results/report.html --config seed=1 "

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from report_fixtures import (
     BENCH,
+    ap50_matches,
     bench_record,
     env_json,
     metrics_rows,
@@ -280,6 +281,49 @@ def test_an_f1_that_held_with_an_ap50_that_fell_more_than_the_tolerance_is_undec
     assert check.f1_change.verdict == "held" and check.verdict == "undecided"
 
 
+def with_matches(run: load.RunResults, recall: float | None = None) -> load.RunResults:
+    """The run with pycocotools' matches kept (`ap50_matches`), whose AP@.5 is `recall` (the
+    fixture's AP@.5 is the recall; by default that of the run's own counts)."""
+    metrics = run.evaluation["metrics"]
+    counts = (
+        metrics["per_image"]
+        if recall is None
+        else per_image_counts(recall, len(metrics["per_image"]["tp"]))
+    )
+    metrics["ap50_matches"] = ap50_matches(counts)
+    return run
+
+
+def test_ap50_is_paired_too_where_the_evaluations_keep_pycocotools_matches() -> None:
+    """F1 held within the tolerance in both; AP@.5 (here the recall, in COCO's steps of 0.01)
+    held with it in one, and fell 3 points in the other, which no paired interval over 1,000
+    images lets through; on 50 images a 1-point fall is undecided."""
+    reference = with_matches(scored("cpu-fp32", 0.937, 0.963))
+    same = with_matches(scored("cpu-bf16", 0.934, 0.96), recall=0.937)
+    (held,) = decisions.accuracy_checks([reference, same])
+    assert held.ap50_change.change == 0.0
+    assert held.ap50_change.verdict == "held" and held.verdict == "held"
+    fell = with_matches(scored("cpu-bf16", 0.934, 0.96), recall=0.907)
+    (check,) = decisions.accuracy_checks([reference, fell])
+    assert check.f1_change.verdict == "held"
+    assert check.ap50_change.change == pytest.approx(-0.03, abs=1e-3)
+    assert check.ap50_change.high < -0.01 and check.verdict == "dropped"
+    few = [scored("cpu-fp32", 0.937, 0.963, 50), scored("cpu-bf16", 0.937, 0.96, 50)]
+    (near,) = decisions.accuracy_checks([with_matches(few[0]), with_matches(few[1], recall=0.92)])
+    assert near.f1_change.verdict == "held"
+    assert near.ap50_change.low < -0.01 < near.ap50_change.high
+    assert near.verdict == "undecided"
+
+
+def test_ap50_matches_that_do_not_pair_fall_back_to_the_unpaired_rule() -> None:
+    reference = with_matches(scored("cpu-fp32", 0.937, 0.963))
+    broken = with_matches(scored("cpu-bf16", 0.937, 0.940))
+    broken.evaluation["metrics"]["ap50_matches"]["classes"][0]["detections"] = [5000]
+    (check,) = decisions.accuracy_checks([reference, broken])
+    assert check.ap50_change is None
+    assert check.f1_change.verdict == "held" and check.verdict == "undecided"  # AP@.5 fell 2.3
+
+
 def test_an_accuracy_check_without_per_image_counts_has_no_verdict_and_says_why() -> None:
     runs = [load.RunResults("cpu-fp32"), load.RunResults("cpu-bf16")]
     (check,) = decisions.accuracy_checks(runs)
@@ -310,6 +354,7 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
         "best_f1": 0.5,
         "ap50": pytest.approx(0.45),
         "ap50_interval": None,
+        "ap50_matches": None,
         "split": "validation during training",
         "per_image": None,
     }
@@ -322,6 +367,7 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
             "f1_interval": interval,
             "best_f1": 0.7,
             "ap50": 0.6,
+            "ap50_matches": ap50_matches(counts),
             "per_image": counts,
         },
     }
@@ -331,6 +377,7 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
         "best_f1": 0.7,
         "ap50": 0.6,
         "ap50_interval": None,
+        "ap50_matches": ap50_matches(counts),
         "split": "test",
         "per_image": counts,
     }

@@ -252,11 +252,11 @@ def test_runs_of_different_or_repeated_images_are_refused() -> None:
 
 
 def test_an_undecided_change_says_about_how_many_images_would_settle_it() -> None:
-    undecided = stats.F1Change(-0.008, -0.011, -0.005, "undecided", 1000, 0.01)
+    undecided = stats.PairedChange(-0.008, -0.011, -0.005, "undecided", 1000, 0.01)
     # half-width 0.003, 0.002 from -1 point: (0.003 / 0.002)^2 = 2.25 times the images
     assert undecided.images_to_settle() == 2304
-    at_the_tolerance = stats.F1Change(-0.01, -0.013, -0.007, "undecided", 1000, 0.01)
+    at_the_tolerance = stats.PairedChange(-0.01, -0.013, -0.007, "undecided", 1000, 0.01)
     assert at_the_tolerance.images_to_settle() is None
-    close = stats.F1Change(-0.0095, -0.012, -0.007, "undecided", 1000, 0.01)
+    close = stats.PairedChange(-0.0095, -0.012, -0.007, "undecided", 1000, 0.01)
     assert close.images_to_settle() is None  # 25 times the images: past the limit
-    assert stats.F1Change(0.0, -0.005, 0.005, "held", 1000, 0.01).images_to_settle() is None
+    assert stats.PairedChange(0.0, -0.005, 0.005, "held", 1000, 0.01).images_to_settle() is None

@@ -1,7 +1,7 @@
 """Statistics without torch, which the report reads too: robust summaries of step times
 (median and IQR, as torch.utils.benchmark gives them), a drift check, the warm-up settling
 rule, speed-ups with a bootstrap interval, and bootstrap intervals over images of a detection
-F1 and of the F1 change between two runs scored on the same images."""
+F1 and AP@.5 and of their changes between two runs scored on the same images."""
 
 from __future__ import annotations
 
@@ -279,10 +279,11 @@ def interval_text(interval: Mapping[str, Any] | None) -> str:
 
 
 @dataclass(frozen=True)
-class F1Change:
-    """A candidate run's F1 against a reference's on the same images, with a paired interval.
+class PairedChange:
+    """A candidate run's F1 or AP@.5 against a reference's on the same images, with a paired
+    interval.
 
-    `change` is candidate minus reference (negative: F1 lost), `low`/`high` bound it at
+    `change` is candidate minus reference (negative: accuracy lost), `low`/`high` bound it at
     `confidence`. `verdict` is 'held' where the whole interval lies above -tolerance (the
     candidate lost at most that), 'dropped' where the whole interval lies below it, and
     'undecided' where it straddles -tolerance: those images cannot tell.
@@ -318,7 +319,7 @@ def f1_change(
     confidence: float = CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
-) -> F1Change:
+) -> PairedChange:
     """The F1 change from `reference` to `candidate`, each an eval JSON's `per_image` counts
     (`image_ids`, `tp`, `fp`, `fn`), resampling images in pairs: the two runs' results on one
     image go together, so what both find easy or hard cancels out of the interval.
@@ -341,12 +342,157 @@ def f1_change(
             for weights in bootstrap_weights(len(ref), resamples, seed)
         ]
     )
-    low, high = percentile_interval(changes, confidence)
     change = float(f1_of_counts(*cand.sum(axis=0)) - f1_of_counts(*ref.sum(axis=0)))
+    return _paired(change, changes, len(ref), tolerance, confidence)
+
+
+def _paired(
+    change: float, changes: np.ndarray, images: int, tolerance: float, confidence: float
+) -> PairedChange:
+    """The verdict on a change from its resampled values: 'held' where the whole interval lies
+    above -tolerance, 'dropped' where it lies below, else 'undecided'."""
+    low, high = percentile_interval(changes, confidence)
     if low >= -tolerance:
         verdict = "held"
     elif high < -tolerance:
         verdict = "dropped"
     else:
         verdict = "undecided"
-    return F1Change(change, low, high, verdict, len(ref), tolerance, confidence)
+    return PairedChange(change, low, high, verdict, images, tolerance, confidence)
+
+
+# ---- AP@.5 from pycocotools' matches, reweighed by image -------------------------------------
+
+RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
+
+
+@dataclass(frozen=True)
+class ClassMatches:
+    """One class's detections at IoU 0.5 as COCOeval matched them (all areas, at most
+    maxDets[-1] per image), in the order COCOeval.accumulate ranks them, up to the last true
+    positive. Detections COCOeval ignores are left out (they move neither count), and the false
+    positives after the last true positive too: they lower precision at a recall already
+    reached, so no resample's AP depends on them (and most of a detector's top 100 are those)."""
+
+    image_index: np.ndarray  # int64 [D]: each detection's image, a position in the image list
+    is_tp: np.ndarray  # bool [D]; the others are false positives
+    gt_per_image: np.ndarray  # int64 [I]: objects that count (not crowd, not ignored)
+
+    def as_document(self, label: int) -> dict[str, Any]:
+        """The eval JSON's form (`metrics.ap50_matches.classes[]`): every object's image
+        position once, so an image with three objects is listed three times."""
+        return {
+            "label": label,
+            "detections": self.image_index.tolist(),
+            "true_positive": self.is_tp.astype(int).tolist(),
+            "objects": np.repeat(np.arange(self.gt_per_image.size), self.gt_per_image).tolist(),
+        }
+
+    @classmethod
+    def from_document(cls, found: Mapping[str, Any], images: int) -> ClassMatches:
+        image_index = np.asarray(found["detections"], dtype=np.int64)
+        is_tp = np.asarray(found["true_positive"], dtype=bool)
+        objects = np.asarray(found["objects"], dtype=np.int64)
+        if image_index.shape != is_tp.shape or ((image_index < 0) | (image_index >= images)).any():
+            raise ValueError(f"class {found.get('label')}'s matches do not fit {images} images")
+        if ((objects < 0) | (objects >= images)).any():
+            raise ValueError(f"class {found.get('label')}'s objects do not fit {images} images")
+        return cls(image_index, is_tp, np.bincount(objects, minlength=images))
+
+    def reordered(self, order: np.ndarray) -> ClassMatches:
+        """The same matches with images renumbered: image i becomes order[i]."""
+        placed = np.zeros_like(self.gt_per_image)
+        placed[order] = self.gt_per_image
+        return ClassMatches(order[self.image_index], self.is_tp, placed)
+
+
+def weighted_class_ap50(
+    classes: Sequence[ClassMatches],
+    weights: np.ndarray,
+    recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
+) -> np.ndarray:
+    """AP@.5 [K, R] of each class for each row of image weights [R, I] (how often a resample
+    drew each image), computed as COCOeval.accumulate does: the precision envelope at 101
+    recall points; NaN where a resample drew none of the class's objects. All-ones weights
+    give pycocotools' per-class AP@.5."""
+    per_class = np.full((len(classes), len(weights)), np.nan)
+    for k, found in enumerate(classes):
+        objects = weights @ found.gt_per_image  # [R]
+        if found.image_index.size == 0:
+            per_class[k] = np.where(objects > 0, 0.0, np.nan)
+            continue
+        w = weights[:, found.image_index]  # [R, D]
+        tp = np.cumsum(w * found.is_tp, axis=1)
+        fp = np.cumsum(w * ~found.is_tp, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            recall = tp / objects[:, None]
+        precision = tp / (tp + fp + np.spacing(1))
+        envelope = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
+        for r in range(len(weights)):
+            if objects[r] == 0:
+                continue
+            at = np.searchsorted(recall[r], recall_thresholds, side="left")
+            reached = at < recall.shape[1]
+            per_class[k, r] = envelope[r, at[reached]].sum() / len(recall_thresholds)
+    return per_class
+
+
+def class_mean(per_class: np.ndarray) -> np.ndarray:
+    """The mean over the classes with objects [R] of per-class AP [K, R], as pycocotools
+    averages; NaN where a resample drew no objects at all."""
+    counted = np.isfinite(per_class).sum(axis=0)
+    totals = np.where(np.isfinite(per_class), per_class, 0.0).sum(axis=0)
+    return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
+
+
+def read_ap50_matches(matches: Mapping[str, Any]) -> tuple[list[Any], list[ClassMatches]]:
+    """(image ids, per-class matches in label order) from an eval JSON's
+    `metrics.ap50_matches`; ValueError where it is malformed."""
+    image_ids = list(matches["image_ids"])
+    found = sorted(matches["classes"], key=lambda row: int(row["label"]))
+    return image_ids, [ClassMatches.from_document(row, len(image_ids)) for row in found]
+
+
+def ap50_change(
+    reference: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    tolerance: float,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> PairedChange:
+    """The AP@.5 change from `reference` to `candidate`, each an eval JSON's
+    `metrics.ap50_matches`, resampling images in pairs as `f1_change` does: each resample
+    reweighs both runs' own matches at the same images.
+
+    ValueError where the two were not scored on the same images and classes.
+    """
+    ref_ids, ref = read_ap50_matches(reference)
+    cand_ids, cand = read_ap50_matches(candidate)
+    if sorted(ref_ids) != sorted(cand_ids) or len(set(ref_ids)) != len(ref_ids):
+        raise ValueError(
+            f"the two evaluations scored different images ({len(ref_ids)} and {len(cand_ids)})"
+        )
+    if len(ref) != len(cand) or not ref_ids:
+        raise ValueError("the two evaluations scored different classes, or no images")
+    position = {image_id: index for index, image_id in enumerate(ref_ids)}
+    order = np.asarray([position[image_id] for image_id in cand_ids], dtype=np.int64)
+    cand = [found.reordered(order) for found in cand]
+    ones = np.ones((1, len(ref_ids)))
+    change = float(
+        (class_mean(weighted_class_ap50(cand, ones)) - class_mean(weighted_class_ap50(ref, ones)))[
+            0
+        ]
+    )
+    changes = np.concatenate(
+        [
+            class_mean(weighted_class_ap50(cand, weights))
+            - class_mean(weighted_class_ap50(ref, weights))
+            for weights in bootstrap_weights(len(ref_ids), resamples, seed)
+        ]
+    )
+    changes = changes[np.isfinite(changes)]
+    if changes.size == 0:
+        raise ValueError("the evaluations hold no objects to compare AP@.5 on")
+    return _paired(change, changes, len(ref_ids), tolerance, confidence)

@@ -26,10 +26,13 @@ from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError, DataError
 from pipeline.stats import (
     IMAGES_METHOD,
+    ClassMatches,
     bootstrap_interval,
     bootstrap_weights,
+    class_mean,
     f1_interval,
     f1_of_counts,
+    weighted_class_ap50,
 )
 
 LABEL_MODES = ("multilabel", "single")
@@ -462,20 +465,7 @@ def _recall_at(evaluation: Any, area_index: int, iou_index: int, score_threshold
     return _ratio(found, total)
 
 
-@dataclass(frozen=True)
-class _ClassMatches:
-    """One class's detections at IoU 0.5 as COCOeval matched them (all areas, at most
-    maxDets[-1] per image), in the order COCOeval.accumulate ranks them, up to the last true
-    positive: the false positives after it lower precision at a recall already reached, so no
-    resample's AP depends on them (and most of a detector's top 100 are those)."""
-
-    image_index: np.ndarray  # int64 [D]: position in params.imgIds
-    is_tp: np.ndarray  # bool [D]
-    is_fp: np.ndarray  # bool [D]: neither a match nor ignored
-    gt_per_image: np.ndarray  # int64 [I]: objects that count (not crowd/ignored)
-
-
-def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[_ClassMatches]:
+def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[ClassMatches]:
     """COCOeval's own matches per class in one area range, read from evalImgs as accumulate
     reads them (objects outside the range and detections matching none there are ignored)."""
     params = evaluation.params
@@ -495,69 +485,28 @@ def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[_Cl
         per_class, gt_counts, strict=True
     ):
         if not scores:
-            empty = np.zeros(0, dtype=bool)
-            classes.append(_ClassMatches(np.zeros(0, np.int64), empty, empty, gt_per_image))
+            classes.append(ClassMatches(np.zeros(0, np.int64), np.zeros(0, bool), gt_per_image))
             continue
         order = np.argsort(-np.concatenate(scores), kind="mergesort")  # as accumulate sorts
-        found, skip = np.concatenate(matched)[order], np.concatenate(ignored)[order]
-        is_tp = found & ~skip
+        counted = ~np.concatenate(ignored)[order]
+        is_tp = np.concatenate(matched)[order][counted]
         end = int(np.flatnonzero(is_tp)[-1]) + 1 if is_tp.any() else 0
-        classes.append(
-            _ClassMatches(
-                np.concatenate(image_index)[order][:end],
-                is_tp[:end],
-                (~found & ~skip)[:end],
-                gt_per_image,
-            )
-        )
+        ranked = np.concatenate(image_index)[order][counted]
+        classes.append(ClassMatches(ranked[:end], is_tp[:end], gt_per_image))
     return classes
-
-
-def _weighted_class_ap50(
-    classes: Sequence[_ClassMatches], weights: np.ndarray, recall_thresholds: np.ndarray
-) -> np.ndarray:
-    """AP@.5 [K, R] of each class for each row of image weights [R, I] (how often a resample
-    drew each image), computed as COCOeval.accumulate does: the precision envelope at 101
-    recall points; NaN where a resample drew none of the class's objects. All-ones weights
-    give pycocotools' per-class AP@.5."""
-    per_class = np.full((len(classes), len(weights)), np.nan)
-    for k, found in enumerate(classes):
-        objects = weights @ found.gt_per_image  # [R]
-        if found.image_index.size == 0:
-            per_class[k] = np.where(objects > 0, 0.0, np.nan)
-            continue
-        w = weights[:, found.image_index]  # [R, D]
-        tp = np.cumsum(w * found.is_tp, axis=1)
-        fp = np.cumsum(w * found.is_fp, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            recall = tp / objects[:, None]
-        precision = tp / (tp + fp + np.spacing(1))
-        envelope = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
-        for r in range(len(weights)):
-            if objects[r] == 0:
-                continue
-            at = np.searchsorted(recall[r], recall_thresholds, side="left")
-            reached = at < recall.shape[1]
-            per_class[k, r] = envelope[r, at[reached]].sum() / len(recall_thresholds)
-    return per_class
-
-
-def _class_mean(per_class: np.ndarray) -> np.ndarray:
-    """The mean over the classes with objects [R] of per-class AP [K, R], as pycocotools
-    averages; NaN where a resample drew no objects at all."""
-    counted = np.isfinite(per_class).sum(axis=0)
-    totals = np.where(np.isfinite(per_class), per_class, 0.0).sum(axis=0)
-    return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
 
 
 @dataclass(frozen=True)
 class _AP50Intervals:
     """AP@.5's 95% intervals over the images: of the whole split, of each class, and of each
-    size bucket; None where no resample drew an object of what it measures."""
+    size bucket; None where no resample drew an object of what it measures. `matches` is what
+    they were resampled from, as the eval JSON keeps it (`metrics.ap50_matches`), so that the
+    report can pair two runs' AP@.5 image by image."""
 
     overall: dict[str, Any] | None
     per_class: list[dict[str, Any] | None]
     size_buckets: dict[str, dict[str, Any] | None]
+    matches: dict[str, Any] | None
 
 
 def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
@@ -581,8 +530,8 @@ def _ap50_intervals(evaluation: Any, iou_index: int) -> _AP50Intervals:
     class_samples, mean_samples = [], {label: [] for label in labels}
     for weights in bootstrap_weights(images):
         for label, classes in matches.items():
-            per_class = _weighted_class_ap50(classes, weights, thresholds)
-            mean_samples[label].append(_class_mean(per_class))
+            per_class = weighted_class_ap50(classes, weights, thresholds)
+            mean_samples[label].append(class_mean(per_class))
             if label == "all":
                 class_samples.append(per_class)
     by_class = np.concatenate(class_samples, axis=1)  # [K, resamples]
@@ -592,8 +541,15 @@ def _ap50_intervals(evaluation: Any, iou_index: int) -> _AP50Intervals:
     per_class: list[dict[str, Any] | None] = [None] * len(params.catIds)
     for k, category_id in enumerate(params.catIds):
         per_class[category_id - 1] = _interval_of(by_class[k], images)
+    kept = {
+        "image_ids": [int(image_id) for image_id in params.imgIds],
+        "classes": [
+            found.as_document(category_id - 1)
+            for category_id, found in zip(params.catIds, matches["all"], strict=True)
+        ],
+    }
     return _AP50Intervals(
-        intervals["all"], per_class, {name: intervals[name] for name in SIZE_BUCKETS}
+        intervals["all"], per_class, {name: intervals[name] for name in SIZE_BUCKETS}, kept
     )
 
 
@@ -612,7 +568,8 @@ def coco_ap(
     and class). With `ap50_interval`, `ap50_interval` is AP@.5's 95% interval over the images,
     and each class and size bucket has its AP@.5's interval too, from the same resamples
     (a few seconds per 500 images here, so the evaluate stage asks for them and validation
-    during training does not); else they are None. Per-class AP is None for a class without ground
+    during training does not), and `ap50_matches` holds pycocotools' matches they resample
+    (`stats.ClassMatches`); else they are None. Per-class AP is None for a class without ground
     truth (pycocotools' -1).
     Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
     lets a detection on them count against.
@@ -720,6 +677,7 @@ def coco_ap(
             "ap": 0.0,
             "ap50": 0.0,
             "ap50_interval": None,
+            "ap50_matches": None,
             "ap75": 0.0,
             "per_class": per_class(zeros, zeros),
             "size_buckets": buckets(empty, empty, empty, empty_per_class, {}),
@@ -779,12 +737,13 @@ def coco_ap(
         bucket_recall[name] = _recall_at(evaluation, area, at_50, score_threshold)
     stats = evaluation.stats
     intervals = (
-        _ap50_intervals(evaluation, at_50) if ap50_interval else _AP50Intervals(None, [], {})
+        _ap50_intervals(evaluation, at_50) if ap50_interval else _AP50Intervals(None, [], {}, None)
     )
     return {
         "ap": float(stats[0]),
         "ap50": float(stats[1]),
         "ap50_interval": intervals.overall,
+        "ap50_matches": intervals.matches,
         "ap75": float(stats[2]),
         "per_class": per_class(ap, ap50, intervals.per_class),
         "size_buckets": buckets(
@@ -1026,6 +985,7 @@ class Evaluator:
             "ap": coco["ap"],
             "ap50": coco["ap50"],
             "ap50_interval": coco["ap50_interval"],
+            "ap50_matches": coco["ap50_matches"],
             "ap75": coco["ap75"],
             "per_class": per_class,
             "size_buckets": coco["size_buckets"],

@@ -179,13 +179,33 @@ def larger_test_split_command(images: int, invocation: dict[str, Any] | None) ->
     return workflow_command([shlex.quote(f"data={json.dumps(data)}")], invocation)
 
 
+def change_view(change: Any) -> dict[str, Any] | None:
+    """A paired change (stats.PairedChange) in points, for the template."""
+    if change is None:
+        return None
+    return {
+        "points": 100 * change.change,
+        "low": 100 * change.low,
+        "high": 100 * change.high,
+        "images": change.images,
+        "confidence": change.confidence,
+        "verdict": change.verdict,
+    }
+
+
 def accuracy_view(
     check: decisions.AccuracyCheck,
     synthetic_data: bool = False,
     invocation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    change = check.f1_change
-    settle = None if change is None or not synthetic_data else change.images_to_settle()
+    undecided = [
+        change
+        for change in (check.f1_change, check.ap50_change)
+        if change is not None and change.verdict == "undecided"
+    ]
+    # the larger test split must settle every undecided change
+    needs = [change.images_to_settle() for change in undecided] if synthetic_data else []
+    settle = max(needs) if needs and None not in needs else None
     return {
         "reduced": check.reduced,
         "reference": check.reference,
@@ -196,16 +216,8 @@ def accuracy_view(
         "reference_ap50": check.reference_ap50,
         "drops": {name: None if drop is None else 100 * drop for name, drop in check.drops.items()},
         "verdict": check.verdict,
-        "f1_change": None
-        if change is None
-        else {
-            "points": 100 * change.change,
-            "low": 100 * change.low,
-            "high": 100 * change.high,
-            "images": change.images,
-            "confidence": change.confidence,
-            "verdict": change.verdict,
-        },
+        "f1_change": change_view(check.f1_change),
+        "ap50_change": change_view(check.ap50_change),
         "why_unpaired": check.why_unpaired,
         "split": check.split,
         "settle": None

@@ -23,7 +23,7 @@ from pipeline.report.formatting import (
 )
 from pipeline.report.load import PRECISIONS, RunResults
 from pipeline.runs import parse_run
-from pipeline.stats import F1Change, Speedup, f1_change, quality_words, speedup
+from pipeline.stats import PairedChange, Speedup, ap50_change, f1_change, quality_words, speedup
 
 # Where neither the evaluation nor the config says which detections to draw.
 DEFAULT_SCORE_THRESHOLD = 0.3
@@ -296,9 +296,9 @@ def compare_text(times: dict[str, pd.Series]) -> str:
 
 # ---- accuracy: did the reduced precision hold up? -----------------------------------------
 
-# A reduced-precision run that loses at most this much F1 (in [0, 1]) against its fp32 twin,
-# with the whole 95% interval of the change above it, has kept the accuracy; AP@.5 (one figure,
-# no interval) must not fall further either.
+# A reduced-precision run that loses at most this much F1 and AP@.5 (in [0, 1]) against its fp32
+# twin, with the whole 95% interval of each change above it, has kept the accuracy (AP@.5 of
+# evaluations without `ap50_matches`, one figure, must not fall further).
 ACCURACY_TOLERANCE = 0.01
 
 
@@ -308,6 +308,7 @@ class AccuracyCheck:
 
     `f1_change` is the paired interval of the F1 change over the images both were scored on;
     None where either evaluation lacks per-image counts (`why_unpaired` says why).
+    `ap50_change` is AP@.5's, None where either evaluation lacks pycocotools' matches.
     """
 
     reduced: str
@@ -318,8 +319,9 @@ class AccuracyCheck:
     ap50: float | None
     reference_ap50: float | None
     split: str
-    f1_change: F1Change | None = None
+    f1_change: PairedChange | None = None
     why_unpaired: str | None = None
+    ap50_change: PairedChange | None = None
 
     @property
     def drops(self) -> dict[str, float | None]:
@@ -333,16 +335,17 @@ class AccuracyCheck:
 
     @property
     def verdict(self) -> str:
-        """'held', 'dropped', 'undecided' (the images cannot tell, or F1 held and AP@.5 fell)
-        or 'not comparable' (no paired interval)."""
+        """'held' (both changes held), 'dropped' (either dropped), 'undecided' (the images
+        cannot tell, or F1 held and AP@.5, unpaired, fell) or 'not comparable' (no paired F1)."""
         if self.f1_change is None:
             return "not comparable"
+        if self.ap50_change is not None:
+            verdicts = {self.f1_change.verdict, self.ap50_change.verdict}
+            if "dropped" in verdicts:
+                return "dropped"
+            return "held" if verdicts == {"held"} else "undecided"
         ap_drop = self.drops["AP@.5"]
-        if (
-            self.f1_change.verdict == "held"
-            and ap_drop is not None
-            and ap_drop > ACCURACY_TOLERANCE
-        ):
+        if self.f1_change.verdict == "held" and (ap_drop or 0.0) > ACCURACY_TOLERANCE:
             return "undecided"
         return self.f1_change.verdict
 
@@ -386,14 +389,25 @@ def accuracy_checks(runs: list[RunResults]) -> list[AccuracyCheck]:
                 reduced["split"] if reduced["split"] == reference["split"] else "mixed",
                 change,
                 why_unpaired,
+                paired_ap50_change(reference, reduced) if change is not None else None,
             )
         )
     return checks
 
 
+def paired_ap50_change(reference: dict[str, Any], reduced: dict[str, Any]) -> PairedChange | None:
+    """The paired AP@.5 change of two runs' scores; None where either evaluation lacks
+    pycocotools' matches (an earlier version's) or they do not pair."""
+    matches = (reference["ap50_matches"], reduced["ap50_matches"])
+    try:
+        return None if None in matches else ap50_change(*matches, tolerance=ACCURACY_TOLERANCE)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def paired_f1_change(
     reference: dict[str, Any], reduced: dict[str, Any]
-) -> tuple[F1Change | None, str | None]:
+) -> tuple[PairedChange | None, str | None]:
     """The paired F1 change of two runs' scores (`run_scores`), or None and why not."""
     if reference["split"] != reduced["split"]:
         return (
@@ -433,6 +447,7 @@ def run_scores(run: RunResults) -> dict[str, Any]:
             "best_f1": number(metrics.get("best_f1")),
             "ap50": number(metrics.get("ap50")),
             "ap50_interval": mapping("ap50_interval"),
+            "ap50_matches": mapping("ap50_matches"),
             "split": str(run.evaluation.get("split") or "evaluation"),
             "per_image": mapping("per_image"),
         }
@@ -443,6 +458,7 @@ def run_scores(run: RunResults) -> dict[str, Any]:
         "best_f1": number(final.get("best_f1")),
         "ap50": number(final.get("ap50")),
         "ap50_interval": None,
+        "ap50_matches": None,
         "split": "validation during training",
         "per_image": None,
     }
