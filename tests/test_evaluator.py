@@ -860,8 +860,8 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
 
     gts, dets = noisy_scene(30, seed=5)
     ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)
-    image_ids, classes = stats.read_ap50_matches(ap["ap50_matches"])
-    assert sorted(image_ids) == sorted(g["image_id"] for g in gts)
+    image_ids, labels, classes = stats.read_ap50_matches(ap["ap50_matches"])
+    assert sorted(image_ids) == sorted(g["image_id"] for g in gts) and labels == [0, 1, 2]
     ones = np.ones((1, len(image_ids)))
     assert stats.class_mean(stats.weighted_class_ap50(classes, ones))[0] == pytest.approx(
         ap["ap50"], abs=1e-12
@@ -869,6 +869,12 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
     shuffled = {**ap["ap50_matches"], "classes": ap["ap50_matches"]["classes"][::-1]}
     same = stats.ap50_change(ap["ap50_matches"], shuffled, tolerance=0.01)
     assert (same.change, same.low, same.high, same.verdict) == (0.0, 0.0, 0.0, "held")
+    relabelled = {
+        **ap["ap50_matches"],
+        "classes": [{**row, "label": row["label"] + 1} for row in ap["ap50_matches"]["classes"]],
+    }
+    with pytest.raises(ValueError, match="different classes"):
+        stats.ap50_change(ap["ap50_matches"], relabelled, tolerance=0.01)
     assert coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])["ap50_matches"] is None
 
 

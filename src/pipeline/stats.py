@@ -326,16 +326,8 @@ def f1_change(
 
     ValueError where the two were not scored on the same images.
     """
-    ids = [list(counts["image_ids"]) for counts in (reference, candidate)]
-    if sorted(ids[0]) != sorted(ids[1]) or len(set(ids[0])) != len(ids[0]):
-        raise ValueError(
-            f"the two evaluations scored different images ({len(ids[0])} and {len(ids[1])})"
-        )
-    if not ids[0]:
-        raise ValueError("the evaluations scored no images")
-    position = {image_id: index for index, image_id in enumerate(ids[1])}
-    order = np.asarray([position[image_id] for image_id in ids[0]])
-    ref, cand = _per_image(reference), _per_image(candidate)[order]
+    placed = _reference_positions(reference["image_ids"], candidate["image_ids"])
+    ref, cand = _per_image(reference), _per_image(candidate)[np.argsort(placed)]
     changes = np.concatenate(
         [
             f1_of_counts(*(weights @ cand).T) - f1_of_counts(*(weights @ ref).T)
@@ -344,6 +336,23 @@ def f1_change(
     )
     change = float(f1_of_counts(*cand.sum(axis=0)) - f1_of_counts(*ref.sum(axis=0)))
     return _paired(change, changes, len(ref), tolerance, confidence)
+
+
+def _reference_positions(reference_ids: Sequence[Any], candidate_ids: Sequence[Any]) -> np.ndarray:
+    """Each candidate image's position among the reference's images, which pairs two
+    evaluations image by image; ValueError where they did not score the same images."""
+    reference_ids, candidate_ids = list(reference_ids), list(candidate_ids)
+    if sorted(reference_ids) != sorted(candidate_ids) or len(set(reference_ids)) != len(
+        reference_ids
+    ):
+        raise ValueError(
+            f"the two evaluations scored different images ({len(reference_ids)} and "
+            f"{len(candidate_ids)})"
+        )
+    if not reference_ids:
+        raise ValueError("the evaluations scored no images")
+    position = {image_id: index for index, image_id in enumerate(reference_ids)}
+    return np.asarray([position[image_id] for image_id in candidate_ids], dtype=np.int64)
 
 
 def _paired(
@@ -368,7 +377,7 @@ RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
 
 @dataclass(frozen=True)
 class ClassMatches:
-    """One class's detections at IoU 0.5 as COCOeval matched them (all areas, at most
+    """One class's detections at IoU 0.5 as COCOeval matched them in one area range (at most
     maxDets[-1] per image), in the order COCOeval.accumulate ranks them, up to the last true
     positive. Detections COCOeval ignores are left out (they move neither count), and the false
     positives after the last true positive too: they lower precision at a recall already
@@ -445,12 +454,15 @@ def class_mean(per_class: np.ndarray) -> np.ndarray:
     return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
 
 
-def read_ap50_matches(matches: Mapping[str, Any]) -> tuple[list[Any], list[ClassMatches]]:
-    """(image ids, per-class matches in label order) from an eval JSON's
+def read_ap50_matches(
+    matches: Mapping[str, Any],
+) -> tuple[list[Any], list[int], list[ClassMatches]]:
+    """(image ids, class labels, their matches, in label order) from an eval JSON's
     `metrics.ap50_matches`; ValueError where it is malformed."""
     image_ids = list(matches["image_ids"])
     found = sorted(matches["classes"], key=lambda row: int(row["label"]))
-    return image_ids, [ClassMatches.from_document(row, len(image_ids)) for row in found]
+    labels = [int(row["label"]) for row in found]
+    return image_ids, labels, [ClassMatches.from_document(row, len(image_ids)) for row in found]
 
 
 def ap50_change(
@@ -468,29 +480,23 @@ def ap50_change(
 
     ValueError where the two were not scored on the same images and classes.
     """
-    ref_ids, ref = read_ap50_matches(reference)
-    cand_ids, cand = read_ap50_matches(candidate)
-    if sorted(ref_ids) != sorted(cand_ids) or len(set(ref_ids)) != len(ref_ids):
+    ref_ids, ref_labels, ref = read_ap50_matches(reference)
+    cand_ids, cand_labels, cand = read_ap50_matches(candidate)
+    placed = _reference_positions(ref_ids, cand_ids)
+    if ref_labels != cand_labels:
         raise ValueError(
-            f"the two evaluations scored different images ({len(ref_ids)} and {len(cand_ids)})"
+            f"the two evaluations scored different classes ({ref_labels}, {cand_labels})"
         )
-    if len(ref) != len(cand) or not ref_ids:
-        raise ValueError("the two evaluations scored different classes, or no images")
-    position = {image_id: index for index, image_id in enumerate(ref_ids)}
-    order = np.asarray([position[image_id] for image_id in cand_ids], dtype=np.int64)
-    cand = [found.reordered(order) for found in cand]
-    ones = np.ones((1, len(ref_ids)))
-    change = float(
-        (class_mean(weighted_class_ap50(cand, ones)) - class_mean(weighted_class_ap50(ref, ones)))[
-            0
-        ]
-    )
+    cand = [found.reordered(placed) for found in cand]
+
+    def difference(weights: np.ndarray) -> np.ndarray:
+        return class_mean(weighted_class_ap50(cand, weights)) - class_mean(
+            weighted_class_ap50(ref, weights)
+        )
+
+    change = float(difference(np.ones((1, len(ref_ids))))[0])
     changes = np.concatenate(
-        [
-            class_mean(weighted_class_ap50(cand, weights))
-            - class_mean(weighted_class_ap50(ref, weights))
-            for weights in bootstrap_weights(len(ref_ids), resamples, seed)
-        ]
+        [difference(weights) for weights in bootstrap_weights(len(ref_ids), resamples, seed)]
     )
     changes = changes[np.isfinite(changes)]
     if changes.size == 0:
