@@ -12,6 +12,10 @@ evaluate stage's JSON: the held-out test split, and validation where a target na
                       every class >= 0.80, F1 >= 0.85
   large-objects-kind  natural.yaml + large-objects-kind.yaml (5 minutes, 256 px): AP@.5 >= 0.95
 
+Overrides given as key=value apply to every training after its own settings: `amp=true
+amp_dtype=bf16` measures the targets at the precision `amp: measured` picks on a CPU with
+native bf16.
+
 The two kinds are synthetic stand-ins for real data sets, not those sets: a PASS there says
 nothing about the real ones. What a budget reaches follows how many epochs fit into it, so a
 slower CPU fits fewer and may miss what a faster one meets; the table says how many fit.
@@ -139,6 +143,13 @@ def parse_args(argv: list[str]):
         type=Path,
         help="folder for the data sets, runs and logs (default: a temporary one, removed after)",
     )
+    parser.add_argument(
+        "settings",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides for every training, after its own (e.g. amp=true amp_dtype=bf16 "
+        "to train at the precision the benchmarks chose)",
+    )
     return parser.parse_args(argv)
 
 
@@ -160,14 +171,14 @@ def pipeline(args: list[str], log: Path) -> None:
         )
 
 
-def measure(training: Training, seed: int, work: Path) -> dict[str, Any]:
+def measure(training: Training, seed: int, work: Path, overrides: list[str]) -> dict[str, Any]:
     configs = [arg for name in training.configs for arg in ("--config", str(PRESETS / name))]
     data, run, log = (
         work / "data" / training.name,
         work / training.name,
         work / f"{training.name}.log",
     )
-    settings = [f"data.root={data}", f"seed={seed}", *training.settings]
+    settings = [f"data.root={data}", f"seed={seed}", *training.settings, *overrides]
     pipeline(["prepare-data", *configs, *settings], log)
     conditions = timing.RunConditions()
     pipeline(["train", *configs, "--out", str(run), *settings], log)
@@ -182,6 +193,7 @@ def measure(training: Training, seed: int, work: Path) -> dict[str, Any]:
         "name": training.name,
         "configs": list(training.configs),
         "settings": settings,
+        "precision": summary["precision"],
         "epochs": summary["epochs"],
         "steps": summary["steps"],
         "time_budget_s": summary["time_budget_s"],
@@ -196,7 +208,8 @@ def measure(training: Training, seed: int, work: Path) -> dict[str, Any]:
 
 def print_result(result: dict[str, Any]) -> None:
     print(
-        f"\n{result['name']}: {result['steps']} steps over {result['epochs']} epochs in "
+        f"\n{result['name']} ({result['precision']}): {result['steps']} steps over "
+        f"{result['epochs']} epochs in "
         f"{result['wall_time_s']:.0f} s, median step {1000 * result['median_step_time_s']:.0f} ms",
         flush=True,
     )
@@ -221,7 +234,7 @@ def main(argv: list[str]) -> int:
         work.mkdir(parents=True, exist_ok=True)
         results = []
         for training in chosen:
-            results.append(measure(training, args.seed, work))
+            results.append(measure(training, args.seed, work, args.settings))
             print_result(results[-1])
     passed = all(result["passed"] for result in results)
     print(

@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from pipeline.stats import f1_interval
+from pipeline.stats import micro_intervals
 
 SCRIPT_CLASS = "<script>alert(1)</script>"
 CLASS_NAMES = ["circle", SCRIPT_CLASS]
@@ -283,11 +283,11 @@ BENCH = [
 ]
 
 
-def ap50_interval(ap50: float, half_width: float) -> dict[str, Any]:
-    """An AP@.5 interval as the evaluate stage writes it, over the 1,000 images of the fixtures."""
+def ap_interval(ap: float, half_width: float) -> dict[str, Any]:
+    """An AP interval as the evaluate stage writes it, over the 1,000 images of the fixtures."""
     return {
-        "low": ap50 - half_width,
-        "high": min(1.0, ap50 + half_width),
+        "low": ap - half_width,
+        "high": min(1.0, ap + half_width),
         "confidence": 0.95,
         "images": 1000,
         "method": "percentile bootstrap over images, 2000 resamples, pycocotools' matches reweighed",
@@ -309,7 +309,7 @@ def size_buckets(f1: float, intervals: bool = False) -> dict[str, Any]:
             "range_px": range_px,
             "num_gt": sum(counts),
             "ap50": ap50,
-            "ap50_interval": ap50_interval(ap50, 0.04) if intervals and ap50 is not None else None,
+            "ap50_interval": ap_interval(ap50, 0.04) if intervals and ap50 is not None else None,
             "ap": ap,
             "recall": recall,
             "per_class": [
@@ -479,7 +479,7 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
             "num_gt": 7,
             "ap": f1 / 2,
             "ap50": f1 * 0.9,
-            "ap50_interval": ap50_interval(f1 * 0.9, 0.03),
+            "ap50_interval": ap_interval(f1 * 0.9, 0.03),
             "precision": f1,
             "recall": f1,
             "f1": f1,
@@ -490,6 +490,7 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
         for name in CLASS_NAMES
     ]
     per_image = per_image_counts(f1)
+    micro = micro_intervals(per_image)
     return {
         "format": "pipeline.eval/1",
         "created": "2026-11-29T17:24:23+00:00",
@@ -522,17 +523,21 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
         "class_names": CLASS_NAMES,
         "metrics": {
             "f1": f1,
-            "f1_interval": f1_interval(per_image),
+            "f1_interval": micro["f1"],
             "precision": f1,
+            "precision_interval": micro["precision"],
             "recall": f1,
+            "recall_interval": micro["recall"],
             "f1_macro": f1,
             "best_f1": f1 + 0.05,
             "best_f1_threshold": 0.25,
             "ap": f1 / 2,
+            "ap_interval": ap_interval(f1 / 2, 0.02),
             "ap50": f1 * 0.9,
-            "ap50_interval": ap50_interval(f1 * 0.9, 0.02),
+            "ap50_interval": ap_interval(f1 * 0.9, 0.02),
             "ap50_matches": ap50_matches(per_image),
             "ap75": f1 / 3,
+            "ap75_interval": ap_interval(f1 / 3, 0.02),
             "per_class": per_class,
             "size_buckets": size_buckets(f1, intervals=True),
             "micro": {"precision": f1, "recall": f1, "f1": f1, "tp": 6, "fp": 2, "fn": 8},

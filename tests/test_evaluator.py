@@ -360,17 +360,20 @@ def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
     assert 0.0 < ap["ap50"] < 1.0  # a fixture where the interpolation actually matters
 
 
-def test_ap50_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> None:
-    """The interval's resamples reuse pycocotools' matches with image weights: all ones must
-    give back pycocotools' AP@.5 exactly, classes without objects left out as it does."""
+def test_ap_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> None:
+    """The intervals' resamples reuse pycocotools' matches with image weights: all ones must
+    give back pycocotools' AP@.5, AP@[.5:.95] and AP@.75 exactly, classes without objects left
+    out as it does."""
     from pipeline.engine import evaluator
 
     gts, dets = noisy_scene(12, seed=3)
     ones = lambda images: iter([np.ones((3, images), dtype=np.int64)])  # noqa: E731
     monkeypatch.setattr(evaluator, "bootstrap_weights", ones)
-    ap = coco_ap(gts, dets, 4, (128, 128), ["x", "y", "z", "none"], ap50_interval=True)
-    assert ap["ap50_interval"]["low"] == pytest.approx(ap["ap50"], abs=1e-12)
-    assert ap["ap50_interval"]["high"] == pytest.approx(ap["ap50"], abs=1e-12)
+    ap = coco_ap(gts, dets, 4, (128, 128), ["x", "y", "z", "none"], ap_intervals=True)
+    assert 0.0 < ap["ap75"] < ap["ap"] < ap["ap50"] < 1.0  # every IoU threshold matters
+    for name in ("ap", "ap50", "ap75"):
+        assert ap[f"{name}_interval"]["low"] == pytest.approx(ap[name], abs=1e-12), name
+        assert ap[f"{name}_interval"]["high"] == pytest.approx(ap[name], abs=1e-12), name
     rows = [*ap["per_class"], *(row for row in ap["size_buckets"].values())]
     assert sum(row["ap50"] is not None for row in rows) >= 5  # three classes, two buckets
     for row in rows:
@@ -381,18 +384,19 @@ def test_ap50_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) ->
             assert row["ap50_interval"]["high"] == pytest.approx(row["ap50"], abs=1e-12)
 
 
-def test_the_ap50_interval_holds_ap50_and_narrows_with_more_images() -> None:
+def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> None:
     widths = []
     for images in (20, 80):
         gts, dets = noisy_scene(images, seed=images)
-        ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)
-        interval = ap["ap50_interval"]
-        assert interval["low"] < ap["ap50"] < interval["high"]
-        assert interval["images"] == images and interval["confidence"] == 0.95
-        widths.append(interval["high"] - interval["low"])
+        ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)
+        for name in ("ap", "ap50", "ap75"):
+            interval = ap[f"{name}_interval"]
+            assert interval["low"] < ap[name] < interval["high"], name
+            assert interval["images"] == images and interval["confidence"] == 0.95
+        widths.append(ap["ap50_interval"]["high"] - ap["ap50_interval"]["low"])
     assert widths[1] < 0.75 * widths[0]
     unasked = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
-    assert unasked["ap50_interval"] is None
+    assert unasked["ap50_interval"] is unasked["ap_interval"] is unasked["ap75_interval"] is None
     assert all(row["ap50_interval"] is None for row in unasked["per_class"])
     assert all(row["ap50_interval"] is None for row in unasked["size_buckets"].values())
 
@@ -409,7 +413,7 @@ def test_a_bucket_whose_mean_turns_on_two_objects_gets_a_wide_interval() -> None
             labels.append(1)
         gts.append(gt(image_id, boxes, labels))
         dets.append(det(image_id, [square(10, 10, 30)], [0.9], [0]))
-    ap = coco_ap(gts, dets, 2, (128, 128), ["a", "b"], ap50_interval=True)
+    ap = coco_ap(gts, dets, 2, (128, 128), ["a", "b"], ap_intervals=True)
     medium = ap["size_buckets"]["medium"]
     assert medium["ap50"] == pytest.approx(0.5)
     assert medium["ap50_interval"]["low"] == pytest.approx(0.5)
@@ -859,11 +863,11 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
     from pipeline import stats
 
     gts, dets = noisy_scene(30, seed=5)
-    ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)
+    ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)
     image_ids, labels, classes = stats.read_ap50_matches(ap["ap50_matches"])
     assert sorted(image_ids) == sorted(g["image_id"] for g in gts) and labels == [0, 1, 2]
     ones = np.ones((1, len(image_ids)))
-    assert stats.class_mean(stats.weighted_class_ap50(classes, ones))[0] == pytest.approx(
+    assert stats.class_mean(stats.weighted_class_ap(classes, ones))[0] == pytest.approx(
         ap["ap50"], abs=1e-12
     )
     shuffled = {**ap["ap50_matches"], "classes": ap["ap50_matches"]["classes"][::-1]}
@@ -884,7 +888,7 @@ def test_a_paired_ap50_change_does_not_depend_on_the_order_each_file_lists_its_i
     gts, dets = noisy_scene(30, seed=5)
     _, worse = noisy_scene(30, seed=6)  # another scene's detections: mostly wrong here
     matches = [
-        coco_ap(gts, found, 3, (128, 128), ["x", "y", "z"], ap50_interval=True)["ap50_matches"]
+        coco_ap(gts, found, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)["ap50_matches"]
         for found in (dets, worse)
     ]
     ids = matches[1]["image_ids"]

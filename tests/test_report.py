@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from report_fixtures import (
     SCRIPT_CLASS,
-    ap50_interval,
+    ap_interval,
     bench_record,
     env_json,
     evaluation,
@@ -436,10 +436,12 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
     )
     text = evaluation_section(results, document)
     assert (
-        "Run Split F1 (score threshold) F1 95% interval Precision Recall "
-        "F1 at the validation threshold AP@.5 AP@.5 95% interval" in text
+        "Run Split F1 (score threshold) F1 95% interval Precision (95% interval) Recall (95% "
+        "interval) F1 at the validation threshold AP@.5 AP@.5 95% interval AP@[.5:.95] (95% "
+        "interval) AP@.75 (95% interval)" in text
     )
-    assert "cpu-fp32 test (held out) 0.420 (0.30) 0.413–0.427" in text
+    assert "cpu-fp32 test (held out) 0.420 (0.30) 0.413–0.427 0.420 (0.413–0.427)" in text
+    assert "0.210 (0.190–0.230) 0.140 (0.120–0.160)" in text  # AP@[.5:.95], AP@.75
     assert "0.440 (0.35)" in text
 
 
@@ -469,7 +471,7 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
     document["metrics"]["size_buckets"]["medium"].update(
         num_gt=302,
         ap50=0.55,
-        ap50_interval={**ap50_interval(0.55, 0.0), "high": 0.98},
+        ap50_interval={**ap_interval(0.55, 0.0), "high": 0.98},
         per_class=[
             {"label": 0, "name": "circle", "num_gt": 300, "ap50": 0.98},
             {"label": 1, "name": "ring", "num_gt": 2, "ap50": 0.12},

@@ -185,22 +185,40 @@ def test_f1_of_counts_is_2tp_over_2tp_fp_fn_and_0_where_nothing_was_found_or_exp
     ]
 
 
-def test_the_f1_interval_holds_the_f1_and_halves_with_four_times_the_images() -> None:
+def test_the_micro_intervals_hold_their_figures_and_halve_with_four_times_the_images() -> None:
     small, large = noisy_images(250, seed=1), noisy_images(1000, seed=2)
     widths = []
     for per_image in (small, large):
-        f1 = stats.f1_of_counts(*(sum(per_image[key]) for key in ("tp", "fp", "fn")))
-        interval = stats.f1_interval(per_image)
-        assert interval["low"] < f1 < interval["high"]
-        widths.append(interval["high"] - interval["low"])
+        tp, fp, fn = (sum(per_image[key]) for key in ("tp", "fp", "fn"))
+        figures = {"f1": stats.f1_of_counts(tp, fp, fn), "precision": tp / (tp + fp)}
+        figures["recall"] = tp / (tp + fn)
+        intervals = stats.micro_intervals(per_image)
+        assert set(intervals) == set(figures)
+        for name, value in figures.items():
+            assert intervals[name]["low"] < value < intervals[name]["high"], name
+        widths.append(intervals["f1"]["high"] - intervals["f1"]["low"])
     assert widths[1] / widths[0] == pytest.approx(0.5, abs=0.15)
-    assert stats.f1_interval(small) == stats.f1_interval(small)  # seeded
+    assert stats.micro_intervals(small) == stats.micro_intervals(small)  # seeded
 
 
-def test_an_f1_interval_of_identical_images_is_a_point_and_of_no_images_none() -> None:
-    interval = stats.f1_interval(counts([2] * 10, [1] * 10, [1] * 10))
+def test_precision_and_recall_intervals_follow_where_the_errors_are() -> None:
+    """False positives spread over the images and misses in 5 of 200: precision varies with
+    every resample, recall only with how often those 5 are drawn, so each interval is where
+    its own errors put it."""
+    images = 200
+    per_image = counts([3] * images, [1] * images, [4 if i < 5 else 0 for i in range(images)])
+    intervals = stats.micro_intervals(per_image)
+    assert intervals["precision"]["low"] == intervals["precision"]["high"] == pytest.approx(0.75)
+    recall = intervals["recall"]
+    assert recall["low"] < 600 / 620 < recall["high"] and recall["high"] <= 1.0
+
+
+def test_micro_intervals_of_identical_images_are_points_and_of_no_images_none() -> None:
+    intervals = stats.micro_intervals(counts([2] * 10, [1] * 10, [1] * 10))
+    interval = intervals["f1"]
     assert interval["low"] == interval["high"] == pytest.approx(2 / 3)
-    assert stats.f1_interval(counts([], [], [])) is None
+    assert intervals["precision"]["low"] == intervals["precision"]["high"] == pytest.approx(2 / 3)
+    assert stats.micro_intervals(counts([], [], [])) == dict.fromkeys(stats.MICRO_FIGURES)
     assert stats.interval_text(interval) == "95% interval 0.667-0.667 over 10 images"
     assert stats.interval_text(None) == "no interval: no images"
 
@@ -225,7 +243,7 @@ def test_pairing_narrows_the_interval_of_a_change_both_runs_share_the_images_of(
         candidate["fn"][i] += 2
     change = stats.f1_change(reference, candidate, tolerance=0.01)
     assert change.high < -0.01 and change.verdict == "dropped"
-    alone = stats.f1_interval(reference)
+    alone = stats.micro_intervals(reference)["f1"]
     assert alone["high"] - alone["low"] > -change.change
     assert change.high - change.low < alone["high"] - alone["low"]
 

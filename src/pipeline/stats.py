@@ -1,7 +1,8 @@
 """Statistics without torch, which the report reads too: robust summaries of step times
 (median and IQR, as torch.utils.benchmark gives them), a drift check, the warm-up settling
 rule, speed-ups with a bootstrap interval, and bootstrap intervals over images of a detection
-F1 and AP@.5 and of their changes between two runs scored on the same images."""
+run's F1, precision, recall and AP, and of its F1 and AP@.5 changes between two runs scored on
+the same images."""
 
 from __future__ import annotations
 
@@ -207,18 +208,22 @@ def speedup(
     )
 
 
-# ---- detection F1 over images ---------------------------------------------------------------
+# ---- detection F1, precision and recall over images ------------------------------------------
 
 IMAGES_METHOD = f"percentile bootstrap over images, {BOOTSTRAP_RESAMPLES} resamples"
 _RESAMPLE_CHUNK = 200  # resamples drawn at once: bounds memory at 200 x images weights
 
 
+def _share(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """part / whole elementwise, 0 where whole is 0 (the evaluator's convention for 0/0)."""
+    part, whole = np.asarray(part, dtype=np.float64), np.asarray(whole, dtype=np.float64)
+    return np.divide(part, whole, out=np.zeros_like(whole), where=whole > 0)
+
+
 def f1_of_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Micro F1 = 2TP / (2TP + FP + FN) elementwise, 0 where nothing was found or expected
-    (the evaluator's convention for 0/0)."""
+    """Micro F1 = 2TP / (2TP + FP + FN) elementwise, 0 where nothing was found or expected."""
     tp, fp, fn = (np.asarray(v, dtype=np.float64) for v in (tp, fp, fn))
-    denominator = 2 * tp + fp + fn
-    return np.divide(2 * tp, denominator, out=np.zeros_like(denominator), where=denominator > 0)
+    return _share(2 * tp, 2 * tp + fp + fn)
 
 
 def bootstrap_weights(
@@ -238,32 +243,39 @@ def _per_image(counts: Mapping[str, Sequence[int]]) -> np.ndarray:
     return np.stack([np.asarray(counts[key], dtype=np.int64) for key in ("tp", "fp", "fn")], 1)
 
 
-def f1_interval(
+MICRO_FIGURES = ("f1", "precision", "recall")
+
+
+def micro_intervals(
     per_image: Mapping[str, Sequence[int]],
     *,
     confidence: float = CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
-) -> dict[str, Any] | None:
-    """The interval of a micro F1 over the images it was measured on, from per-image counts
-    (`tp`, `fp`, `fn`). Images are the unit resampled: objects of one image are not independent
-    (one clutter patch makes several false positives). None without images."""
+) -> dict[str, dict[str, Any] | None]:
+    """The intervals of the micro F1, precision and recall over the images they were measured
+    on, from per-image counts (`tp`, `fp`, `fn`), all three from the same resamples. Images are
+    the unit resampled: objects of one image are not independent (one clutter patch makes
+    several false positives). Each None without images."""
     counts = _per_image(per_image)
     if len(counts) == 0:
-        return None
-    samples = np.concatenate(
-        [
-            f1_of_counts(*(weights @ counts).T)
-            for weights in bootstrap_weights(len(counts), resamples, seed)
-        ]
-    )
-    return bootstrap_interval(samples, len(counts), IMAGES_METHOD, confidence)
+        return dict.fromkeys(MICRO_FIGURES)
+    samples: dict[str, list[np.ndarray]] = {name: [] for name in MICRO_FIGURES}
+    for weights in bootstrap_weights(len(counts), resamples, seed):
+        tp, fp, fn = (weights @ counts).T
+        samples["f1"].append(f1_of_counts(tp, fp, fn))
+        samples["precision"].append(_share(tp, tp + fp))
+        samples["recall"].append(_share(tp, tp + fn))
+    return {
+        name: bootstrap_interval(np.concatenate(found), len(counts), IMAGES_METHOD, confidence)
+        for name, found in samples.items()
+    }
 
 
 def bootstrap_interval(
     samples: np.ndarray, images: int, method: str, confidence: float = CONFIDENCE
 ) -> dict[str, Any]:
-    """An interval over images as the eval JSON records it (`f1_interval`, `ap50_interval`)."""
+    """An interval over images as the eval JSON records it (`f1_interval`, `ap50_interval`, ...)."""
     low, high = percentile_interval(samples, confidence)
     return {"low": low, "high": high, "confidence": confidence, "images": images, "method": method}
 
@@ -370,14 +382,14 @@ def _paired(
     return PairedChange(change, low, high, verdict, images, tolerance, confidence)
 
 
-# ---- AP@.5 from pycocotools' matches, reweighed by image -------------------------------------
+# ---- AP from pycocotools' matches, reweighed by image ----------------------------------------
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
 
 
 @dataclass(frozen=True)
 class ClassMatches:
-    """One class's detections at IoU 0.5 as COCOeval matched them in one area range (at most
+    """One class's detections as COCOeval matched them at one IoU in one area range (at most
     maxDets[-1] per image), in the order COCOeval.accumulate ranks them, up to the last true
     positive. Detections COCOeval ignores are left out (they move neither count), and the false
     positives after the last true positive too: they lower precision at a recall already
@@ -415,15 +427,15 @@ class ClassMatches:
         return ClassMatches(order[self.image_index], self.is_tp, placed)
 
 
-def weighted_class_ap50(
+def weighted_class_ap(
     classes: Sequence[ClassMatches],
     weights: np.ndarray,
     recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
 ) -> np.ndarray:
-    """AP@.5 [K, R] of each class for each row of image weights [R, I] (how often a resample
-    drew each image), computed as COCOeval.accumulate does: the precision envelope at 101
-    recall points; NaN where a resample drew none of the class's objects. All-ones weights
-    give pycocotools' per-class AP@.5."""
+    """AP [K, R] of each class, at the IoU its matches were made at, for each row of image
+    weights [R, I] (how often a resample drew each image), computed as COCOeval.accumulate
+    does: the precision envelope at 101 recall points; NaN where a resample drew none of the
+    class's objects. All-ones weights give pycocotools' per-class AP at that IoU."""
     per_class = np.full((len(classes), len(weights)), np.nan)
     for k, found in enumerate(classes):
         objects = weights @ found.gt_per_image  # [R]
@@ -490,8 +502,8 @@ def ap50_change(
     cand = [found.reordered(placed) for found in cand]
 
     def difference(weights: np.ndarray) -> np.ndarray:
-        return class_mean(weighted_class_ap50(cand, weights)) - class_mean(
-            weighted_class_ap50(ref, weights)
+        return class_mean(weighted_class_ap(cand, weights)) - class_mean(
+            weighted_class_ap(ref, weights)
         )
 
     change = float(difference(np.ones((1, len(ref_ids))))[0])

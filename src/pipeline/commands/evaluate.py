@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     memory = dev.PeakMemory(device)
     loader = loader_for(val, config, train=False, pin_memory=pin)
     val_metrics, detections = evaluator.evaluate(
-        model, loader, device, precision, ap50_interval=True
+        model, loader, device, precision, ap_intervals=True
     )
     val_threshold = val_metrics["best_f1_threshold"]
     if test is None:
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     else:
         loader = loader_for(test, config, train=False, pin_memory=pin)
         metrics, detections = evaluator.evaluate(
-            model, loader, device, precision, chosen_threshold=val_threshold, ap50_interval=True
+            model, loader, device, precision, chosen_threshold=val_threshold, ap_intervals=True
         )
         split, role = test, "test"
         at_val_threshold = metrics["chosen_threshold"]
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f; at validation's "
-        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s), AP %.3f; AP@.5 by size %s -> %s",
+        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s), AP %.3f (%s); AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
         role,
@@ -172,6 +172,7 @@ def main(argv: list[str]) -> int:
         metrics["ap50"],
         interval_text(metrics["ap50_interval"]),
         metrics["ap"],
+        interval_text(metrics["ap_interval"]),
         size_bucket_text(metrics["size_buckets"]),
         args.out,
     )

@@ -30,9 +30,9 @@ from pipeline.stats import (
     bootstrap_interval,
     bootstrap_weights,
     class_mean,
-    f1_interval,
     f1_of_counts,
-    weighted_class_ap50,
+    micro_intervals,
+    weighted_class_ap,
 )
 
 LABEL_MODES = ("multilabel", "single")
@@ -330,7 +330,8 @@ def precision_recall_f1(
     Detections on ignore regions count nowhere (`num_ignored_detections`).
     `chosen_threshold` adds the micro figures at that threshold too (`chosen_threshold`),
     from the same matching. `per_image` holds each image's TP/FP/FN at `score_threshold`, and
-    `f1_interval` the 95% interval of the micro F1 over these images (None without images).
+    `f1_interval`, `precision_interval` and `recall_interval` the 95% intervals of the micro
+    figures over these images (None without images).
     """
     pooled = _pool(gts, dets, num_classes, iou_threshold)
     kept = pooled.scores >= score_threshold
@@ -339,6 +340,7 @@ def precision_recall_f1(
     fp = detected - tp
     fn = pooled.gt_per_class - tp
     per_image = pooled.per_image(score_threshold)
+    intervals = micro_intervals(per_image)
     per_class = [
         {"label": c, "num_gt": int(pooled.gt_per_class[c]), **_counts(tp[c], fp[c], fn[c])}
         for c in range(num_classes)
@@ -357,7 +359,7 @@ def precision_recall_f1(
         "num_detections": int(pooled.scores.size),
         "num_ignored_detections": pooled.ignored,
         "per_image": per_image,
-        "f1_interval": f1_interval(per_image),
+        **{f"{name}_interval": interval for name, interval in intervals.items()},
     }
 
 
@@ -497,16 +499,21 @@ def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[Cla
 
 
 @dataclass(frozen=True)
-class _AP50Intervals:
-    """AP@.5's 95% intervals over the images: of the whole split, of each class, and of each
-    size bucket; None where no resample drew an object of what it measures. `matches` is what
-    they were resampled from, as the eval JSON keeps it (`metrics.ap50_matches`), so that the
-    report can pair two runs' AP@.5 image by image."""
+class _APIntervals:
+    """95% intervals over the images: of AP@.5 (the whole split's, each class's and each size
+    bucket's), AP@[.5:.95] and AP@.75; None where no resample drew an object of what it
+    measures. `matches` is pycocotools' matches at IoU 0.5, as the eval JSON keeps them
+    (`metrics.ap50_matches`), so that the report can pair two runs' AP@.5 image by image."""
 
-    overall: dict[str, Any] | None
+    ap50: dict[str, Any] | None
+    ap: dict[str, Any] | None
+    ap75: dict[str, Any] | None
     per_class: list[dict[str, Any] | None]
     size_buckets: dict[str, dict[str, Any] | None]
     matches: dict[str, Any] | None
+
+
+_NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
 
 
 def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
@@ -516,25 +523,33 @@ def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
     return bootstrap_interval(finite, images, IMAGES_METHOD + ", pycocotools' matches reweighed")
 
 
-def _ap50_intervals(evaluation: Any, iou_index: int) -> _AP50Intervals:
-    """AP@.5's intervals, resampling images as `stats.f1_interval` does, with pycocotools'
+def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
+    """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
     matches kept: a resample reweighs images, it does not match again. Every figure is read
     from the same resamples. A class's or a bucket's interval is over the resamples that drew
-    objects of it: with a handful of objects it is wide, which is the point."""
+    objects of it: with a handful of objects it is wide, which is the point. AP@[.5:.95] is,
+    as pycocotools averages it, the mean over classes of each class's mean over the IoUs."""
     params = evaluation.params
     labels, images = list(params.areaRngLbl), len(params.imgIds)
-    matches = {
-        label: _class_matches(evaluation, iou_index, index) for index, label in enumerate(labels)
+    # every IoU threshold in the area range "all"; IoU 0.5 alone in each size bucket
+    by_iou = [
+        _class_matches(evaluation, t, labels.index("all")) for t in range(len(params.iouThrs))
+    ]
+    by_bucket = {
+        name: _class_matches(evaluation, at_50, labels.index(name)) for name in SIZE_BUCKETS
     }
     thresholds = np.asarray(params.recThrs, dtype=np.float64)
-    class_samples, mean_samples = [], {label: [] for label in labels}
+    class_samples, ap_samples, ap75_samples = [], [], []
+    mean_samples: dict[str, list[np.ndarray]] = {label: [] for label in labels}
     for weights in bootstrap_weights(images):
-        for label, classes in matches.items():
-            per_class = weighted_class_ap50(classes, weights, thresholds)
-            mean_samples[label].append(class_mean(per_class))
-            if label == "all":
-                class_samples.append(per_class)
-    by_class = np.concatenate(class_samples, axis=1)  # [K, resamples]
+        every_iou = np.stack([weighted_class_ap(found, weights, thresholds) for found in by_iou])
+        class_samples.append(every_iou[at_50])  # [K, resamples]
+        mean_samples["all"].append(class_mean(every_iou[at_50]))
+        ap_samples.append(class_mean(every_iou.mean(axis=0)))
+        ap75_samples.append(class_mean(every_iou[at_75]))
+        for name, classes in by_bucket.items():
+            mean_samples[name].append(class_mean(weighted_class_ap(classes, weights, thresholds)))
+    by_class = np.concatenate(class_samples, axis=1)
     intervals = {
         label: _interval_of(np.concatenate(mean_samples[label]), images) for label in labels
     }
@@ -545,11 +560,16 @@ def _ap50_intervals(evaluation: Any, iou_index: int) -> _AP50Intervals:
         "image_ids": [int(image_id) for image_id in params.imgIds],
         "classes": [
             found.as_document(category_id - 1)
-            for category_id, found in zip(params.catIds, matches["all"], strict=True)
+            for category_id, found in zip(params.catIds, by_iou[at_50], strict=True)
         ],
     }
-    return _AP50Intervals(
-        intervals["all"], per_class, {name: intervals[name] for name in SIZE_BUCKETS}, kept
+    return _APIntervals(
+        ap50=intervals["all"],
+        ap=_interval_of(np.concatenate(ap_samples), images),
+        ap75=_interval_of(np.concatenate(ap75_samples), images),
+        per_class=per_class,
+        size_buckets={name: intervals[name] for name in SIZE_BUCKETS},
+        matches=kept,
     )
 
 
@@ -560,16 +580,16 @@ def coco_ap(
     image_size: tuple[int, int],
     class_names: Sequence[str],
     score_threshold: float = 0.0,
-    ap50_interval: bool = False,
+    ap_intervals: bool = False,
 ) -> dict[str, Any]:
     """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
 
     `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
-    and class). With `ap50_interval`, `ap50_interval` is AP@.5's 95% interval over the images,
-    and each class and size bucket has its AP@.5's interval too, from the same resamples
-    (a few seconds per 500 images here, so the evaluate stage asks for them and validation
-    during training does not), and `ap50_matches` holds pycocotools' matches they resample
-    (`stats.ClassMatches`); else they are None. Per-class AP is None for a class without ground
+    and class). With `ap_intervals`, `ap_interval`, `ap50_interval` and `ap75_interval` are
+    their 95% intervals over the images, and each class and size bucket has its AP@.5's
+    interval too, from the same resamples (seconds per 500 images on a CPU, so the evaluate
+    stage asks for them and validation during training does not), and `ap50_matches` holds
+    pycocotools' matches at IoU 0.5 (`stats.ClassMatches`); else they are None. Per-class AP is None for a class without ground
     truth (pycocotools' -1).
     Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
     lets a detection on them count against.
@@ -675,10 +695,12 @@ def coco_ap(
         }
         return {
             "ap": 0.0,
+            "ap_interval": None,
             "ap50": 0.0,
             "ap50_interval": None,
             "ap50_matches": None,
             "ap75": 0.0,
+            "ap75_interval": None,
             "per_class": per_class(zeros, zeros),
             "size_buckets": buckets(empty, empty, empty, empty_per_class, {}),
         }
@@ -736,15 +758,16 @@ def coco_ap(
         bucket_ap[name] = float(values[:, :, present].mean())
         bucket_recall[name] = _recall_at(evaluation, area, at_50, score_threshold)
     stats = evaluation.stats
-    intervals = (
-        _ap50_intervals(evaluation, at_50) if ap50_interval else _AP50Intervals(None, [], {}, None)
-    )
+    at_75 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.75)))
+    intervals = _ap_intervals(evaluation, at_50, at_75) if ap_intervals else _NO_AP_INTERVALS
     return {
         "ap": float(stats[0]),
+        "ap_interval": intervals.ap,
         "ap50": float(stats[1]),
-        "ap50_interval": intervals.overall,
+        "ap50_interval": intervals.ap50,
         "ap50_matches": intervals.matches,
         "ap75": float(stats[2]),
+        "ap75_interval": intervals.ap75,
         "per_class": per_class(ap, ap50, intervals.per_class),
         "size_buckets": buckets(
             bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals.size_buckets
@@ -859,7 +882,7 @@ class Evaluator:
         device: DeviceLike,
         precision: str = "fp32",
         chosen_threshold: float | None = None,
-        ap50_interval: bool = False,
+        ap_intervals: bool = False,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Metrics and JSON-ready detections for one pass over `loader`.
 
@@ -868,8 +891,8 @@ class Evaluator:
         to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
-        picked on the very images it is measured on, is optimistic. `ap50_interval` adds AP@.5's
-        interval over the images (see `coco_ap`).
+        picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
+        intervals over the images (see `coco_ap`).
         """
         device = torch.device(device)
         gts: list[dict[str, Any]] = []
@@ -907,7 +930,7 @@ class Evaluator:
         finally:
             model.train(was_training)
         metrics = self._metrics(
-            gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap50_interval
+            gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap_intervals
         )
         return metrics, [
             {
@@ -927,7 +950,7 @@ class Evaluator:
         model_s: float,
         postprocess_s: float,
         chosen_threshold: float | None = None,
-        ap50_interval: bool = False,
+        ap_intervals: bool = False,
     ) -> dict[str, Any]:
         counts = precision_recall_f1(
             gts,
@@ -944,7 +967,7 @@ class Evaluator:
             (self.image_size, self.image_size),
             self.class_names,
             self.score_threshold,
-            ap50_interval,
+            ap_intervals,
         )
         image_level = None
         if self.label_mode == "multilabel":
@@ -978,15 +1001,19 @@ class Evaluator:
             "f1": counts["micro"]["f1"],
             "f1_interval": counts["f1_interval"],
             "precision": counts["micro"]["precision"],
+            "precision_interval": counts["precision_interval"],
             "recall": counts["micro"]["recall"],
+            "recall_interval": counts["recall_interval"],
             "f1_macro": counts["macro"]["f1"],
             "best_f1": counts["best"]["f1"],
             "best_f1_threshold": counts["best"]["threshold"],
             "ap": coco["ap"],
+            "ap_interval": coco["ap_interval"],
             "ap50": coco["ap50"],
             "ap50_interval": coco["ap50_interval"],
             "ap50_matches": coco["ap50_matches"],
             "ap75": coco["ap75"],
+            "ap75_interval": coco["ap75_interval"],
             "per_class": per_class,
             "size_buckets": coco["size_buckets"],
             "micro": counts["micro"],
