@@ -12,9 +12,10 @@ evaluate stage's JSON: the held-out test split, and validation where a target na
                       every class >= 0.80, F1 >= 0.85
   large-objects-kind  natural.yaml + large-objects-kind.yaml (5 minutes, 256 px): AP@.5 >= 0.95
 
-Overrides given as key=value apply to every training after its own settings: `amp=true
-amp_dtype=bf16` measures the targets at the precision `amp: measured` picks on a CPU with
-native bf16.
+`--precision-choice FILE` trains every run with `amp: measured` from that choice (the
+`results/choice/<backend>.json` of a pipeline run, or `python -m pipeline choose-precision`'s):
+the targets at the precision the benchmarks chose, as `--config amp=measured` trains. Overrides
+given as key=value apply to every training after its own settings.
 
 The two kinds are synthetic stand-ins for real data sets, not those sets: a PASS there says
 nothing about the real ones. What a budget reaches follows how many epochs fit into it, so a
@@ -144,11 +145,16 @@ def parse_args(argv: list[str]):
         help="folder for the data sets, runs and logs (default: a temporary one, removed after)",
     )
     parser.add_argument(
+        "--precision-choice",
+        type=Path,
+        metavar="FILE.json",
+        help="train with amp=measured from this choice (e.g. results/choice/cpu.json)",
+    )
+    parser.add_argument(
         "settings",
         nargs="*",
         metavar="key=value",
-        help="config overrides for every training, after its own (e.g. amp=true amp_dtype=bf16 "
-        "to train at the precision the benchmarks chose)",
+        help="config overrides for every training, after its own",
     )
     return parser.parse_args(argv)
 
@@ -171,7 +177,9 @@ def pipeline(args: list[str], log: Path) -> None:
         )
 
 
-def measure(training: Training, seed: int, work: Path, overrides: list[str]) -> dict[str, Any]:
+def measure(
+    training: Training, seed: int, work: Path, overrides: list[str], choice: Path | None
+) -> dict[str, Any]:
     configs = [arg for name in training.configs for arg in ("--config", str(PRESETS / name))]
     data, run, log = (
         work / "data" / training.name,
@@ -181,7 +189,8 @@ def measure(training: Training, seed: int, work: Path, overrides: list[str]) -> 
     settings = [f"data.root={data}", f"seed={seed}", *training.settings, *overrides]
     pipeline(["prepare-data", *configs, *settings], log)
     conditions = timing.RunConditions()
-    pipeline(["train", *configs, "--out", str(run), *settings], log)
+    chosen = ["--amp", "measured", "--precision-choice", str(choice.resolve())] if choice else []
+    pipeline(["train", *configs, "--out", str(run), *chosen, *settings], log)
     measured = conditions.finish()
     harness.warn_if_loaded(measured, f"training {training.name}")
     evaluation_path = work / f"{training.name}.json"
@@ -234,7 +243,7 @@ def main(argv: list[str]) -> int:
         work.mkdir(parents=True, exist_ok=True)
         results = []
         for training in chosen:
-            results.append(measure(training, args.seed, work, args.settings))
+            results.append(measure(training, args.seed, work, args.settings, args.precision_choice))
             print_result(results[-1])
     passed = all(result["passed"] for result in results)
     print(
