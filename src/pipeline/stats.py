@@ -439,12 +439,22 @@ def weighted_class_ap(
     per_class = np.full((len(classes), len(weights)), np.nan)
     for k, found in enumerate(classes):
         objects = weights @ found.gt_per_image  # [R]
-        if found.image_index.size == 0:
+        hits = np.flatnonzero(found.is_tp)
+        if hits.size == 0:
             per_class[k] = np.where(objects > 0, 0.0, np.nan)
             continue
-        w = weights[:, found.image_index]  # [R, D]
-        tp = np.cumsum(w * found.is_tp, axis=1)
-        fp = np.cumsum(w * ~found.is_tp, axis=1)
+        # Recall rises only at true positives, so the first detection that reaches a recall
+        # threshold is one, and the envelope there is the highest precision at a true positive
+        # from there on (after a false positive precision only falls until the next one): the
+        # sums at the true positives give accumulate's AP exactly, in one pass over the detections.
+        misses = np.flatnonzero(~found.is_tp)
+        tp = np.cumsum(weights[:, found.image_index[hits]], axis=1, dtype=np.float64)
+        fp = np.zeros((len(weights), hits.size))
+        if misses.size:
+            fp_sums = np.cumsum(weights[:, found.image_index[misses]], axis=1, dtype=np.float64)
+            before = hits - np.arange(hits.size)  # false positives ranked above each hit
+            counted = before > 0
+            fp[:, counted] = fp_sums[:, before[counted] - 1]
         with np.errstate(divide="ignore", invalid="ignore"):
             recall = tp / objects[:, None]
         precision = tp / (tp + fp + np.spacing(1))
@@ -453,7 +463,7 @@ def weighted_class_ap(
             if objects[r] == 0:
                 continue
             at = np.searchsorted(recall[r], recall_thresholds, side="left")
-            reached = at < recall.shape[1]
+            reached = at < hits.size
             per_class[k, r] = envelope[r, at[reached]].sum() / len(recall_thresholds)
     return per_class
 
