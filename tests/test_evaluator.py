@@ -823,7 +823,9 @@ def test_evaluator_reports_p_r_f1_at_a_threshold_chosen_elsewhere(loader: DataLo
     evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
     metrics, _ = evaluator.evaluate(FakeDetector(), loader, "cpu", chosen_threshold=0.65)
     # at 0.65 the three exact hits stay, the wrong-class 0.6 goes: P 1, R 3/4
-    assert metrics["chosen_threshold"] == {
+    chosen = dict(metrics["chosen_threshold"])
+    interval = chosen.pop("f1_interval")
+    assert chosen == {
         "threshold": 0.65,
         "precision": 1.0,
         "recall": 0.75,
@@ -832,6 +834,7 @@ def test_evaluator_reports_p_r_f1_at_a_threshold_chosen_elsewhere(loader: DataLo
         "fp": 0,
         "fn": 1,
     }
+    assert interval["low"] <= 6 / 7 <= interval["high"] and interval["images"] == 4
     assert metrics["f1"] == pytest.approx(0.75)  # the fixed threshold's figures are unchanged
     plain, _ = evaluator.evaluate(FakeDetector(), loader, "cpu")
     assert plain["chosen_threshold"] is None

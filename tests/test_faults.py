@@ -623,7 +623,10 @@ def test_eval_reports_the_test_split_at_the_threshold_picked_on_validation(
         "precision": chosen["precision"],
         "recall": chosen["recall"],
         "f1": chosen["f1"],
+        "f1_interval": chosen["f1_interval"],
     }
+    low, high = chosen["f1_interval"]["low"], chosen["f1_interval"]["high"]
+    assert low <= chosen["f1"] <= high and chosen["f1_interval"]["images"] == 8
 
 
 def test_eval_without_a_test_split_reports_validation_and_says_so(
@@ -643,6 +646,7 @@ def test_eval_without_a_test_split_reports_validation_and_says_so(
         "precision": best["precision"],
         "recall": best["recall"],
         "f1": best["f1"],
+        "f1_interval": None,  # picked on these very images: no honest interval
     }
 
 

@@ -432,17 +432,23 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
     document.update(
         split="test",
         metrics_split="test",
-        operating_point={"threshold": 0.35, "picked_on": "val", "applied_to": "test", "f1": 0.44},
+        operating_point={
+            "threshold": 0.35,
+            "picked_on": "val",
+            "applied_to": "test",
+            "f1": 0.44,
+            "f1_interval": {**ap_interval(0.44, 0.01), "method": "percentile bootstrap"},
+        },
     )
     text = evaluation_section(results, document)
     assert (
         "Run Split F1 (score threshold) F1 95% interval Precision (95% interval) Recall (95% "
-        "interval) F1 at the validation threshold AP@.5 AP@.5 95% interval AP@[.5:.95] (95% "
-        "interval) AP@.75 (95% interval)" in text
+        "interval) F1 (95% interval) at the validation threshold AP@.5 AP@.5 95% interval "
+        "AP@[.5:.95] (95% interval) AP@.75 (95% interval)" in text
     )
     assert "cpu-fp32 test (held out) 0.420 (0.30) 0.413–0.427 0.420 (0.413–0.427)" in text
     assert "0.210 (0.190–0.230) 0.140 (0.120–0.160)" in text  # AP@[.5:.95], AP@.75
-    assert "0.440 (0.35)" in text
+    assert "0.440 (0.430–0.450) at 0.35" in text
 
 
 def test_size_buckets_line_up_by_bucket_and_an_older_file_without_them_shows_na() -> None:

@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
             "picked_on": "val",
             "applied_to": role,
             **{key: at_val_threshold[key] for key in ("precision", "recall", "f1")},
+            "f1_interval": at_val_threshold.get("f1_interval"),
         },
         "class_names": class_names,
         "metrics": metrics,

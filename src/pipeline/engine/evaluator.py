@@ -302,12 +302,14 @@ def _best_f1(pooled: _Pooled, fallback_threshold: float) -> dict[str, float]:
 
 
 def _micro_at(pooled: _Pooled, threshold: float) -> dict[str, Any]:
-    """Micro P/R/F1 of the detections scoring >= `threshold`, from one matching pass."""
+    """Micro P/R/F1 of the detections scoring >= `threshold`, from one matching pass, with the
+    F1's interval over the images."""
     kept = pooled.scores >= threshold
     tp = int((kept & pooled.is_tp).sum())
     return {
         "threshold": float(threshold),
         **_counts(tp, int(kept.sum()) - tp, int(pooled.gt_per_class.sum()) - tp),
+        "f1_interval": micro_intervals(pooled.per_image(threshold))["f1"],
     }
 
 

@@ -111,6 +111,7 @@ def evaluation_run(run: RunResults) -> dict[str, Any]:
             "threshold": point.get("threshold"),
             "on": point.get("picked_on"),
             "f1": point.get("f1"),
+            "f1_interval": point.get("f1_interval"),
         }
         if point
         else None,
