@@ -469,11 +469,15 @@ def _recall_at(evaluation: Any, area_index: int, iou_index: int, score_threshold
     return _ratio(found, total)
 
 
-def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[ClassMatches]:
-    """COCOeval's own matches per class in one area range, read from evalImgs as accumulate
-    reads them (objects outside the range and detections matching none there are ignored)."""
+def _class_matches(
+    evaluation: Any, iou_indices: Sequence[int], area_index: int
+) -> list[list[ClassMatches]]:
+    """COCOeval's own matches per class in one area range, at each IoU of `iou_indices`
+    (outer list), read from evalImgs as accumulate reads them (objects outside the range and
+    detections matching none there are ignored), in one walk over evalImgs."""
     params = evaluation.params
     num_classes, num_images, max_det = len(params.catIds), len(params.imgIds), params.maxDets[-1]
+    rows = list(iou_indices)
     per_class: list[tuple[list, list, list, list]] = [([], [], [], []) for _ in range(num_classes)]
     gt_counts = np.zeros((num_classes, num_images), dtype=np.int64)
     for k, i, image in _evaluated_images(evaluation, area_index):
@@ -481,23 +485,26 @@ def _class_matches(evaluation: Any, iou_index: int, area_index: int) -> list[Cla
         image_scores = np.asarray(image["dtScores"][:max_det], dtype=np.float64)
         scores.append(image_scores)
         image_index.append(np.full(image_scores.size, i, dtype=np.int64))
-        matched.append(np.asarray(image["dtMatches"])[iou_index, :max_det] > 0)
-        ignored.append(np.asarray(image["dtIgnore"])[iou_index, :max_det].astype(bool))
+        matched.append(np.asarray(image["dtMatches"])[rows, :max_det] > 0)
+        ignored.append(np.asarray(image["dtIgnore"])[rows, :max_det].astype(bool))
         gt_counts[k, i] = int((~np.asarray(image["gtIgnore"], dtype=bool)).sum())
-    classes = []
+    by_iou: list[list[ClassMatches]] = [[] for _ in rows]
     for (scores, image_index, matched, ignored), gt_per_image in zip(
         per_class, gt_counts, strict=True
     ):
         if not scores:
-            classes.append(ClassMatches(np.zeros(0, np.int64), np.zeros(0, bool), gt_per_image))
+            for classes in by_iou:
+                classes.append(ClassMatches(np.zeros(0, np.int64), np.zeros(0, bool), gt_per_image))
             continue
         order = np.argsort(-np.concatenate(scores), kind="mergesort")  # as accumulate sorts
-        counted = ~np.concatenate(ignored)[order]
-        is_tp = np.concatenate(matched)[order][counted]
-        end = int(np.flatnonzero(is_tp)[-1]) + 1 if is_tp.any() else 0
-        ranked = np.concatenate(image_index)[order][counted]
-        classes.append(ClassMatches(ranked[:end], is_tp[:end], gt_per_image))
-    return classes
+        ranked_images = np.concatenate(image_index)[order]
+        all_matched = np.concatenate(matched, axis=1)[:, order]
+        all_counted = ~np.concatenate(ignored, axis=1)[:, order]
+        for classes, is_matched, counted in zip(by_iou, all_matched, all_counted, strict=True):
+            is_tp = is_matched[counted]
+            end = int(np.flatnonzero(is_tp)[-1]) + 1 if is_tp.any() else 0
+            classes.append(ClassMatches(ranked_images[counted][:end], is_tp[:end], gt_per_image))
+    return by_iou
 
 
 @dataclass(frozen=True)
@@ -534,11 +541,9 @@ def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
     params = evaluation.params
     labels, images = list(params.areaRngLbl), len(params.imgIds)
     # every IoU threshold in the area range "all"; IoU 0.5 alone in each size bucket
-    by_iou = [
-        _class_matches(evaluation, t, labels.index("all")) for t in range(len(params.iouThrs))
-    ]
+    by_iou = _class_matches(evaluation, range(len(params.iouThrs)), labels.index("all"))
     by_bucket = {
-        name: _class_matches(evaluation, at_50, labels.index(name)) for name in SIZE_BUCKETS
+        name: _class_matches(evaluation, [at_50], labels.index(name))[0] for name in SIZE_BUCKETS
     }
     thresholds = np.asarray(params.recThrs, dtype=np.float64)
     class_samples, ap_samples, ap75_samples = [], [], []
