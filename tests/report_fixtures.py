@@ -478,6 +478,7 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
             "name": name,
             "num_gt": 7,
             "ap": f1 / 2,
+            "ap_interval": ap_interval(f1 / 2, 0.03),
             "ap50": f1 * 0.9,
             "ap50_interval": ap_interval(f1 * 0.9, 0.03),
             "precision": f1,

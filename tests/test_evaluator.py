@@ -382,6 +382,12 @@ def test_ap_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> N
         else:
             assert row["ap50_interval"]["low"] == pytest.approx(row["ap50"], abs=1e-12)
             assert row["ap50_interval"]["high"] == pytest.approx(row["ap50"], abs=1e-12)
+    for row in ap["per_class"]:  # and each class's AP@[.5:.95]
+        if row["ap"] is None:
+            assert row["ap_interval"] is None
+        else:
+            assert row["ap_interval"]["low"] == pytest.approx(row["ap"], abs=1e-12)
+            assert row["ap_interval"]["high"] == pytest.approx(row["ap"], abs=1e-12)
 
 
 def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> None:
@@ -397,7 +403,7 @@ def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> No
     assert widths[1] < 0.75 * widths[0]
     unasked = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
     assert unasked["ap50_interval"] is unasked["ap_interval"] is unasked["ap75_interval"] is None
-    assert all(row["ap50_interval"] is None for row in unasked["per_class"])
+    assert all(row["ap50_interval"] is row["ap_interval"] is None for row in unasked["per_class"])
     assert all(row["ap50_interval"] is None for row in unasked["size_buckets"].values())
 
 
@@ -420,7 +426,8 @@ def test_a_bucket_whose_mean_turns_on_two_objects_gets_a_wide_interval() -> None
     assert medium["ap50_interval"]["high"] == pytest.approx(1.0)
     class_a, class_b = ap["per_class"]
     assert class_a["ap50_interval"]["low"] == class_a["ap50_interval"]["high"] == 1.0
-    assert class_b["ap50_interval"]["high"] == 0.0  # drawn or not, b is never found
+    assert class_a["ap_interval"]["low"] == class_a["ap_interval"]["high"] == 1.0  # exact boxes
+    assert class_b["ap50_interval"]["high"] == class_b["ap_interval"]["high"] == 0.0  # never found
 
 
 # --- size buckets (input pixels) -----------------------------------------------------------

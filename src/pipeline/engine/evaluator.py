@@ -510,19 +510,20 @@ def _class_matches(
 @dataclass(frozen=True)
 class _APIntervals:
     """95% intervals over the images: of AP@.5 (the whole split's, each class's and each size
-    bucket's), AP@[.5:.95] and AP@.75; None where no resample drew an object of what it
-    measures. `matches` is pycocotools' matches at IoU 0.5, as the eval JSON keeps them
+    bucket's), AP@[.5:.95] (the whole split's and each class's) and AP@.75; None where no
+    resample drew an object of what it measures. `matches` is pycocotools' matches at IoU 0.5, as the eval JSON keeps them
     (`metrics.ap50_matches`), so that the report can pair two runs' AP@.5 image by image."""
 
     ap50: dict[str, Any] | None
     ap: dict[str, Any] | None
     ap75: dict[str, Any] | None
     per_class: list[dict[str, Any] | None]
+    per_class_ap: list[dict[str, Any] | None]
     size_buckets: dict[str, dict[str, Any] | None]
     matches: dict[str, Any] | None
 
 
-_NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
+_NO_AP_INTERVALS = _APIntervals(None, None, None, [], [], {}, None)
 
 
 def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
@@ -546,23 +547,27 @@ def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
         name: _class_matches(evaluation, [at_50], labels.index(name))[0] for name in SIZE_BUCKETS
     }
     thresholds = np.asarray(params.recThrs, dtype=np.float64)
-    class_samples, ap_samples, ap75_samples = [], [], []
+    class_samples, class_ap_samples, ap_samples, ap75_samples = [], [], [], []
     mean_samples: dict[str, list[np.ndarray]] = {label: [] for label in labels}
     for weights in bootstrap_weights(images):
         every_iou = np.stack([weighted_class_ap(found, weights, thresholds) for found in by_iou])
         class_samples.append(every_iou[at_50])  # [K, resamples]
+        class_ap_samples.append(every_iou.mean(axis=0))
         mean_samples["all"].append(class_mean(every_iou[at_50]))
-        ap_samples.append(class_mean(every_iou.mean(axis=0)))
+        ap_samples.append(class_mean(class_ap_samples[-1]))
         ap75_samples.append(class_mean(every_iou[at_75]))
         for name, classes in by_bucket.items():
             mean_samples[name].append(class_mean(weighted_class_ap(classes, weights, thresholds)))
     by_class = np.concatenate(class_samples, axis=1)
+    by_class_ap = np.concatenate(class_ap_samples, axis=1)
     intervals = {
         label: _interval_of(np.concatenate(mean_samples[label]), images) for label in labels
     }
     per_class: list[dict[str, Any] | None] = [None] * len(params.catIds)
+    per_class_ap: list[dict[str, Any] | None] = [None] * len(params.catIds)
     for k, category_id in enumerate(params.catIds):
         per_class[category_id - 1] = _interval_of(by_class[k], images)
+        per_class_ap[category_id - 1] = _interval_of(by_class_ap[k], images)
     kept = {
         "image_ids": [int(image_id) for image_id in params.imgIds],
         "classes": [
@@ -575,6 +580,7 @@ def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
         ap=_interval_of(np.concatenate(ap_samples), images),
         ap75=_interval_of(np.concatenate(ap75_samples), images),
         per_class=per_class,
+        per_class_ap=per_class_ap,
         size_buckets={name: intervals[name] for name in SIZE_BUCKETS},
         matches=kept,
     )
@@ -663,6 +669,7 @@ def coco_ap(
         ap: Sequence[float | None],
         ap50: Sequence[float | None],
         intervals: Sequence[dict[str, Any] | None] = (),
+        ap_intervals: Sequence[dict[str, Any] | None] = (),
     ) -> list[dict[str, Any]]:
         return [
             {
@@ -670,6 +677,7 @@ def coco_ap(
                 "name": class_names[c],
                 "num_gt": int(gt_per_class[c]),
                 "ap": ap[c],
+                "ap_interval": ap_intervals[c] if ap_intervals else None,
                 "ap50": ap50[c],
                 "ap50_interval": intervals[c] if intervals else None,
             }
@@ -775,7 +783,7 @@ def coco_ap(
         "ap50_matches": intervals.matches,
         "ap75": float(stats[2]),
         "ap75_interval": intervals.ap75,
-        "per_class": per_class(ap, ap50, intervals.per_class),
+        "per_class": per_class(ap, ap50, intervals.per_class, intervals.per_class_ap),
         "size_buckets": buckets(
             bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals.size_buckets
         ),
@@ -993,6 +1001,7 @@ class Evaluator:
                 "name": self.class_names[c],
                 "num_gt": counts["per_class"][c]["num_gt"],
                 "ap": coco["per_class"][c]["ap"],
+                "ap_interval": coco["per_class"][c]["ap_interval"],
                 "ap50": coco["per_class"][c]["ap50"],
                 "ap50_interval": coco["per_class"][c]["ap50_interval"],
                 "precision": counts["per_class"][c]["precision"],

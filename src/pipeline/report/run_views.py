@@ -146,6 +146,7 @@ def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
                         "ap50": row.get("ap50"),
                         "ap50_interval": row.get("ap50_interval"),
                         "ap": row.get("ap"),
+                        "ap_interval": row.get("ap_interval"),
                     }
                     for row in cells
                 ],
