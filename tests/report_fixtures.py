@@ -311,7 +311,11 @@ def size_buckets(f1: float, intervals: bool = False) -> dict[str, Any]:
             "ap50": ap50,
             "ap50_interval": ap_interval(ap50, 0.04) if intervals and ap50 is not None else None,
             "ap": ap,
+            "ap_interval": ap_interval(ap, 0.03) if intervals and ap is not None else None,
             "recall": recall,
+            "recall_interval": ap_interval(recall, 0.05)
+            if intervals and recall is not None
+            else None,
             "per_class": [
                 {"label": label, "name": name, "num_gt": count, "ap50": ap50 if count else None}
                 for label, (name, count) in enumerate(zip(CLASS_NAMES, counts, strict=True))

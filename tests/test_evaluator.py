@@ -382,12 +382,14 @@ def test_ap_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> N
         else:
             assert row["ap50_interval"]["low"] == pytest.approx(row["ap50"], abs=1e-12)
             assert row["ap50_interval"]["high"] == pytest.approx(row["ap50"], abs=1e-12)
-    for row in ap["per_class"]:  # and each class's AP@[.5:.95]
-        if row["ap"] is None:
-            assert row["ap_interval"] is None
+    for row, name in [(row, "ap") for row in rows] + [
+        (row, "recall") for row in ap["size_buckets"].values()
+    ]:  # and each class's and bucket's AP@[.5:.95], each bucket's recall
+        if row[name] is None:
+            assert row[f"{name}_interval"] is None
         else:
-            assert row["ap_interval"]["low"] == pytest.approx(row["ap"], abs=1e-12)
-            assert row["ap_interval"]["high"] == pytest.approx(row["ap"], abs=1e-12)
+            assert row[f"{name}_interval"]["low"] == pytest.approx(row[name], abs=1e-12)
+            assert row[f"{name}_interval"]["high"] == pytest.approx(row[name], abs=1e-12)
 
 
 def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> None:
@@ -404,7 +406,8 @@ def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> No
     unasked = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
     assert unasked["ap50_interval"] is unasked["ap_interval"] is unasked["ap75_interval"] is None
     assert all(row["ap50_interval"] is row["ap_interval"] is None for row in unasked["per_class"])
-    assert all(row["ap50_interval"] is None for row in unasked["size_buckets"].values())
+    for row in unasked["size_buckets"].values():
+        assert row["ap50_interval"] is row["ap_interval"] is row["recall_interval"] is None
 
 
 def test_a_bucket_whose_mean_turns_on_two_objects_gets_a_wide_interval() -> None:
@@ -424,6 +427,11 @@ def test_a_bucket_whose_mean_turns_on_two_objects_gets_a_wide_interval() -> None
     assert medium["ap50"] == pytest.approx(0.5)
     assert medium["ap50_interval"]["low"] == pytest.approx(0.5)
     assert medium["ap50_interval"]["high"] == pytest.approx(1.0)
+    assert medium["ap_interval"]["high"] == pytest.approx(1.0)  # exact boxes: AP@.5 = AP here
+    # recall pools the objects: 40 of 42 found, and resamples move it only a little
+    assert medium["recall"] == pytest.approx(40 / 42)
+    assert 0.85 < medium["recall_interval"]["low"] < 40 / 42 < medium["recall_interval"]["high"]
+    assert medium["recall_interval"]["high"] == pytest.approx(1.0)
     class_a, class_b = ap["per_class"]
     assert class_a["ap50_interval"]["low"] == class_a["ap50_interval"]["high"] == 1.0
     assert class_a["ap_interval"]["low"] == class_a["ap_interval"]["high"] == 1.0  # exact boxes
@@ -469,7 +477,9 @@ def test_bucket_recall_counts_detections_at_the_score_threshold_and_ap_counts_ev
         "ap50": None,
         "ap50_interval": None,
         "ap": None,
+        "ap_interval": None,
         "recall": None,
+        "recall_interval": None,
         "per_class": [{"label": 0, "name": "a", "num_gt": 0, "ap50": None}],
     }
 
@@ -506,7 +516,9 @@ def test_size_buckets_without_detections_are_zero_and_without_ground_truth_none(
             "ap50": 0.0,
             "ap50_interval": None,
             "ap": 0.0,
+            "ap_interval": None,
             "recall": 0.0,
+            "recall_interval": None,
             "per_class": [{"label": 0, "name": "a", "num_gt": 1, "ap50": 0.0}],
         }
         assert buckets["medium"]["ap50"] is None and buckets["large"]["recall"] is None

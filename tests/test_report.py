@@ -478,6 +478,8 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
         num_gt=302,
         ap50=0.55,
         ap50_interval={**ap_interval(0.55, 0.0), "high": 0.98},
+        ap_interval=None,  # as an older file has none: the figure alone
+        recall_interval=ap_interval(0.9, 0.02),
         per_class=[
             {"label": 0, "name": "circle", "num_gt": 300, "ap50": 0.98},
             {"label": 1, "name": "ring", "num_gt": 2, "ap50": 0.12},
@@ -485,6 +487,9 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
         ],
     )
     text = evaluation_section(results, document)
-    assert "0.550 (0.550–0.980) / 0.450 / 0.900 (302) ring: 2 objects, AP@.5 0.120" in text
+    assert (
+        "0.550 (0.550–0.980) / 0.450 / 0.900 (0.880–0.920) (302) ring: 2 objects, AP@.5 0.120"
+        in text
+    )
     assert "circle: 300" not in text and "star:" not in text
     assert "fewer than 10 objects in a bucket is named under its figures" in text

@@ -400,16 +400,18 @@ def _bucket_rows(
     class_counts: Sequence[Mapping[str, int]],
     class_ap50: Mapping[str, Sequence[float | None]],
     class_names: Sequence[str],
-    ap50_intervals: Mapping[str, dict[str, Any] | None],
+    intervals: _APIntervals,
 ) -> dict[str, dict[str, Any]]:
     return {
         name: {
             "range_px": [lower, upper],
             "num_gt": counts[name],
             "ap50": ap50[name],
-            "ap50_interval": ap50_intervals.get(name),
+            "ap50_interval": intervals.size_buckets.get(name),
             "ap": ap[name],
+            "ap_interval": intervals.size_bucket_ap.get(name),
             "recall": recall[name],
+            "recall_interval": intervals.size_bucket_recall.get(name),
             "per_class": [
                 {
                     "label": c,
@@ -450,23 +452,41 @@ def _evaluated_images(evaluation: Any, area_index: int) -> Iterator[tuple[int, i
             yield k, i, image
 
 
-def _recall_at(evaluation: Any, area_index: int, iou_index: int, score_threshold: float) -> float:
-    """Recall of one area range at one IoU, counting matches by detections scoring >= threshold.
+@dataclass(frozen=True)
+class _RecallCounts:
+    """Per image (a position in the image list), the objects of one area range found at one
+    IoU by detections scoring >= the threshold, and the objects that count there."""
+
+    found: np.ndarray  # int64 [I]
+    total: np.ndarray  # int64 [I]
+
+    @property
+    def recall(self) -> float:
+        return _ratio(int(self.found.sum()), int(self.total.sum()))
+
+
+def _recall_counts(
+    evaluation: Any, area_index: int, iou_index: int, score_threshold: float
+) -> _RecallCounts:
+    """Recall's counts in one area range at one IoU, matches counted by detections scoring >=
+    the threshold.
 
     COCOeval matches greedily in descending score, so a detection's match never depends on
     lower-scored ones: the matches of the kept detections are those of the full matching.
     """
-    found = total = 0
-    for _, _, image in _evaluated_images(evaluation, area_index):
+    num_images = len(evaluation.params.imgIds)
+    found = np.zeros(num_images, dtype=np.int64)
+    total = np.zeros(num_images, dtype=np.int64)
+    for _, i, image in _evaluated_images(evaluation, area_index):
         wanted = ~np.asarray(image["gtIgnore"], dtype=bool)
         score_of = dict(zip(image["dtIds"], image["dtScores"], strict=True))
         matched = [
             score_of.get(int(dt_id), -1.0) >= score_threshold
             for dt_id in np.asarray(image["gtMatches"])[iou_index]
         ]
-        found += int((np.asarray(matched, dtype=bool) & wanted).sum())
-        total += int(wanted.sum())
-    return _ratio(found, total)
+        found[i] += int((np.asarray(matched, dtype=bool) & wanted).sum())
+        total[i] += int(wanted.sum())
+    return _RecallCounts(found, total)
 
 
 def _class_matches(
@@ -509,9 +529,9 @@ def _class_matches(
 
 @dataclass(frozen=True)
 class _APIntervals:
-    """95% intervals over the images: of AP@.5 (the whole split's, each class's and each size
-    bucket's), AP@[.5:.95] (the whole split's and each class's) and AP@.75; None where no
-    resample drew an object of what it measures. `matches` is pycocotools' matches at IoU 0.5, as the eval JSON keeps them
+    """95% intervals over the images: of AP@.5 and AP@[.5:.95] (the whole split's, each
+    class's and each size bucket's), AP@.75, and each size bucket's recall at the score
+    threshold; None where no resample drew an object of what it measures. `matches` is pycocotools' matches at IoU 0.5, as the eval JSON keeps them
     (`metrics.ap50_matches`), so that the report can pair two runs' AP@.5 image by image."""
 
     ap50: dict[str, Any] | None
@@ -520,10 +540,12 @@ class _APIntervals:
     per_class: list[dict[str, Any] | None]
     per_class_ap: list[dict[str, Any] | None]
     size_buckets: dict[str, dict[str, Any] | None]
+    size_bucket_ap: dict[str, dict[str, Any] | None]
+    size_bucket_recall: dict[str, dict[str, Any] | None]
     matches: dict[str, Any] | None
 
 
-_NO_AP_INTERVALS = _APIntervals(None, None, None, [], [], {}, None)
+_NO_AP_INTERVALS = _APIntervals(None, None, None, [], [], {}, {}, {}, None)
 
 
 def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
@@ -533,7 +555,9 @@ def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
     return bootstrap_interval(finite, images, IMAGES_METHOD + ", pycocotools' matches reweighed")
 
 
-def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
+def _ap_intervals(
+    evaluation: Any, at_50: int, at_75: int, recall: Mapping[str, _RecallCounts]
+) -> _APIntervals:
     """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
     matches kept: a resample reweighs images, it does not match again. Every figure is read
     from the same resamples. A class's or a bucket's interval is over the resamples that drew
@@ -541,28 +565,35 @@ def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
     as pycocotools averages it, the mean over classes of each class's mean over the IoUs."""
     params = evaluation.params
     labels, images = list(params.areaRngLbl), len(params.imgIds)
-    # every IoU threshold in the area range "all"; IoU 0.5 alone in each size bucket
-    by_iou = _class_matches(evaluation, range(len(params.iouThrs)), labels.index("all"))
-    by_bucket = {
-        name: _class_matches(evaluation, [at_50], labels.index(name))[0] for name in SIZE_BUCKETS
-    }
+    # every IoU threshold, in the area range "all" and in each size bucket
+    every = range(len(params.iouThrs))
+    by_iou = {label: _class_matches(evaluation, every, labels.index(label)) for label in labels}
     thresholds = np.asarray(params.recThrs, dtype=np.float64)
-    class_samples, class_ap_samples, ap_samples, ap75_samples = [], [], [], []
-    mean_samples: dict[str, list[np.ndarray]] = {label: [] for label in labels}
+    class_samples, class_ap_samples, ap75_samples = [], [], []
+    mean_samples: dict[str, list[np.ndarray]] = {label: [] for label in labels}  # AP@.5
+    ap_samples: dict[str, list[np.ndarray]] = {label: [] for label in labels}  # AP@[.5:.95]
+    recall_samples: dict[str, list[np.ndarray]] = {name: [] for name in recall}
     for weights in bootstrap_weights(images):
-        every_iou = np.stack([weighted_class_ap(found, weights, thresholds) for found in by_iou])
-        class_samples.append(every_iou[at_50])  # [K, resamples]
-        class_ap_samples.append(every_iou.mean(axis=0))
-        mean_samples["all"].append(class_mean(every_iou[at_50]))
-        ap_samples.append(class_mean(class_ap_samples[-1]))
-        ap75_samples.append(class_mean(every_iou[at_75]))
-        for name, classes in by_bucket.items():
-            mean_samples[name].append(class_mean(weighted_class_ap(classes, weights, thresholds)))
+        for label, found_by_iou in by_iou.items():
+            every_iou = np.stack(  # [T, K, resamples]
+                [weighted_class_ap(found, weights, thresholds) for found in found_by_iou]
+            )
+            mean_samples[label].append(class_mean(every_iou[at_50]))
+            ap_samples[label].append(class_mean(every_iou.mean(axis=0)))
+            if label == "all":
+                class_samples.append(every_iou[at_50])
+                class_ap_samples.append(every_iou.mean(axis=0))
+                ap75_samples.append(class_mean(every_iou[at_75]))
+        for name, counts in recall.items():
+            found, total = (weights @ counts.found).astype(float), weights @ counts.total
+            with np.errstate(invalid="ignore", divide="ignore"):
+                recall_samples[name].append(np.where(total > 0, found / total, np.nan))
     by_class = np.concatenate(class_samples, axis=1)
     by_class_ap = np.concatenate(class_ap_samples, axis=1)
-    intervals = {
-        label: _interval_of(np.concatenate(mean_samples[label]), images) for label in labels
-    }
+    intervals, ap_intervals = (
+        {label: _interval_of(np.concatenate(samples[label]), images) for label in labels}
+        for samples in (mean_samples, ap_samples)
+    )
     per_class: list[dict[str, Any] | None] = [None] * len(params.catIds)
     per_class_ap: list[dict[str, Any] | None] = [None] * len(params.catIds)
     for k, category_id in enumerate(params.catIds):
@@ -572,16 +603,21 @@ def _ap_intervals(evaluation: Any, at_50: int, at_75: int) -> _APIntervals:
         "image_ids": [int(image_id) for image_id in params.imgIds],
         "classes": [
             found.as_document(category_id - 1)
-            for category_id, found in zip(params.catIds, by_iou[at_50], strict=True)
+            for category_id, found in zip(params.catIds, by_iou["all"][at_50], strict=True)
         ],
     }
     return _APIntervals(
         ap50=intervals["all"],
-        ap=_interval_of(np.concatenate(ap_samples), images),
+        ap=ap_intervals["all"],
         ap75=_interval_of(np.concatenate(ap75_samples), images),
         per_class=per_class,
         per_class_ap=per_class_ap,
         size_buckets={name: intervals[name] for name in SIZE_BUCKETS},
+        size_bucket_ap={name: ap_intervals[name] for name in SIZE_BUCKETS},
+        size_bucket_recall={
+            name: _interval_of(np.concatenate(found), images)
+            for name, found in recall_samples.items()
+        },
         matches=kept,
     )
 
@@ -599,11 +635,12 @@ def coco_ap(
 
     `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
     and class). With `ap_intervals`, `ap_interval`, `ap50_interval` and `ap75_interval` are
-    their 95% intervals over the images, and each class and size bucket has its AP@.5's
-    interval too, from the same resamples (seconds per 500 images on a CPU, so the evaluate
-    stage asks for them and validation during training does not), and `ap50_matches` holds
-    pycocotools' matches at IoU 0.5 (`stats.ClassMatches`); else they are None. Per-class AP is None for a class without ground
-    truth (pycocotools' -1).
+    their 95% intervals over the images, each class and size bucket has its AP@.5's and
+    AP@[.5:.95]'s intervals too, and each size bucket its recall's, from the same resamples
+    (seconds per 500 images on a CPU, so the evaluate stage asks for them and validation
+    during training does not), and `ap50_matches` holds pycocotools' matches at IoU 0.5
+    (`stats.ClassMatches`); else they are None. Per-class AP is None for a class without
+    ground truth (pycocotools' -1).
     Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
     lets a detection on them count against.
     With no detections every AP is 0; with no ground truth at all AP is undefined and
@@ -695,7 +732,7 @@ def coco_ap(
         ap: Mapping[str, float | None],
         recall: Mapping[str, float | None],
         class_ap50: Mapping[str, Sequence[float | None]],
-        intervals: Mapping[str, dict[str, Any] | None],
+        intervals: _APIntervals,
     ) -> dict[str, dict[str, Any]]:
         return _bucket_rows(
             counts, ap50, ap, recall, class_counts, class_ap50, class_names, intervals
@@ -717,7 +754,7 @@ def coco_ap(
             "ap75": 0.0,
             "ap75_interval": None,
             "per_class": per_class(zeros, zeros),
-            "size_buckets": buckets(empty, empty, empty, empty_per_class, {}),
+            "size_buckets": buckets(empty, empty, empty, empty_per_class, _NO_AP_INTERVALS),
         }
 
     from pycocotools.coco import COCO  # imported here: only evaluation needs it
@@ -760,6 +797,7 @@ def coco_ap(
     bucket_ap50: dict[str, float | None] = {}
     bucket_ap: dict[str, float | None] = {}
     bucket_recall: dict[str, float | None] = {}
+    recall_counts: dict[str, _RecallCounts] = {}
     bucket_class_ap50: dict[str, list[float | None]] = {}
     for name in SIZE_BUCKETS:
         area = params.areaRngLbl.index(name)
@@ -771,10 +809,13 @@ def coco_ap(
             continue
         bucket_ap50[name] = float(values[at_50][:, present].mean())
         bucket_ap[name] = float(values[:, :, present].mean())
-        bucket_recall[name] = _recall_at(evaluation, area, at_50, score_threshold)
+        recall_counts[name] = _recall_counts(evaluation, area, at_50, score_threshold)
+        bucket_recall[name] = recall_counts[name].recall
     stats = evaluation.stats
     at_75 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.75)))
-    intervals = _ap_intervals(evaluation, at_50, at_75) if ap_intervals else _NO_AP_INTERVALS
+    intervals = (
+        _ap_intervals(evaluation, at_50, at_75, recall_counts) if ap_intervals else _NO_AP_INTERVALS
+    )
     return {
         "ap": float(stats[0]),
         "ap_interval": intervals.ap,
@@ -785,7 +826,7 @@ def coco_ap(
         "ap75_interval": intervals.ap75,
         "per_class": per_class(ap, ap50, intervals.per_class, intervals.per_class_ap),
         "size_buckets": buckets(
-            bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals.size_buckets
+            bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals
         ),
     }
 
