@@ -407,11 +407,9 @@ def _bucket_rows(
             "range_px": [lower, upper],
             "num_gt": counts[name],
             "ap50": ap50[name],
-            "ap50_interval": intervals.size_buckets.get(name),
             "ap": ap[name],
-            "ap_interval": intervals.size_bucket_ap.get(name),
             "recall": recall[name],
-            "recall_interval": intervals.size_bucket_recall.get(name),
+            **intervals.of_bucket(name),
             "per_class": [
                 {
                     "label": c,
@@ -527,25 +525,33 @@ def _class_matches(
     return by_iou
 
 
+_CLASS_INTERVALS = ("ap50_interval", "ap_interval")  # each class's, keyed as the eval JSON
+_BUCKET_INTERVALS = ("ap50_interval", "ap_interval", "recall_interval")  # each size bucket's
+
+
 @dataclass(frozen=True)
 class _APIntervals:
     """95% intervals over the images: of AP@.5 and AP@[.5:.95] (the whole split's, each
     class's and each size bucket's), AP@.75, and each size bucket's recall at the score
-    threshold; None where no resample drew an object of what it measures. `matches` is pycocotools' matches at IoU 0.5, as the eval JSON keeps them
-    (`metrics.ap50_matches`), so that the report can pair two runs' AP@.5 image by image."""
+    threshold; None where no resample drew an object of what it measures. `matches` is
+    pycocotools' matches at IoU 0.5, as the eval JSON keeps them (`metrics.ap50_matches`),
+    so that the report can pair two runs' AP@.5 image by image."""
 
     ap50: dict[str, Any] | None
     ap: dict[str, Any] | None
     ap75: dict[str, Any] | None
-    per_class: list[dict[str, Any] | None]
-    per_class_ap: list[dict[str, Any] | None]
-    size_buckets: dict[str, dict[str, Any] | None]
-    size_bucket_ap: dict[str, dict[str, Any] | None]
-    size_bucket_recall: dict[str, dict[str, Any] | None]
+    per_class: list[dict[str, dict[str, Any] | None]]  # by class label, _CLASS_INTERVALS
+    size_buckets: dict[str, dict[str, dict[str, Any] | None]]  # by bucket, _BUCKET_INTERVALS
     matches: dict[str, Any] | None
 
+    def of_class(self, label: int) -> dict[str, dict[str, Any] | None]:
+        return self.per_class[label] if self.per_class else dict.fromkeys(_CLASS_INTERVALS)
 
-_NO_AP_INTERVALS = _APIntervals(None, None, None, [], [], {}, {}, {}, None)
+    def of_bucket(self, name: str) -> dict[str, dict[str, Any] | None]:
+        return self.size_buckets.get(name) or dict.fromkeys(_BUCKET_INTERVALS)
+
+
+_NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
 
 
 def _interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
@@ -594,11 +600,12 @@ def _ap_intervals(
         {label: _interval_of(np.concatenate(samples[label]), images) for label in labels}
         for samples in (mean_samples, ap_samples)
     )
-    per_class: list[dict[str, Any] | None] = [None] * len(params.catIds)
-    per_class_ap: list[dict[str, Any] | None] = [None] * len(params.catIds)
+    per_class: list[dict[str, dict[str, Any] | None]] = [{}] * len(params.catIds)
     for k, category_id in enumerate(params.catIds):
-        per_class[category_id - 1] = _interval_of(by_class[k], images)
-        per_class_ap[category_id - 1] = _interval_of(by_class_ap[k], images)
+        per_class[category_id - 1] = {
+            "ap50_interval": _interval_of(by_class[k], images),
+            "ap_interval": _interval_of(by_class_ap[k], images),
+        }
     kept = {
         "image_ids": [int(image_id) for image_id in params.imgIds],
         "classes": [
@@ -611,12 +618,15 @@ def _ap_intervals(
         ap=ap_intervals["all"],
         ap75=_interval_of(np.concatenate(ap75_samples), images),
         per_class=per_class,
-        per_class_ap=per_class_ap,
-        size_buckets={name: intervals[name] for name in SIZE_BUCKETS},
-        size_bucket_ap={name: ap_intervals[name] for name in SIZE_BUCKETS},
-        size_bucket_recall={
-            name: _interval_of(np.concatenate(found), images)
-            for name, found in recall_samples.items()
+        size_buckets={
+            name: {
+                "ap50_interval": intervals[name],
+                "ap_interval": ap_intervals[name],
+                "recall_interval": _interval_of(np.concatenate(recall_samples[name]), images)
+                if name in recall_samples
+                else None,
+            }
+            for name in SIZE_BUCKETS
         },
         matches=kept,
     )
@@ -703,10 +713,7 @@ def coco_ap(
             )
 
     def per_class(
-        ap: Sequence[float | None],
-        ap50: Sequence[float | None],
-        intervals: Sequence[dict[str, Any] | None] = (),
-        ap_intervals: Sequence[dict[str, Any] | None] = (),
+        ap: Sequence[float | None], ap50: Sequence[float | None], intervals: _APIntervals
     ) -> list[dict[str, Any]]:
         return [
             {
@@ -714,9 +721,8 @@ def coco_ap(
                 "name": class_names[c],
                 "num_gt": int(gt_per_class[c]),
                 "ap": ap[c],
-                "ap_interval": ap_intervals[c] if ap_intervals else None,
                 "ap50": ap50[c],
-                "ap50_interval": intervals[c] if intervals else None,
+                **intervals.of_class(c),
             }
             for c in range(num_classes)
         ]
@@ -753,7 +759,7 @@ def coco_ap(
             "ap50_matches": None,
             "ap75": 0.0,
             "ap75_interval": None,
-            "per_class": per_class(zeros, zeros),
+            "per_class": per_class(zeros, zeros, _NO_AP_INTERVALS),
             "size_buckets": buckets(empty, empty, empty, empty_per_class, _NO_AP_INTERVALS),
         }
 
@@ -824,7 +830,7 @@ def coco_ap(
         "ap50_matches": intervals.matches,
         "ap75": float(stats[2]),
         "ap75_interval": intervals.ap75,
-        "per_class": per_class(ap, ap50, intervals.per_class, intervals.per_class_ap),
+        "per_class": per_class(ap, ap50, intervals),
         "size_buckets": buckets(
             bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals
         ),
