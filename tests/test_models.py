@@ -98,6 +98,21 @@ def test_resnet18_builds_without_downloading_and_outputs_stride_4_maps(
     assert outputs["box"].shape == (1, 4 * NUM_CLASSES, 16, 16)
 
 
+@pytest.mark.parametrize("name", ["tiny_conv", "resnet18"])
+def test_the_box_map_adds_the_coarse_box_heads_stride_16_output_upsampled_to_stride_4(
+    no_downloads: None, name: str
+) -> None:
+    """The coarse head is part of every box the model gives: decoding and the loss read its
+    sum with the stride-4 head, not the stride-4 head alone."""
+    model = build_model(name, NUM_CLASSES, "single").eval()
+    batch = images(1, 64)
+    with torch.no_grad():
+        before = model(batch)["box"]
+        model.coarse_box_head[-1].bias.fill_(0.25)  # a constant shift of every cell's coarse box
+        after = model(batch)["box"]
+    torch.testing.assert_close(after - before, torch.full_like(before, 0.25))
+
+
 def test_uint8_and_unit_float_images_give_the_same_outputs() -> None:
     model = tiny().eval()
     batch = images(1, 32)
@@ -314,7 +329,7 @@ def test_build_from_config_passes_the_tiny_conv_options_to_tiny_conv_only(
 
 
 def test_max_stride_16_builds_the_earlier_tiny_conv_module_for_module() -> None:
-    """The architecture before max_stride existed: strides 4 to 16, nothing else."""
+    """The backbone and neck before max_stride existed: strides 4 to 16, nothing else."""
     names = set(build_model("tiny_conv", NUM_CLASSES, width=8, max_stride=16).state_dict())
     stages = {name.split(".")[1] for name in names if name.startswith("backbone.")}
     assert stages == {"stem", "stage4", "stage8", "stage16"}

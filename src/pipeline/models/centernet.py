@@ -7,6 +7,13 @@ sits a cell or two from the outer one's centre, and with one box per cell the bo
 jump from the inner box to the outer one between neighbouring cells; it blended them, and large
 objects came out with their hole's box.
 
+The box map is the stride-4 box head's output plus a coarse box head's, computed on the neck's
+stride-16 features and upsampled: at a large object's centre the stride-4 features are
+dominated by what lies there (a dot in a ring's hole made the ring's box the hole's), while a
+stride-16 cell sees the object whole. It costs 0.5% of tiny_conv's training FLOPs; on the
+multi-scale preset it found 92% of the large rings with a dot in their hole instead of 70%
+(README, "Objects of every size").
+
 Decoding keeps heatmap peaks (3x3 max-pool test) and the top K: no NMS. The box branch is
 trained densely around each centre (TTFNet-style), which converges far faster than
 supervising the centre cell alone: on a CPU, training time is the budget.
@@ -106,25 +113,31 @@ class ResNetBackbone(nn.Module):
 
 
 class TopDownNeck(nn.Module):
-    """Brings the coarse, wide-context features back to stride 4 (an FPN top-down path)."""
+    """Brings the coarse, wide-context features back to stride 4 (an FPN top-down path); the
+    path's stride-16 sum is returned too, for the coarse box head."""
 
     def __init__(self, channels: tuple[int, ...], out_channels: int) -> None:
         super().__init__()
         self.lateral = nn.ModuleList(nn.Conv2d(c, out_channels, 1) for c in channels)
         self.smooth = conv_bn(out_channels, out_channels)
 
-    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+    def forward(self, features: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stride-4 features, the top-down path at stride 16)."""
         x = self.lateral[-1](features[-1])
+        coarse = x
         for feature, lateral in zip(
             reversed(features[:-1]), reversed(self.lateral[:-1]), strict=True
         ):
             x = F.interpolate(x, size=feature.shape[-2:], mode="nearest") + lateral(feature)
-        return self.smooth(x)
+            if feature is features[2]:  # stride 16: every backbone's third level
+                coarse = x
+        return self.smooth(x), coarse
 
 
 class CenterNet(nn.Module):
-    """Backbone + neck + two heads: class heatmap logits, and per class a box (dx, dy, log w,
-    log h) per cell: box channels 4c to 4c+3 are class c's."""
+    """Backbone + neck + heads: class heatmap logits, and per class a box (dx, dy, log w,
+    log h) per cell, the sum of a stride-4 and an upsampled stride-16 box head: box channels
+    4c to 4c+3 are class c's."""
 
     def __init__(
         self, backbone: nn.Module, num_classes: int, label_mode: str, neck_channels: int
@@ -144,6 +157,9 @@ class CenterNet(nn.Module):
         self.box_head = nn.Sequential(
             conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4 * num_classes, 1)
         )
+        self.coarse_box_head = nn.Sequential(
+            conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4 * num_classes, 1)
+        )
         self.register_buffer("mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
         self._init_heads()
@@ -155,15 +171,19 @@ class CenterNet(nn.Module):
         if self.label_mode == "single":
             with torch.no_grad():
                 last.bias[-1] = 4.6  # background starts likely
-        nn.init.zeros_(self.box_head[-1].weight)
-        nn.init.zeros_(self.box_head[-1].bias)
+        for head in (self.box_head, self.coarse_box_head):
+            nn.init.zeros_(head[-1].weight)
+            nn.init.zeros_(head[-1].bias)
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """images: uint8 [B,3,H,W] (or float in [0, 1]); H and W divisible by the backbone's stride."""
         x = images.float() / 255.0 if images.dtype == torch.uint8 else images
         x = (x - self.mean) / self.std
-        features = self.neck(self.backbone(x))
-        return {"heatmap": self.heatmap_head(features), "box": self.box_head(features)}
+        features, coarse = self.neck(self.backbone(x))
+        box = self.box_head(features) + F.interpolate(
+            self.coarse_box_head(coarse), size=features.shape[-2:], mode="bilinear"
+        )
+        return {"heatmap": self.heatmap_head(features), "box": box}
 
     def class_probs(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-class probabilities [B,C,h,w]: sigmoid (multilabel) or softmax without background (single)."""
@@ -208,7 +228,7 @@ def tiny_conv(
     num_classes: int, label_mode: str, width: int = 32, max_stride: int = 32
 ) -> CenterNet:
     """max_stride 32: a stride-32 stage for objects up to most of the input; 16: the earlier
-    tiny_conv, module for module (objects up to about 50 px)."""
+    tiny_conv's backbone and neck (objects up to about 50 px)."""
     if max_stride not in (16, 32):
         raise ValueError(f"tiny_conv's max_stride must be 16 or 32, got {max_stride!r}")
     return CenterNet(TinyBackbone(width, max_stride), num_classes, label_mode, neck_channels=width)
