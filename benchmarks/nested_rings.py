@@ -20,10 +20,11 @@ import json
 import math
 
 import torch
-from torchvision.ops import box_iou
+from torchvision.ops import box_area, box_iou
 
-LARGE_PX = 64.0  # the large bucket's lower edge (size = square root of the box area)
-MEDIUM_PX = 16.0
+from pipeline.engine.evaluator import SIZE_BUCKETS
+
+MEDIUM_PX, LARGE_PX = SIZE_BUCKETS["medium"]  # the size buckets' edges (square root of the area)
 DOT_PX = 20.0
 NEAR_CENTRE_PX = 10.0
 SCORE_FOUND = 0.4
@@ -35,13 +36,20 @@ def _centres(boxes: torch.Tensor) -> torch.Tensor:
 
 
 def _sides(boxes: torch.Tensor) -> torch.Tensor:
-    return ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).clamp(min=0).sqrt()
+    return box_area(boxes).clamp(min=0).sqrt()
+
+
+def _best_iou(boxes: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """Each box's highest IoU with any of others (0 where there are none)."""
+    if others.shape[0] == 0:
+        return boxes.new_zeros(boxes.shape[0])
+    return box_iou(boxes, others).amax(dim=1)
 
 
 def measure(predictions: dict) -> dict[str, float]:
     ring = predictions["class_names"].index("ring")
     best_iou = {"dotted": [], "plain": []}
-    false_positives, inside = [], 0
+    false_positives = inside = 0
     for image in predictions["images"]:
         truth, found = image["ground_truth"], image["detections"]
         gt_boxes = torch.tensor(truth["boxes"], dtype=torch.float64).reshape(-1, 4)
@@ -50,23 +58,21 @@ def measure(predictions: dict) -> dict[str, float]:
         scores = torch.tensor(found["scores"], dtype=torch.float64)
         is_ring = torch.tensor(found["labels"], dtype=torch.long) == ring
         rings = gt_boxes[gt_labels == ring]
-        others = gt_boxes[(gt_labels != ring) & (_sides(gt_boxes) < DOT_PX)]
-        confident = boxes[is_ring & (scores >= SCORE_FOUND)]
-        ious = box_iou(rings, confident)
-        best = ious.amax(dim=1) if confident.shape[0] else torch.zeros(rings.shape[0])
-        near = torch.cdist(_centres(rings), _centres(others)) < NEAR_CENTRE_PX
-        dotted = near.any(dim=1) if others.shape[0] else torch.zeros(rings.shape[0], dtype=bool)
+        dots = gt_boxes[(gt_labels != ring) & (_sides(gt_boxes) < DOT_PX)]
+        best = _best_iou(rings, boxes[is_ring & (scores >= SCORE_FOUND)])
+        dotted = (torch.cdist(_centres(rings), _centres(dots)) < NEAR_CENTRE_PX).any(dim=1)
         for index in torch.nonzero(_sides(rings) > LARGE_PX).flatten().tolist():
             best_iou["dotted" if dotted[index] else "plain"].append(best[index].item())
-        candidates = is_ring & (scores >= SCORE_FALSE_POSITIVE)
         sides = _sides(boxes)
-        candidates &= (sides >= MEDIUM_PX) & (sides < LARGE_PX)
-        for box, score in zip(boxes[candidates], scores[candidates], strict=True):
-            if rings.shape[0] and box_iou(box[None], rings).max() >= 0.5:
-                continue
-            false_positives.append(score.item())
-            cx, cy = _centres(box[None])[0].tolist()
-            inside += any(x1 <= cx <= x2 and y1 <= cy <= y2 for x1, y1, x2, y2 in rings.tolist())
+        medium = boxes[
+            is_ring & (scores >= SCORE_FALSE_POSITIVE) & (sides >= MEDIUM_PX) & (sides < LARGE_PX)
+        ]
+        unmatched = _centres(medium[_best_iou(medium, rings) < 0.5])
+        false_positives += unmatched.shape[0]
+        within = (unmatched[:, None] >= rings[None, :, :2]) & (
+            unmatched[:, None] <= rings[None, :, 2:]
+        )
+        inside += int(within.all(dim=2).any(dim=1).sum())
     result = {}
     for kind, values in best_iou.items():
         result[f"{kind}_rings"] = len(values)
@@ -74,7 +80,7 @@ def measure(predictions: dict) -> dict[str, float]:
             sum(v >= 0.5 for v in values) / len(values) if values else math.nan
         )
         result[f"{kind}_mean_iou"] = sum(values) / len(values) if values else math.nan
-    result["medium_ring_false_positives"] = len(false_positives)
+    result["medium_ring_false_positives"] = false_positives
     result["of_them_inside_a_ring"] = inside
     return result
 

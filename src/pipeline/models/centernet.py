@@ -29,6 +29,7 @@ LABEL_MODES = ("multilabel", "single")
 STRIDE = 4
 _MEAN = (0.5, 0.5, 0.5)
 _STD = (0.25, 0.25, 0.25)
+_STRIDE_16_LEVEL = 2  # every backbone's features are at strides 4, 8, 16 (and 32)
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
@@ -125,11 +126,12 @@ class TopDownNeck(nn.Module):
         """(stride-4 features, the top-down path at stride 16)."""
         x = self.lateral[-1](features[-1])
         coarse = x
-        for feature, lateral in zip(
-            reversed(features[:-1]), reversed(self.lateral[:-1]), strict=True
-        ):
-            x = F.interpolate(x, size=feature.shape[-2:], mode="nearest") + lateral(feature)
-            if feature is features[2]:  # stride 16: every backbone's third level
+        for level in reversed(range(len(features) - 1)):
+            feature = features[level]
+            x = F.interpolate(x, size=feature.shape[-2:], mode="nearest") + self.lateral[level](
+                feature
+            )
+            if level == _STRIDE_16_LEVEL:
                 coarse = x
         return self.smooth(x), coarse
 
