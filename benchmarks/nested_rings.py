@@ -8,6 +8,9 @@ and the medium-sized ring detections (score >= 0.3) that match no ring, with how
 lie inside a ring's box. Those are what the medium bucket's rings lose to: a dot in a ring's
 hole led the box head to give the ring its hole's box. Many more objects than the medium
 bucket's handful of rings, so a change shows here before it shows in that bucket's AP.
+Then each medium ring (cut at the image's edges) itself: the score of its best ring detection
+at IoU >= 0.5, and how many medium-sized ring detections on no ring, of any score, rank above
+it in its class's AP.
 
     python -m pipeline eval --checkpoint RUN/best.pth --out RUN.json --predictions RUN_pred.json
     .venv/bin/python benchmarks/nested_rings.py RUN_pred.json
@@ -46,10 +49,17 @@ def _best_iou(boxes: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     return box_iou(boxes, others).amax(dim=1)
 
 
-def measure(predictions: dict) -> dict[str, float]:
+def _is_medium(boxes: torch.Tensor) -> torch.Tensor:
+    sides = _sides(boxes)
+    return (sides >= MEDIUM_PX) & (sides < LARGE_PX)
+
+
+def measure(predictions: dict) -> dict[str, float | list]:
     ring = predictions["class_names"].index("ring")
     best_iou = {"dotted": [], "plain": []}
     false_positives = inside = 0
+    medium_ring_scores: list[float] = []  # each medium ring's best matching ring detection
+    false_medium_scores: list[float] = []  # medium ring detections on no ring, any score
     for image in predictions["images"]:
         truth, found = image["ground_truth"], image["detections"]
         gt_boxes = torch.tensor(truth["boxes"], dtype=torch.float64).reshape(-1, 4)
@@ -63,10 +73,14 @@ def measure(predictions: dict) -> dict[str, float]:
         dotted = (torch.cdist(_centres(rings), _centres(dots)) < NEAR_CENTRE_PX).any(dim=1)
         for index in torch.nonzero(_sides(rings) > LARGE_PX).flatten().tolist():
             best_iou["dotted" if dotted[index] else "plain"].append(best[index].item())
-        sides = _sides(boxes)
-        medium = boxes[
-            is_ring & (scores >= SCORE_FALSE_POSITIVE) & (sides >= MEDIUM_PX) & (sides < LARGE_PX)
-        ]
+        ring_boxes, ring_scores = boxes[is_ring], scores[is_ring]
+        overlaps = box_iou(rings, ring_boxes)
+        for row in overlaps[_is_medium(rings)]:
+            matching = ring_scores[row >= 0.5]
+            medium_ring_scores.append(matching.max().item() if matching.numel() else 0.0)
+        on_no_ring = _is_medium(ring_boxes) & ~(overlaps >= 0.5).any(dim=0)
+        false_medium_scores += ring_scores[on_no_ring].tolist()
+        medium = boxes[is_ring & (scores >= SCORE_FALSE_POSITIVE) & _is_medium(boxes)]
         unmatched = _centres(medium[_best_iou(medium, rings) < 0.5])
         false_positives += unmatched.shape[0]
         within = (unmatched[:, None] >= rings[None, :, :2]) & (
@@ -82,6 +96,10 @@ def measure(predictions: dict) -> dict[str, float]:
         result[f"{kind}_mean_iou"] = sum(values) / len(values) if values else math.nan
     result["medium_ring_false_positives"] = false_positives
     result["of_them_inside_a_ring"] = inside
+    result["medium_ring_scores"] = medium_ring_scores
+    result["medium_ring_outranked_by"] = [
+        sum(other > score for other in false_medium_scores) for score in medium_ring_scores
+    ]
     return result
 
 
@@ -100,6 +118,13 @@ def main() -> None:
         f"medium-sized ring detections on no ring (score >= {SCORE_FALSE_POSITIVE}): "
         f"{result['medium_ring_false_positives']}, {result['of_them_inside_a_ring']} of them "
         "inside a ring's box"
+    )
+    scores = ", ".join(f"{score:.3f}" for score in result["medium_ring_scores"])
+    outranked = ", ".join(str(count) for count in result["medium_ring_outranked_by"])
+    print(
+        f"medium rings: {len(result['medium_ring_scores'])}, their best ring detection at IoU "
+        f">= 0.5 scored {scores or '-'}; medium-sized ring detections on no ring scoring higher: "
+        f"{outranked or '-'}"
     )
 
 

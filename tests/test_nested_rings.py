@@ -48,3 +48,13 @@ def test_a_low_scored_or_matching_ring_detection_is_no_false_positive() -> None:
     result = nested_rings.measure({"class_names": CLASSES, "images": [found]})
     assert result["medium_ring_false_positives"] == 0
     assert result["dotted_rings"] == result["plain_rings"] == 0
+
+
+def test_a_medium_ring_is_ranked_against_the_false_medium_rings_of_every_image() -> None:
+    ring = [0, 0, 60, 60]  # cut at the corner: medium
+    found = image([ring], [1], [[2, 0, 60, 58], [0, 0, 20, 20]], [0.3, 0.9], [1, 1])
+    missed = image([[196, 196, 256, 256]], [1], [], [], [])
+    elsewhere = image([], [], [[100, 100, 140, 140], [10, 10, 50, 50]], [0.5, 0.1], [1, 1])
+    result = nested_rings.measure({"class_names": CLASSES, "images": [found, missed, elsewhere]})
+    assert result["medium_ring_scores"] == [pytest.approx(0.3), 0.0]
+    assert result["medium_ring_outranked_by"] == [2, 3]  # by 0.9 (the corner box), 0.5; and 0.1
