@@ -80,8 +80,7 @@ def measure(predictions: dict) -> dict[str, float | list]:
             medium_ring_scores.append(matching.max().item() if matching.numel() else 0.0)
         on_no_ring = _is_medium(ring_boxes) & ~(overlaps >= 0.5).any(dim=0)
         false_medium_scores += ring_scores[on_no_ring].tolist()
-        medium = boxes[is_ring & (scores >= SCORE_FALSE_POSITIVE) & _is_medium(boxes)]
-        unmatched = _centres(medium[_best_iou(medium, rings) < 0.5])
+        unmatched = _centres(ring_boxes[on_no_ring & (ring_scores >= SCORE_FALSE_POSITIVE)])
         false_positives += unmatched.shape[0]
         within = (unmatched[:, None] >= rings[None, :, :2]) & (
             unmatched[:, None] <= rings[None, :, 2:]
