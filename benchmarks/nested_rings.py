@@ -32,6 +32,7 @@ DOT_PX = 20.0
 NEAR_CENTRE_PX = 10.0
 SCORE_FOUND = 0.4
 SCORE_FALSE_POSITIVE = 0.3
+MATCH_IOU = 0.5  # a detection on a ring, as the evaluator matches at AP@.5
 
 
 def _centres(boxes: torch.Tensor) -> torch.Tensor:
@@ -74,11 +75,11 @@ def measure(predictions: dict) -> dict[str, float | list]:
         for index in torch.nonzero(_sides(rings) > LARGE_PX).flatten().tolist():
             best_iou["dotted" if dotted[index] else "plain"].append(best[index].item())
         ring_boxes, ring_scores = boxes[is_ring], scores[is_ring]
-        overlaps = box_iou(rings, ring_boxes)
-        for row in overlaps[_is_medium(rings)]:
-            matching = ring_scores[row >= 0.5]
+        matches = box_iou(rings, ring_boxes) >= MATCH_IOU
+        for row in matches[_is_medium(rings)]:
+            matching = ring_scores[row]
             medium_ring_scores.append(matching.max().item() if matching.numel() else 0.0)
-        on_no_ring = _is_medium(ring_boxes) & ~(overlaps >= 0.5).any(dim=0)
+        on_no_ring = _is_medium(ring_boxes) & ~matches.any(dim=0)
         false_medium_scores += ring_scores[on_no_ring].tolist()
         unmatched = _centres(ring_boxes[on_no_ring & (ring_scores >= SCORE_FALSE_POSITIVE)])
         false_positives += unmatched.shape[0]
@@ -90,7 +91,7 @@ def measure(predictions: dict) -> dict[str, float | list]:
     for kind, values in best_iou.items():
         result[f"{kind}_rings"] = len(values)
         result[f"{kind}_found"] = (
-            sum(v >= 0.5 for v in values) / len(values) if values else math.nan
+            sum(v >= MATCH_IOU for v in values) / len(values) if values else math.nan
         )
         result[f"{kind}_mean_iou"] = sum(values) / len(values) if values else math.nan
     result["medium_ring_false_positives"] = false_positives
