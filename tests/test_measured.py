@@ -115,6 +115,23 @@ def test_on_cuda_measured_can_pick_fp16_bf16_or_fp32(
     assert choice.precision == expected
 
 
+def test_between_reduced_precisions_timed_alike_bf16_wins_and_both_say_why() -> None:
+    """fp16 ahead in the median by 2%: not faster than bf16 beyond the tolerance, so bf16."""
+    choice = measured.choose_precision(
+        records("cpu", fp32=50, fp16=30, bf16=30.6), "cpu", "tiny_conv", SAFE
+    )
+    assert choice.precision == "bf16"
+    assert choice.speedup["ratio"] < 50 / 30.3  # bf16's own speed-up, not fp16's
+    tie = "fp16 against bf16 is indistinguishable (1.02x"
+    assert tie in choice.reason and choice.reason.endswith("bf16 needs no loss scaling")
+    fp16 = next(c for c in choice.candidates if c.precision == "fp16")
+    assert fp16.eligible and fp16.reason.startswith("fp16 trains 1.6") and tie in fp16.reason
+    clearly = measured.choose_precision(
+        records("cpu", fp32=50, fp16=25, bf16=30.6), "cpu", "tiny_conv", SAFE
+    )
+    assert clearly.precision == "fp16" and "against" not in clearly.reason
+
+
 def test_on_mps_an_autocast_slower_than_fp32_keeps_fp32() -> None:
     choice = measured.choose_precision(
         records("mps", fp32=76, fp16=90, bf16=108), "mps", "tiny_conv", SAFE

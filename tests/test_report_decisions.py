@@ -81,6 +81,21 @@ def test_cpu_bf16_is_chosen_only_where_the_cpu_has_native_bf16() -> None:
     assert native.speedup_vs_cpu_fp32.verdict == "faster"
 
 
+def test_an_fp16_that_bf16_is_timed_alike_with_is_named_as_passed_over() -> None:
+    frame = frame_of(
+        bench_record("cpu", "fp32", "train", 100.0),
+        bench_record("cpu", "fp16", "train", 60.0),
+        bench_record("cpu", "bf16", "train", 61.0),
+    )
+    env = cpu_env(native_bf16=True)
+    env["backends"]["cpu"]["measured_refused"]["fp16"] = None
+    choice = decisions.choose_setting(frame, "tiny_conv", env)
+    assert choice.best["precision"] == "bf16"
+    ((row, reason),) = choice.faster_refused
+    assert row["precision"] == "fp16"
+    assert "but fp16 against bf16 is indistinguishable" in reason
+
+
 def test_a_precision_within_the_tolerance_of_fp32_is_not_chosen() -> None:
     near = 100.0 / (1 + SPEEDUP_TOLERANCE / 2)
     frame = frame_of(

@@ -3,8 +3,8 @@
 A reduced precision is chosen on a backend when its benchmarked training step beats the
 same backend's fp32 step with the whole bootstrap interval beyond the tolerance, its
 numerics were acceptable, and the device layer lets `amp: measured` train in it there (on a
-CPU: only with native bf16/fp16 instructions). Otherwise the run trains in fp32, and the
-choice says why. The same function serves `python -m pipeline train --amp measured`, the
+CPU: only with native bf16/fp16 instructions); of two that are, fp16 only when it beats bf16
+by the same rule. Otherwise the run trains in fp32, and the choice says why. The same function serves `python -m pipeline train --amp measured`, the
 workflow (which names the run after the choice) and the report ("what measured would do"),
 so nothing here imports torch: the device layer's verdicts come in as `refused` reasons.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,7 @@ def choose_precision(
             candidates,
             configuration,
         )
-    best = max(eligible, key=lambda c: c.speedup["ratio"])
+    best, candidates = _fastest(eligible, candidates, by_precision)
     return PrecisionChoice(
         backend,
         model,
@@ -153,6 +153,37 @@ def choose_precision(
         candidates,
         configuration,
     )
+
+
+def _fastest(
+    eligible: list[Candidate],
+    candidates: list[Candidate],
+    by_precision: Mapping[str, tuple[Mapping[str, Any], str]],
+) -> tuple[Candidate, list[Candidate]]:
+    """The fastest eligible candidate, and the candidates with the tie-break said in theirs.
+
+    Both reduced precisions beating fp32 says nothing about which of them is faster, so the
+    two are timed against each other on their own samples: where the one ahead in the median
+    is not faster beyond the tolerance, bf16 wins the tie (REDUCED's order), as it keeps fp32's
+    range and needs no loss scaling. A point estimate a few percent ahead is not a reason.
+    """
+    ahead = max(eligible, key=lambda c: c.speedup["ratio"])
+    preferred = min(eligible, key=lambda c: REDUCED.index(c.precision))
+    if preferred is ahead:
+        return ahead, candidates
+    head_to_head = stats.speedup(
+        _samples(by_precision[preferred.precision][0]), _samples(by_precision[ahead.precision][0])
+    )
+    if head_to_head.verdict == "faster":
+        return ahead, candidates
+    tie = (
+        f"{ahead.precision} against {preferred.precision} is {head_to_head.text}, and "
+        f"{preferred.precision} needs no loss scaling"
+    )
+    chosen = replace(preferred, reason=f"{preferred.reason}; {tie}")
+    passed_over = replace(ahead, reason=f"{ahead.reason}, but {tie}")
+    swap = {preferred.precision: chosen, ahead.precision: passed_over}
+    return chosen, [swap.get(c.precision, c) for c in candidates]
 
 
 def _judge(
