@@ -4,9 +4,10 @@ A reduced precision is chosen on a backend when its benchmarked training step be
 same backend's fp32 step with the whole bootstrap interval beyond the tolerance, its
 numerics were acceptable, and the device layer lets `amp: measured` train in it there (on a
 CPU: only with native bf16/fp16 instructions); of two that are, fp16 only when it beats bf16
-by the same rule. Otherwise the run trains in fp32, and the choice says why. The same function serves `python -m pipeline train --amp measured`, the
-workflow (which names the run after the choice) and the report ("what measured would do"),
-so nothing here imports torch: the device layer's verdicts come in as `refused` reasons.
+by the same rule. Otherwise the run trains in fp32, and the choice says why. The same
+function serves `python -m pipeline train --amp measured`, the workflow (which names the run
+after the choice) and the report ("what measured would do"), so nothing here imports torch:
+the device layer's verdicts come in as `refused` reasons.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def choose_precision(
             candidates,
             configuration,
         )
-    best, candidates = _fastest(eligible, candidates, by_precision)
+    best, candidates = _choose_among(eligible, candidates, by_precision)
     return PrecisionChoice(
         backend,
         model,
@@ -155,12 +156,12 @@ def choose_precision(
     )
 
 
-def _fastest(
+def _choose_among(
     eligible: list[Candidate],
     candidates: list[Candidate],
     by_precision: Mapping[str, tuple[Mapping[str, Any], str]],
 ) -> tuple[Candidate, list[Candidate]]:
-    """The fastest eligible candidate, and the candidates with the tie-break said in theirs.
+    """The eligible candidate to train in, and the candidates with the tie-break said in theirs.
 
     Both reduced precisions beating fp32 says nothing about which of them is faster, so the
     two are timed against each other on their own samples: where the one ahead in the median
@@ -168,7 +169,7 @@ def _fastest(
     range and needs no loss scaling. A point estimate a few percent ahead is not a reason.
     """
     ahead = max(eligible, key=lambda c: c.speedup["ratio"])
-    preferred = min(eligible, key=lambda c: REDUCED.index(c.precision))
+    preferred = eligible[0]  # candidates come in REDUCED's order
     if preferred is ahead:
         return ahead, candidates
     head_to_head = stats.speedup(
