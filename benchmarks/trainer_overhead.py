@@ -1,8 +1,9 @@
 """Trainer overhead: the Trainer's steady-state training step against a bare PyTorch loop.
 
-Side A is what the Trainer does for a step between log steps: `TrainStep` (autocast context,
-GradScaler, the non-finite guard on the device, clipping, scheduler), memory sampling and the
-device-side tally of losses; side B is the same algorithm written out by hand:
+Side A is what the Trainer does for a step between log steps, `Trainer.train_step`: `TrainStep`
+(autocast context, GradScaler, the non-finite guard on the device, clipping, scheduler), the
+weight average's update with train.ema=true (which B does not do: the ratio then includes its
+cost), memory sampling and the device-side tally of losses; side B is the same algorithm written out by hand:
 forward, DetectionLoss, zero_grad, backward, clip_grad_norm_, optimizer.step(),
 scheduler.step(). Both start from the same weights (B trains a deep copy taken before
 any step), with their own AdamW and LambdaLR built by the Trainer's own functions, on
@@ -115,9 +116,7 @@ def main(argv: list[str]) -> int:
     positions = {"A": itertools.count(), "B": itertools.count()}
 
     def trainer_step() -> None:
-        images, targets = batches[next(positions["A"]) % len(batches)]
-        trainer.tally.add(trainer.step(images, targets))
-        trainer.memory.update()
+        trainer.train_step(*batches[next(positions["A"]) % len(batches)])
 
     def bare_step() -> None:
         bare.step(*batches[next(positions["B"]) % len(batches)])

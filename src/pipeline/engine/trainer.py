@@ -32,6 +32,7 @@ from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
+from pipeline.engine.ema import WeightAverage
 from pipeline.engine.evaluator import Evaluator, size_bucket_text
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.trackers import open_trackers
@@ -172,6 +173,7 @@ class Trainer:
         self.model = build_from_config(config["model"], len(self.class_names)).to(
             self.device, memory_format=self.memory_format
         )
+        self.weight_average = WeightAverage(self.model) if self.train_cfg["ema"] else None
         self.loss_fn = DetectionLoss.for_model(self.model, self.train_cfg["box_weight"])
         self.optimizer = build_optimizer(self.model.parameters(), self.train_cfg)
         # What the learning-rate schedule spans (its "epochs" may be fractional); set by _plan.
@@ -217,10 +219,20 @@ class Trainer:
         names = ("last.pth", "best.pth", "metrics.jsonl", "train_summary.json", "config.json")
         return {name.split(".")[0]: self.run_dir / name for name in names}
 
+    @property
+    def evaluated_model(self) -> torch.nn.Module:
+        """What is validated and saved as the run's model: the weight average, where on."""
+        return self.weight_average.module if self.weight_average else self.model
+
     # ---- checkpoints -------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
+        """last.pth: "model" holds the evaluated weights (what eval and profile load), and with
+        train.ema the weights being trained are kept beside them for a resume."""
+        average = self.weight_average
         return {
-            "model": self.model.state_dict(),
+            "model": self.evaluated_model.state_dict(),
+            "training_model": self.model.state_dict() if average else None,
+            "ema_updates": average.updates if average else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -298,6 +310,10 @@ class Trainer:
             )
             return False
         checkpoint.load_weights(self.model, state, path)
+        if self.weight_average:
+            self.weight_average.module.load_state_dict(state["model"])
+            self.weight_average.updates = state["ema_updates"]
+            self.model.load_state_dict(state["training_model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -378,10 +394,7 @@ class Trainer:
         dev.synchronize(self.device)
         start = mark = time.perf_counter()
         for index, (images, targets) in enumerate(islice(self.train_loader, steps), start=1):
-            result = self.step(images, targets)
-            self.global_step += 1
-            self.memory.update()
-            self.tally.add(result)
+            result = self.train_step(images, targets)
             if index % interval and index != steps:
                 continue
             read = self.tally.read(result)
@@ -435,6 +448,17 @@ class Trainer:
             "epoch_time_s": seconds,
             "images_per_s": steps * batch_size / seconds,
         }
+
+    def train_step(self, images: torch.Tensor, targets: list[dict[str, Any]]) -> StepResult:
+        """One optimizer step and what every step keeps up to date (benchmarks/trainer_overhead.py
+        times this against a bare PyTorch loop); nothing here reads the device."""
+        result = self.step(images, targets)
+        if self.weight_average:
+            self.weight_average.update()
+        self.global_step += 1
+        self.memory.update()
+        self.tally.add(result)
+        return result
 
     def _should_validate(self, epoch: int, last_epoch: int | None = None) -> bool:
         """Every `val_interval` epochs and the last (of the schedule, or `last_epoch`)."""
@@ -577,7 +601,7 @@ class Trainer:
 
     def _validate(self) -> dict[str, Any]:
         metrics, _ = self.evaluator.evaluate(
-            self.model, self.val_loader, self.device, self.precision
+            self.evaluated_model, self.val_loader, self.device, self.precision
         )
         value = metrics[self.train_cfg["monitor"]]
         val = {
@@ -609,7 +633,7 @@ class Trainer:
             self.best_metric, self.best_epoch = value, self.epoch
             self.best_weights = {
                 key: tensor.detach().to("cpu", copy=True)
-                for key, tensor in self.model.state_dict().items()
+                for key, tensor in self.evaluated_model.state_dict().items()
             }
             checkpoint.save(self.paths["best"], self._best_state(), self._after_a_failed_write())
             log.info("new best %s %.4f: %s", self.train_cfg["monitor"], value, self.paths["best"])
@@ -634,6 +658,7 @@ class Trainer:
             "class_names": self.class_names,
             "epochs": self.epoch,
             "time_budget_s": self.train_cfg["time_budget_s"],  # None: epochs = train.epochs
+            "ema": self.weight_average is not None,
             "steps": self.global_step,
             "batch_size": self.train_cfg["batch_size"],
             "wall_time_s": self.elapsed_before + session,
