@@ -186,7 +186,9 @@ def test_amp_policy_confirms_or_questions_each_default(built: tuple[str, Page]) 
 def test_training_evaluation_and_profile_sections_show_each_run(built: tuple[str, Page]) -> None:
     _, page = built
     training = page.text("training")
-    assert "cuda-fp16" in training and "cpu-fp32" in training and "0.610 (3)" in training
+    assert "cuda-fp16" in training and "cpu-fp32" in training
+    assert "0.610 (3, weight average)" in training  # trained with train.ema
+    assert "weight average" not in training.replace("0.610 (3, weight average)", "")
     evaluation = page.text("evaluation")
     assert "1 image file(s) named in cpu-fp32_predictions.json could not be read" in evaluation
     assert "missing.png" in evaluation

@@ -162,6 +162,7 @@ def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_pa
                         "host_rss_mb": None,
                         "best_f1": 0.5,
                         "best_epoch": SCRIPT,
+                        "ema": True,
                     }
                 ],
                 "comparison": {

@@ -50,6 +50,7 @@ def training_run(run: RunResults) -> dict[str, Any]:
         "host_rss_mb": summary.get("host_peak_rss_mb"),
         "best_f1": best,
         "best_epoch": epoch,
+        "ema": bool(summary.get("ema")),  # the validated weights were the weights' average
     }
 
 
