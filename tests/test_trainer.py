@@ -19,7 +19,14 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from tiny_runs import global_torch_state, make_data, one_cpu_thread, tiny_config, tiny_settings
+from tiny_runs import (
+    InterruptedInEpoch2,
+    global_torch_state,
+    make_data,
+    one_cpu_thread,
+    tiny_config,
+    tiny_settings,
+)
 
 from pipeline import cli
 from pipeline.config import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
@@ -180,15 +187,6 @@ def test_checkpoints_load_with_weights_only_and_hold_the_whole_training_state(
 
 
 # --- resume ----------------------------------------------------------------------------------
-
-
-class InterruptedInEpoch2(Trainer):
-    """Killed after the first step row of epoch 2: last.pth holds epoch 1, metrics a stray row."""
-
-    def _write_row(self, row: dict[str, Any]) -> None:
-        super()._write_row(row)
-        if row["type"] == "step" and row["epoch"] == 2:
-            raise KeyboardInterrupt
 
 
 def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(

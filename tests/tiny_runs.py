@@ -16,6 +16,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.data.synthetic import SyntheticSpec, generate
+from pipeline.engine.trainer import Trainer
 
 SPEC = SyntheticSpec(num_train=16, num_val=8, num_test=8, image_size=64, max_object_size=32)
 
@@ -86,3 +87,12 @@ def pipeline_logger_restored() -> Iterator[None]:
             if handler not in handlers:
                 handler.close()
         logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+
+
+class InterruptedInEpoch2(Trainer):
+    """Killed after the first step row of epoch 2: last.pth holds epoch 1, metrics a stray row."""
+
+    def _write_row(self, row: dict[str, Any]) -> None:
+        super()._write_row(row)
+        if row["type"] == "step" and row["epoch"] == 2:
+            raise KeyboardInterrupt

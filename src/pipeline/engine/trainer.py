@@ -309,9 +309,8 @@ class Trainer:
                 self.config["model"]["name"],
             )
             return False
-        checkpoint.load_weights(self.model, state, path)
+        checkpoint.load_weights(self.evaluated_model, state, path)
         if self.weight_average:
-            self.weight_average.module.load_state_dict(state["model"])
             self.weight_average.updates = state["ema_updates"]
             self.model.load_state_dict(state["training_model"])
         self.optimizer.load_state_dict(state["optimizer"])
