@@ -25,7 +25,6 @@ slower CPU fits fewer and may miss what a faster one meets; the table says how m
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -37,7 +36,6 @@ import harness
 import torch
 
 from pipeline import atomic, timing
-from pipeline.errors import PipelineError
 from pipeline.report.run_views import FEW_IN_BUCKET
 
 NAME = "detector_targets"
@@ -161,20 +159,7 @@ def parse_args(argv: list[str]):
 
 def pipeline(args: list[str], log: Path) -> None:
     """`python -m pipeline ARGS` from the repository root, its output appended to `log`."""
-    with log.open("a", encoding="utf-8") as out:
-        done = subprocess.run(
-            [sys.executable, "-m", "pipeline", *args],
-            cwd=harness.REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-12:])
-        raise PipelineError(
-            f"python -m pipeline {' '.join(args)} exited {done.returncode}; the end of its "
-            f"output ({log}):\n{tail}"
-        )
+    harness.run_logged([sys.executable, "-m", "pipeline", *args], log)
 
 
 def measure(

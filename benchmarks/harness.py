@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -246,6 +247,18 @@ def side_row(name: str, side: dict[str, Any]) -> list[object]:
 
 
 SIDE_HEADERS = ("side", "median ms", "IQR ms", "p10 ms", "p90 ms", "n", "noisy")
+
+
+def run_logged(command: list[str], log: Path) -> None:
+    """Run a command from the repository root, its output appended to `log`; failing, the
+    error names the command and ends with the last lines of its output."""
+    with log.open("a", encoding="utf-8") as out:
+        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-12:])
+        raise PipelineError(
+            f"{' '.join(command)} exited {done.returncode}; the end of its output ({log}):\n{tail}"
+        )
 
 
 def run(main: Callable[[list[str]], int]) -> None:
