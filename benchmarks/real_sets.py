@@ -1,0 +1,511 @@
+"""Real public detection sets to develop against, and their figures at fixed epochs.
+
+  prepare NAME --source MIRROR_OR_FOLDER [--out DIR]
+      lays a fetched set out as a real export is laid out (Pascal VOC: Annotations/,
+      JPEGImages/, ImageSets/Main/{train,val,test}.txt; COCO: one folder per split with its
+      _annotations.coco.json), reading a bare git mirror at HEAD or an ordinary folder, then
+      loads it through pipeline.data as a user's data set is loaded and prints its object sizes.
+  measure NAME --data DIR [--epochs N] [--precision fp32|bf16] --record PATH
+      trains as the README's "Your own data" says (a user file with format, paths and
+      image_size, layered over config/presets/natural.yaml) but for a fixed number of epochs
+      without a time budget, evaluates best.pth, and writes a JSON record of the figures, the
+      training time, the machine, the load, the commit and the exact commands.
+
+The sets' files stay out of the repository (licences, size): they are prepared under
+resources/real/NAME (git-ignored) unless --out names another folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import harness
+import numpy as np
+import yaml
+
+from pipeline import atomic, timing
+from pipeline.cli import configure_logging
+from pipeline.config import load_config, merge, validate
+from pipeline.cpus import usable_cpu_count
+from pipeline.data import has_test_split, load_split, load_splits
+from pipeline.data.sources import SplitAnnotations
+from pipeline.environment import collect
+from pipeline.errors import DataError
+
+NAME = "real_sets"
+RECORD_FORMAT = "benchmarks.real_set/1"
+PREPARED = harness.REPO / "resources" / "real"
+NATURAL = harness.REPO / "config" / "presets" / "natural.yaml"
+SPLITS = ("train", "val", "test")
+SMALLEST_AT_INPUT_PX = 8  # README, "Choosing data.image_size"
+
+
+# ---- reading a fetched set -------------------------------------------------------------
+def git_dir(path: Path) -> Path | None:
+    """The git directory of a bare mirror at `path` (or at `path`/repo, as fetched), if any."""
+    for candidate in (path, path / "repo"):
+        if (candidate / "HEAD").is_file() and (candidate / "objects").is_dir():
+            return candidate
+    return None
+
+
+class Source:
+    """A fetched set's files by relative POSIX path: a bare git mirror at HEAD, or a folder.
+
+    A mirror may lack the blobs of files no set needs (large model files, say), so only the
+    files asked for are read.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.git = git_dir(path)
+        if self.git is None and not path.is_dir():
+            raise DataError(f"--source {path} is neither a folder nor a bare git mirror.")
+        if self.git is not None:
+            self.names = self._git(["ls-tree", "-r", "-z", "--name-only", "HEAD"]).split("\0")
+            self._reader = subprocess.Popen(
+                ["git", f"--git-dir={self.git}", "cat-file", "--batch"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+        else:
+            self.names = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+        self.names = sorted(name for name in self.names if name)
+
+    def _git(self, args: list[str]) -> str:
+        done = subprocess.run(
+            ["git", f"--git-dir={self.git}", *args], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise DataError(f"git {' '.join(args)} in {self.git} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def under(self, folder: str) -> list[str]:
+        """Files directly inside `folder` (no sub-folders)."""
+        prefix = f"{folder}/"
+        return [n for n in self.names if n.startswith(prefix) and "/" not in n[len(prefix) :]]
+
+    def read(self, name: str) -> bytes:
+        if self.git is None:
+            try:
+                return (self.path / name).read_bytes()
+            except OSError as error:
+                raise DataError(f"{self.path / name} cannot be read: {error}.") from error
+        self._reader.stdin.write(f"HEAD:{name}\n".encode())
+        self._reader.stdin.flush()
+        header = self._reader.stdout.readline().decode().split()
+        if len(header) != 3 or header[1] != "blob":
+            raise DataError(
+                f"{self.git} lists {name} but does not hold its content ({' '.join(header)}): "
+                "fetch the mirror again."
+            )
+        content = self._reader.stdout.read(int(header[2]))
+        self._reader.stdout.read(1)  # the newline after each object
+        return content
+
+    def close(self) -> None:
+        if self.git is not None:
+            self._reader.stdin.close()
+            self._reader.wait()
+
+
+# ---- laying a set out ------------------------------------------------------------------
+def seeded_split(ids: list[str], seed: int, val: float, test: float) -> dict[str, list[str]]:
+    """Shuffle the sorted ids with `seed`; the first share is test, the next val, the rest train
+    (a share above 0 gets at least one image)."""
+    order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+    n_test, n_val = (max(1, round(share * len(ids))) if share else 0 for share in (test, val))
+    return {
+        "test": sorted(order[:n_test]),
+        "val": sorted(order[n_test : n_test + n_val]),
+        "train": sorted(order[n_test + n_val :]),
+    }
+
+
+def published_split(source: Source, seed: int) -> dict[str, list[str]]:
+    """ImageSets/Main/{train,val,test}.txt as published, made disjoint.
+
+    Test is what the figures are reported on, so it is kept whole. Where the published val
+    shares images with test, the best operating point and best.pth would be chosen on test
+    images: validation then becomes a seeded 10% of train instead.
+    """
+    lists = {}
+    for split in SPLITS:
+        text = source.read(f"ImageSets/Main/{split}.txt").decode()
+        lists[split] = sorted({line.split()[0] for line in text.splitlines() if line.strip()})
+    leaked = sorted(set(lists["train"]) & (set(lists["val"]) | set(lists["test"])))
+    if leaked:
+        raise DataError(
+            f"{source.path}: ImageSets/Main/train.txt shares {len(leaked)} image(s) with val or "
+            f"test ({', '.join(leaked[:3])}): no disjoint split can be made of it."
+        )
+    shared = set(lists["val"]) & set(lists["test"])
+    if shared:
+        carved = seeded_split(lists["train"], seed, val=0.1, test=0.0)
+        print(
+            f"ImageSets/Main/val.txt: {len(shared)} of its {len(lists['val'])} images are also "
+            f"in test.txt; validation is a seeded 10% of train.txt instead ({len(carved['val'])} "
+            f"images), test.txt is kept whole ({len(lists['test'])})"
+        )
+        lists["train"], lists["val"] = carved["train"], carved["val"]
+    return lists
+
+
+def write_file(path: Path, content: bytes) -> None:
+    """Write a file of the set; a second, different file of the same name is an error."""
+    if path.exists():
+        if path.read_bytes() != content:
+            raise DataError(f"Two different files would both become {path}.")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+
+
+def lay_out_voc(
+    source: Source,
+    out: Path,
+    annotations: str,
+    image_folders: tuple[str, ...],
+    splits: dict[str, list[str]],
+) -> None:
+    """Annotations/<id>.xml, JPEGImages/<the XML's filename>, ImageSets/Main/<split>.txt."""
+    copies_of: dict[str, list[str]] = {}  # an image's file name -> where the source has it
+    for folder in image_folders:
+        for name in source.under(folder):
+            copies_of.setdefault(name.rsplit("/", 1)[1], []).append(name)
+    for split, ids in splits.items():
+        for image_id in ids:
+            xml = source.read(f"{annotations}/{image_id}.xml")
+            try:
+                file_name = ET.fromstring(xml).findtext("filename") or f"{image_id}.jpg"
+            except ET.ParseError as error:
+                raise DataError(
+                    f"{annotations}/{image_id}.xml is not valid XML: {error}."
+                ) from error
+            copies = copies_of.get(file_name, [])
+            if not copies:
+                raise DataError(
+                    f"{annotations}/{image_id}.xml names image {file_name}, which is in none of "
+                    f"{', '.join(image_folders)} of {source.path}."
+                )
+            write_file(out / "Annotations" / f"{image_id}.xml", xml)
+            for copy in copies:  # identical duplicates collapse; different ones stop
+                write_file(out / "JPEGImages" / file_name, source.read(copy))
+        listing = out / "ImageSets" / "Main" / f"{split}.txt"
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        listing.write_text("".join(f"{image_id}\n" for image_id in ids), encoding="utf-8")
+
+
+def lay_out_coco_per_split(source: Source, out: Path, folders: tuple[str, ...]) -> None:
+    """Each split folder's _annotations.coco.json and the images it names, beside it."""
+    for folder in folders:
+        name = f"{folder}/_annotations.coco.json"
+        document = source.read(name)
+        try:
+            files = [image["file_name"] for image in json.loads(document)["images"]]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise DataError(f"{source.path}/{name} is not a COCO file: {error}.") from error
+        write_file(out / name, document)
+        for file_name in files:
+            if f"{folder}/{file_name}" not in source.names:
+                raise DataError(f"{source.path}/{name} names {file_name}, which is not beside it.")
+            write_file(out / folder / file_name, source.read(f"{folder}/{file_name}"))
+
+
+# ---- the sets --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RealSet:
+    name: str
+    origin: str  # where to fetch it
+    data: Callable[[Path], dict[str, Any]]  # the data section of a user's config for a layout
+    lay_out: Callable[[Source, Path, int], None]
+    image_size: int  # by the README's rule; docs/_incoming-realdata.md says why
+    epochs: int  # one fp32 run within about 15 minutes on the shared 2-core development VM
+
+
+def voc_data(root: Path) -> dict[str, Any]:
+    return {"format": "voc", "root": str(root)}
+
+
+def coco_per_split_data(root: Path) -> dict[str, Any]:
+    return {
+        "format": "coco",
+        **{
+            f"{split}_annotations": str(root / folder / "_annotations.coco.json")
+            for split, folder in (("train", "train"), ("val", "valid"), ("test", "test"))
+        },
+    }
+
+
+def _raccoon(source: Source, out: Path, seed: int) -> None:
+    ids = sorted(name[len("annotations/") : -len(".xml")] for name in source.under("annotations"))
+    lay_out_voc(source, out, "annotations", ("images",), seeded_split(ids, seed, 0.15, 0.15))
+
+
+def _rsod(source: Source, out: Path, seed: int) -> None:
+    folders = ("JPEGImages-trainval", "JPEGImages-test")
+    lay_out_voc(source, out, "Annotations", folders, published_split(source, seed))
+
+
+def _eggs(source: Source, out: Path, seed: int) -> None:
+    lay_out_coco_per_split(source, out, ("train", "valid", "test"))
+
+
+SETS = {
+    s.name: s
+    for s in (
+        RealSet("raccoon", "github:datitran/raccoon_dataset", voc_data, _raccoon, 128, 80),
+        RealSet("rsod", "github:linklist2/RSOD", voc_data, _rsod, 416, 4),
+        RealSet(
+            "eggs",
+            "github:KisirinyaSirajje/egg_fertile_infertile_detection",
+            coco_per_split_data,
+            _eggs,
+            64,
+            15,
+        ),
+    )
+}
+
+
+def user_data(real: RealSet, root: Path) -> dict[str, Any]:
+    """What a user's own config file says about this set: format, paths, image_size."""
+    return {"data": {**real.data(root.resolve()), "image_size": real.image_size}}
+
+
+# ---- prepare ---------------------------------------------------------------------------
+def size_summary(splits: list[SplitAnnotations]) -> list[str]:
+    """Objects' shorter sides as shares of their image's longer side, and what the README's
+    image_size rule makes of them (the smallest object at about 8 px at the input)."""
+    shares: dict[str, list[float]] = {}
+    for split in splits:
+        for record in split.records:
+            sides = np.minimum(*(record.boxes[:, 2:] - record.boxes[:, :2]).T)
+            for label, side in zip(record.labels, sides, strict=True):
+                name = split.class_names[label]
+                shares.setdefault(name, []).append(side / max(record.width, record.height))
+    lines = [
+        "class: objects; shorter side as % of the image's longer side: min / 5% / median / max"
+    ]
+    for name, values in shares.items():
+        low, p5, median, high = np.percentile(values, [0, 5, 50, 100]) * 100
+        lines.append(f"  {name}: {len(values)}; {low:.1f} / {p5:.1f} / {median:.1f} / {high:.1f}")
+    every = np.concatenate([np.asarray(v) for v in shares.values()])
+    for what, share in (("smallest object", every.min()), ("5% smallest", np.percentile(every, 5))):
+        size = 32 * int(np.ceil(SMALLEST_AT_INPUT_PX / share / 32))
+        lines.append(f"{SMALLEST_AT_INPUT_PX} px at the input for the {what}: image_size {size}")
+    return lines
+
+
+def prepare(real: RealSet, source_path: Path, out: Path, seed: int) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise DataError(f"--out {out} exists and is not empty: remove it or name another folder.")
+    partial = out.with_name(out.name + ".part")
+    shutil.rmtree(partial, ignore_errors=True)
+    source = Source(source_path)
+    try:
+        real.lay_out(source, partial, seed)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        source.close()
+    if out.exists():
+        out.rmdir()
+    partial.rename(out)
+    config = validate(merge(load_config(), user_data(real, out)), f"the {real.name} set")
+    splits = list(load_splits(config))  # as training loads them, the log saying what each holds
+    if has_test_split(config):
+        splits.append(load_split(config, "test", splits[0].class_names))
+    print(f"prepared {real.name} in {out}")
+    print("\n".join(size_summary(splits)))
+
+
+# ---- measure ---------------------------------------------------------------------------
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=harness.REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def machine() -> dict[str, Any]:
+    """The CPU (model and native reduced precisions, with torch's evidence) and the software."""
+    info = collect()
+    return {
+        **info["platform"],
+        "usable_cpus": usable_cpu_count(),
+        "cpu_native": info["cpu_native"],
+        "versions": info["versions"],
+    }
+
+
+PER_CLASS = ("name", "num_gt", "ap50", "ap50_interval", "ap", "ap_interval", "tp", "fp", "fn")
+
+
+def figures(evaluation: dict[str, Any]) -> dict[str, Any]:
+    """AP@.5 (macro over classes) and per class, AP@[.5:.95], and F1 at the configured score
+    threshold and at the threshold chosen on validation, with their 95% intervals."""
+    metrics, point = evaluation["metrics"], evaluation["operating_point"]
+    return {
+        "split": evaluation["metrics_split"],
+        "num_images": metrics["num_images"],
+        "num_ground_truth": metrics["num_ground_truth"],
+        "ap50": metrics["ap50"],
+        "ap50_interval": metrics["ap50_interval"],
+        "ap": metrics["ap"],
+        "ap_interval": metrics["ap_interval"],
+        "ap75": metrics["ap75"],
+        "per_class": [{key: found[key] for key in PER_CLASS} for found in metrics["per_class"]],
+        "at_score_threshold": {
+            "threshold": metrics["score_threshold"],
+            **{key: metrics[key] for key in ("f1", "f1_interval", "precision", "recall")},
+        },
+        "at_operating_point": {
+            key: point.get(key)
+            for key in ("threshold", "picked_on", "f1", "f1_interval", "precision", "recall")
+        },
+    }
+
+
+def commands(
+    real: RealSet, data: Path, epochs: int, precision: str, work: Path, threads: str = "auto"
+) -> list[list[str]]:
+    """The README's "Your own data" commands at fixed epochs; writes the user's config file."""
+    user_file, run = work / f"{real.name}.yaml", work / "run"
+    work.mkdir(parents=True, exist_ok=True)
+    user_file.write_text(yaml.safe_dump(user_data(real, data)), encoding="utf-8")
+    amp = ["amp=false"] if precision == "fp32" else ["amp=true", f"amp_dtype={precision}"]
+    python = [sys.executable, "-m", "pipeline", "--cpu-threads", threads]
+    return [
+        [
+            *python,
+            "train",
+            *("--config", str(NATURAL), "--config", str(user_file)),
+            *("--out", str(run)),
+            *(f"train.epochs={epochs}", "train.time_budget_s=null", *amp),
+        ],
+        [
+            *python,
+            "eval",
+            *("--checkpoint", str(run / "best.pth")),
+            *("--out", str(work / "eval.json"), "--predictions", str(work / "predictions.json")),
+        ],
+    ]
+
+
+def measure(
+    real: RealSet, data: Path, epochs: int, precision: str, work: Path, threads: str
+) -> dict[str, Any]:
+    train, evaluate = commands(real, data, epochs, precision, work, threads)
+    log = work / "commands.log"
+    conditions = timing.RunConditions()
+    harness.run_logged(train, log)
+    loaded = conditions.finish()
+    harness.run_logged(evaluate, log)
+    summary = json.loads((work / "run" / "train_summary.json").read_text(encoding="utf-8"))
+    evaluation = json.loads((work / "eval.json").read_text(encoding="utf-8"))
+    return {
+        "format": RECORD_FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "set": real.name,
+        "origin": real.origin,
+        "user_config": user_data(real, data),
+        "epochs": epochs,
+        "precision": summary["precision"],
+        "image_size": real.image_size,
+        "batch_size": summary["batch_size"],
+        "figures": figures(evaluation),
+        "training": {
+            key: summary[key]
+            for key in (
+                "epochs",
+                "steps",
+                "wall_time_s",
+                "train_time_s",
+                "median_step_time_s",
+                "best_epoch",
+            )
+        },
+        "machine": machine(),
+        "niceness": os.nice(0),
+        "conditions": loaded,
+        "commit": git("rev-parse", "HEAD"),
+        "src_tree": git("rev-parse", "HEAD:src"),  # the code measured, whatever else moved
+        "src_modified": bool(git("status", "--porcelain", "--", "src")),
+        "commands": [" ".join(command) for command in (train, evaluate)],
+        "work": str(work),
+    }
+
+
+# ---- command line ----------------------------------------------------------------------
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python benchmarks/{NAME}.py",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    ready = commands.add_parser("prepare", help="lay a fetched set out as its export would be")
+    ready.add_argument("name", choices=sorted(SETS))
+    ready.add_argument("--source", type=Path, required=True, help="bare git mirror or folder")
+    ready.add_argument("--out", type=Path, help="default: resources/real/NAME")
+    ready.add_argument("--seed", type=int, default=0, help="seed of the splits made here")
+    run = commands.add_parser("measure", help="train at fixed epochs, evaluate, write a record")
+    run.add_argument("name", choices=sorted(SETS))
+    run.add_argument("--data", type=Path, help="the prepared set (default: resources/real/NAME)")
+    run.add_argument("--epochs", type=int, help="default: the set's fixed epochs")
+    run.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    run.add_argument("--record", type=Path, required=True, metavar="PATH.json")
+    run.add_argument(
+        "--cpu-threads",
+        default="auto",
+        help="torch CPU threads of both commands (auto, as the README: every usable CPU; on a "
+        "machine shared with other work, 1 spends no time waiting for a descheduled thread)",
+    )
+    run.add_argument(
+        "--work", type=Path, help="run folder, eval and predictions (default: benchmarks/out/...)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    configure_logging(None)  # the loaders' lines: what each split holds, what was dropped
+    real = SETS[args.name]
+    if args.command == "prepare":
+        prepare(real, args.source, args.out or PREPARED / real.name, args.seed)
+        return 0
+    data = args.data or PREPARED / real.name
+    if not data.is_dir():
+        raise DataError(f"--data {data} does not exist: run 'prepare {real.name}' first.")
+    epochs = args.epochs or real.epochs
+    work = args.work or harness.OUT_DIR / "real" / f"{real.name}-{args.precision}-{epochs}ep"
+    record = measure(real, data, epochs, args.precision, work, args.cpu_threads)
+    harness.warn_if_loaded(record["conditions"], f"training {real.name}")
+    atomic.write_json(args.record, record)
+    found = record["figures"]
+    print(
+        f"{real.name} {record['precision']} {epochs} epochs in "
+        f"{record['training']['wall_time_s']:.0f} s: AP@.5 {found['ap50']:.3f}, "
+        f"AP@[.5:.95] {found['ap']:.3f}, F1 {found['at_score_threshold']['f1']:.3f} at "
+        f"{found['at_score_threshold']['threshold']}, "
+        f"{found['at_operating_point']['f1']:.3f} at {found['at_operating_point']['threshold']:.2f} "
+        f"(chosen on validation); record {args.record}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    harness.run(main)
