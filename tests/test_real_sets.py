@@ -264,3 +264,31 @@ def test_measure_trains_the_users_file_over_the_natural_preset_at_fixed_epochs(
     assert evaluate[evaluate.index("--checkpoint") + 1] == str(
         tmp_path / "work" / "run" / "best.pth"
     )
+
+
+def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
+    interval = {"low": 0.5, "high": 0.75}
+    record = {
+        "set": "eggs",
+        "precision": "fp32",
+        "epochs": 15,
+        "image_size": 64,
+        "figures": {
+            "split": "test",
+            "ap50": 0.625,
+            "ap50_interval": interval,
+            "ap": 0.25,
+            "ap_interval": None,
+            "per_class": [{"name": "fertile", "ap50": 0.5}, {"name": "infertile", "ap50": 0.75}],
+            "at_score_threshold": {"threshold": 0.4, "f1": 0.375, "f1_interval": interval},
+            "at_operating_point": {"threshold": 0.3125, "f1": 0.5, "f1_interval": None},
+        },
+        "training": {"wall_time_s": 600.0},
+        "machine": {"cpu_model": "Some CPU"},
+        "commit": "0123456789abcdef",
+    }
+    row = real_sets.table([record]).splitlines()[2]
+    assert row == (
+        "| eggs | fp32, 15 epochs, 64 px | 0.625 (0.500-0.750) | fertile 0.500 / infertile 0.750 "
+        "| 0.250 | 0.375 (0.500-0.750) at 0.40 | 0.500 at 0.31 | 10 min (Some CPU, 0123456) |"
+    )
