@@ -48,6 +48,7 @@ class Source:
         else:
             self.names = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
         self.names = sorted(name for name in self.names if name)
+        self._listed = set(self.names)
 
     def _git(self, args: list[str]) -> str:
         done = subprocess.run(
@@ -62,7 +63,12 @@ class Source:
         prefix = f"{folder}/"
         return [n for n in self.names if n.startswith(prefix) and "/" not in n[len(prefix) :]]
 
+    def has(self, name: str) -> bool:
+        return name in self._listed
+
     def read(self, name: str) -> bytes:
+        if not self.has(name):
+            raise DataError(f"{self.path} has no file {name}: is it a fetch of this set?")
         if self.git is None:
             try:
                 return (self.path / name).read_bytes()
@@ -184,6 +190,6 @@ def lay_out_coco_per_split(source: Source, out: Path, folders: tuple[str, ...]) 
             raise DataError(f"{source.path}/{name} is not a COCO file: {error}.") from error
         write_file(out / name, document)
         for file_name in files:
-            if f"{folder}/{file_name}" not in source.names:
+            if not source.has(f"{folder}/{file_name}"):
                 raise DataError(f"{source.path}/{name} names {file_name}, which is not beside it.")
             write_file(out / folder / file_name, source.read(f"{folder}/{file_name}"))

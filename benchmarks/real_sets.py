@@ -324,9 +324,8 @@ def table(records: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=f"python benchmarks/{NAME}.py",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
     )
     commands = parser.add_subparsers(dest="command", required=True)
     ready = commands.add_parser("prepare", help="lay a fetched set out as its export would be")

@@ -218,6 +218,15 @@ def test_an_annotation_naming_an_image_the_set_lacks_is_an_error_naming_both(
         )
 
 
+def test_a_fetch_of_another_set_is_named_as_such(tmp_path: Path) -> None:
+    mirror = bare_mirror(tmp_path, raccoon_files(3))
+    with pytest.raises(
+        DataError, match=r"has no file train/_annotations\.coco\.json: is it a fetch"
+    ):
+        real_sets.prepare(real_sets.SETS["eggs"], mirror, tmp_path / "eggs", seed=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkout", "owner+set"]
+
+
 def test_coco_per_split_export_is_copied_split_by_split_and_loads_as_a_users_coco_set(
     tmp_path: Path,
 ) -> None:
