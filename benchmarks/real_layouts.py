@@ -51,9 +51,12 @@ class Source:
         self._listed = set(self.names)
 
     def _git(self, args: list[str]) -> str:
-        done = subprocess.run(
-            ["git", f"--git-dir={self.git}", *args], capture_output=True, text=True, check=False
-        )
+        try:
+            done = subprocess.run(
+                ["git", f"--git-dir={self.git}", *args], capture_output=True, text=True, check=False
+            )
+        except OSError as error:
+            raise DataError(f"Reading the bare mirror {self.git} needs git: {error}.") from error
         if done.returncode != 0:
             raise DataError(f"git {' '.join(args)} in {self.git} failed: {done.stderr.strip()}")
         return done.stdout
@@ -158,6 +161,11 @@ def lay_out_voc(
             copies_of.setdefault(name.rsplit("/", 1)[1], []).append(name)
     for split, ids in splits.items():
         for image_id in ids:
+            if not source.has(f"{annotations}/{image_id}.xml"):
+                raise DataError(
+                    f"The {split} split lists {image_id}, but {source.path} has no "
+                    f"{annotations}/{image_id}.xml."
+                )
             xml = source.read(f"{annotations}/{image_id}.xml")
             try:
                 file_name = ET.fromstring(xml).findtext("filename") or f"{image_id}.jpg"

@@ -196,6 +196,17 @@ def test_published_splits_that_are_disjoint_are_kept_as_published(tmp_path: Path
     ]
 
 
+def test_a_listed_image_without_annotation_names_the_split_and_the_missing_file(
+    tmp_path: Path,
+) -> None:
+    files = rsod_files()
+    files["ImageSets/Main/test.txt"] += "plane_77\n"
+    with pytest.raises(DataError, match=r"test split lists plane_77, .* no Annotations/plane_77"):
+        real_sets.prepare(
+            real_sets.SETS["rsod"], write_tree(tmp_path / "f", files), tmp_path / "o", seed=0
+        )
+
+
 def test_two_different_images_of_one_name_stop_prepare_and_leave_nothing_behind(
     tmp_path: Path,
 ) -> None:
