@@ -155,7 +155,11 @@ def round_ratios(blocks: Sequence[dict[str, Any]], a: str, b: str) -> list[float
 
 
 # ---- run conditions --------------------------------------------------------------------
-def warn_if_loaded(conditions: dict[str, Any], what: str) -> None:
+def warn_if_loaded(
+    conditions: dict[str, Any],
+    what: str,
+    consequence: str = "the figures below are not to be trusted; rerun on an idle machine.",
+) -> None:
     if not conditions["high_load"]:
         return
     share = conditions["foreign_cpu_share"]
@@ -165,8 +169,7 @@ def warn_if_loaded(conditions: dict[str, Any], what: str) -> None:
         else f"1-minute load average {conditions['load_1m_start']} -> {conditions['load_1m_end']}"
     )
     print(
-        f"WARNING: other work shared the machine during {what} ({detail}): "
-        "the figures below are not to be trusted; rerun on an idle machine.",
+        f"WARNING: other work shared the machine during {what} ({detail}): {consequence}",
         flush=True,
     )
 
