@@ -1,4 +1,4 @@
-"""The report's outline for three results trees, kept in tests/data/report_golden.json.
+"""The report's outline for six results trees, kept in tests/data/report_golden.json.
 
 `test_report_golden.py` builds the same reports and compares their outlines (sections, headings,
 tables cell by cell, figures by alt text and caption, and each section's text) with the file,
@@ -43,9 +43,11 @@ CONFIG = {
     "eval": {"score_threshold": 0.3},
     "note": "</pre><script>x()</script>",
 }
-# what differs from one build to the next: clock times, the git state, the temporary folder
+# what differs from one build to the next: clock times (the summary's 'created' among them),
+# the git state, the temporary folder
 VOLATILE = (
     (re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC"), "<time>"),
+    (re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\+00:00"), "<created>"),
     (re.compile(r"\b[0-9a-f]{40}\b"), "<commit>"),
     (
         re.compile(r"working tree (clean|dirty: \d+ changed and \d+ untracked file\(s\)|unknown)"),
@@ -183,14 +185,16 @@ def normalised(value: Any, root: Path) -> Any:
 
 
 def outline_of(tree: str) -> list[dict[str, Any]]:
-    """Build the report of one tree with `python -m pipeline report` and outline it."""
+    """Build the report of one tree as the workflow does, `python -m pipeline summarize` then
+    `python -m pipeline report`, and outline it."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder).resolve()
         results, extra = TREES[tree](root)
         out = root / "out" / "report.html"
-        code = cli.main(["report", "--results", str(results), "--out", str(out), *extra])
-        if code != 0:
-            raise RuntimeError(f"the report of tree {tree!r} failed with exit code {code}")
+        for command in (["summarize"], ["report", "--out", str(out)]):
+            code = cli.main([*command, "--results", str(results), *extra])
+            if code != 0:
+                raise RuntimeError(f"{command[0]} of tree {tree!r} failed with exit code {code}")
         page = Outline()
         page.feed(out.read_text(encoding="utf-8"))
         return normalised(page.outline(), root)

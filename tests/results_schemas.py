@@ -19,6 +19,7 @@ BY_FILE_NAME = {
     "metrics.jsonl": "metrics_row",
     "profile.json": "profile",
     "operators.json": "operators",
+    "summary.json": "summary",
 }
 
 

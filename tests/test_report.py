@@ -149,8 +149,9 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
         "snakemake --cores 1 results/report.html --config 'sweep={precision: [fp32, measured]}' "
         "trains both" in answer
     )
-    assert "cpu-fp32: F1 0.420 (95% interval 0.413–0.427), best F1 0.470" in answer
-    assert "cuda-fp16: F1 0.610 (95% interval 0.602–0.618), best F1 0.660" in answer
+    assert "cpu-fp32: F1 0.420 (95% interval 0.413–0.427) at the score threshold" in answer
+    assert "cuda-fp16: F1 0.610 (95% interval 0.602–0.618) at the score threshold" in answer
+    assert "best F1" not in answer  # picked on the images it scores: not beside the runs
 
 
 def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, Page]) -> None:
@@ -276,11 +277,14 @@ def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
     assert "score_threshold: 0.4" in page.text("provenance")  # a default the file did not set
 
 
-def test_report_modules_do_not_import_torch() -> None:
-    """The report runs after every heavy step and on machines without an accelerator: it must start fast."""
+def test_report_and_summary_modules_do_not_import_torch() -> None:
+    """The summary and the report run after every heavy step and on machines without an
+    accelerator: they must start fast."""
+    summary_package = REPORT_PACKAGE.parent / "summary"
     modules = ", ".join(
-        ["pipeline.commands.report", "pipeline.report"]
+        ["pipeline.commands.report", "pipeline.commands.summarize", "pipeline.report"]
         + [f"pipeline.report.{path.stem}" for path in REPORT_PACKAGE.glob("[!_]*.py")]
+        + [f"pipeline.summary.{path.stem}" for path in summary_package.glob("[!_]*.py")]
     )
     code = f"import sys, {modules}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
@@ -426,7 +430,7 @@ def evaluation_section(results: Path, document: dict[str, Any]) -> str:
     return page.text("evaluation")
 
 
-def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
+def test_evaluation_leads_with_f1_at_the_validation_threshold_on_the_held_out_split(
     tmp_path: Path,
 ) -> None:
     results = write_results_tree(tmp_path)
@@ -444,18 +448,59 @@ def test_evaluation_leads_with_f1_at_the_threshold_and_names_the_held_out_split(
     )
     text = evaluation_section(results, document)
     assert (
-        "Run Split F1 (score threshold) F1 95% interval Precision (95% interval) Recall (95% "
-        "interval) F1 (95% interval) at the validation threshold AP@.5 AP@.5 95% interval "
-        "AP@[.5:.95] (95% interval) AP@.75 (95% interval)" in text
+        "Run Split F1 (95% interval) at the validation threshold F1 (95% interval) at the score "
+        "threshold Precision (95% interval) Recall (95% interval) AP@.5 (95% interval) "
+        "AP@[.5:.95] (95% interval) AP@.75 (95% interval) Best F1 on these images, at its "
+        "threshold (optimistic)" in text
     )
-    assert "cpu-fp32 test (held out) 0.420 (0.30) 0.413–0.427 0.420 (0.413–0.427)" in text
+    assert (
+        "cpu-fp32 test (held out) 0.440 (0.430–0.450) at 0.35 0.420 (0.413–0.427) at 0.30 "
+        "0.420 (0.413–0.427)" in text
+    )
     assert "0.210 (0.190–0.230) 0.140 (0.120–0.160)" in text  # AP@[.5:.95], AP@.75
-    assert "0.440 (0.430–0.450) at 0.35" in text
+    assert "0.470 at 0.25" in text  # the best F1 on the test images themselves, last
+
+
+def test_each_run_leads_with_its_held_out_f1_and_the_optimistic_ones_say_so(
+    tmp_path: Path,
+) -> None:
+    """Beside each run: F1 at the threshold picked on validation and applied to the test
+    split, with its interval; not the best F1 on the test images themselves, and the training
+    table's highest validation F1 over the epochs is labelled optimistic."""
+    results = write_results_tree(tmp_path)
+    document = evaluation("cpu", "fp32", 0.42)
+    document.update(
+        split="test",
+        metrics_split="test",
+        operating_point={
+            "threshold": 0.35,
+            "picked_on": "val",
+            "applied_to": "test",
+            "f1": 0.44,
+            "f1_interval": ap_interval(0.44, 0.01),
+        },
+    )
+    write_json(results / "eval" / "cpu-fp32.json", document)
+    render.build(results, tmp_path / "report.html")
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    answer = page.text("answer")
+    assert (
+        "cpu-fp32: F1 0.440 (95% interval 0.430–0.450) at the threshold picked on validation, "
+        "AP@.5 0.378 (95% interval 0.358–0.398) (test, held out)" in answer
+    )
+    assert "best F1" not in answer and "0.470" not in answer  # 0.47: picked on the test images
+    training = page.text("training")
+    assert "Best validation F1 over epochs (epoch), optimistic" in training
+    assert (
+        "cpu-fp32 cpu fp32 12.5 s 0.440 (0.430–0.450) (test; threshold picked on validation)"
+        in training
+    )
 
 
 def test_size_buckets_line_up_by_bucket_and_an_older_file_without_them_shows_na() -> None:
-    from pipeline.report.load import RunResults
     from pipeline.report.run_views import size_view
+    from pipeline.summary.load import RunResults
 
     with_sizes = RunResults("a", evaluation=evaluation("cpu", "fp32", 0.5))
     older = evaluation("cpu", "bf16", 0.5)

@@ -21,8 +21,8 @@ from report_fixtures import (
     train_summary,
 )
 
-from pipeline.report import decisions, load
 from pipeline.stats import SPEEDUP_TOLERANCE, speedup
+from pipeline.summary import decisions, load
 
 
 def frame_of(*records: dict[str, Any]) -> pd.DataFrame:
@@ -411,13 +411,6 @@ def test_swept_values_come_from_the_run_name() -> None:
     assert decisions.swept_values("cpu-fp32+seed=1+lr=0.01") == {"seed": 1, "lr": 0.01}
     assert decisions.swept_values("cpu-fp32") == {}
     assert decisions.swept_values("not a run name") == {}
-
-
-def test_the_score_threshold_is_the_evaluations_else_the_configs_else_the_default() -> None:
-    evaluated = run("cpu-fp32", evaluation={"metrics": {"score_threshold": 0.5}})
-    assert decisions.score_threshold(evaluated, {"eval": {"score_threshold": 0.4}}) == 0.5
-    assert decisions.score_threshold(run("cpu-fp32"), {"eval": {"score_threshold": 0.4}}) == 0.4
-    assert decisions.score_threshold(run("cpu-fp32"), None) == decisions.DEFAULT_SCORE_THRESHOLD
 
 
 def test_malformed_per_image_counts_leave_the_check_without_a_verdict_not_the_report() -> None:

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from report_page import SECTION_IDS, Page
 
-from pipeline.report import charts, load, render
+from pipeline.report import charts, render
+from pipeline.summary import load
+from pipeline.summary.build import summary_of
 
 PACKAGE = Path(render.__file__).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -50,10 +52,16 @@ def tags_of(html: str) -> list[tuple[str, dict[str, str | None]]]:
 
 
 def empty_page(tmp_path: Path) -> Page:
-    results = load.load_results(tmp_path)
     page = Page()
-    page.feed(render.render(results, None, tmp_path / "report.html", GENERATED))
+    page.feed(empty_html(tmp_path))
     return page
+
+
+def empty_html(tmp_path: Path) -> str:
+    """The report of an empty results folder."""
+    results = load.load_results(tmp_path)
+    summary = summary_of(results, None)
+    return render.render(results, summary, None, tmp_path / "report.html", GENERATED)
 
 
 def test_autoescaping_is_on() -> None:
@@ -87,8 +95,7 @@ def test_an_empty_results_folder_gives_a_note_in_every_section(tmp_path: Path) -
 
 def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_path: Path) -> None:
     css = (PACKAGE / "static" / "report.css").read_text(encoding="utf-8")
-    results = load.load_results(tmp_path)
-    html = render.render(results, None, tmp_path / "report.html", GENERATED)
+    html = empty_html(tmp_path)
     assert f"<style>\n{css}" in html
     assert not [tag for tag, _ in tags_of(html) if tag in {"link", "script"}]
 
@@ -149,19 +156,27 @@ def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_pa
                 "runs": [
                     {
                         "name": SCRIPT,
-                        "has_summary": False,
+                        "has_train_summary": False,
                         "metrics_note": SCRIPT,
                         "device": SCRIPT,
                         "amp": True,
                         "precision": SCRIPT,
                         "epochs": SCRIPT,
+                        "epoch_time_s": None,
                         "wall_time_s": None,
                         "images_per_s": None,
                         "peak_memory": {"peak_mb": 1.0, "exact": True, "label": SCRIPT},
                         "backend": "cuda",
-                        "host_rss_mb": None,
-                        "best_f1": 0.5,
-                        "best_epoch": SCRIPT,
+                        "host_peak_rss_mb": None,
+                        "scores": {
+                            "split": SCRIPT,
+                            "f1": 0.5,
+                            "f1_interval": None,
+                            "f1_threshold": "validation",
+                            "ap50": None,
+                            "ap50_interval": None,
+                        },
+                        "best_validation_f1": {"value": 0.5, "epoch": SCRIPT},
                         "ema": True,
                     }
                 ],
@@ -171,10 +186,17 @@ def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_pa
                         {
                             "name": SCRIPT,
                             "swept": [SCRIPT],
-                            "setting": SCRIPT,
+                            "backend": SCRIPT,
+                            "precision": SCRIPT,
                             "wall_time_s": 1.0,
-                            "best_f1": None,
-                            "ap50": None,
+                            "scores": {
+                                "split": SCRIPT,
+                                "f1": None,
+                                "f1_interval": None,
+                                "f1_threshold": "score threshold",
+                                "ap50": None,
+                                "ap50_interval": None,
+                            },
                         }
                     ],
                     "chart": None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import signal
@@ -16,8 +17,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 
 COMMANDS = {
     "check-env": ("pipeline.commands.check_env", "report Python, torch, CPU and every backend"),
@@ -38,6 +40,10 @@ COMMANDS = {
     "profile": (
         "pipeline.commands.profile",
         "inference latency per batch size and a torch.profiler trace",
+    ),
+    "summarize": (
+        "pipeline.commands.summarize",
+        "sum up a results folder in summary.json: the answer, the benchmarks, every run",
     ),
     "report": ("pipeline.commands.report", "build the self-contained HTML comparison report"),
 }
@@ -103,6 +109,42 @@ def add_config_options(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument(
         "settings", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}"
     )
+
+
+def add_resolved_config_options(parser: argparse.ArgumentParser) -> None:
+    """The workflow's resolved config, as JSON (what the workflow passes) or as a config file,
+    for the commands that read a results folder (summarize, report)."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--config-json", metavar="JSON", help="the workflow's resolved config as a JSON string"
+    )
+    source.add_argument(
+        "--config", metavar="FILE", help="a YAML or JSON config file instead of --config-json"
+    )
+
+
+def resolved_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The config `add_resolved_config_options` asked for, defaults filled in; None if none."""
+    if args.config_json is not None:
+        return json_object(args.config_json, "--config-json")
+    if args.config is not None:
+        from pipeline.config import read_yaml, validate
+
+        return validate(read_yaml(args.config), args.config)
+    return None
+
+
+def json_object(text: str, option: str) -> dict[str, Any]:
+    """The JSON object an option's value holds; anything else is a ConfigError naming it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"{option} is not valid JSON ({error.msg} at column {error.colno})."
+        ) from error
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option} must be a JSON object, not a {type(value).__name__}.")
+    return value
 
 
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:

@@ -223,6 +223,28 @@ def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a pipeline run's accuracy figures depend on: what training's result
+    depends on (`result_settings`) and what defines the test figures (the test split and every
+    eval key but the speed ones). Two runs with equal settings have comparable accuracy, on
+    whatever machines they ran. Where the data set is generated, its folder is left out:
+    data.synthetic alone says what it holds."""
+    settings = result_settings(config)
+    data = config.get("data") or {}
+    settings["data"] = {
+        key: copy.deepcopy(value)
+        for key, value in data.items()
+        if key not in SPEED_SETTINGS["data"]
+        and not (key == "root" and data.get("format") == "synthetic")
+    }
+    settings["eval"] = {
+        key: copy.deepcopy(value)
+        for key, value in (config.get("eval") or {}).items()
+        if key not in SPEED_SETTINGS["eval"]
+    }
+    return settings
+
+
 def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two (nested) settings, in order."""
     keys = list(old) + [key for key in new if key not in old]

@@ -1,7 +1,8 @@
-"""View models of the sections drawn from the benchmark records: the answer, the benchmark
-table and the AMP policy check. The decisions come from decisions.py; this shapes them for the
-templates (sections/answer, benchmarks and amp-policy.html.j2). A view of None means there is
-nothing to show yet: the template says which step to run."""
+"""View models of the sections drawn from the summary's answer and benchmark records: the
+answer, the benchmark table and the AMP policy check. The decisions are the summary's
+(pipeline.summary); this shapes them for the templates (sections/answer, benchmarks and
+amp-policy.html.j2) and adds the commands that repeat the workflow's call. A view of None means
+there is nothing to show yet: the template says which step to run."""
 
 from __future__ import annotations
 
@@ -10,116 +11,69 @@ import json
 import shlex
 from typing import Any
 
-import pandas as pd
 import yaml
 
 from pipeline import runs
-from pipeline.report import charts, decisions
-from pipeline.report.formatting import number, setting_label
-from pipeline.report.load import PRECISIONS, Results
-from pipeline.stats import Speedup
+from pipeline.report import charts
+from pipeline.report.formatting import setting_label
+from pipeline.runs import PRECISIONS
 
 
 def answer_view(
-    results: Results, config: dict[str, Any] | None, invocation: dict[str, Any] | None = None
+    summary: dict[str, Any], invocation: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    frame, env = results.bench, results.env
-    checks = decisions.accuracy_checks(results.runs)
-    synthetic_data = ((config or {}).get("data") or {}).get("format") == "synthetic"
+    answer, checks = summary["answer"], summary["accuracy_checks"]
+    synthetic_data = summary["synthetic_data"] is True
     view: dict[str, Any] = {
-        "model": decisions.answer_model(frame, config),
+        "model": answer["model"],
         "best": None,
-        "shipped_default": shipped_default(env, config),
-        "runs": [{"name": run.name, **decisions.run_scores(run)} for run in results.runs],
+        "shipped_default": label(answer["shipped_default"]),
+        "runs": summary["runs"],
         "accuracy": [accuracy_view(check, synthetic_data, invocation) for check in checks],
-        "tolerance_points": 100 * decisions.ACCURACY_TOLERANCE,
+        "tolerance_points": 100 * checks[0]["tolerance"] if checks else None,
         "synthetic_data": synthetic_data,
     }
-    if view["model"] is None:
+    chosen = answer["chosen"]
+    if chosen is None:
         return view
-    choice = decisions.choose_setting(frame, view["model"], env)
-    if choice.best is None:
-        return view
-    best = choice.best
-    record = best["record"]
-    setting = setting_label(best["backend"], best["precision"])
-    default = shipped_default_row(frame, env, config, view["model"])
-    differs = default is None or default.name != best.name
+    backend, auto = chosen["backend"], (summary["machine"] or {}).get("auto")
     view.update(
-        best={
-            "setting": setting,
-            "model": best["model"],
-            "batch_size": record.get("batch_size"),
-            "image_size": record.get("image_size"),
-            "device": record.get("device_description"),
-            "median_ms": best["median_ms"],
-            "iqr_ms": best["iqr_ms"],
-            "count": len(best["samples_s"]),
-        },
-        vs_cpu_fp32=choice.speedup_vs_cpu_fp32,
-        is_cpu_fp32=choice.is_cpu_fp32,
-        unsafe=[
-            {
-                "setting": setting_label(row["backend"], row["precision"]),
-                "speed": decisions.speed_between(best, row),
-                "problem": decisions.numerics_problem(row["record"]),
-            }
-            for _, row in choice.faster_unsafe.iterrows()
-        ],
-        slower=[
-            {
-                "setting": setting_label(row["backend"], row["precision"]),
-                "speed": decisions.speed_between(best, row),
-            }
-            for _, row in choice.others.iterrows()
-        ],
-        refused=[
-            {"setting": setting_label(row["backend"], row["precision"]), "reason": reason}
-            for row, reason in choice.faster_refused
-        ],
-        cautions=decisions.answer_cautions(best, frame),
-        differs_from_default=differs and view["shipped_default"] is not None,
-        vs_default=decisions.speed_between(default, best) if default is not None else None,
-        command=measured_command(best["backend"], env, "amp=measured", invocation=invocation),
-        train_command=measured_train_command(best["backend"], env, invocation),
+        best={**chosen, "setting": label(chosen)},
+        vs_cpu_fp32=chosen["vs_cpu_fp32"],
+        is_cpu_fp32=chosen["is_cpu_fp32"],
+        unsafe=[{**other, "setting": label(other)} for other in chosen["faster_unsafe"]],
+        slower=[{**other, "setting": label(other)} for other in chosen["slower"]],
+        refused=[{**other, "setting": label(other)} for other in chosen["faster_refused"]],
+        cautions=[(caution["setting"], caution["flags"]) for caution in chosen["cautions"]],
+        differs_from_default=chosen["is_shipped_default"] is False,
+        vs_default=chosen["vs_default"],
+        command=measured_command(backend, auto, "amp=measured", invocation=invocation),
+        train_command=measured_train_command(backend, auto, invocation),
         accuracy_command=None
-        if best["precision"] == "fp32"
-        or any(check.precision == best["precision"] for check in checks)
+        if chosen["accuracy_checked"]
         else measured_command(
-            best["backend"], env, "'sweep={precision: [fp32, measured]}'", invocation=invocation
+            backend, auto, "'sweep={precision: [fp32, measured]}'", invocation=invocation
         ),
     )
     return view
 
 
-def shipped_default_row(
-    frame: pd.DataFrame, env: dict[str, Any] | None, config: dict[str, Any] | None, model: str
-) -> pd.Series | None:
-    """The training record of what device=auto, amp=auto trains with here, if it was measured."""
-    if not env:
-        return None
-    backend = env.get("auto")
-    precision = decisions.default_precision(env, backend, config)
-    match = frame[
-        (frame["backend"] == backend)
-        & (frame["precision"] == precision)
-        & (frame["mode"] == "train")
-        & (frame["model"] == model)
-        & (frame["status"] == "ok")
-    ]
-    return match.iloc[0] if not match.empty else None
+def label(setting: dict[str, Any] | None) -> str | None:
+    """'CPU bf16' for a summary's {backend, precision}; None for None."""
+    return None if setting is None else setting_label(setting["backend"], setting["precision"])
 
 
 def measured_command(
     backend: str,
-    env: dict[str, Any] | None,
+    auto: str | None,
     *settings: str,
     invocation: dict[str, Any] | None = None,
 ) -> str:
-    """The workflow command that trains with `settings` on `backend`, and reports it: with the
-    --configfile files and --config settings the workflow was called with (`invocation`), so it
-    trains on the user's data and settings, `settings` and the device replacing theirs."""
-    ours = ([] if env and env.get("auto") == backend else [f"device={backend}"]) + list(settings)
+    """The workflow command that trains with `settings` on `backend` (`auto`: what device=auto
+    resolves to here), and reports it: with the --configfile files and --config settings the
+    workflow was called with (`invocation`), so it trains on the user's data and settings,
+    `settings` and the device replacing theirs."""
+    ours = ([] if auto == backend else [f"device={backend}"]) + list(settings)
     return workflow_command(ours, invocation)
 
 
@@ -140,13 +94,13 @@ def workflow_command(settings: list[str], invocation: dict[str, Any] | None = No
 
 
 def measured_train_command(
-    backend: str, env: dict[str, Any] | None, invocation: dict[str, Any] | None = None
+    backend: str, auto: str | None, invocation: dict[str, Any] | None = None
 ) -> str:
     """`python -m pipeline train --amp measured` with the workflow's config files and settings."""
     invocation = invocation or {}
     words = ["python -m pipeline train"]
     words += [f"--config {shlex.quote(str(path))}" for path in invocation.get("configfiles") or []]
-    if not (env and env.get("auto") == backend):
+    if auto != backend:
         words.append(f"--device {backend}")
     words.append("--amp measured")
     settings = {
@@ -179,114 +133,74 @@ def larger_test_split_command(images: int, invocation: dict[str, Any] | None) ->
     return workflow_command([shlex.quote(f"data={json.dumps(data)}")], invocation)
 
 
-def change_view(change: Any) -> dict[str, Any] | None:
-    """A paired change (stats.PairedChange) in points, for the template."""
+def change_view(change: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A paired change of the summary in points, for the template."""
     if change is None:
         return None
     return {
-        "points": 100 * change.change,
-        "low": 100 * change.low,
-        "high": 100 * change.high,
-        "images": change.images,
-        "confidence": change.confidence,
-        "verdict": change.verdict,
+        "points": 100 * change["change"],
+        "low": 100 * change["low"],
+        "high": 100 * change["high"],
+        "images": change["images"],
+        "confidence": change["confidence"],
+        "verdict": change["verdict"],
     }
 
 
 def accuracy_view(
-    check: decisions.AccuracyCheck,
-    synthetic_data: bool = False,
-    invocation: dict[str, Any] | None = None,
+    check: dict[str, Any], synthetic_data: bool = False, invocation: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    undecided = [
-        change
-        for change in (check.f1_change, check.ap50_change)
-        if change is not None and change.verdict == "undecided"
-    ]
-    # the larger test split must settle every undecided change
-    needs = [change.images_to_settle() for change in undecided] if synthetic_data else []
-    settle = max(needs) if needs and None not in needs else None
+    """An accuracy check with its changes in points; on the built-in data, the command that
+    makes a test split large enough to settle an undecided one."""
+    settle = check["images_to_settle"] if synthetic_data else None
     return {
-        "reduced": check.reduced,
-        "reference": check.reference,
-        "precision": check.precision,
-        "f1": check.f1,
-        "reference_f1": check.reference_f1,
-        "ap50": check.ap50,
-        "reference_ap50": check.reference_ap50,
-        "drops": {name: None if drop is None else 100 * drop for name, drop in check.drops.items()},
-        "verdict": check.verdict,
-        "f1_change": change_view(check.f1_change),
-        "ap50_change": change_view(check.ap50_change),
-        "why_unpaired": check.why_unpaired,
-        "split": check.split,
+        **check,
+        "drops": {
+            name: None if drop is None else 100 * drop
+            for name, drop in (("F1", check["f1_drop"]), ("AP@.5", check["ap50_drop"]))
+        },
+        "f1_change": change_view(check["f1_change"]),
+        "ap50_change": change_view(check["ap50_change"]),
         "settle": None
         if settle is None
         else {"images": settle, "command": larger_test_split_command(settle, invocation)},
     }
 
 
-def shipped_default(env: dict[str, Any] | None, config: dict[str, Any] | None) -> str | None:
-    """The setting device=auto, amp=auto trains with here, so a reader sees whether to change anything."""
-    if not env:
+def benchmarks_view(benchmarks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not benchmarks:
         return None
-    backend = env.get("auto")
-    precision = decisions.default_precision(env, backend, config)
-    return None if precision is None else setting_label(backend, precision)
-
-
-def benchmarks_view(frame: pd.DataFrame) -> dict[str, Any] | None:
-    if frame.empty:
-        return None
-    models = list(dict.fromkeys(frame["model"]))
-    rows = [bench_row(row) for _, row in frame.iterrows()]
+    models = list(dict.fromkeys(entry["model"] for entry in benchmarks))
     return {
         "with_model": len(models) > 1,
         "model": models[0],
-        "chart": charts.bench_chart(frame),
-        "rows": rows,
+        "chart": charts.bench_chart(benchmarks),
+        "rows": [bench_row(entry) for entry in benchmarks],
         "partial_output_diff": any(
-            output_rel_diff_is_partial(record.get("numerics")) for record in frame["record"]
+            output_rel_diff_is_partial(entry["numerics"]) for entry in benchmarks
         ),
-        "skipped": int((frame["status"] == "skipped").sum()),
+        "skipped": sum(entry["status"] == "skipped" for entry in benchmarks),
     }
 
 
-def bench_row(row: pd.Series) -> dict[str, Any]:
-    record = row["record"]
-    view = {
-        "model": row["model"],
-        "backend": row["backend"],
-        "precision": row["precision"],
-        "mode": row["mode"],
-        "skipped": row["status"] != "ok",
-        "reason": row["reason"],
-        "flags": [],
-        "numerics": {},
-    }
+def bench_row(entry: dict[str, Any]) -> dict[str, Any]:
+    view = {**entry, "skipped": entry["status"] != "ok", "numerics": {}}
     if view["skipped"]:
         return view
     view.update(
-        batch_size=record.get("batch_size"),
-        image_size=record.get("image_size"),
-        median_ms=row["median_ms"],
-        iqr_ms=row["iqr_ms"],
-        images_per_s=row["images_per_s"],
-        speedups=[speedup(row["vs_backend_fp32"]), speedup(row["vs_cpu_fp32"])],
-        warmup=(record.get("timing") or {}).get("warmup_steps"),
-        memory=record.get("memory"),
-        host_rss_mb=record.get("host_peak_rss_mb"),
-        numerics=numerics_view(row["precision"], record.get("numerics")),
-        flags=decisions.flags_of(record),
+        speedups=[speedup(entry["vs_backend_fp32"]), speedup(entry["vs_cpu_fp32"])],
+        numerics=numerics_view(entry["precision"], entry["numerics"]),
     )
     return view
 
 
-def speedup(speed: Speedup | None) -> dict[str, Any]:
+def speedup(speed: dict[str, Any] | None) -> dict[str, Any]:
+    """A speed-up cell, marked only where the whole interval is beyond the tolerance."""
+    verdict = None if speed is None else speed["verdict"]
     return {
         "value": speed,
-        "verdict": decisions.speed_verdict(speed),
-        "text": None if speed is None else speed.text,
+        "verdict": verdict if verdict in ("faster", "slower") else None,
+        "text": None if speed is None else speed["text"],
     }
 
 
@@ -298,25 +212,20 @@ def numerics_view(precision: str, numerics: dict[str, Any] | None) -> dict[str, 
         return {"kind": "not measured"}
     return {
         "kind": "measured",
-        "loss_rel_diff": numerics.get("loss_rel_diff"),
+        "loss_rel_diff": numerics["loss_rel_diff"],
         "output": output_rel_diff(numerics),
-        "acceptable": numerics.get("acceptable") is True,
-        "rule": numerics.get("acceptable_rule"),
+        "acceptable": numerics["acceptable"],
+        "rule": numerics["rule"],
     }
 
 
 def output_rel_diff(numerics: dict[str, Any]) -> dict[str, Any]:
     """The overall output difference; where an all-zero fp32 output left it undefined, the
     largest defined per-output one (`key` names that output, `undefined` the others)."""
-    overall = number(numerics.get("output_max_rel_diff"))
+    overall = numerics["output_max_rel_diff"]
     if overall is not None:
         return {"value": overall, "key": None, "undefined": []}
-    outputs = numerics.get("outputs") or {}
-    per_output = {
-        key: number(value.get("max_rel_diff"))
-        for key, value in outputs.items()
-        if isinstance(value, dict)
-    }
+    per_output = numerics["outputs"]
     defined = {key: value for key, value in per_output.items() if value is not None}
     if not defined:
         return {"value": None, "key": None, "undefined": sorted(per_output)}
@@ -325,55 +234,55 @@ def output_rel_diff(numerics: dict[str, Any]) -> dict[str, Any]:
     return {"value": defined[key], "key": key, "undefined": undefined}
 
 
-def output_rel_diff_is_partial(numerics: Any) -> bool:
+def output_rel_diff_is_partial(numerics: dict[str, Any] | None) -> bool:
     """Whether the overall output difference is undefined but per-output ones were recorded."""
     return (
-        isinstance(numerics, dict)
-        and number(numerics.get("output_max_rel_diff")) is None
-        and bool(numerics.get("outputs"))
+        numerics is not None
+        and numerics["output_max_rel_diff"] is None
+        and bool(numerics["outputs"])
     )
 
 
-def amp_policy_view(results: Results, config: dict[str, Any] | None) -> dict[str, Any] | None:
-    env, frame = results.env, results.bench
-    if not env:
+def amp_policy_view(
+    summary: dict[str, Any], config: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Each backend's shipped default and what amp=measured does there (the summary's
+    verdicts), with the training benchmark of each precision they rest on."""
+    policies = summary["amp_policy"]
+    if policies is None:
         return None
-    model = decisions.answer_model(frame, config)
-    rows, verdicts = [], []
-    for backend in env.get("backends") or {}:
-        if frame[frame["backend"] == backend].empty:
-            continue
-        default = decisions.default_precision(env, backend, config)
-        verdicts.append(decisions.amp_verdict(frame, backend, default, model, env))
-        records = decisions.policy_rows(frame, backend, model)
-        by_precision = decisions.precision_records(records)
-        reference = by_precision.get("fp32")
-        chosen = (
-            decisions.measured_choice(frame, backend, str(records.iloc[0]["model"]), env)
-            if not records.empty
-            else None
-        )
+    rows = []
+    for policy in policies:
+        records = {
+            precision: next(
+                (
+                    entry
+                    for entry in summary["benchmarks"]
+                    if (entry["model"], entry["backend"], entry["mode"], entry["precision"])
+                    == (policy["model"], policy["backend"], "train", precision)
+                ),
+                None,
+            )
+            for precision in PRECISIONS
+        }
         rows.append(
             {
-                "backend": backend,
-                "default": default,
+                **policy,
                 "records": [
                     {
                         "record": record,
                         "speed": None
-                        if record is None or reference is None or precision == "fp32"
-                        else decisions.speed_between(reference, record),
+                        if record is None or precision == "fp32"
+                        else record["vs_backend_fp32"],
                     }
-                    for precision, record in by_precision.items()
+                    for precision, record in records.items()
                 ],
-                "measured": None if chosen is None else chosen.precision,
-                "measured_reason": None if chosen is None else chosen.reason,
             }
         )
     return {
-        "verdicts": verdicts,
+        "verdicts": [policy["verdict"] for policy in policies],
         "rows": rows,
         "precisions": PRECISIONS,
-        "model": model,
+        "model": summary["answer"]["model"],
         "amp": config.get("amp", "auto") if config else None,
     }

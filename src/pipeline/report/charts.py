@@ -19,9 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-from pipeline.report.decisions import run_scores
 from pipeline.report.formatting import backend_label, number
-from pipeline.report.load import PRECISIONS, RunResults
+from pipeline.summary.load import PRECISIONS, RunResults
 
 PRECISION_COLORS = {"fp32": "#4c72b0", "fp16": "#dd8452", "bf16": "#55a868"}
 RUN_COLORS = (
@@ -96,8 +95,10 @@ def run_colors(runs: list[RunResults]) -> dict[str, str]:
     return {run.name: RUN_COLORS[index % len(RUN_COLORS)] for index, run in enumerate(runs)}
 
 
-def bench_chart(frame: pd.DataFrame) -> Image | None:
-    """Median ms per precision, grouped by model/backend/mode, with IQR error bars."""
+def bench_chart(benchmarks: list[dict[str, Any]]) -> Image | None:
+    """Median ms per precision, grouped by model/backend/mode, with IQR error bars (the
+    summary's benchmark records)."""
+    frame = pd.DataFrame(benchmarks)
     ok = frame[(frame["status"] == "ok") & frame["median_ms"].notna()]
     if ok.empty:
         return None
@@ -239,23 +240,22 @@ def training_chart(runs: list[RunResults], colors: dict[str, str]) -> Image | No
     )
 
 
-def accuracy_time_chart(runs: list[RunResults], colors: dict[str, str]) -> Image | None:
-    """Each run as a point: training wall time against AP@.5 (circles) and best F1 (squares)."""
-    points = [
-        (run, number((run.summary or {}).get("wall_time_s")), run_scores(run)) for run in runs
-    ]
-    points = [(run, wall, scores) for run, wall, scores in points if wall is not None]
+def accuracy_time_chart(runs: list[dict[str, Any]], colors: dict[str, str]) -> Image | None:
+    """Each run of the summary as a point: training wall time against AP@.5 (circles) and the
+    run's leading F1 (squares)."""
+    points = [run for run in runs if run["wall_time_s"] is not None]
     if not points:
         return None
     figure = Figure(figsize=(6.4, 3.6))
     axes = figure.subplots()
-    for run, wall, scores in points:
-        for key, marker in (("ap50", "o"), ("best_f1", "s")):
+    for run in points:
+        wall, scores = run["wall_time_s"], run["scores"]
+        for key, marker in (("ap50", "o"), ("f1", "s")):
             if scores[key] is not None:
-                axes.scatter(wall, scores[key], marker=marker, color=colors[run.name], s=36)
+                axes.scatter(wall, scores[key], marker=marker, color=colors[run["name"]], s=36)
         axes.annotate(
-            mpl_text(run.name),
-            (wall, scores["ap50"] or scores["best_f1"] or 0),
+            mpl_text(run["name"]),
+            (wall, scores["ap50"] or scores["f1"] or 0),
             fontsize=7,
             xytext=(4, 4),
             textcoords="offset points",
@@ -270,7 +270,7 @@ def accuracy_time_chart(runs: list[RunResults], colors: dict[str, str]) -> Image
     axes.grid(alpha=0.3)
     figure.tight_layout()
     return figure_image(
-        figure, "Training wall time against AP@.5 (circles) and best F1 (squares) for each run"
+        figure, "Training wall time against AP@.5 (circles) and F1 (squares) for each run"
     )
 
 

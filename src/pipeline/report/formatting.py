@@ -53,10 +53,10 @@ def fmt_ratio(value: Any) -> str:
 
 
 def fmt_speedup(speed: Any) -> str:
-    """A speed-up for a table cell: '1.47× (1.40–1.55)', its 95% interval in brackets."""
-    if speed is None:
+    """A summary's speed-up for a table cell: '1.47× (1.40–1.55)', its 95% interval in brackets."""
+    if not isinstance(speed, dict):
         return "n/a"
-    return f"{fmt_ratio(speed.ratio)} ({speed.low:.2f}–{speed.high:.2f})"
+    return f"{fmt_ratio(speed['ratio'])} ({speed['low']:.2f}–{speed['high']:.2f})"
 
 
 def fmt_points(value: Any, digits: int = 1) -> str:

@@ -1,28 +1,33 @@
 """The page: one view model (plain dicts) per section, rendered by the Jinja2 templates under
 templates/ with autoescaping on, and written atomically.
 
-Python picks and shapes the data (here, in bench_views.py and in run_views.py); the markup and
-the wording around the data live in the templates, and every string from a results file
-reaches the page escaped by Jinja2.
+The answer, the decisions and the run tables are the summary's (pipeline.summary); the charts,
+the images, the profile and the provenance come from the results folder itself. Python shapes
+the data (here, in bench_views.py and in run_views.py); the markup and the wording around the
+data live in the templates, and every string from a results file reaches the page escaped by
+Jinja2.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from pipeline import atomic
 from pipeline.report import charts
 from pipeline.report.bench_views import amp_policy_view, answer_view, benchmarks_view
-from pipeline.report.formatting import FILTERS, backend_label, yes_no
-from pipeline.report.load import Results, git_facts, load_results, modified_time
+from pipeline.report.formatting import backend_label, yes_no
 from pipeline.report.run_views import evaluation_view, profile_view, training_view
+from pipeline.report.templating import stylesheet, templates
+from pipeline.summary.build import summary_of
+from pipeline.summary.load import Results, load_results, modified_time
+from pipeline.summary.read import read_summary
+
+log = logging.getLogger("pipeline")
 
 SECTIONS = {  # id: heading, in page order; each has its template sections/<id>.html.j2
     "answer": "Answer",
@@ -41,16 +46,29 @@ def build(
     out: str | Path,
     config: dict[str, Any] | None = None,
     invocation: dict[str, Any] | None = None,
+    summary_path: str | Path | None = None,
 ) -> Path:
-    """Read every result under `results_dir` and write the report to `out` atomically;
-    `invocation` (how the workflow was called) goes into the commands the report gives."""
+    """Read the summary and the results under `results_dir` and write the report to `out`
+    atomically; `invocation` (how the workflow was called) goes into the commands the report
+    gives. Without `summary_path`, <results_dir>/summary.json is read where it exists, and the
+    folder is summarised here (by pipeline.summary, writing nothing) where it does not."""
     results = load_results(Path(results_dir))
+    default = results.root / "summary.json"
+    if summary_path is None and not default.exists():
+        log.info("no %s: summarising the results folder for this report", default)
+        summary = summary_of(results, config)
+    else:
+        path = Path(summary_path) if summary_path is not None else default
+        summary = read_summary(path)
+        results.files[path] = summary["created"]
     out = Path(out)
-    return atomic.write_text(out, render(results, config, out, datetime.now(UTC), invocation))
+    page = render(results, summary, config, out, datetime.now(UTC), invocation)
+    return atomic.write_text(out, page)
 
 
 def render(
     results: Results,
+    summary: dict[str, Any],
     config: dict[str, Any] | None,
     out: Path,
     generated: datetime,
@@ -59,41 +77,20 @@ def render(
     """The page as HTML; `out` is where it will be written (links are relative to it)."""
     colors = charts.run_colors(results.runs)
     views = {
-        "answer": answer_view(results, config, invocation),
+        "answer": answer_view(summary, invocation),
         "environment": environment_view(results.env),
-        "benchmarks": benchmarks_view(results.bench),
-        "amp-policy": amp_policy_view(results, config),
-        "training": training_view(results.runs, colors),
-        "evaluation": evaluation_view(results.runs, config),
+        "benchmarks": benchmarks_view(summary["benchmarks"]),
+        "amp-policy": amp_policy_view(summary, config),
+        "training": training_view(results.runs, summary["runs"], colors),
+        "evaluation": evaluation_view(results.runs, summary["runs"], config),
         "profile": profile_view(results.runs, colors, out),
-        "provenance": provenance_view(results, config),
+        "provenance": provenance_view(results, summary, config),
     }
     sections = [{"id": id_, "title": title, "view": views[id_]} for id_, title in SECTIONS.items()]
     page = templates().get_template("page.html.j2")
     return page.render(
         sections=sections, root=results.root, generated=generated, stylesheet=stylesheet()
     )
-
-
-def stylesheet() -> str:
-    """static/report.css, inlined by the page template so the report stays one file."""
-    return resources.files(__package__).joinpath("static", "report.css").read_text("utf-8")
-
-
-@cache
-def templates() -> jinja2.Environment:
-    """The templates, with autoescaping on and formatting.py's functions as filters."""
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader(__package__, "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        finalize=lambda value: "" if value is None else value,  # a null in a file shows as nothing
-    )
-    environment.filters.update(FILTERS)
-    return environment
 
 
 # ---- environment and provenance ----------------------------------------------------------
@@ -173,10 +170,12 @@ def gpu_facts(env: dict[str, Any]) -> list[tuple[str, str]]:
     return facts
 
 
-def provenance_view(results: Results, config: dict[str, Any] | None) -> dict[str, Any]:
+def provenance_view(
+    results: Results, summary: dict[str, Any], config: dict[str, Any] | None
+) -> dict[str, Any]:
     stats = results.job_stats
     return {
-        "facts": git_facts(results.root),
+        "facts": commit_facts(summary["commit"]),
         "config_yaml": yaml.safe_dump(
             config, sort_keys=False, allow_unicode=True, default_flow_style=False
         )
@@ -192,3 +191,17 @@ def provenance_view(results: Results, config: dict[str, Any] | None) -> dict[str
         ],
         "job_stats": None if stats is None else stats.to_dict("records"),
     }
+
+
+def commit_facts(commit: dict[str, Any]) -> list[tuple[str, str]]:
+    """The commit of the checkout holding the results and its working-tree state, as far as
+    git told the summary."""
+    if commit["id"] is None:
+        return [("git commit", "unknown (not a git checkout, or no commit yet)")]
+    if commit["changed"] is None:
+        state = "unknown"
+    elif commit["changed"] == commit["untracked"] == 0:
+        state = "clean"
+    else:
+        state = f"dirty: {commit['changed']} changed and {commit['untracked']} untracked file(s)"
+    return [("git commit", commit["id"]), ("working tree", state)]

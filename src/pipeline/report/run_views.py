@@ -1,6 +1,8 @@
 """View models of the sections drawn from the training runs: training, evaluation and the
-inference profile, for the templates sections/training, evaluation and profile.html.j2.
-A view of None means there is nothing to show yet: the template says which step to run."""
+inference profile, for the templates sections/training, evaluation and profile.html.j2. The
+run tables show the summary's runs; charts, images and the profile come from the results
+folder itself. A view of None means there is nothing to show yet: the template says which
+step to run."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from pipeline.report import charts, decisions
-from pipeline.report.load import (
+from pipeline.report import charts
+from pipeline.summary.load import (
     RunResults,
     predicted_images,
     read_operators,
@@ -19,139 +21,60 @@ from pipeline.report.load import (
 
 MAX_GRID_IMAGES = 8
 TOP_OPERATORS = 10
+# Where neither the evaluation nor the config says which detections to draw.
+DEFAULT_SCORE_THRESHOLD = 0.3
 
 
-def training_view(runs: list[RunResults], colors: dict[str, str]) -> dict[str, Any] | None:
+def training_view(
+    runs: list[RunResults], summary_runs: list[dict[str, Any]], colors: dict[str, str]
+) -> dict[str, Any] | None:
+    """The summary's trained runs (with a train summary or metrics rows), and the chart of
+    their metrics rows."""
     trained = [run for run in runs if run.summary or run.metrics]
     if not trained:
         return None
+    names = {run.name for run in trained}
+    rows = [run for run in summary_runs if run["name"] in names]
     return {
         "chart": charts.training_chart(trained, colors),
-        "runs": [training_run(run) for run in trained],
-        "comparison": run_comparison(trained, colors) if len(trained) > 1 else None,
+        "runs": rows,
+        "comparison": run_comparison(rows, colors) if len(rows) > 1 else None,
     }
 
 
-def training_run(run: RunResults) -> dict[str, Any]:
-    summary = run.summary or {}
-    best, epoch = decisions.best_f1(run)
-    return {
-        "name": run.name,
-        "has_summary": bool(run.summary),
-        "metrics_note": run.metrics_note,
-        "device": summary.get("device_description", "n/a"),
-        "amp": bool(summary.get("amp")),
-        "precision": summary.get("precision", "n/a"),
-        "epochs": summary.get("epochs", "n/a"),
-        "wall_time_s": summary.get("wall_time_s"),
-        "images_per_s": summary.get("images_per_s"),
-        "peak_memory": summary.get("peak_memory"),
-        "backend": summary.get("backend"),
-        "host_rss_mb": summary.get("host_peak_rss_mb"),
-        "best_f1": best,
-        "best_epoch": epoch,
-        "ema": bool(summary.get("ema")),  # the validated weights were the weights' average
-    }
-
-
-def run_comparison(runs: list[RunResults], colors: dict[str, str]) -> dict[str, Any]:
+def run_comparison(runs: list[dict[str, Any]], colors: dict[str, str]) -> dict[str, Any]:
     """Runs side by side: what differs between them (swept values), and accuracy against time."""
-    keys = sorted({key for run in runs for key in decisions.swept_values(run.name)})
-    rows = []
-    for run in runs:
-        swept, summary = decisions.swept_values(run.name), run.summary or {}
-        rows.append(
-            {
-                "name": run.name,
-                "swept": [swept.get(key, "—") for key in keys],
-                "setting": f"{summary.get('backend', 'n/a')} {summary.get('precision', '')}".strip(),
-                "wall_time_s": summary.get("wall_time_s"),
-                **decisions.run_scores(run),
-            }
-        )
+    keys = sorted({key for run in runs for key in run["sweep"]})
+    rows = [{**run, "swept": [run["sweep"].get(key, "—") for key in keys]} for run in runs]
     return {"swept_keys": keys, "runs": rows, "chart": charts.accuracy_time_chart(runs, colors)}
 
 
-def evaluation_view(runs: list[RunResults], config: dict[str, Any] | None) -> dict[str, Any] | None:
-    evaluated = [run for run in runs if run.evaluation]
+def evaluation_view(
+    runs: list[RunResults], summary_runs: list[dict[str, Any]], config: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The summary's evaluated runs and their classes; sizes and images from the files."""
+    evaluated = [run for run in summary_runs if run["evaluation"]]
     if not evaluated:
         return None
+    files = [run for run in runs if run.evaluation]
     return {
-        "runs": [evaluation_run(run) for run in evaluated],
+        "runs": evaluated,
         "per_class": per_class_view(evaluated),
-        "sizes": size_view(evaluated),
-        "grid": prediction_grid(runs, config),
+        "sizes": size_view(files),
+        "grid": prediction_grid(runs, summary_runs, config),
     }
 
 
-def evaluation_run(run: RunResults) -> dict[str, Any]:
-    """One row of the evaluation table: F1 at the configured threshold first, and the split
-    every figure comes from (the held-out test split where the data has one)."""
-    evaluation = run.evaluation or {}
-    metrics = evaluation["metrics"]
-    micro = metrics.get("micro") if isinstance(metrics.get("micro"), dict) else metrics
-    best = metrics.get("best") if isinstance(metrics.get("best"), dict) else {}
-    point = (
-        evaluation.get("operating_point")
-        if isinstance(evaluation.get("operating_point"), dict)
-        else {}
-    )
-    return {
-        "name": run.name,
-        "split": evaluation.get("split", "n/a"),
-        "held_out": evaluation.get("metrics_split") == "test",
-        "checkpoint_epoch": evaluation.get("checkpoint_epoch", "n/a"),
-        "score_threshold": metrics.get("score_threshold"),
-        "precision": micro.get("precision"),
-        "precision_interval": metrics.get("precision_interval"),
-        "recall": micro.get("recall"),
-        "recall_interval": metrics.get("recall_interval"),
-        "f1": micro.get("f1"),
-        "f1_interval": metrics.get("f1_interval"),
-        "picked": {
-            "threshold": point.get("threshold"),
-            "on": point.get("picked_on"),
-            "f1": point.get("f1"),
-            "f1_interval": point.get("f1_interval"),
-        }
-        if point
-        else None,
-        "best_f1": metrics.get("best_f1"),
-        "best_f1_threshold": best.get("threshold", metrics.get("best_f1_threshold")),
-        "ap50": metrics.get("ap50"),
-        "ap50_interval": metrics.get("ap50_interval"),
-        "ap": metrics.get("ap"),
-        "ap_interval": metrics.get("ap_interval"),
-        "ap75": metrics.get("ap75"),
-        "ap75_interval": metrics.get("ap75_interval"),
-        "num_images": metrics.get("num_images", "n/a"),
-        "num_ground_truth": metrics.get("num_ground_truth", "n/a"),
-        "num_detections": metrics.get("num_detections", "n/a"),
+def per_class_view(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """AP@.5 and AP (with their intervals) of each class (rows) in each of the summary's
+    evaluated runs (columns); None where a run lacks the class."""
+    per_run = {
+        run["name"]: {row["name"]: row for row in run["evaluation"]["per_class"]} for run in runs
     }
-
-
-def per_class_view(runs: list[RunResults]) -> dict[str, Any]:
-    """AP@.5 (with its interval where the file has one) and AP of each class (rows) in each run
-    (columns); None where a run lacks the class."""
-    per_run = {run.name: class_rows(run) for run in runs}
     return {
         "runs": list(per_run),
         "classes": [
-            {
-                "name": name,
-                "num_gt": first.get("num_gt"),
-                "scores": [
-                    None
-                    if row is None
-                    else {
-                        "ap50": row.get("ap50"),
-                        "ap50_interval": row.get("ap50_interval"),
-                        "ap": row.get("ap"),
-                        "ap_interval": row.get("ap_interval"),
-                    }
-                    for row in cells
-                ],
-            }
+            {"name": name, "num_gt": first["num_gt"], "scores": cells}
             for name, first, cells in _lined_up(per_run)
         ],
     }
@@ -206,18 +129,16 @@ def _lined_up(
     ]
 
 
-def class_rows(run: RunResults) -> dict[str, dict[str, Any]]:
-    rows = (run.evaluation or {})["metrics"].get("per_class") or []
-    return {str(row.get("name")): row for row in rows if isinstance(row, dict)}
-
-
-def prediction_grid(runs: list[RunResults], config: dict[str, Any] | None) -> dict[str, Any] | None:
+def prediction_grid(
+    runs: list[RunResults], summary_runs: list[dict[str, Any]], config: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """Evaluated images of the first run with predictions, and the files that could not be read."""
     run = next((run for run in runs if run.predictions_path), None)
     if run is None:
         return None
     predictions = read_predictions(run.predictions_path)
-    threshold = decisions.score_threshold(run, config)
+    summary_run = next((found for found in summary_runs if found["name"] == run.name), None)
+    threshold = score_threshold(summary_run, config)
     shown, missing = predicted_images(predictions, run.predictions_path, MAX_GRID_IMAGES)
     image = (
         charts.predictions_chart(run.name, shown, predictions["class_names"], threshold)
@@ -232,6 +153,15 @@ def prediction_grid(runs: list[RunResults], config: dict[str, Any] | None) -> di
         "max_detections": charts.MAX_DRAWN_DETECTIONS,
         "missing": missing,
     }
+
+
+def score_threshold(run: dict[str, Any] | None, config: dict[str, Any] | None) -> float:
+    """The score above which detections are drawn: the evaluation's, else the config's."""
+    evaluation = (run or {}).get("evaluation") or {}
+    if evaluation.get("score_threshold") is not None:
+        return evaluation["score_threshold"]
+    from_config = ((config or {}).get("eval") or {}).get("score_threshold")
+    return from_config if isinstance(from_config, float | int) else DEFAULT_SCORE_THRESHOLD
 
 
 def profile_view(

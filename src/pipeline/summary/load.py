@@ -1,4 +1,5 @@
-"""The results folder read into typed records and pandas frames, every file checked on the way.
+"""The results folder read into typed records and pandas frames, every file checked on the way:
+what the summary is made of, and what the report draws its charts and examples from.
 
 A file that is not what its stage writes stops the report with a ResultsFileError naming it;
 a file that is simply not there yet is left out (the report says so where it would be shown).
@@ -379,22 +380,18 @@ def modified_time(path: Path) -> datetime | None:
         return None
 
 
-def git_facts(folder: Path) -> list[tuple[str, str]]:
-    """The commit and working-tree state of the checkout holding the results, as far as git tells."""
+def git_state(folder: Path) -> dict[str, Any]:
+    """The commit of the checkout holding the results and how many files differ from it
+    (None each, as far as git cannot tell: not a git checkout, no commit, no git)."""
     commit = git_output(folder, "rev-parse", "HEAD")
     if commit is None:
-        return [("git commit", "unknown (not a git checkout, or no commit yet)")]
+        return {"id": None, "changed": None, "untracked": None}
     status = git_output(folder, "status", "--porcelain")
     if status is None:
-        state = "unknown"
-    else:
-        lines = [line for line in status.splitlines() if line.strip()]
-        untracked = sum(line.startswith("??") for line in lines)
-        changed = len(lines) - untracked
-        state = (
-            "clean" if not lines else f"dirty: {changed} changed and {untracked} untracked file(s)"
-        )
-    return [("git commit", commit.strip()), ("working tree", state)]
+        return {"id": commit.strip(), "changed": None, "untracked": None}
+    lines = [line for line in status.splitlines() if line.strip()]
+    untracked = sum(line.startswith("??") for line in lines)
+    return {"id": commit.strip(), "changed": len(lines) - untracked, "untracked": untracked}
 
 
 def git_output(folder: Path, *args: str) -> str | None:

@@ -1,8 +1,9 @@
-"""What the report concludes from the measurements: plain functions on frames and records.
+"""What the measurements say: plain functions on frames and records, called once, by
+summary/build.py, whose summary the report and `compare` show.
 
 Which training setting to recommend, whether each backend's shipped AMP default holds on this
-machine, which timings to trust less, and how runs compare. Nothing here knows about HTML;
-the sentences returned are the verdicts themselves, shown as text.
+machine, which timings to trust less, and whether a reduced precision kept the accuracy.
+Nothing here knows about HTML; the sentences returned are the verdicts themselves, shown as text.
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ from pipeline.report.formatting import (
     number,
     setting_label,
 )
-from pipeline.report.load import PRECISIONS, RunResults
 from pipeline.runs import parse_run
 from pipeline.stats import PairedChange, Speedup, ap50_change, f1_change, quality_words, speedup
-
-# Where neither the evaluation nor the config says which detections to draw.
-DEFAULT_SCORE_THRESHOLD = 0.3
-
+from pipeline.summary.load import PRECISIONS, RunResults
 
 # ---- the recommended training setting ----------------------------------------------------
 
@@ -230,6 +227,24 @@ def default_precision(
         return None
     amp_dtype = (config or {}).get("amp_dtype") or "fp16"
     return amp_dtype if entry["resolved_amp"].get("auto") else "fp32"
+
+
+def shipped_default_row(
+    frame: pd.DataFrame, env: dict[str, Any] | None, config: dict[str, Any] | None, model: str
+) -> pd.Series | None:
+    """The training record of what device=auto, amp=auto trains with here, if it was measured."""
+    if not env:
+        return None
+    backend = env.get("auto")
+    precision = default_precision(env, backend, config)
+    match = frame[
+        (frame["backend"] == backend)
+        & (frame["precision"] == precision)
+        & (frame["mode"] == "train")
+        & (frame["model"] == model)
+        & (frame["status"] == "ok")
+    ]
+    return match.iloc[0] if not match.empty else None
 
 
 def policy_rows(frame: pd.DataFrame, backend: str, model: str | None) -> pd.DataFrame:
@@ -486,12 +501,3 @@ def swept_values(name: str) -> dict[str, Any]:
         return dict(parse_run(name).sweep)
     except PipelineError:
         return {}
-
-
-def score_threshold(run: RunResults, config: dict[str, Any] | None) -> float:
-    """The score above which detections count: the evaluation's, else the config's."""
-    from_eval = number(((run.evaluation or {}).get("metrics") or {}).get("score_threshold"))
-    if from_eval is not None:
-        return from_eval
-    from_config = number(((config or {}).get("eval") or {}).get("score_threshold"))
-    return from_config if from_config is not None else DEFAULT_SCORE_THRESHOLD

@@ -1,0 +1,256 @@
+"""results/summary.json: what `python -m pipeline summarize` keeps of a results folder, what
+it compares by, and that the report shows the summary instead of deciding again.
+
+The results trees are report_fixtures' (shaped like the real files each stage writes).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_fixtures import (
+    BENCH,
+    ap_interval,
+    bench_record,
+    evaluation,
+    write_json,
+    write_results_tree,
+)
+from report_page import Page
+
+from pipeline import cli, config, formats
+from pipeline.errors import ResultsFileError
+from pipeline.report import render, run_views
+from pipeline.summary import build, load
+from pipeline.summary.read import read_summary
+
+pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
+CONFIG = {
+    "model": {"name": "tiny_conv"},
+    "amp": "auto",
+    "amp_dtype": "fp16",
+    "data": {"format": "synthetic"},
+    "eval": {"score_threshold": 0.3},
+}
+
+
+def summarized(results: Path, settings: dict[str, Any] | None = CONFIG) -> dict[str, Any]:
+    """The summary `python -m pipeline summarize` writes of `results`, read back."""
+    extra = [] if settings is None else ["--config-json", json.dumps(settings)]
+    assert cli.main(["summarize", "--results", str(results), *extra]) == 0
+    return read_summary(results / "summary.json")
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return summarized(write_results_tree(tmp_path_factory.mktemp("summary")))
+
+
+def test_the_summary_file_matches_its_schema_and_format(summary: dict[str, Any]) -> None:
+    assert summary["format"] == build.FORMAT == formats.format_tag("summary")
+    assert formats.problem(summary, "summary") is None
+
+
+def test_the_answer_is_the_setting_with_its_speed_up_interval_numerics_and_default(
+    summary: dict[str, Any],
+) -> None:
+    chosen = summary["answer"]["chosen"]
+    assert (chosen["backend"], chosen["precision"], chosen["model"]) == (
+        "cuda",
+        "fp16",
+        "tiny_conv",
+    )
+    speed = chosen["vs_cpu_fp32"]
+    assert speed["ratio"] == pytest.approx(25.0) and speed["verdict"] == "faster"
+    assert speed["low"] < 25.0 < speed["high"] and speed["confidence"] == 0.95
+    assert chosen["numerics"] == "acceptable"
+    assert summary["answer"]["shipped_default"] == {"backend": "cuda", "precision": "fp16"}
+    assert chosen["is_shipped_default"] is True
+    assert [(o["backend"], o["precision"]) for o in chosen["faster_unsafe"]] == [("cuda", "bf16")]
+
+
+def test_the_machine_is_what_env_json_describes(summary: dict[str, Any]) -> None:
+    machine = summary["machine"]
+    assert (machine["cpu_model"], machine["cpu_count"], machine["torch_threads"]) == (
+        "AMD EPYC",
+        2,
+        2,
+    )
+    assert machine["cpu_native"]["bf16"] == {
+        "native": False,
+        "evidence": "torch.cpu.get_capabilities(): avx512_bf16=no, amx_bf16=no",
+    }
+    assert machine["gpus"] == [
+        {"name": "NVIDIA Fake H100", "memory_gib": 79.6, "capability": "9.0"}
+    ]
+    versions = machine["versions"]
+    assert (versions["torch"], versions["cuda"], versions["cudnn"]) == (
+        "2.14.1+cu130",
+        "13.0",
+        "91000",
+    )
+    assert (machine["backends"], machine["auto"]) == (["cuda", "mps", "cpu"], "cuda")
+
+
+def test_every_benchmark_record_is_kept_with_its_median_iqr_and_flags(
+    summary: dict[str, Any],
+) -> None:
+    kept = {(b["backend"], b["precision"], b["mode"]): b for b in summary["benchmarks"]}
+    assert set(kept) == {(r["backend"], r["precision"], r["mode"]) for r in BENCH}
+    cpu = kept[("cpu", "fp32", "train")]
+    assert (cpu["median_ms"], cpu["iqr_ms"], cpu["count"]) == (100.0, 5.0, 20)
+    assert cpu["flags"] == ["high load: 2.3 on 2 cores, others used 66% CPU"]
+    assert kept[("cuda", "fp16", "train")]["vs_backend_fp32"]["ratio"] == pytest.approx(2.5)
+    assert kept[("cuda", "bf16", "train")]["numerics"]["problem"] == "the loss is 5.0% off fp32's"
+    skipped = kept[("mps", "bf16", "train")]
+    assert skipped["status"] == "skipped" and skipped["median_ms"] is None
+
+
+def test_each_run_keeps_its_time_and_leads_with_its_held_out_f1(tmp_path: Path) -> None:
+    results = write_results_tree(tmp_path)
+    document = evaluation("cpu", "fp32", 0.42)
+    point = {"threshold": 0.35, "picked_on": "val", "applied_to": "test", "f1": 0.44}
+    document.update(
+        split="test",
+        metrics_split="test",
+        operating_point={**point, "f1_interval": ap_interval(0.44, 0.01)},
+    )
+    write_json(results / "eval" / "cpu-fp32.json", document)
+    runs = {run["name"]: run for run in summarized(results)["runs"]}
+    cpu = runs["cpu-fp32"]
+    assert (cpu["precision"], cpu["epochs"], cpu["steps"]) == ("fp32", 3, 6)
+    assert (cpu["wall_time_s"], cpu["epoch_time_s"], cpu["median_step_ms"]) == (12.5, 0.4, 100.0)
+    assert cpu["scores"]["f1"] == 0.44 and cpu["scores"]["f1_threshold"] == "validation"
+    assert cpu["scores"]["f1_interval"]["low"] == pytest.approx(0.43)
+    assert cpu["scores"]["split"] == "test" and cpu["evaluation"]["held_out"] is True
+    assert [row["name"] for row in cpu["evaluation"]["per_class"]] == [
+        "circle",
+        "<script>alert(1)</script>",
+    ]
+    # no test split: F1 at the score threshold leads, named so (not the best F1 on val)
+    cuda = runs["cuda-fp16"]["scores"]
+    assert (cuda["f1"], cuda["f1_threshold"], cuda["split"]) == (0.61, "score threshold", "val")
+    assert runs["cuda-fp16"]["best_validation_f1"] == {"value": 0.61, "epoch": 3}
+
+
+def full_config(*settings: str) -> dict[str, Any]:
+    return config.load_config([], settings)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "data.num_workers=3",
+        "data.cache=false",
+        "eval.batch_size=7",
+        "device=cpu",
+        "cpu_threads=2",
+        "bench.steps=9",
+        "profile.repeats=9",
+        "cluster.threads=8",
+        "data.root=/scratch/elsewhere",  # where the built-in set is generated
+    ],
+)
+def test_the_accuracy_hash_ignores_where_and_how_fast_a_run_went(setting: str) -> None:
+    reference = build.accuracy_basis(full_config())
+    assert build.accuracy_basis(full_config(setting))["hash"] == reference["hash"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "data.synthetic.num_test=512",
+        "train.epochs=3",
+        "eval.score_threshold=0.55",
+        "model.width=16",
+        "seed=1",
+        "amp=measured",
+    ],
+)
+def test_the_accuracy_hash_changes_with_what_the_figures_depend_on(setting: str) -> None:
+    reference = build.accuracy_basis(full_config())
+    changed = build.accuracy_basis(full_config(setting))
+    assert changed["hash"] != reference["hash"]
+    assert config.differing_keys(reference["settings"], changed["settings"])
+
+
+def test_the_speed_hash_is_what_the_training_benchmarks_timed() -> None:
+    records = [bench_record("cpu", "fp32", "train", 10.0)]
+    frame = load.bench_frame([(record, Path("bench/a.json")) for record in records])
+    basis = build.speed_basis(frame, "tiny_conv")
+    assert basis["settings"]["batch_size"] == 16 and basis["settings"]["image_size"] == 128
+    records[0]["batch_size"] = 4
+    smaller = build.speed_basis(load.bench_frame([(records[0], Path("a.json"))]), "tiny_conv")
+    assert smaller["hash"] != basis["hash"]
+    assert build.speed_basis(frame, None) is None
+
+
+def test_the_commit_is_the_checkouts_and_says_whether_files_differ(tmp_path: Path) -> None:
+    assert load.git_state(tmp_path) == {"id": None, "changed": None, "untracked": None}
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.txt").write_text("a")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    (tmp_path / "b.txt").write_text("b")
+    state = load.git_state(tmp_path)
+    assert len(state["id"]) == 40 and (state["changed"], state["untracked"]) == (0, 1)
+
+
+def test_without_a_config_the_summary_has_no_accuracy_basis(tmp_path: Path) -> None:
+    summary = summarized(write_results_tree(tmp_path), settings=None)
+    assert summary["comparison"]["accuracy"] is None and summary["synthetic_data"] is None
+    assert summary["comparison"]["speed"] is not None
+
+
+def test_the_report_shows_the_summarys_decisions_instead_of_deciding_again(
+    tmp_path: Path,
+) -> None:
+    results = write_results_tree(tmp_path)
+    summary = summarized(results)
+    summary["answer"]["chosen"]["vs_cpu_fp32"]["text"] = "edited in the summary"
+    summary["amp_policy"][0]["verdict"] = "an edited verdict"
+    (results / "summary.json").write_text(json.dumps(summary))
+    render.build(results, tmp_path / "report.html")
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert "train with CUDA fp16: edited in the summary than CPU fp32" in page.text("answer")
+    assert "an edited verdict" in page.text("amp-policy")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("{not json", "is not a summary: it is not valid JSON"),
+        (json.dumps({"format": "pipeline.eval/1"}), "is a file of format pipeline.eval/1, where"),
+        (json.dumps({"format": "pipeline.summary/2"}), "is a file of format pipeline.summary/2"),
+        (json.dumps([1]), "is not a pipeline summary, where a summary of format"),
+        (
+            json.dumps({"format": "pipeline.summary/1"}),
+            "is not a summary this version reads: it does not match summary.schema.yaml",
+        ),
+    ],
+)
+def test_a_file_that_is_not_a_summary_is_refused_naming_it(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "machine.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ResultsFileError, match=message) as raised:
+        read_summary(path)
+    assert str(path) in str(raised.value)
+
+
+def test_boxes_are_drawn_above_the_evaluations_threshold_else_the_configs() -> None:
+    evaluated = {"evaluation": {"score_threshold": 0.5}}
+    assert run_views.score_threshold(evaluated, {"eval": {"score_threshold": 0.4}}) == 0.5
+    assert (
+        run_views.score_threshold({"evaluation": None}, {"eval": {"score_threshold": 0.4}}) == 0.4
+    )
+    assert run_views.score_threshold(None, None) == run_views.DEFAULT_SCORE_THRESHOLD
