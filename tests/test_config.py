@@ -57,6 +57,7 @@ def test_defaults_fill_every_section() -> None:
         "seed",
         "deterministic",
         "cpu_threads",
+        "compare",
         *SECTIONS,
     }
     assert config["data"]["augment"]["hflip"] == 0.5
@@ -337,7 +338,7 @@ def test_an_unknown_top_level_key_is_named_with_the_valid_keys() -> None:
         load_config(None, ["epochs=3"])
     message = str(caught.value)
     assert "epochs" in message
-    assert "Valid keys: amp, amp_dtype, bench, cluster, cpu_threads, data" in message
+    assert "Valid keys: amp, amp_dtype, bench, cluster, compare, cpu_threads, data" in message
 
 
 @pytest.mark.parametrize(

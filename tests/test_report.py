@@ -283,6 +283,7 @@ def test_report_and_summary_modules_do_not_import_torch() -> None:
     summary_package = REPORT_PACKAGE.parent / "summary"
     modules = ", ".join(
         ["pipeline.commands.report", "pipeline.commands.summarize", "pipeline.report"]
+        + ["pipeline.compare", "pipeline.commands.compare"]
         + [f"pipeline.report.{path.stem}" for path in REPORT_PACKAGE.glob("[!_]*.py")]
         + [f"pipeline.summary.{path.stem}" for path in summary_package.glob("[!_]*.py")]
     )

@@ -259,7 +259,7 @@ def test_every_stage_writes_its_outputs(finished: tuple[Path, subprocess.Complet
         trace = json.loads((results / "profile" / name / "trace.json").read_text())
         assert isinstance(trace["traceEvents"], list)
     stats = {path.stem for path in (results / "job_stats").rglob("*.tsv")}
-    assert {"check_env", "prepare_data", "report"} <= stats
+    assert {"check_env", "prepare_data", "summarize", "report"} <= stats
 
 
 def test_every_results_file_matches_the_schema_of_its_format(
@@ -269,6 +269,7 @@ def test_every_results_file_matches_the_schema_of_its_format(
     assert set(checked) == set(formats.names()) - {"common"}  # every format, each file
     runs = len(sweep_runs(finished[0]))
     assert checked["train_summary"] == checked["eval"] == checked["profile"] == runs
+    assert checked["summary"] == 1
 
 
 def test_training_ran_in_the_precision_the_benchmarks_chose(
@@ -366,21 +367,25 @@ def test_the_same_venv_at_another_path_reruns_nothing(
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
-TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "report"}
+TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "summarize", "report"}
 
 
 # Before the edits below, which rerun training whatever the settings.
 @pytest.mark.parametrize(
     ("setting", "jobs"),
     [
-        ("eval={batch_size: 7}", {"evaluate_run", "report"}),
+        ("eval={batch_size: 7}", {"evaluate_run", "summarize", "report"}),
         # a larger test split, for narrower intervals: only it is made again, nothing retrains
-        ("data={synthetic: {num_test: 24}}", {"prepare_test_data", "evaluate_run", "report"}),
+        (
+            "data={synthetic: {num_test: 24}}",
+            {"prepare_test_data", "evaluate_run", "summarize", "report"},
+        ),
         ("train={weight_decay: 0.001}", TRAINING_AND_AFTER),
         ("eval={score_threshold: 0.3}", TRAINING_AND_AFTER),  # validation picks best.pth by it
-        ("data={num_workers: 1, cache: false}", {"report"}),  # the report shows the config
-        ("train={lr: 0.01}", {"report"}),  # every run's lr comes from the sweep
-        ("amp_dtype=bf16", {"report"}),  # amp=measured here: the choice sets the precision
+        # the summary records the config (its comparison settings), the report shows it
+        ("data={num_workers: 1, cache: false}", {"summarize", "report"}),
+        ("train={lr: 0.01}", {"summarize", "report"}),  # every run's lr comes from the sweep
+        ("amp_dtype=bf16", {"summarize", "report"}),  # amp=measured: the choice sets the precision
     ],
 )
 def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(
@@ -404,7 +409,7 @@ def test_best_pth_is_an_output_of_training_that_evaluation_and_profiling_read(
     finally:
         best.write_bytes(original)  # the same checksum again: nothing reruns for it
     assert changed.returncode == 0, changed.stderr
-    assert planned_jobs(changed) == {"evaluate_run", "profile_run", "report"}
+    assert planned_jobs(changed) == {"evaluate_run", "profile_run", "summarize", "report"}
 
     aside = best.with_name("best.pth.aside")
     best.rename(aside)
@@ -417,15 +422,15 @@ def test_best_pth_is_an_output_of_training_that_evaluation_and_profiling_read(
 
 
 @pytest.mark.parametrize(
-    "changed",
+    ("changed", "jobs"),
     [
-        "src/pipeline/report/decisions.py",
-        "src/pipeline/report/templates/sections/answer.html.j2",
-        "src/pipeline/report/static/report.css",
+        ("src/pipeline/summary/decisions.py", {"summarize", "report"}),
+        ("src/pipeline/report/templates/sections/answer.html.j2", {"report"}),
+        ("src/pipeline/report/static/report.css", {"report"}),
     ],
 )
-def test_editing_the_report_code_a_template_or_the_stylesheet_reruns_only_the_report(
-    finished: tuple[Path, subprocess.CompletedProcess], changed: str
+def test_editing_the_decisions_a_template_or_the_stylesheet_reruns_only_the_summary_and_report(
+    finished: tuple[Path, subprocess.CompletedProcess], changed: str, jobs: set[str]
 ) -> None:
     root, _ = finished
     original = (root / changed).read_text()
@@ -435,7 +440,7 @@ def test_editing_the_report_code_a_template_or_the_stylesheet_reruns_only_the_re
     finally:  # the same content again: the next edit is the only change its dry run sees
         (root / changed).write_text(original)
     assert result.returncode == 0, result.stderr
-    assert planned_jobs(result) == {"report"}
+    assert planned_jobs(result) == jobs
     reasons = [line for line in result.stdout.splitlines() if "Updated input files" in line]
     assert reasons and changed in reasons[0]
 
@@ -497,3 +502,46 @@ def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
     output = result.stdout + result.stderr
     assert "MissingInputException" in output and f"{coco}/instances_train.json" in output
     assert "prepare_data" not in result.stdout
+
+
+def test_two_runs_of_different_settings_end_in_one_comparison_page(
+    finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    """Two "machines": the run above, its machine description replaced by another, and a
+    second run of other settings (a larger test split) in a copy of it, which builds
+    results/compare.html from the config's compare list: speed side by side, accuracy not,
+    and the page says what differs."""
+    root, _ = finished
+    summary = json.loads((root / "results" / "summary.json").read_text())
+    summary["machine"].update(cpu_model="Another CPU (described by the test)", gpus=[])
+    elsewhere = tmp_path / "elsewhere" / "summary.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(json.dumps(summary))
+    second = tmp_path / "second"
+    shutil.copytree(root, second, symlinks=True)
+    settings = ("data={synthetic: {num_test: 24}}", f"compare=[{elsewhere}, results/summary.json]")
+    result = snakemake(second, "results/compare.html", "--cores", "2", *E2E_CONFIG, *settings)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rule train_run:" not in result.stdout  # a larger test split retrains nothing
+    page = Page()
+    page.feed((second / "results" / "compare.html").read_text())
+    assert "Another CPU (described by the test)" in page.text("machines")
+    assert "Not compared" not in page.text("speed")  # the same configuration was timed
+    assert "they ran different settings (data.synthetic.num_test: " in page.text("training")
+    command = ["compare", str(elsewhere), "results/summary.json", "--markdown"]
+    markdown = subprocess.run(
+        [sys.executable, "-m", "pipeline", *command],
+        cwd=second,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "| Machine | Train with |" in markdown and "Not compared" in markdown
+
+
+def test_the_comparison_target_without_summaries_to_compare_says_how_to_name_them(
+    repo_copy: Path,
+) -> None:
+    result = snakemake(repo_copy, "-n", "results/compare.html")
+    assert result.returncode != 0
+    assert "the config's compare list, and it is empty: set it" in result.stdout + result.stderr

@@ -46,6 +46,10 @@ COMMANDS = {
         "sum up a results folder in summary.json: the answer, the benchmarks, every run",
     ),
     "report": ("pipeline.commands.report", "build the self-contained HTML comparison report"),
+    "compare": (
+        "pipeline.commands.compare",
+        "machines side by side, from their summary.json files: HTML and Markdown",
+    ),
 }
 # Commands that run torch, and take every CPU they may use (see device.set_cpu_threads).
 COMPUTE_COMMANDS = frozenset({"check-env", "train", "eval", "bench", "profile"})

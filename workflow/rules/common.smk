@@ -175,6 +175,17 @@ def run_files(pattern):
     return files
 
 
+def compared_summaries(wildcards):
+    """The summaries results/compare.html sets side by side (the config's compare list)."""
+    if not config["compare"]:
+        raise WorkflowError(
+            "results/compare.html compares the summary.json files of the config's compare list, "
+            "and it is empty: set it, for example --config 'compare=[runs/a100/summary.json, "
+            "results/summary.json]' (results/summary.json is this run's own)."
+        )
+    return config["compare"]
+
+
 def synthetic_settings(without=()):
     """The config's data.synthetic keys, less `without`: what a data rule's output depends on."""
     return {

@@ -1,0 +1,419 @@
+"""Machines side by side: several summary.json files (one per machine, cluster partition or GPU
+model) as one comparison, which `python -m pipeline compare` writes as an HTML page and as
+Markdown, both from the same tables.
+
+Figures are set side by side only where they are comparable: speed where the summaries timed
+the same configuration (their speed hash: model, batch, image size, memory format), training
+time and accuracy where they ran the same settings (their accuracy hash); otherwise the
+comparison says what differs and keeps them apart. Machines are ordered by name, so the same
+summaries always give the same tables (docs embed the Markdown and a test regenerates it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import differing_keys
+from pipeline.report.formatting import (
+    backend_label,
+    fmt_ms,
+    fmt_seconds,
+    fmt_speedup,
+    fmt_with_interval,
+    setting_label,
+)
+from pipeline.runs import PRECISIONS
+from pipeline.summary.load import BACKENDS, MODES
+from pipeline.summary.read import read_summary
+
+MAX_DIFFERENCES = 6  # differing keys named before "and N more"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One summary, named for the columns and rows that show it."""
+
+    name: str
+    path: str
+    summary: dict[str, Any]
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Section:
+    """A part of the comparison: its tables and the notes that say what is not compared."""
+
+    id: str
+    title: str
+    intro: str
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_machines(paths: Sequence[str | Path]) -> list[Machine]:
+    """The summaries in `paths` (each checked: a bad one is a ResultsFileError naming it),
+    ordered by machine name and path; two of one name are told apart by their paths."""
+    summaries = [(str(path), read_summary(path)) for path in paths]
+    found = sorted(
+        ((machine_name(summary), path, summary) for path, summary in summaries),
+        key=lambda item: item[:2],
+    )
+    names = [name for name, _, _ in found]
+    return [
+        Machine(f"{name} ({path})" if names.count(name) > 1 else name, path, summary)
+        for name, path, summary in found
+    ]
+
+
+def machine_name(summary: dict[str, Any]) -> str:
+    """The GPUs where the machine has any, else the CPU: what a reader knows it by."""
+    machine = summary["machine"]
+    if machine is None:
+        return "unknown machine"
+    gpus = [gpu["name"] or "GPU" for gpu in machine["gpus"]]
+    if gpus:
+        counted = [f"{gpus.count(n)}× {n}" if gpus.count(n) > 1 else n for n in dict.fromkeys(gpus)]
+        return " + ".join(counted)
+    return machine["cpu_model"] or "unknown CPU"
+
+
+def compare(machines: list[Machine]) -> list[Section]:
+    """The comparison's sections: the machines, their answers, speed, training and accuracy."""
+    return [machines_section(machines), answers_section(machines), *speed_and_training(machines)]
+
+
+# ---- the machines and their answers -----------------------------------------------------------
+
+
+def machines_section(machines: list[Machine]) -> Section:
+    facts = [
+        ("Summary", lambda m, s: m.path),
+        ("CPU", cpu_text),
+        ("Native bf16 / fp16", native_text),
+        ("GPUs", gpu_text),
+        ("torch, CUDA, cuDNN", versions_text),
+        ("OS", lambda m, s: (s["machine"] or {}).get("os") or "n/a"),
+        ("Commit", commit_text),
+        ("Timed configuration", lambda m, s: timed_text(s["comparison"]["speed"])),
+        ("Accuracy settings (hash)", lambda m, s: hash_text(s["comparison"]["accuracy"])),
+    ]
+    rows = [[name, *(describe(m, m.summary) for m in machines)] for name, describe in facts]
+    return Section(
+        "machines",
+        "Machines",
+        "Each column is one summary.json: the machine as its environment check described it.",
+        [Table("", ["", *(m.name for m in machines)], rows)],
+    )
+
+
+def cpu_text(machine: Machine, summary: dict[str, Any]) -> str:
+    found = summary["machine"]
+    if found is None:
+        return "n/a (no env.json)"
+    return (
+        f"{found['cpu_model'] or 'n/a'}, {found['cpu_count'] or 'n/a'} cores, "
+        f"torch uses {found['torch_threads'] or 'n/a'} threads"
+    )
+
+
+def native_text(machine: Machine, summary: dict[str, Any]) -> str:
+    native = (summary["machine"] or {}).get("cpu_native") or {}
+    return " / ".join(
+        "n/a" if precision not in native else ("yes" if native[precision]["native"] else "no")
+        for precision in ("bf16", "fp16")
+    )
+
+
+def gpu_text(machine: Machine, summary: dict[str, Any]) -> str:
+    gpus = (summary["machine"] or {}).get("gpus") or []
+    if not gpus:
+        return "none"
+    return "; ".join(
+        f"{gpu['name']} ({memory_text(gpu['memory_gib'])}, compute capability "
+        f"{gpu['capability'] or 'n/a'})"
+        for gpu in gpus
+    )
+
+
+def memory_text(gib: float | None) -> str:
+    return "n/a GiB" if gib is None else f"{gib:.1f} GiB"
+
+
+def versions_text(machine: Machine, summary: dict[str, Any]) -> str:
+    versions = (summary["machine"] or {}).get("versions") or {}
+    return ", ".join(versions.get(key) or "none" for key in ("torch", "cuda", "cudnn"))
+
+
+def commit_text(machine: Machine, summary: dict[str, Any]) -> str:
+    commit = summary["commit"]
+    if commit["id"] is None:
+        return "unknown"
+    dirty = (commit["changed"] or 0) + (commit["untracked"] or 0)
+    return commit["id"][:12] + (f" ({dirty} file(s) changed or untracked)" if dirty else "")
+
+
+def timed_text(speed: dict[str, Any] | None) -> str:
+    if speed is None:
+        return "no training benchmark"
+    settings = speed["settings"]
+    layout = "channels_last" if settings["channels_last"] else "contiguous"
+    return (
+        f"{settings['model'].get('name', 'n/a')}, batch {settings['batch_size']}, "
+        f"{settings['image_size']} px, {layout}"
+    )
+
+
+def hash_text(basis: dict[str, Any] | None) -> str:
+    return "not recorded (no config given)" if basis is None else basis["hash"][:12]
+
+
+def answers_section(machines: list[Machine]) -> Section:
+    rows = [[m.name, *answer_cells(m.summary["answer"])] for m in machines]
+    section = Section(
+        "answers",
+        "What each machine should train with",
+        "Each machine's answer, its speed-up against its own CPU fp32 (95% interval) and "
+        "whether the shipped defaults (device=auto, amp=auto) already train that way.",
+        [
+            Table(
+                "",
+                [
+                    "Machine",
+                    "Train with",
+                    "Speed-up against its CPU fp32 (95% interval)",
+                    "Numerics",
+                    "Shipped defaults train this way",
+                ],
+                rows,
+            )
+        ],
+    )
+    section.notes += not_compared(machines, "speed", "timed different configurations")
+    return section
+
+
+def answer_cells(answer: dict[str, Any]) -> list[str]:
+    chosen = answer["chosen"]
+    if chosen is None:
+        why = (
+            "no training benchmark"
+            if answer["model"] is None
+            else "nothing with acceptable numerics"
+        )
+        return [f"no answer: {why}", "n/a", "n/a", "n/a"]
+    speed = (
+        "1.00× (the baseline itself)"
+        if chosen["is_cpu_fp32"]
+        else speed_text(chosen["vs_cpu_fp32"])
+    )
+    numerics = "fp32 (the reference)" if chosen["numerics"] == "reference" else "acceptable"
+    shipped = answer["shipped_default"]
+    if chosen["is_shipped_default"] is None:
+        default = "n/a"
+    elif chosen["is_shipped_default"]:
+        default = "yes"
+    else:
+        default = f"no: they train with {setting_label(shipped['backend'], shipped['precision'])}"
+    return [setting_label(chosen["backend"], chosen["precision"]), speed, numerics, default]
+
+
+def speed_text(speed: dict[str, Any] | None) -> str:
+    """'25.0× (24.2–25.7), faster' and the like."""
+    if speed is None:
+        return "n/a"
+    verdict = speed["verdict"]
+    return f"{fmt_speedup(speed)}{'' if verdict == 'faster' else f', {verdict}'}"
+
+
+# ---- speed, training and accuracy, each within its comparable group ----------------------------
+
+
+def groups(machines: list[Machine], aspect: str) -> list[list[Machine]]:
+    """Machines whose `aspect` basis (speed or accuracy) is equal, in order; one without a
+    basis is a group of its own."""
+    found: dict[Any, list[Machine]] = {}
+    for index, machine in enumerate(machines):
+        basis = machine.summary["comparison"][aspect]
+        found.setdefault(index if basis is None else basis["hash"], []).append(machine)
+    return list(found.values())
+
+
+def not_compared(machines: list[Machine], aspect: str, what: str) -> list[str]:
+    """A note per group after the first: which machines are kept apart, and what differs."""
+    found = groups(machines, aspect)
+    if len(found) < 2:
+        return []
+    first = found[0][0].summary["comparison"][aspect]
+    against = " and ".join(m.name for m in found[0])
+    notes = []
+    for group in found[1:]:
+        basis = group[0].summary["comparison"][aspect]
+        names = " and ".join(m.name for m in group)
+        if basis is None or first is None:
+            missing = [side for side, found in ((against, first), (names, basis)) if found is None]
+            verb = "records" if len(missing) == 1 else "record"
+            why = f"{' and '.join(missing)} {verb} no settings to compare by (summarised without a config)"
+        else:
+            why = f"they {what} ({differences(first['settings'], basis['settings'])})"
+        notes.append(f"Not compared: {against} with {names}: {why}.")
+    return notes
+
+
+def differences(first: dict[str, Any], other: dict[str, Any]) -> str:
+    keys = differing_keys(first, other)
+    shown = [
+        f"{key}: {lookup(first, key)} vs {lookup(other, key)}" for key in keys[:MAX_DIFFERENCES]
+    ]
+    more = len(keys) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def lookup(settings: dict[str, Any], dotted: str) -> str:
+    value: Any = settings
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return "(not set)"
+        value = value[part]
+    return str(value)
+
+
+def speed_and_training(machines: list[Machine]) -> list[Section]:
+    speed = Section(
+        "speed",
+        "Speed of every backend and precision",
+        "Median milliseconds per step and the speed-up against the same machine's CPU fp32 of "
+        "the same mode, with its 95% interval; side by side only where the machines timed the "
+        "same configuration.",
+    )
+    for group in groups(machines, "speed"):
+        if len(group) > 1 or len(machines) == 1:
+            speed.tables.append(speed_table(group))
+    speed.notes += not_compared(machines, "speed", "timed different configurations")
+    training = Section(
+        "training",
+        "Training time and accuracy",
+        "Each trained run: time per epoch, time to the end of training, and its leading F1 "
+        "(at the threshold picked on validation, applied to the held-out test split, where there "
+        "is one) and AP@.5, with 95% intervals; side by side only where the machines ran the same "
+        "settings.",
+    )
+    for group in groups(machines, "accuracy"):
+        if len(group) > 1 or len(machines) == 1:
+            training.tables.append(training_table(group))
+    training.notes += not_compared(machines, "accuracy", "ran different settings")
+    return [speed, training]
+
+
+def speed_table(group: list[Machine]) -> Table:
+    basis = group[0].summary["comparison"]["speed"]
+    model = None if basis is None else basis["settings"]["model"].get("name")
+    entries = {
+        (m.name, b["mode"], b["backend"], b["precision"]): b
+        for m in group
+        for b in m.summary["benchmarks"]
+        if b["model"] == model
+    }
+    keys = sorted(
+        {(mode, backend, precision) for _, mode, backend, precision in entries},
+        key=lambda key: (rank(MODES, key[0]), rank(BACKENDS, key[1]), rank(PRECISIONS, key[2])),
+    )
+    rows = [
+        [mode, backend_label(backend), precision]
+        + [speed_cell(entries.get((m.name, mode, backend, precision))) for m in group]
+        for mode, backend, precision in keys
+    ]
+    return Table(
+        timed_text(basis), ["Mode", "Backend", "Precision", *(m.name for m in group)], rows
+    )
+
+
+def rank(order: Sequence[str], value: str) -> int:
+    return order.index(value) if value in order else len(order)
+
+
+def speed_cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "not run"
+    if entry["status"] != "ok":
+        return "skipped"
+    if (entry["backend"], entry["precision"]) == ("cpu", "fp32"):
+        return f"{fmt_ms(entry['median_ms'])} ms, the baseline"
+    unsafe = "" if entry["safe"] else ", numerics not acceptable"
+    return f"{fmt_ms(entry['median_ms'])} ms, {speed_text(entry['vs_cpu_fp32'])}{unsafe}"
+
+
+def training_table(group: list[Machine]) -> Table:
+    rows = []
+    for machine in group:
+        for run in machine.summary["runs"]:
+            scores = run["scores"]
+            where = scores["split"] + (
+                ", threshold picked on validation" if scores["f1_threshold"] == "validation" else ""
+            )
+            rows.append(
+                [
+                    machine.name,
+                    run["name"],
+                    str(run["epochs"]) if run["epochs"] is not None else "n/a",
+                    fmt_seconds(run["epoch_time_s"]),
+                    fmt_seconds(run["wall_time_s"]),
+                    f"{fmt_with_interval(scores['f1'], scores['f1_interval'])} ({where})",
+                    fmt_with_interval(scores["ap50"], scores["ap50_interval"]),
+                ]
+            )
+    basis = group[0].summary["comparison"]["accuracy"]
+    title = "settings " + hash_text(basis) if basis else "settings not recorded"
+    headers = [
+        "Machine",
+        "Run",
+        "Epochs",
+        "Time per epoch",
+        "To the end of training",
+        "F1 (95% interval)",
+        "AP@.5 (95% interval)",
+    ]
+    return Table(title, headers, rows)
+
+
+# ---- Markdown -------------------------------------------------------------------------------
+
+
+def markdown(paths: Sequence[str | Path]) -> str:
+    """The comparison of the summaries in `paths` as Markdown: the same for the same files,
+    whatever their order."""
+    return markdown_text(compare(read_machines(paths)))
+
+
+def markdown_text(sections: list[Section]) -> str:
+    lines: list[str] = []
+    for section in sections:
+        lines += [f"## {section.title}", "", section.intro, ""]
+        for table in section.tables:
+            if table.title:
+                lines += [f"{escaped(table.title)}:", ""]
+            lines.append("| " + " | ".join(escaped(cell) for cell in table.headers) + " |")
+            lines.append("|" + " --- |" * len(table.headers))
+            lines += ["| " + " | ".join(escaped(cell) for cell in row) + " |" for row in table.rows]
+            lines.append("")
+        lines += [*(f"{escaped(note)}" for note in section.notes), *([""] if section.notes else [])]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def escaped(text: str) -> str:
+    """A table cell's text as Markdown shows it literally: pipes, angle brackets, line breaks."""
+    return (
+        text.replace("\\", "\\\\")
+        .replace("|", "\\|")
+        .replace("<", "&lt;")
+        .replace(">", "&gt;")
+        .replace("\n", " ")
+    )

@@ -1,0 +1,240 @@
+"""`python -m pipeline compare`: machines side by side from their summaries, figures compared
+only where comparable, the same Markdown for the same summaries, and bad input refused.
+
+The summaries are hand-made from one that `summarize` wrote of report_fixtures' tree: another
+machine description, other settings, another timed configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_fixtures import write_results_tree
+from report_page import Page, assert_self_contained
+
+from pipeline import cli
+from pipeline.compare import compare, markdown, read_machines
+from pipeline.summary.build import settings_hash
+
+pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
+SCRIPT = "<script>alert(1)</script>"
+CONFIG = {"data": {"format": "synthetic", "synthetic": {"num_test": 16}}, "train": {"epochs": 2}}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A summary of the fixture tree: a machine with an NVIDIA Fake H100, CUDA fp16 chosen."""
+    results = write_results_tree(tmp_path_factory.mktemp("base"))
+    args = ["summarize", "--results", str(results), "--config-json", json.dumps(CONFIG)]
+    assert cli.main(args) == 0
+    return json.loads((results / "summary.json").read_text())
+
+
+def cpu_machine(summary: dict[str, Any], cpu_model: str = "Intel Xeon (AMX)") -> dict[str, Any]:
+    """The same results as if measured on a machine without a GPU."""
+    other = copy.deepcopy(summary)
+    other["machine"].update(cpu_model=cpu_model, gpus=[])
+    return other
+
+
+def with_settings(summary: dict[str, Any], aspect: str, path: str, value: Any) -> dict[str, Any]:
+    """`summary` whose `aspect` (speed or accuracy) settings have `path` set to `value`."""
+    basis = summary["comparison"][aspect]
+    node = basis["settings"]
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    basis["hash"] = settings_hash(basis["settings"])
+    return summary
+
+
+def write(tmp_path: Path, name: str, summary: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(summary) if not isinstance(summary, str) else summary)
+    return path
+
+
+def sections(*paths: Path) -> dict[str, Any]:
+    return {section.id: section for section in compare(read_machines(paths))}
+
+
+def test_machines_of_equal_settings_are_compared_side_by_side(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    found = sections(
+        write(tmp_path, "gpu.json", base), write(tmp_path, "cpu.json", cpu_machine(base))
+    )
+    (machines,) = found["machines"].tables
+    assert machines.headers == ["", "Intel Xeon (AMX)", "NVIDIA Fake H100"]  # sorted by name
+    assert machines.rows[3] == [
+        "GPUs",
+        "none",
+        "NVIDIA Fake H100 (79.6 GiB, compute capability 9.0)",
+    ]
+    (answers,) = found["answers"].tables
+    assert answers.rows[1] == [
+        "NVIDIA Fake H100",
+        "CUDA fp16",
+        "25.0× (24.23–25.74)",
+        "acceptable",
+        "yes",
+    ]
+    (speed,) = found["speed"].tables
+    assert speed.rows[1] == ["train", "CUDA", "fp16", *["4.00 ms, 25.0× (24.23–25.74)"] * 2]
+    assert speed.rows[6] == ["train", "CPU", "fp32", *["100 ms, the baseline"] * 2]
+    (training,) = found["training"].tables
+    assert [row[:2] for row in training.rows] == [
+        ["Intel Xeon (AMX)", "cuda-fp16"],
+        ["Intel Xeon (AMX)", "cpu-fp32"],
+        ["NVIDIA Fake H100", "cuda-fp16"],
+        ["NVIDIA Fake H100", "cpu-fp32"],
+    ]
+    assert training.rows[1][2:] == [
+        "3",
+        "0.4 s",
+        "12.5 s",
+        "0.420 (0.413–0.427) (val)",
+        "0.378 (0.358–0.398)",
+    ]
+    assert not any(section.notes for section in found.values())
+
+
+def test_accuracy_of_other_settings_is_not_compared_and_the_page_says_what_differs(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    other = with_settings(cpu_machine(base), "accuracy", "data.synthetic.num_test", 24)
+    other = with_settings(other, "accuracy", "train.epochs", 5)
+    found = sections(write(tmp_path, "gpu.json", base), write(tmp_path, "cpu.json", other))
+    assert found["training"].tables == []
+    assert found["training"].notes == [
+        "Not compared: Intel Xeon (AMX) with NVIDIA Fake H100: they ran different settings "
+        "(data.synthetic.num_test: 24 vs 16; train.epochs: 5 vs 2)."
+    ]
+    assert len(found["speed"].tables) == 1 and not found["speed"].notes  # speed still is
+
+
+def test_speed_of_another_timed_configuration_is_not_compared(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    other = with_settings(cpu_machine(base), "speed", "batch_size", 4)
+    found = sections(write(tmp_path, "gpu.json", base), write(tmp_path, "cpu.json", other))
+    assert found["speed"].tables == []
+    why = "they timed different configurations (batch_size: 4 vs 16)."
+    assert found["speed"].notes == [f"Not compared: Intel Xeon (AMX) with NVIDIA Fake H100: {why}"]
+    assert found["answers"].notes == found["speed"].notes  # the answers' speed-ups too
+    assert len(found["training"].tables) == 1
+
+
+def test_a_summary_without_settings_is_compared_with_nothing(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    unknown = cpu_machine(base)
+    unknown["comparison"]["accuracy"] = None
+    twin = cpu_machine(base, "Intel Xeon (twin)")
+    twin["comparison"]["accuracy"] = None
+    paths = [write(tmp_path, f"{n}.json", s) for n, s in (("a", base), ("b", unknown), ("c", twin))]
+    found = sections(*paths)
+    assert found["training"].tables == []
+    assert found["training"].notes == [  # two without settings are not alike either
+        "Not compared: Intel Xeon (AMX) with Intel Xeon (twin): Intel Xeon (AMX) and Intel Xeon "
+        "(twin) record no settings to compare by (summarised without a config).",
+        "Not compared: Intel Xeon (AMX) with NVIDIA Fake H100: Intel Xeon (AMX) records no "
+        "settings to compare by (summarised without a config).",
+    ]
+
+
+def test_three_machines_two_alike_compare_the_two(tmp_path: Path, base: dict[str, Any]) -> None:
+    other = with_settings(cpu_machine(base, "AMD EPYC 9654"), "accuracy", "seed", 3)
+    paths = [
+        write(tmp_path, "gpu.json", base),
+        write(tmp_path, "cpu.json", cpu_machine(base)),
+        write(tmp_path, "epyc.json", other),
+    ]
+    training = sections(*paths)["training"]
+    (table,) = training.tables
+    assert {row[0] for row in table.rows} == {"Intel Xeon (AMX)", "NVIDIA Fake H100"}
+    assert training.notes == [
+        "Not compared: AMD EPYC 9654 with Intel Xeon (AMX) and NVIDIA Fake H100: they ran "
+        "different settings (seed: 3 vs None)."
+    ]
+
+
+def test_the_markdown_is_the_same_for_the_same_summaries_in_any_order(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    paths = [write(tmp_path, "gpu.json", base), write(tmp_path, "cpu.json", cpu_machine(base))]
+    text = markdown(paths)
+    assert text == markdown(paths[::-1]) == markdown(paths)
+    assert "| Machine | Train with |" in text and base["created"] not in text
+    # a document embedding the table between markers is regenerated to the same text
+    document = f"intro\n<!-- machines:start -->\n{text}<!-- machines:end -->\n"
+    embedded = document.split("<!-- machines:start -->\n")[1].split("<!-- machines:end -->")[0]
+    assert embedded == markdown(paths[::-1])
+
+
+def test_the_cli_writes_html_and_markdown_and_escapes_what_files_hold(
+    tmp_path: Path, base: dict[str, Any], capsys: pytest.CaptureFixture
+) -> None:
+    paths = [
+        write(tmp_path, "gpu.json", base),
+        write(tmp_path, "cpu.json", cpu_machine(base, f"CPU {SCRIPT} | pipe")),
+    ]
+    out, table = tmp_path / "compare.html", tmp_path / "compare.md"
+    assert cli.main(["compare", *map(str, paths), "--out", str(out), "--markdown", str(table)]) == 0
+    source = out.read_text(encoding="utf-8")
+    page = Page()
+    page.feed(source)
+    assert [attrs.get("id") for tag, attrs in page.tags if tag == "section"] == [
+        "machines",
+        "answers",
+        "speed",
+        "training",
+    ]
+    assert_self_contained(source, page, min_images=0)
+    assert f"CPU {SCRIPT} | pipe" in page.text("machines")
+    assert "CPU &lt;script&gt;alert(1)&lt;/script&gt; \\| pipe" in table.read_text()
+    assert cli.main(["compare", *map(str, paths), "--markdown"]) == 0
+    assert capsys.readouterr().out == table.read_text()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        (
+            '{"format": "pipeline.summary/2"}',
+            "is a file of format pipeline.summary/2, where a summary",
+        ),
+        ('{"format": "pipeline.env/1"}', "is a file of format pipeline.env/1"),
+        ("[]", "is not a pipeline summary"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_file_and_writes_nothing(
+    tmp_path: Path,
+    base: dict[str, Any],
+    content: str | None,
+    message: str,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    good = write(tmp_path, "good.json", base)
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    out = tmp_path / "compare.html"
+    assert cli.main(["compare", str(good), str(bad), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert f"{bad} {message}" in error or f"{bad} does not exist" in error
+    assert message in error and len(error.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_compare_without_an_output_is_a_user_error(
+    tmp_path: Path, base: dict[str, Any], capsys: pytest.CaptureFixture
+) -> None:
+    assert cli.main(["compare", str(write(tmp_path, "a.json", base))]) == 2
+    assert "compare writes nothing without --out FILE.html or --markdown" in capsys.readouterr().err
