@@ -145,6 +145,8 @@ MpiDefault=none
 SlurmdParameters=config_overrides
 NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${mem} State=UNKNOWN
 PartitionName=debug Nodes=${host} Default=YES MaxTime=INFINITE State=UP
+# a second partition on the same node: the tests compare two partitions' runs
+PartitionName=second Nodes=${host} MaxTime=INFINITE State=UP
 EOF
 }
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger"
 
 COMMANDS = [
     *("check-env", "prepare-data", "train", "eval", "bench", "choose-precision"),
-    *("profile", "report"),
+    *("profile", "summarize", "report", "compare"),
 ]
 
 

@@ -1,4 +1,5 @@
-"""The report in a real browser: headless Chromium loads it from disk, lays it out and renders it.
+"""The report and the comparison page in a real browser: headless Chromium loads them from disk,
+lays them out and renders them.
 
 Skips when Chromium is not installed, unless PIPELINE_REQUIRE_BROWSER=1 (CI sets it where
 Chromium is part of the image), in which case a missing browser fails the test.
@@ -6,6 +7,7 @@ Chromium is part of the image), in which case a missing browser fails the test.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -101,3 +103,35 @@ def test_chromium_renders_a_screenshot_of_the_report(report_file: Path, tmp_path
         assert image.size == (1280, 2000)
         colours = image.convert("L").getcolors(maxcolors=1_000_000) or []
     assert len(colours) > 16  # text, tables and plots, not one flat colour
+
+
+@pytest.fixture
+def compare_file(tmp_path: Path) -> Path:
+    """compare.html of two summaries of the fixture tree: the machine described in it, and
+    another without a GPU that ran a larger test split (so accuracy is not compared)."""
+    summaries = []
+    for name, num_test in (("gpu", 16), ("cpu", 24)):
+        results = write_results_tree(tmp_path / name)
+        config = {"data": {"format": "synthetic", "synthetic": {"num_test": num_test}}}
+        args = ["summarize", "--results", str(results), "--config-json", json.dumps(config)]
+        assert cli.main(args) == 0
+        summaries.append(results / "summary.json")
+    other = json.loads(summaries[1].read_text())
+    other["machine"].update(cpu_model="Intel Xeon (another machine)", gpus=[])
+    summaries[1].write_text(json.dumps(other))
+    out = tmp_path / "compare.html"
+    assert cli.main(["compare", *map(str, summaries), "--out", str(out)]) == 0
+    return out
+
+
+def test_chromium_loads_every_section_of_the_comparison_page(
+    compare_file: Path, tmp_path: Path
+) -> None:
+    browser = chromium()
+    done = run_browser(browser, tmp_path / "profile-compare", "--dump-dom", compare_file.as_uri())
+    dom = SectionIds()
+    dom.feed(done.stdout)
+    assert dom.ids == {"machines", "answers", "speed", "training"}
+    assert "script" not in dom.tags and "table" in dom.tags
+    assert "Intel Xeon (another machine)" in done.stdout
+    assert "they ran different settings (data.synthetic.num_test: 24 vs 16)" in done.stdout

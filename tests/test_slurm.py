@@ -2,7 +2,9 @@
 
 It runs the tiny test config with a 2 seeds x 2 learning rates sweep through
 `snakemake --profile workflow/profiles/slurm-local`, and checks that the jobs really went
-through SLURM and that the report compares the four runs. Starting that cluster installs
+through SLURM and that the report compares the four runs; then a second workflow run, in a
+results folder of its own and on the cluster's other partition, ends in one comparison page
+of the two (results/compare.html). Starting that cluster installs
 Debian's SLURM packages and runs their daemons on this machine (the teardown stops them and
 purges what it installed), so it runs only where
 PIPELINE_REQUIRE_SLURM=1 asks for it (.ci/run sets it), and then fails rather than skips when
@@ -109,6 +111,52 @@ def test_the_report_compares_the_four_swept_runs(swept) -> None:
     for run in trained:
         assert run in page.text("training")
         assert run in page.text("evaluation")
+
+
+@pytest.fixture(scope="module")
+def second_partition(swept, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny config once more, in a copy with its own results folder, on partition
+    `second` (scripts/slurm_local.sh), ending in results/compare.html of the two runs'
+    summaries: one "machine" per partition setting."""
+    first, _ = swept
+    root = copy_repository(tmp_path_factory.mktemp("slurm-second"))
+    compared = f"compare=[{first / 'results' / 'summary.json'}, results/summary.json]"
+    result = snakemake(
+        root,
+        "results/compare.html",
+        "--profile",
+        "workflow/profiles/slurm-local",
+        "--default-resources",
+        "slurm_partition=second",
+        "mem_mb=1000",
+        "runtime=10",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        compared,
+        timeout=WORKFLOW_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return root, result
+
+
+def test_two_partitions_runs_end_in_one_comparison_page(swept, second_partition) -> None:
+    first, _ = swept
+    root, result = second_partition
+    output = result.stdout + result.stderr
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", output)
+    jobs = re.findall(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):", output, re.MULTILINE)
+    assert "compare" in jobs and len(submitted) == len(jobs)  # every job through SLURM
+    page = Page()
+    page.feed((root / "results" / "compare.html").read_text())
+    machines = page.text("machines")
+    assert (
+        str(first / "results" / "summary.json") in machines and "results/summary.json" in machines
+    )
+    assert "Not compared" not in page.text("speed") + page.text("training")  # the same settings
+    second_runs = {p.parent.name for p in (root / "results" / "train").glob("*/train_summary.json")}
+    for run in sweep_runs(first) | second_runs:  # both runs' trainings, side by side
+        assert run in page.text("training")
 
 
 def planned_job_blocks(dry_run_output: str) -> list[dict[str, str]]:

@@ -155,13 +155,17 @@ def test_a_full_disk_while_training_stops_with_one_message_and_resume_ends_as_an
     assert_same_as(run, reference)
 
 
-@pytest.mark.parametrize("output", ["eval", "report"])
+@pytest.mark.parametrize("output", ["eval", "summary", "report"])
 def test_a_full_disk_while_writing_a_json_result_or_the_report_keeps_the_previous_file(
     tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture, output: str
 ) -> None:
     if output == "eval":
         out = tmp_path / "eval.json"
         argv = ["eval", "--checkpoint", str(reference / "best.pth"), "--out", str(out)]
+    elif output == "summary":
+        out = tmp_path / "summary.json"
+        (tmp_path / "results").mkdir()
+        argv = ["summarize", "--results", str(tmp_path / "results"), "--out", str(out)]
     else:
         out = tmp_path / "report.html"
         (tmp_path / "results").mkdir()

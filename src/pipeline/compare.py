@@ -259,9 +259,10 @@ def not_compared(machines: list[Machine], aspect: str, what: str) -> list[str]:
         basis = group[0].summary["comparison"][aspect]
         names = " and ".join(m.name for m in group)
         if basis is None or first is None:
-            missing = [side for side, found in ((against, first), (names, basis)) if found is None]
-            verb = "records" if len(missing) == 1 else "record"
-            why = f"{' and '.join(missing)} {verb} no settings to compare by (summarised without a config)"
+            sides = ((against, first), (names, basis))
+            missing = " and ".join(side for side, recorded in sides if recorded is None)
+            verb = "records" if missing in (against, names) else "record"
+            why = f"{missing} {verb} no settings to compare by (summarised without a config)"
         else:
             why = f"they {what} ({differences(first['settings'], basis['settings'])})"
         notes.append(f"Not compared: {against} with {names}: {why}.")
