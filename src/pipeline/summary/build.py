@@ -23,7 +23,7 @@ from pipeline.config import accuracy_settings
 from pipeline.report.formatting import number
 from pipeline.stats import PairedChange, Speedup
 from pipeline.summary import decisions
-from pipeline.summary.load import Results, RunResults, git_state, load_results
+from pipeline.summary.load import Results, RunResults, bench_frame, git_state, load_results
 
 FORMAT = "pipeline.summary/1"
 
@@ -40,7 +40,7 @@ def write(summary: dict[str, Any], out: str | Path) -> Path:
 
 
 def summary_of(results: Results, config: dict[str, Any] | None) -> dict[str, Any]:
-    frame, env = results.bench, results.env
+    frame, env = bench_frame(results.bench_records), results.env
     model = decisions.answer_model(frame, config)
     checks = decisions.accuracy_checks(results.runs)
     summary = {

@@ -46,7 +46,7 @@ class RunResults:
 class Results:
     root: Path
     env: dict[str, Any] | None
-    bench: pd.DataFrame
+    bench_records: list[tuple[dict[str, Any], Path]]  # every benchmark record and its file
     runs: list[RunResults]
     job_stats: pd.DataFrame | None
     # every input file read, with the 'created' stamp its writer put in it (None where there is none)
@@ -150,7 +150,7 @@ def load_results(root: Path) -> Results:
         records += [(record, path) for record in found]
         files[path] = found[0].get("created")
     runs = load_runs(root, files)
-    return Results(root, env, bench_frame(records), runs, load_job_stats(root), files)
+    return Results(root, env, records, runs, load_job_stats(root), files)
 
 
 def run_names(root: Path) -> list[str]:
@@ -241,7 +241,7 @@ def load_job_stats(root: Path) -> pd.DataFrame | None:
 
 def bench_frame(records: list[tuple[dict[str, Any], Path]]) -> pd.DataFrame:
     """One row per record, with speed-ups (and their intervals) against the same backend's
-    fp32 and against CPU fp32, of the same model and mode."""
+    fp32 and against CPU fp32, of the same model and mode: what the summary's decisions work on."""
     columns = [
         "model",
         "backend",
