@@ -71,7 +71,13 @@ rule report:
 rule compare:
     input:
         summaries=compared_summaries,
-        code=code("commands/compare.py", "compare.py", *package_files("report")),
+        code=code(
+            "commands/compare.py",
+            "compare.py",
+            "config.py",
+            *package_files("summary"),
+            *package_files("report"),
+        ),
     output:
         report(
             "results/compare.html",
