@@ -395,9 +395,10 @@ def markdown(paths: Sequence[str | Path]) -> str:
 
 
 def markdown_text(sections: list[Section]) -> str:
+    """Level-3 headings, so that the text sits under a page's own sections when embedded."""
     lines: list[str] = []
     for section in sections:
-        lines += [f"## {section.title}", "", section.intro, ""]
+        lines += [f"### {section.title}", "", section.intro, ""]
         for table in section.tables:
             if table.title:
                 lines += [f"{escaped(table.title)}:", ""]
