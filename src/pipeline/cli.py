@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipeline import __version__
 from pipeline.errors import ConfigError, PipelineError
 
 COMMANDS = {
@@ -28,7 +29,10 @@ COMMANDS = {
         "generate the built-in synthetic detection set",
     ),
     "train": ("pipeline.commands.train", "train a detector with the resolved device and AMP"),
-    "eval": ("pipeline.commands.evaluate", "evaluate a checkpoint: P/R/F1 and COCO AP"),
+    "evaluate": (
+        "pipeline.commands.evaluate",
+        "evaluate a checkpoint: P/R/F1 and COCO AP (alias: eval)",
+    ),
     "bench": (
         "pipeline.commands.bench",
         "time one backend x precision x mode, with numerics and memory",
@@ -51,8 +55,10 @@ COMMANDS = {
         "machines side by side, from their summary.json files: HTML and Markdown",
     ),
 }
+# Other names a command answers to: `eval` was evaluate's name before it matched the workflow's.
+ALIASES = {"eval": "evaluate"}
 # Commands that run torch, and take every CPU they may use (see device.set_cpu_threads).
-COMPUTE_COMMANDS = frozenset({"check-env", "train", "eval", "bench", "profile"})
+COMPUTE_COMMANDS = frozenset({"check-env", "train", "evaluate", "bench", "profile"})
 log = logging.getLogger("pipeline")
 
 
@@ -177,6 +183,7 @@ def _root_parser() -> argparse.ArgumentParser:
         epilog="Run 'python -m pipeline COMMAND --help' for a command's options.",
         parents=[common_options()],
     )
+    parser.add_argument("--version", action="version", version=f"pipeline {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
         sub.add_parser(name, help=summary, add_help=False)
@@ -201,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     root = _root_parser()
     position = _command_position(argv)
     if position is None:
+        if "--version" in argv:
+            root.parse_args(["--version"])  # prints it and exits 0
         root.print_help()
         return 0 if {"-h", "--help"} & set(argv) else 2
-    name = argv[position]
+    name = ALIASES.get(argv[position], argv[position])
     if name not in COMMANDS:
         root.error(f"unknown command {name!r}; choose one of: {', '.join(COMMANDS)}")
     rest = argv[:position] + argv[position + 1 :]

@@ -29,7 +29,7 @@ rule evaluate_run:
         device=run_device,
         settings=runs.flatten({"eval": config["eval"]}),
     shell:
-        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} eval --checkpoint {input.checkpoint:q} --device {params.device}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} evaluate --checkpoint {input.checkpoint:q} --device {params.device}"
         " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
 
 

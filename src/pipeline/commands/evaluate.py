@@ -1,4 +1,4 @@
-"""`python -m pipeline eval`: evaluate a checkpoint on the test split (P/R/F1, COCO AP).
+"""`python -m pipeline evaluate`: evaluate a checkpoint on the test split (P/R/F1, COCO AP).
 
 `best.pth` was chosen on the validation split, so figures measured there are optimistic.
 Where the data set has a test split, the figures come from it, and the best-F1 score
@@ -26,7 +26,7 @@ PREDICTIONS_FORMAT = "pipeline.predictions/1"  # schemas/predictions.schema.yaml
 
 
 def main(argv: list[str]) -> int:
-    parser = command_parser("eval", __doc__)
+    parser = command_parser("evaluate", __doc__)
     parser.add_argument(
         "--checkpoint", required=True, metavar="PATH", help="best.pth or last.pth of a run"
     )
