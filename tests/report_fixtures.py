@@ -333,6 +333,7 @@ def validation_summary(f1: float) -> dict[str, Any]:
     """What an epoch row and the training summary keep of a validation."""
     return {
         "f1": f1,
+        "score_threshold": 0.3,
         "precision": f1,
         "recall": f1,
         "best_f1": f1,
@@ -518,6 +519,7 @@ def evaluation(backend: str, precision: str, f1: float) -> dict[str, Any]:
                 "num_images": 1000,
             }
         },
+        "score_threshold_source": "eval.score_threshold",
         "operating_point": {
             "threshold": 0.25,
             "picked_on": "val",

@@ -119,7 +119,8 @@ def test_metrics_jsonl_has_a_json_row_per_logged_step_and_per_epoch(trained: Tra
         assert row["step"] == row["epoch"] * STEPS_PER_EPOCH
         assert row["train_loss"] > 0 and row["epoch_time_s"] > 0
         assert set(row["val"]) == {
-            *("f1", "precision", "recall", "best_f1", "ap", "ap50", "ap75", "size_buckets")
+            *("f1", "score_threshold", "precision", "recall", "best_f1", "ap", "ap50", "ap75"),
+            "size_buckets",
         }
         assert set(row["val"]["size_buckets"]) == {"small", "medium", "large"}
 

@@ -3,7 +3,9 @@
 `best.pth` was chosen on the validation split, so figures measured there are optimistic.
 Where the data set has a test split, the figures come from it, and the best-F1 score
 threshold is picked on validation and then applied to test. Without one, they come from
-validation and the JSON says so.
+validation and the JSON says so. P/R/F1 count the detections at or above the checkpoint's
+operating point (the best-F1 threshold training picked on validation), unless
+eval.score_threshold names a threshold.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline")
 FORMAT = "pipeline.eval/1"  # schemas/eval.schema.yaml
 PREDICTIONS_FORMAT = "pipeline.predictions/1"  # schemas/predictions.schema.yaml
+THRESHOLD_SOURCES = {
+    "eval.score_threshold": "eval.score_threshold",
+    "checkpoint": "the checkpoint's operating point",
+    "validation": "picked on validation now: the checkpoint predates saved operating points",
+}
 
 
 def main(argv: list[str]) -> int:
@@ -97,13 +104,18 @@ def main(argv: list[str]) -> int:
         state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
     )
     pin = dev.pin_memory_supported(device)
+    # None (a checkpoint without a saved operating point): picked on validation below
+    threshold, threshold_source = checkpoint.score_threshold(config, state)
     evaluator = Evaluator.from_config(config, class_names)
+    evaluator.score_threshold = threshold
     memory = dev.PeakMemory(device)
     loader = loader_for(val, config, train=False, pin_memory=pin)
     val_metrics, detections = evaluator.evaluate(
         model, loader, device, precision, ap_intervals=True
     )
     val_threshold = val_metrics["best_f1_threshold"]
+    if threshold is None:
+        evaluator.score_threshold = val_threshold
     if test is None:
         metrics, split, role = val_metrics, val, "val"
         at_val_threshold = val_metrics["best"]
@@ -138,6 +150,7 @@ def main(argv: list[str]) -> int:
             for name, annotations in (("val", val), ("test", test))
             if annotations is not None
         },
+        "score_threshold_source": threshold_source,
         "operating_point": {
             "threshold": val_threshold,
             "picked_on": "val",
@@ -157,7 +170,7 @@ def main(argv: list[str]) -> int:
         atomic.write_json(args.predictions, predictions, indent=None)
     atomic.write_json(args.out, result)
     log.info(
-        "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f; at validation's "
+        "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f (%s); at validation's "
         "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s), AP %.3f (%s); AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
@@ -168,6 +181,7 @@ def main(argv: list[str]) -> int:
         metrics["precision"],
         metrics["recall"],
         metrics["score_threshold"],
+        THRESHOLD_SOURCES[threshold_source],
         val_threshold,
         at_val_threshold["f1"],
         metrics["ap50"],

@@ -259,6 +259,34 @@ def restore_model(
     return model.to(device, memory_format=memory_format).eval()
 
 
+def operating_point(val_metrics: dict[str, Any]) -> dict[str, Any]:
+    """What best.pth keeps of its epoch's validation: the best-F1 score threshold, the model's
+    operating point, which evaluation, the report and predict use unless eval.score_threshold
+    names one."""
+    return {
+        "score_threshold": float(val_metrics["best_f1_threshold"]),
+        "f1": float(val_metrics["best_f1"]),
+        "picked_on": "val",
+    }
+
+
+def score_threshold(config: dict[str, Any], state: dict[str, Any]) -> tuple[float | None, str]:
+    """The score threshold detections of this checkpoint count from, and where it comes from.
+
+    An explicit `eval.score_threshold` wins ("eval.score_threshold"); else the operating point
+    training saved ("checkpoint"); else (None, "validation"): a checkpoint written before the
+    operating point was saved, whose config asks for it all the same, leaves the choice to the
+    caller (evaluation picks it on validation again; predict needs a threshold given).
+    """
+    explicit = config["eval"]["score_threshold"]
+    if explicit is not None:
+        return float(explicit), "eval.score_threshold"
+    point = state.get("operating_point")
+    if point is not None:
+        return float(point["score_threshold"]), "checkpoint"
+    return None, "validation"
+
+
 def rng_state() -> dict[str, Any]:
     """Every global RNG, in types that weights_only loading accepts."""
     np_state = np.random.get_state()

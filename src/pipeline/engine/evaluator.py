@@ -37,6 +37,8 @@ from pipeline.stats import (
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
+# The operating point of a pass without detections: nothing is kept at any threshold.
+NO_DETECTIONS_THRESHOLD = 1.0
 # Object size buckets by the square root of the box area in the model's input pixels (after
 # resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
 # px) and put nearly every object of a 128-px input in one bucket; what the model sees is the
@@ -317,13 +319,15 @@ def precision_recall_f1(
     gts: Iterable[Record],
     dets: Iterable[Record],
     num_classes: int,
-    score_threshold: float,
+    score_threshold: float | None,
     iou_threshold: float = 0.5,
     chosen_threshold: float | None = None,
 ) -> dict[str, Any]:
     """Micro, macro and per-class P/R/F1 at one score threshold, plus the best-F1 operating point.
 
-    Detections with score >= score_threshold count. Micro pools TP/FP/FN over classes.
+    Detections with score >= score_threshold count; None takes the best-F1 threshold of these
+    detections (what training's validation picks as the model's operating point; with no
+    detections, 1.0). Micro pools TP/FP/FN over classes.
     Macro is the unweighted mean over classes that have ground truth or kept detections: a
     class absent from both has no defined P/R and would only drag the mean to 0, while a
     class with detections but no ground truth is all false positives and must count.
@@ -336,6 +340,8 @@ def precision_recall_f1(
     figures over these images (None without images).
     """
     pooled = _pool(gts, dets, num_classes, iou_threshold)
+    if score_threshold is None:
+        score_threshold = _best_f1(pooled, NO_DETECTIONS_THRESHOLD)["threshold"]
     kept = pooled.scores >= score_threshold
     tp = np.bincount(pooled.labels[kept & pooled.is_tp], minlength=num_classes)
     detected = np.bincount(pooled.labels[kept], minlength=num_classes)
@@ -901,7 +907,7 @@ class Evaluator:
         *,
         label_mode: str,
         image_size: int,
-        score_threshold: float = 0.3,
+        score_threshold: float | None = 0.3,
         iou_threshold: float = 0.5,
         max_detections: int = 100,
         image_threshold: float = 0.5,
@@ -915,7 +921,8 @@ class Evaluator:
         self.class_names = list(class_names)
         self.label_mode = label_mode
         self.image_size = int(image_size)
-        self.score_threshold = float(score_threshold)
+        # None: each pass picks its own best-F1 threshold (see precision_recall_f1)
+        self.score_threshold = None if score_threshold is None else float(score_threshold)
         self.iou_threshold = float(iou_threshold)
         self.max_detections = int(max_detections)
         self.image_threshold = float(image_threshold)
@@ -1028,7 +1035,7 @@ class Evaluator:
             self.num_classes,
             (self.image_size, self.image_size),
             self.class_names,
-            self.score_threshold,
+            counts["score_threshold"],
             ap_intervals,
         )
         image_level = None
@@ -1089,7 +1096,7 @@ class Evaluator:
             "num_detections": counts["num_detections"],
             "num_ignored_detections": counts["num_ignored_detections"],
             "per_image": counts["per_image"],
-            "score_threshold": self.score_threshold,
+            "score_threshold": counts["score_threshold"],
             "iou_threshold": self.iou_threshold,
             "timing": {
                 "model_s": model_s,

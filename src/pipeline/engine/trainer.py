@@ -199,6 +199,8 @@ class Trainer:
         self.best_metric = -math.inf
         self.best_epoch: int | None = None
         self.best_weights: dict[str, torch.Tensor] | None = None  # a CPU copy, kept in last.pth
+        # the best epoch's best-F1 score threshold on validation, saved with its weights
+        self.operating_point: dict[str, Any] | None = None
         self.epoch_rows: list[dict[str, Any]] = []
         self.step_times: list[float] = []
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
@@ -243,6 +245,7 @@ class Trainer:
             "best_metric": self.best_metric,
             "best_epoch": self.best_epoch,
             "best_model": self.best_weights,
+            "operating_point": self.operating_point,
             "config": self.config,
             "class_names": self.class_names,
             "precision": self.precision,
@@ -263,6 +266,7 @@ class Trainer:
             "best_epoch": self.best_epoch,
             "best_metric": self.best_metric,
             "monitor": self.train_cfg["monitor"],
+            "operating_point": self.operating_point,
             "config": self.config,
             "class_names": self.class_names,
             "precision": self.precision,
@@ -321,6 +325,7 @@ class Trainer:
         self.timings = state.get("timings", self.timings)  # absent in checkpoints before 2026-12
         self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_weights = state.get("best_model")
+        self.operating_point = state.get("operating_point")  # None in older runs
         self.elapsed_before = state["elapsed_s"]
         checkpoint.restore_rng_state(state["rng"])
         self._truncate_metrics()
@@ -607,6 +612,7 @@ class Trainer:
             key: metrics[key]
             for key in (
                 "f1",
+                "score_threshold",
                 "precision",
                 "recall",
                 "best_f1",
@@ -617,19 +623,22 @@ class Trainer:
             )
         }
         log.info(
-            "epoch %d validation: F1 %.3f (P %.3f R %.3f), best F1 %.3f, AP@.5 %.3f, AP %.3f; "
-            "AP@.5 by size %s",
+            "epoch %d validation: F1 %.3f at score %.2f (P %.3f R %.3f), best F1 %.3f at %.2f, "
+            "AP@.5 %.3f, AP %.3f; AP@.5 by size %s",
             self.epoch,
             val["f1"],
+            val["score_threshold"],
             val["precision"],
             val["recall"],
             val["best_f1"],
+            metrics["best_f1_threshold"],
             val["ap50"],
             val["ap"],
             size_bucket_text(val["size_buckets"]),
         )
         if value > self.best_metric:
             self.best_metric, self.best_epoch = value, self.epoch
+            self.operating_point = checkpoint.operating_point(metrics)
             self.best_weights = {
                 key: tensor.detach().to("cpu", copy=True)
                 for key, tensor in self.evaluated_model.state_dict().items()
