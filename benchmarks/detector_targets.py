@@ -165,7 +165,7 @@ def pipeline(args: list[str], log: Path) -> None:
 def measure(
     training: Training, seed: int, work: Path, overrides: list[str], choice: Path | None
 ) -> dict[str, Any]:
-    configs = [arg for name in training.configs for arg in ("--config", str(PRESETS / name))]
+    configs = ["--configfile", *(str(PRESETS / name) for name in training.configs)]
     data, run, log = (
         work / "data" / training.name,
         work / training.name,

@@ -105,18 +105,29 @@ def test_an_unknown_config_key_names_it_and_the_valid_keys_of_its_section(
 ) -> None:
     message = train_fails(capsys, here / "run", data_root, "data.image_sise=64")
     assert message.startswith(
-        "Unknown config key(s) data.image_sise in the defaults with command-line settings."
+        "Unknown config key data.image_sise in the command line. Did you mean data.image_size? "
     )
     assert "Valid keys in data: augment, cache," in message and "image_size" in message
 
 
-def test_config_given_twice_layers_both_files_and_an_error_names_them(
+def test_config_files_layer_and_an_error_names_the_file_the_bad_key_came_from(
     here: Path, capsys: pytest.CaptureFixture
 ) -> None:
     (here / "preset.yaml").write_text("data:\n  image_size: 96\n")
     (here / "mine.yaml").write_text("data:\n  image_sise: 64\n")
-    message = user_error(capsys, "prepare-data", "--config", "preset.yaml", "--config", "mine.yaml")
-    assert message.startswith("Unknown config key(s) data.image_sise in preset.yaml + mine.yaml.")
+    message = user_error(capsys, "prepare-data", "--configfile", "preset.yaml", "mine.yaml")
+    assert message.startswith("Unknown config key data.image_sise in mine.yaml. ")
+
+
+def test_config_with_a_file_instead_of_a_setting_says_to_use_configfile(
+    here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (here / "mine.yaml").write_text("train:\n  epochs: 2\n")
+    message = user_error(capsys, "prepare-data", "--config", "mine.yaml")
+    assert message == (
+        "--config mine.yaml is not a key=value setting: --config takes settings, as snakemake "
+        "--config does; give a config file as --configfile mine.yaml."
+    )
 
 
 def test_a_value_of_the_wrong_type_names_the_key_the_value_and_the_type(
@@ -124,8 +135,8 @@ def test_a_value_of_the_wrong_type_names_the_key_the_value_and_the_type(
 ) -> None:
     message = train_fails(capsys, here / "run", data_root, "train.batch_size=eight")
     assert message == (
-        "Config key train.batch_size = 'eight' in the defaults with command-line settings is not "
-        "valid: 'eight' is not of type 'integer' (train.batch_size: images per step)."
+        "Config key train.batch_size = 'eight' in the command line is not valid: 'eight' is not "
+        "of type 'integer' (train.batch_size: images per step)."
     )
 
 
@@ -145,7 +156,7 @@ def test_zero_or_negative_sizes_name_the_key_and_the_minimum(
 ) -> None:
     key, value = setting.split("=")
     message = train_fails(capsys, here / "run", data_root, setting)
-    assert message.startswith(f"Config key {key} = {value} in the defaults")
+    assert message.startswith(f"Config key {key} = {value} in the command line")
     assert f"{value} is less than the minimum of {minimum}" in message
 
 
@@ -173,7 +184,7 @@ def test_an_unknown_model_optimizer_scheduler_or_precision_lists_the_choices(
 ) -> None:
     key, value = setting.split("=")
     message = train_fails(capsys, here / "run", data_root, setting)
-    assert message.startswith(f"Config key {key} = '{value}' in the defaults")
+    assert message.startswith(f"Config key {key} = '{value}' in the command line")
     assert f"'{value}' is not one of {choices}" in message
 
 
@@ -222,8 +233,8 @@ def test_amp_false_as_a_string_is_never_read_as_true(
 @pytest.mark.parametrize(
     ("amp", "named"),
     [
-        (["amp=ture"], "Config key amp = 'ture' in the defaults"),
-        (["amp=2"], "Config key amp = 2 in the defaults"),
+        (["amp=ture"], "Config key amp = 'ture' in the command line"),
+        (["amp=2"], "Config key amp = 2 in the command line"),
         (["--amp", "ture"], "--amp 'ture' is not understood: use auto, true, false or measured."),
     ],
 )
@@ -251,7 +262,7 @@ def test_an_unknown_device_name_lists_the_valid_choices(
 ) -> None:
     if command == "train":
         message = train_fails(capsys, here / "run", data_root, "device=gpu")
-        assert message.startswith("Config key device = 'gpu' in the defaults")
+        assert message.startswith("Config key device = 'gpu' in the command line")
         assert "auto, cpu, cuda, cuda:N or mps" in message
     else:
         out = here / "eval.json"

@@ -271,10 +271,10 @@ def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
     results = write_results_tree(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text("model:\n  name: tiny_conv\n", encoding="utf-8")
-    assert cli.main(["report", "--results", str(results), "--config", str(config)]) == 0
+    assert cli.main(["report", "--results", str(results), "--configfile", str(config)]) == 0
     page = Page()
     page.feed((results / "report.html").read_text(encoding="utf-8"))
-    assert "score_threshold: 0.4" in page.text("provenance")  # a default the file did not set
+    assert "iou_threshold: 0.5" in page.text("provenance")  # a default the file did not set
 
 
 def test_report_and_summary_modules_do_not_import_torch() -> None:
@@ -345,7 +345,7 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     assert (
         "run snakemake --cores 1 results/report.html --configfile config/presets/natural.yaml "
         "'my data.yaml' --config 'train={\"epochs\": 5}' cpu_threads=auto amp=measured (or "
-        "python -m pipeline train --config config/presets/natural.yaml --config 'my data.yaml' "
+        "python -m pipeline train --configfile config/presets/natural.yaml 'my data.yaml' "
         "--amp measured 'cpu_threads=\"auto\"' train.epochs=5)" in answer
     )
 

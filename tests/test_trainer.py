@@ -758,7 +758,7 @@ def test_train_command_trains_into_out(data_root: Path, elsewhere: Path) -> None
     ("args", "message"),
     [
         (["train.epochs=0"], "train.epochs"),
-        (["train.nonsense=1"], "Unknown config key(s) train.nonsense"),
+        (["train.nonsense=1"], "Unknown config key train.nonsense"),
         (["--amp", "maybe"], "--amp 'maybe' is not understood"),
         (["--device", "tpu"], "tpu"),
     ],

@@ -9,9 +9,11 @@ jobs never overlapped, that nothing needed the network, and what a code edit rer
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,10 +22,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from report_page import SECTION_IDS, Page, assert_self_contained
 from results_schemas import check_results
 
-from pipeline import formats
+from pipeline import cli, formats
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -152,7 +155,7 @@ def test_dry_run_of_train_on_cpu_succeeds(repo_copy: Path) -> None:
         ("amp=maybe", "'maybe' is not one of"),
         ("device=tpu", "'tpu' does not match"),
         ("seed=-1", "-1 is less than the minimum of 0"),
-        ("no_such_key=1", "Additional properties are not allowed"),
+        ("no_such_key=1", "Unknown config key no_such_key in the command line."),
     ],
 )
 def test_a_bad_config_value_fails_on_the_schema(
@@ -161,6 +164,104 @@ def test_a_bad_config_value_fails_on_the_schema(
     result = snakemake(repo_copy, "-n", "results/report.html", "--config", setting)
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
+
+
+def test_a_misspelt_key_in_a_configfile_is_one_short_paragraph_naming_the_file_and_a_suggestion(
+    repo_copy: Path,
+) -> None:
+    (repo_copy / "preset.yaml").write_text("data:\n  image_size: 256\n")
+    (repo_copy / "mine.yaml").write_text("data:\n  image_sise: 256\n")
+    result = snakemake(
+        repo_copy, "-n", "results/report.html", "--configfile", "preset.yaml", "mine.yaml"
+    )
+    assert result.returncode == 1
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert len(output) <= 5, output
+    message = output[-1]
+    assert message.startswith("Unknown config key data.image_sise in mine.yaml. ")
+    assert "Did you mean data.image_size?" in message and "Valid keys in data: " in message
+    assert "check_env" not in result.stdout  # no job was planned, let alone started
+
+
+def workflow_config(cwd: Path, *args: str) -> dict:
+    """The config the workflow resolved, as its report job is given it (a dry run prints it)."""
+    result = snakemake(cwd, "-n", "-p", "results/report.html", *args)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if "--config-json" in line)
+    words = shlex.split(line)
+    return json.loads(words[words.index("--config-json") + 1])
+
+
+class ConfigRead(Exception):
+    """Stops a command once it has its config (see the test below)."""
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        ("train", ()),
+        ("bench", ("--precision", "fp32", "--out", "bench.json")),
+        ("prepare-data", ()),
+        ("choose-precision", ()),
+        ("report", ()),
+        ("config", ()),
+    ],
+)
+def test_the_same_config_files_give_the_same_config_in_snakemake_and_in_the_command(
+    repo_copy: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    restore_pipeline_logger: None,
+    command: str,
+    options: tuple[str, ...],
+) -> None:
+    """Both layer the files over config/config.yaml (edited here, as a user edits it), later
+    ones winning, and the settings last."""
+    (repo_copy / "base.yaml").write_text(
+        "train: {epochs: 3, lr: 0.01}\ndata: {synthetic: {num_train: 64, classes: [star]}}\n"
+    )
+    (repo_copy / "over.yaml").write_text("train: {epochs: 5}\ndata: {synthetic: {num_val: 16}}\n")
+    files = ("base.yaml", "over.yaml")
+    shipped = repo_copy / "config" / "config.yaml"
+    original = shipped.read_text()
+    shipped.write_text(original.replace("weight_decay: 0.0001", "weight_decay: 0.0002"))
+    try:
+        expected = workflow_config(repo_copy, "--configfile", *files, "--config", "seed=3")
+        assert expected["train"]["weight_decay"] == 0.0002  # the edit is layered under the files
+        assert expected["train"]["epochs"] == 5 and expected["train"]["lr"] == 0.01
+        seen = config_of_command(repo_copy, monkeypatch, capsys, command, options, files)
+    finally:
+        shipped.write_text(original)
+    assert seen == expected
+
+
+def config_of_command(
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    command: str,
+    options: tuple[str, ...],
+    files: tuple[str, ...],
+) -> dict:
+    """The config `python -m pipeline <command>` resolves from the files, run in `root`."""
+    monkeypatch.chdir(root)
+    argv = [command, *options, "--configfile", *files, "--config", "seed=3"]
+    if command == "config":
+        assert cli.main(argv) == 0
+        return yaml.safe_load(capsys.readouterr().out)
+    module = importlib.import_module(cli.COMMANDS[command][0])
+    real = module.config_from_args
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        raise ConfigRead
+
+    monkeypatch.setattr(module, "config_from_args", spy)
+    with pytest.raises(ConfigRead):
+        cli.main(argv)
+    (config,) = seen
+    return config
 
 
 def test_amp_true_from_the_command_line_is_accepted_as_a_boolean(repo_copy: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.config import Layer, config_layers, config_paths, validate_layers
 from pipeline.errors import ConfigError, PipelineError
 
 COMMANDS = {
@@ -53,6 +54,10 @@ COMMANDS = {
     "compare": (
         "pipeline.commands.compare",
         "machines side by side, from their summary.json files: HTML and Markdown",
+    ),
+    "config": (
+        "pipeline.commands.config",
+        "print the merged configuration and the file each value comes from",
     ),
 }
 # Other names a command answers to: `eval` was evaluate's name before it matched the workflow's.
@@ -107,41 +112,71 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def add_config_options(parser: argparse.ArgumentParser, example: str) -> None:
-    """`--config FILE` (repeatable) and `key=value` settings, as every command that reads the
-    config takes them."""
+    """`--configfile FILE...` and `--config key=value...` as Snakemake spells them, and
+    `key=value` settings, as every command that reads the config takes them."""
+    parser.add_argument(
+        "--configfile",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="FILE",
+        help="config files layered over config/config.yaml (where it exists), later ones "
+        "winning, as with snakemake --configfile",
+    )
     parser.add_argument(
         "--config",
-        action="append",
-        metavar="FILE.yaml",
-        help="config file; give it again to layer more files, later ones winning (default: "
-        "config/config.yaml if present)",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="key=value",
+        help=f"settings over the files, as with snakemake --config (dotted keys work), e.g. {example}",
     )
-    parser.add_argument(
-        "settings", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}"
-    )
+    parser.add_argument("settings", nargs="*", metavar="key=value", help="the same as --config")
+
+
+def config_layers_from_args(args: argparse.Namespace, *extra: str) -> list[Layer]:
+    """The config files and settings a command was given (see add_config_options), plus
+    `extra` settings of its own options, as layers in Snakemake's order."""
+    for item in args.config:
+        if "=" not in item:
+            raise ConfigError(
+                f"--config {item} is not a key=value setting: --config takes settings, as "
+                f"snakemake --config does; give a config file as --configfile {item}."
+            )
+    # --configfile takes every word after it: a key=value that names no file is a setting
+    files = [item for item in args.configfile if "=" not in item or Path(item).exists()]
+    settings = [item for item in args.configfile if item not in files]
+    return config_layers(config_paths(files), [*settings, *args.config, *args.settings, *extra])
+
+
+def config_from_args(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    """The validated config of a command's arguments (see config_layers_from_args)."""
+    return validate_layers(config_layers_from_args(args, *extra))
 
 
 def add_resolved_config_options(parser: argparse.ArgumentParser) -> None:
-    """The workflow's resolved config, as JSON (what the workflow passes) or as a config file,
-    for the commands that read a results folder (summarize, report)."""
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--config-json", metavar="JSON", help="the workflow's resolved config as a JSON string"
+    """The workflow's resolved config as JSON (what the workflow passes), or config files and
+    settings layered as every command layers them, for the commands that read a results folder
+    (summarize, report)."""
+    parser.add_argument(
+        "--config-json",
+        metavar="JSON",
+        help="the workflow's resolved config as a JSON string (instead of files and settings)",
     )
-    source.add_argument(
-        "--config", metavar="FILE", help="a YAML or JSON config file instead of --config-json"
-    )
+    add_config_options(parser, "eval.score_threshold=0.3")
 
 
 def resolved_config(args: argparse.Namespace) -> dict[str, Any] | None:
     """The config `add_resolved_config_options` asked for, defaults filled in; None if none."""
+    layered = bool(args.configfile or args.config or args.settings)
     if args.config_json is not None:
+        if layered:
+            raise ConfigError(
+                "--config-json is the workflow's resolved config: give it alone, without "
+                "--configfile or settings."
+            )
         return json_object(args.config_json, "--config-json")
-    if args.config is not None:
-        from pipeline.config import read_yaml, validate
-
-        return validate(read_yaml(args.config), args.config)
-    return None
+    return config_from_args(args) if layered else None
 
 
 def json_object(text: str, option: str) -> dict[str, Any]:

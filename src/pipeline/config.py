@@ -3,15 +3,20 @@
 Values arrive as YAML, as `key=value` on the command line, or through Snakemake's
 `--config`, which passes `amp=true` as the *string* 'true' and nested values as strings.
 `normalize()` turns such strings into the types the schema asks for, in this one place,
-and never reads 'false' as true. No torch here: the Snakefile imports this at parse time.
+and never reads 'false' as true. Files are layered as Snakemake layers them (config/config.yaml,
+then each `--configfile`, then the settings), and every layer keeps its name, so an error names
+the file a bad value came from. No torch here: the Snakefile imports this at parse time.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,8 @@ from pipeline.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = Path("config/config.yaml")
+COMMAND_LINE = "the command line"
+DEFAULTS = "the defaults"
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
@@ -113,30 +120,55 @@ def _extend_with_default(validator_class):
 _DefaultingValidator = _extend_with_default(jsonschema.Draft202012Validator)
 
 
-def _describe(error: jsonschema.ValidationError, source: str) -> str:
-    key = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+Origin = Callable[[Sequence[str]], str]
+
+
+def _close_match(word: Any, choices: Iterable[Any]) -> str | None:
+    strings = [choice for choice in choices if isinstance(choice, str)]
+    if not isinstance(word, str) or not strings:
+        return None
+    found = difflib.get_close_matches(word, strings, n=1)
+    return found[0] if found else None
+
+
+def _describe(error: jsonschema.ValidationError, origin: Origin) -> str:
+    """One paragraph: the key path, the file (or command line) it came from, the value, what
+    is allowed, and for a misspelt key or choice the closest valid one."""
+    path = [str(part) for part in error.absolute_path]
+    key = ".".join(path) or "(top level)"
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         unknown = sorted(set(error.instance) - set(allowed))
-        where = f"{key}." if error.absolute_path else ""
+        where = f"{key}." if path else ""
+        named = [f"{where}{name} in {origin([*path, name])}" for name in unknown]
+        close = _close_match(unknown[0], allowed)
+        hint = f" Did you mean {where}{close}?" if close else ""
         return (
-            f"Unknown config key(s) {', '.join(where + name for name in unknown)} in {source}. "
-            f"Valid keys{' in ' + key if error.absolute_path else ''}: {', '.join(allowed)}."
+            f"Unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(named)}.{hint} "
+            f"Valid keys{' in ' + key if path else ''}: {', '.join(allowed)}."
         )
-    hint = error.schema.get("description")
-    expected = f" ({key}: {hint})" if hint else ""
-    return f"Config key {key} = {error.instance!r} in {source} is not valid: {error.message}{expected}."
+    description = error.schema.get("description")
+    expected = f" ({key}: {description})" if description else ""
+    close = _close_match(error.instance, error.schema.get("enum", []))
+    hint = f" Did you mean {close!r}?" if close and close != error.instance else ""
+    return (
+        f"Config key {key} = {error.instance!r} in {origin(path)} is not valid: "
+        f"{error.message}{expected}.{hint}"
+    )
 
 
-def validate(config: dict[str, Any], source: str = "the configuration") -> dict[str, Any]:
-    """Normalise, fill defaults and validate; raises ConfigError naming the key and value."""
+def validate(
+    config: dict[str, Any], source: str = "the configuration", origin: Origin | None = None
+) -> dict[str, Any]:
+    """Normalise, fill defaults and validate; raises ConfigError naming the key and value, and
+    where it came from: `origin(key path)` (see `Layer.origin`), else `source`."""
     config = normalize(copy.deepcopy(config))
     validator = _DefaultingValidator(load_schema())
     errors = sorted(
         validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path))
     )
     if errors:
-        raise ConfigError(_describe(errors[0], source))
+        raise ConfigError(_describe(errors[0], origin or (lambda path: source)))
     check_relations(config, source)
     return config
 
@@ -311,31 +343,84 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def default_config_paths(given: Sequence[str | Path] | None) -> list[Path]:
-    """The config files to start from: those given, else config/config.yaml if present."""
-    if given:
-        return [Path(path) for path in given]
-    return [DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []
+@dataclass(frozen=True)
+class Layer:
+    """One file, or the command line's settings, as merged over the layers before it."""
+
+    source: str  # what an error calls it: a file's path, or the command line
+    values: dict[str, Any]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Layer:
+        """A config file, named by its path relative to the working directory when inside it."""
+        relative = os.path.relpath(path)
+        return cls(str(path) if relative.startswith("..") else relative, read_yaml(path))
+
+    @staticmethod
+    def origin(layers: Sequence[Layer], path: Sequence[str]) -> str:
+        """Which layer set the value at `path` (the last one holding it, or a non-mapping above
+        it), else the schema's defaults."""
+        for layer in reversed(layers):
+            node: Any = layer.values
+            for part in path:
+                if not isinstance(node, Mapping):
+                    return layer.source  # it replaced the whole mapping
+                if part not in node:
+                    break
+                node = node[part]
+            else:
+                return layer.source
+        return DEFAULTS
+
+
+def config_paths(given: Sequence[str | Path] | None) -> list[Path]:
+    """The config files of a command, as Snakemake layers them: config/config.yaml (where the
+    command runs from holds it), then each --configfile given, later ones winning."""
+    base = [DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []
+    return base + [Path(path) for path in given or ()]
+
+
+def merge_layers(layers: Sequence[Layer]) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for layer in layers:
+        config = merge(config, layer.values)
+    return config
+
+
+def validate_layers(
+    layers: Sequence[Layer], merged: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`merged` (default: the layers merged in order) validated, an error naming the layer its
+    bad value came from."""
+    source = " + ".join(layer.source for layer in layers) or DEFAULTS
+    return validate(
+        merge_layers(layers) if merged is None else merged,
+        source,
+        lambda path: Layer.origin(layers, path),
+    )
+
+
+def config_layers(
+    paths: str | Path | Sequence[str | Path] | None = None, overrides: Iterable[str] = ()
+) -> list[Layer]:
+    """The files (in order) and `key=value` overrides of a command, as layers."""
+    if paths is None:
+        paths = []
+    elif isinstance(paths, str | Path):
+        paths = [paths]
+    layers = [Layer.from_file(path) for path in paths]
+    items = list(overrides)
+    if items:
+        layers.append(Layer(COMMAND_LINE, parse_overrides(items)))
+    return layers
 
 
 def load_config(
     paths: str | Path | Sequence[str | Path] | None = None, overrides: Iterable[str] = ()
 ) -> dict[str, Any]:
     """YAML files merged in order, later ones winning (or the schema's defaults alone), then
-    `key=value` overrides, validated; as Snakemake layers `--configfile A B`."""
-    if paths is None:
-        paths = []
-    elif isinstance(paths, str | Path):
-        paths = [paths]
-    config: dict[str, Any] = {}
-    for path in paths:
-        config = merge(config, read_yaml(path))
-    items = list(overrides)
-    source = " + ".join(str(path) for path in paths) or "the defaults"
-    if items:
-        config = merge(config, parse_overrides(items))
-        source += " with command-line settings"
-    return validate(config, source)
+    `key=value` overrides, validated; as Snakemake layers `--configfile A B --config k=v`."""
+    return validate_layers(config_layers(paths, overrides))
 
 
 def _default_text(spec: dict[str, Any]) -> str:

@@ -4,19 +4,37 @@ import os
 import sys
 
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
-from snakemake.utils import validate
 
 from pipeline import config as pipeline_config
 from pipeline import measured, runs
 from pipeline.data import has_test_split, split_files
-
-config.update(pipeline_config.normalize(config))
-
-
-validate(config, schema="../schemas/config.schema.yaml")
+from pipeline.errors import ConfigError
 
 
-pipeline_config.check_relations(config, "the workflow config")
+def config_layers():
+    """What Snakemake merged into `config`, in its order: the configfile directive's file
+    (unless --replace-workflow-config), each --configfile, then --config."""
+    settings = workflow.config_settings
+    given = [os.path.abspath(path) for path in settings.configfiles]
+    own = [
+        path
+        for path in workflow.configfiles
+        if os.path.abspath(path) not in given and not settings.replace_workflow_config
+    ]
+    layers = [pipeline_config.Layer.from_file(path) for path in [*own, *given]]
+    if settings.config:
+        layers.append(
+            pipeline_config.Layer(pipeline_config.COMMAND_LINE, dict(settings.config))
+        )
+    return layers
+
+
+# The package's validator, as the CLI's: a bad value stops the workflow before any job with
+# one paragraph naming the file it came from (jsonschema's own error would print the schema).
+try:
+    config.update(pipeline_config.validate_layers(config_layers(), merged=config))
+except ConfigError as error:
+    sys.exit(str(error))
 
 
 wildcard_constraints:

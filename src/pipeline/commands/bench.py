@@ -1,6 +1,6 @@
 """`python -m pipeline bench`: time one backend x precision x mode of the step training takes.
 
-What is timed comes from the training config (config/config.yaml, or --config, with
+What is timed comes from the training config (config/config.yaml, any --configfile over it,
 key=value settings on top); the options below override single `bench.*` keys.
 """
 
@@ -10,8 +10,8 @@ import argparse
 import json
 
 from pipeline import atomic
-from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_paths, load_config, load_schema
+from pipeline.cli import add_config_options, command_parser, config_from_args
+from pipeline.config import load_schema
 from pipeline.errors import ConfigError
 
 # option -> bench key it overrides (None: not given)
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         args.warmup is not None and args.warmup < 0
     ):
         raise ConfigError("--time-budget must be positive and --warmup at least 0.")
-    overrides = list(args.settings)
+    overrides = []
     for option, key in OPTIONS.items():
         value = getattr(args, option)
         if value is None:
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
                     f"Unknown model(s) {unknown or [args.model]}: choose from {', '.join(known)}."
                 )
         overrides.append(f"bench.{key}={json.dumps(value)}")
-    config = load_config(default_config_paths(args.config), overrides)
+    config = config_from_args(args, *overrides)
 
     from pipeline import bench
     from pipeline import device as dev

@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 
 from pipeline import atomic
-from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_paths, load_config
+from pipeline.cli import add_config_options, command_parser, config_from_args
 
 log = logging.getLogger("pipeline")
 
@@ -25,7 +24,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", metavar="FILE.json", help="also write the choices as JSON")
     add_config_options(parser, "model.name=resnet18")
     args = parser.parse_args(argv)
-    config = load_config(default_config_paths(args.config), args.settings)
+    config = config_from_args(args)
 
     from pipeline import device as dev
     from pipeline import measured

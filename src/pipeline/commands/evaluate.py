@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import atomic
 from pipeline.cli import command_parser
-from pipeline.config import merge, parse_bool, parse_overrides, validate
+from pipeline.config import COMMAND_LINE, Layer, merge, parse_bool, parse_overrides, validate_layers
 from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -72,12 +72,12 @@ def main(argv: list[str]) -> int:
     overrides = parse_overrides(args.settings)
     if set(overrides) - {"data", "eval"}:
         raise ConfigError(
-            f"eval only takes data.* and eval.* settings, not {sorted(set(overrides) - {'data', 'eval'})}."
+            f"evaluate only takes data.* and eval.* settings, not {sorted(set(overrides) - {'data', 'eval'})}."
         )
     if args.data:
         overrides = merge(overrides, {"data": {"root": args.data}})
-    config = validate(
-        merge(state["config"], overrides), f"{args.checkpoint} with command-line settings"
+    config = validate_layers(
+        [Layer(f"the config of {args.checkpoint}", state["config"]), Layer(COMMAND_LINE, overrides)]
     )
     device = dev.resolve_device(args.device or config["device"])
     amp = config["amp"] if args.amp is None else parse_bool(args.amp)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_paths, load_config
+from pipeline.cli import add_config_options, command_parser, config_from_args
 from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError
 
@@ -24,7 +23,7 @@ def main(argv: list[str]) -> int:
     )
     add_config_options(parser, "data.synthetic.num_train=64")
     args = parser.parse_args(argv)
-    config = load_config(default_config_paths(args.config), args.settings)
+    config = config_from_args(args)
     if config["data"]["format"] != "synthetic":
         raise ConfigError(
             f"data.format is {config['data']['format']!r}: prepare-data only generates the built-in synthetic set. "

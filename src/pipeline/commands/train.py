@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.cli import add_config_options, command_parser
-from pipeline.config import default_config_paths, load_config, parse_bool
+from pipeline.cli import add_config_options, command_parser, config_from_args
+from pipeline.config import parse_bool
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     add_config_options(parser, "train.epochs=5")
     args = parser.parse_args(argv)
 
-    settings = list(args.settings)
+    settings = []
     if args.device:
         settings.append(f"device={args.device}")
     if args.amp:
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
                 f"--amp {args.amp!r} is not understood: use auto, true, false or measured."
             )
         settings.append(f"amp={str(amp).lower()}")
-    config = load_config(default_config_paths(args.config), settings)
+    config = config_from_args(args, *settings)
 
     from pipeline import device as dev
     from pipeline import measured

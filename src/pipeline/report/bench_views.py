@@ -99,7 +99,8 @@ def measured_train_command(
     """`python -m pipeline train --amp measured` with the workflow's config files and settings."""
     invocation = invocation or {}
     words = ["python -m pipeline train"]
-    words += [f"--config {shlex.quote(str(path))}" for path in invocation.get("configfiles") or []]
+    if invocation.get("configfiles"):
+        words += ["--configfile", *(shlex.quote(str(path)) for path in invocation["configfiles"])]
     if auto != backend:
         words.append(f"--device {backend}")
     words.append("--amp measured")
