@@ -30,6 +30,8 @@ def schema_of(relative: Path) -> str | None:
         return folder
     if folder == "eval":
         return "predictions" if relative.stem.endswith("_predictions") else "eval"
+    if folder == "predict":
+        return "predict" if relative.name == "images.json" else None
     return BY_FILE_NAME.get(relative.name)
 
 

@@ -31,7 +31,7 @@ from pipeline.config import (
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("data", "model", "train", "eval", "bench", "profile", "cluster", "sweep")
+SECTIONS = ("data", "model", "train", "eval", "bench", "profile", "predict", "cluster", "sweep")
 
 
 def _schema_keys(schema: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict]]:

@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from report_fixtures import write_results_tree
 from results_schemas import check_results
 
-from pipeline import atomic, environment, formats, measured, profiling
+from pipeline import atomic, environment, formats, measured, prediction, profiling
 from pipeline.commands import evaluate
 from pipeline.engine import trainer
 from pipeline.errors import DataError
@@ -27,6 +27,7 @@ WRITERS_TAGS = {
     "env": environment.FORMAT,
     "eval": evaluate.FORMAT,
     "predictions": evaluate.PREDICTIONS_FORMAT,
+    "predict": prediction.FORMAT,
     "profile": profiling.FORMAT,
     "train_summary": trainer.SUMMARY_FORMAT,
     "summary": summary_build.FORMAT,
@@ -107,4 +108,4 @@ def test_a_choice_file_of_another_shape_is_refused_naming_the_file_and_place(
 def test_the_report_tests_full_results_tree_is_shaped_like_real_files(tmp_path: Path) -> None:
     """The fixture the report tests start from; their variants leave pieces out on purpose."""
     checked = check_results(write_results_tree(tmp_path))
-    assert set(checked) == set(formats.names()) - {"common", "choice", "summary"}
+    assert set(checked) == set(formats.names()) - {"common", "choice", "summary", "predict"}

@@ -367,7 +367,8 @@ def test_every_results_file_matches_the_schema_of_its_format(
     finished: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
     checked = check_results(finished[0] / "results")
-    assert set(checked) == set(formats.names()) - {"common"}  # every format, each file
+    # every format, each file; prediction has a target and a test of its own (below)
+    assert set(checked) - {"predict"} == set(formats.names()) - {"common", "predict"}
     runs = len(sweep_runs(finished[0]))
     assert checked["train_summary"] == checked["eval"] == checked["profile"] == runs
     assert checked["summary"] == 1
@@ -571,6 +572,31 @@ def test_an_absent_backend_fails_fast_with_the_device_message_and_leaves_nothing
     output = result.stdout + result.stderr
     assert "Device 'mps' is not available" in output and "Available backends" in output
     assert sorted(p.name for p in (root / "results" / "train").iterdir()) == before
+
+
+def test_the_predict_target_writes_every_runs_detections_on_the_configured_folder(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    root, _ = finished
+    folder = "resources/data/ci/test"
+    setting = f"predict={{images: {folder}, draw: true}}"
+    result = snakemake(root, "predict", "--cores", "2", *E2E_CONFIG, setting)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rule train_run" not in result.stdout + result.stderr  # the runs' best.pth as they are
+    runs = sweep_runs(root)
+    assert {
+        path.parent.name for path in (root / "results" / "predict").glob("*/images.json")
+    } == runs
+    assert check_results(root / "results")["predict"] == len(runs)
+    for run in runs:
+        index = json.loads((root / "results" / "predict" / run / "images.json").read_text())
+        assert len(index["images"]) == 16 and index["unreadable"] == []
+        assert index["score_threshold_source"] == "checkpoint"
+        assert all(
+            (root / "results" / "predict" / run / i["annotated"]).is_file() for i in index["images"]
+        )
+    again = snakemake(root, "predict", "-n", *E2E_CONFIG, setting)
+    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 def test_snakemakes_own_report_bundles_the_marked_outputs(

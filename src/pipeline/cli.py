@@ -50,6 +50,10 @@ COMMANDS = {
         "pipeline.commands.summarize",
         "sum up a results folder in summary.json: the answer, the benchmarks, every run",
     ),
+    "predict": (
+        "pipeline.commands.predict",
+        "a checkpoint's detections on image files, folders or globs",
+    ),
     "report": ("pipeline.commands.report", "build the self-contained HTML comparison report"),
     "compare": (
         "pipeline.commands.compare",
@@ -63,7 +67,7 @@ COMMANDS = {
 # Other names a command answers to: `eval` was evaluate's name before it matched the workflow's.
 ALIASES = {"eval": "evaluate"}
 # Commands that run torch, and take every CPU they may use (see device.set_cpu_threads).
-COMPUTE_COMMANDS = frozenset({"check-env", "train", "evaluate", "bench", "profile"})
+COMPUTE_COMMANDS = frozenset({"check-env", "train", "evaluate", "bench", "profile", "predict"})
 log = logging.getLogger("pipeline")
 
 

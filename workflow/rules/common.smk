@@ -8,6 +8,7 @@ from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from pipeline import config as pipeline_config
 from pipeline import measured, runs
 from pipeline.data import has_test_split, split_files
+from pipeline.data.image_files import find_images
 from pipeline.errors import ConfigError
 
 
@@ -261,3 +262,26 @@ def precision_choice_option(wildcards, input):
 
 def run_device(wildcards):
     return runs.parse_run(wildcards.run).device
+
+
+def predict_items():
+    """The configured predict.images as a list (one item may be given alone)."""
+    images = config["predict"]["images"]
+    return [images] if isinstance(images, str) else list(images or [])
+
+
+def predict_images(wildcards):
+    """The image files predict.images names: a changed folder reruns prediction."""
+    if not predict_items():
+        raise WorkflowError(
+            "The predict target needs images: set predict.images to image files, folders or "
+            "glob patterns, e.g. --config 'predict={images: [photos/]}'."
+        )
+    return [str(path) for path in find_images(predict_items())]
+
+
+def predict_options():
+    settings = config["predict"]
+    threshold = settings["score_threshold"]
+    options = [] if threshold is None else ["--score-threshold", str(threshold)]
+    return options + (["--draw"] if settings["draw"] else [])

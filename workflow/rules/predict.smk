@@ -1,0 +1,41 @@
+rule predict_run:
+    input:
+        checkpoint="results/train/{run}/best.pth",
+        images=predict_images,
+        code=code(
+            "prediction.py",
+            "commands/predict.py",
+            "data/image_files.py",
+            "data/dataset.py",
+        ),
+    output:
+        detections="results/predict/{run}/detections.json",
+        index="results/predict/{run}/images.json",
+    log:
+        "logs/predict/{run}.log",
+    benchmark:
+        "results/job_stats/predict/{run}.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    threads: heavy_threads()
+    resources:
+        mem_mb=4000,
+        runtime=60,
+        gpu=lambda wildcards: gpu_request(wildcards.run),
+        gpu_model=lambda wildcards: gpu_model(wildcards.run),
+    params:
+        python=interpreter,
+        cpu_threads=config["cpu_threads"],
+        device=run_device,
+        out="results/predict/{run}",
+        images=predict_items(),
+        options=predict_options(),
+    shell:
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} predict --checkpoint {input.checkpoint:q} --device {params.device}"
+        " --out {params.out:q} {params.options:q} {params.images:q}"
+
+
+rule predict:
+    input:
+        run_files("results/predict/{run}/images.json"),
+        choice_files,
