@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import pipeline
 from pipeline import cli, environment
+from pipeline.config import load_config
 from pipeline.device import DeviceNotAvailableError, available_backends
 
 pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
 
 COMMANDS = [
-    *("check-env", "prepare-data", "train", "eval", "bench", "choose-precision"),
-    *("profile", "summarize", "report", "compare"),
+    *("check-env", "prepare-data", "train", "evaluate", "bench", "choose-precision"),
+    *("profile", "summarize", "predict", "report", "compare", "config"),
 ]
 
 
@@ -60,7 +64,7 @@ def _table_row(table: str, backend: str) -> str:
 
 def test_check_env_prints_the_table_and_writes_the_same_facts_as_json(tmp_path: Path) -> None:
     output = tmp_path / "env" / "environment.json"
-    result = _run_pipeline("check-env", "--output", str(output))
+    result = _run_pipeline("check-env", "--out", str(output))
     assert result.returncode == 0, result.stderr
     info = json.loads(output.read_text())
     expected = available_backends()
@@ -131,9 +135,47 @@ def test_unknown_command_exits_2_and_names_the_choices(capsys) -> None:
     assert ", ".join(COMMANDS) in err
 
 
+def test_version_prints_the_packages_version_and_exits_0(capsys) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out == f"pipeline {pipeline.__version__}\n"
+
+
+def test_eval_is_an_alias_of_evaluate(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m pipeline evaluate ")
+
+
+def test_config_prints_the_merged_config_with_where_each_value_came_from(
+    capsys, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("seed: 4\ntrain: {lr: 0.5}\n")
+    (tmp_path / "mine.yaml").write_text("train: {epochs: 2}\n")
+    assert cli.main(["config", "--configfile", "mine.yaml", "--config", "data.image_size=96"]) == 0
+    out = capsys.readouterr().out
+    lines: dict[str, str] = {}  # each key's first line (seed is also data.synthetic.seed)
+    for line in out.splitlines()[1:]:
+        lines.setdefault(line.split(":")[0].strip(), line)
+    assert re.fullmatch(r"seed: 4 +# config/config\.yaml", lines["seed"])
+    assert re.fullmatch(r"  lr: 0\.5 +# config/config\.yaml", lines["lr"])
+    assert re.fullmatch(r"  epochs: 2 +# mine\.yaml", lines["epochs"])
+    assert re.fullmatch(r"  image_size: 96 +# command line", lines["image_size"])
+    assert re.fullmatch(r"  batch_size: \d+ +# default", lines["batch_size"])
+    assert out.splitlines()[0].startswith(
+        "# merged from: config/config.yaml, mine.yaml, command line"
+    )
+    assert yaml.safe_load(out) == load_config(
+        ["config/config.yaml", "mine.yaml"], ["data.image_size=96"]
+    )
+
+
 def test_check_env_in_process_prints_the_table_and_exits_0(capsys, tmp_path) -> None:
     output = tmp_path / "env.json"
-    assert cli.main(["check-env", "-o", str(output)]) == 0
+    assert cli.main(["check-env", "--out", str(output)]) == 0
     out = capsys.readouterr().out
     assert f"auto resolves to: {available_backends()[0]}" in out
     assert json.loads(output.read_text())["available"] == available_backends()
@@ -168,7 +210,7 @@ def test_unwritable_output_exits_2_naming_the_path(capsys, tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     target = blocker / "environment.json"  # its parent is a file: fails even for root
-    assert cli.main(["check-env", "--output", str(target)]) == 2
+    assert cli.main(["check-env", "--out", str(target)]) == 2
     err = capsys.readouterr().err
     assert f"ERROR Could not write {target}: Not a directory (ENOTDIR: {blocker}), with " in err
     assert "Traceback" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from tiny_runs import (
     tiny_config,
 )
 
-from pipeline import cli
+from pipeline import cli, prediction
 from pipeline.data.image_files import find_images
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
@@ -178,6 +179,22 @@ def test_a_checkpoint_without_an_operating_point_asks_for_a_threshold(
     assert run(*argv, "--out", str(tmp_path / "out")) == 2
     assert "give --score-threshold T" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_long_run_logs_how_far_it_is_how_fast_and_how_long_is_left(
+    trained: Trainer,
+    photos: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    restore_pipeline_logger: None,
+) -> None:
+    monkeypatch.setattr(prediction, "PROGRESS_INTERVAL_S", 0.0)  # every batch counts as long
+    argv = ["predict", "--checkpoint", str(trained.paths["best"]), str(photos / "test")]
+    assert run(*argv, "--out", str(tmp_path), "--batch-size", "4") == 0
+    err = capsys.readouterr().err
+    assert re.search(r"predicted 4 of 10 images \(40%\), [\d.]+ images/s, about \d+ s left", err)
+    assert "skipped " in err and "1 unreadable, skipped (listed in images.json)" in err
 
 
 def test_images_are_named_by_files_folders_and_patterns_each_once(tmp_path: Path) -> None:

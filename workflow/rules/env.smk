@@ -19,4 +19,4 @@ checkpoint check_env:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
     shell:
-        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} check-env --output {output}"
+        "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} check-env --out {output}"

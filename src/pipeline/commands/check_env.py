@@ -8,7 +8,7 @@ from pipeline.cli import command_parser
 
 def main(argv: list[str]) -> int:
     parser = command_parser("check-env", __doc__)
-    parser.add_argument("--output", "-o", metavar="FILE.json", help="also write the report as JSON")
+    parser.add_argument("--out", metavar="FILE.json", help="also write the report as JSON")
     parser.add_argument(
         "--device",
         metavar="SPEC",
@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     info = environment.collect(args.device)
     print(environment.format_table(info))
-    if args.output:
-        atomic.write_json(args.output, info)
-        print(f"\nwritten: {args.output}")
+    if args.out:
+        atomic.write_json(args.out, info)
+        print(f"\nwritten: {args.out}")
     return 0
