@@ -204,17 +204,35 @@ def test_bench_with_an_unknown_precision_exits_2_listing_the_precisions(
 
 @pytest.mark.parametrize("amp", ["amp=true", "amp='true'", "amp=yes"])
 def test_amp_asked_for_on_cpu_as_a_bool_or_a_string_warns_and_trains_in_fp32(
-    here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: str
+    here: Path,
+    data_root: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    amp: str,
 ) -> None:
+    """On a CPU without native fp16 (hidden here, whatever this one has)."""
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "fp16,bf16")
     summary, err = train_succeeds(
         capsys, here / "run", *tiny_settings(data_root, "train.epochs=1", amp)
     )
     assert any(
-        "AMP was asked for, but cpu does not support it" in w and "training in fp32 instead" in w
+        "AMP was asked for, but cpu does not support it in fp16 (this CPU has no native fp16" in w
+        and "training in fp32 instead" in w
         for w in warnings_in(err)
     ), err
     assert summary["amp"] is False and summary["precision"] == "fp32"
     assert checkpoint.load(here / "run" / "last.pth")["config"]["amp"] is True
+
+
+def test_amp_true_with_bf16_on_a_cpu_with_native_bf16_trains_bf16_as_asked(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(dev.HIDE_CPU_NATIVE_ENV, raising=False)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True}, raising=False)
+    settings = tiny_settings(data_root, "train.epochs=1", "amp=true", "amp_dtype=bf16")
+    summary, err = train_succeeds(capsys, here / "run", *settings)
+    assert summary["amp"] is True and summary["precision"] == "bf16"
+    assert warnings_in(err) == []
 
 
 @pytest.mark.parametrize("amp", [["amp='false'"], ["amp=off"], ["--amp", "false"]])

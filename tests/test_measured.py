@@ -279,6 +279,15 @@ def test_the_static_cpu_policy_is_unchanged_whatever_the_cpu_has(cpu_with) -> No
     cpu_with("avx512_bf16", "amx_bf16")
     assert dev.amp_supported("cpu") is False
     assert dev.resolve_amp(True, "cpu") is False
+    assert dev.training_precision("auto", "bf16", "cpu") == "fp32"
+
+
+def test_amp_true_trains_in_a_precision_the_cpu_computes_natively_as_asked(cpu_with) -> None:
+    cpu_with("avx512_bf16")
+    assert dev.training_precision(True, "bf16", "cpu") == "bf16"
+    assert dev.run_precision(True, "bf16", "cpu") == "bf16"
+    assert dev.training_precision(True, "fp16", "cpu") == "fp32"  # no native fp16 here
+    cpu_with()
     assert dev.training_precision(True, "bf16", "cpu") == "fp32"
 
 

@@ -218,7 +218,7 @@ def test_an_absent_backend_without_an_error_text_names_it_and_the_reason() -> No
         ("cuda", "auto", "fp16", CUDA, "fp16"),
         ("cuda", "auto", "bf16", CUDA, "bf16"),
         ("cuda", "false", "fp16", CUDA, "fp32"),
-        ("cpu", "true", "bf16", CUDA, "fp32"),  # no AMP on cpu, whatever is asked
+        ("cpu", "true", "bf16", CUDA, "fp32"),  # no AMP on a cpu without native bf16
         ("cpu", "auto", "fp16", CPU_ONLY, "fp32"),
         ("mps", "auto", "fp16", MPS, "fp32"),
         ("mps", "true", "bf16", MPS, "bf16"),
@@ -236,6 +236,19 @@ def test_precision_uses_the_table_not_a_hard_coded_policy() -> None:
     env = copy.deepcopy(CPU_ONLY)
     env["backends"]["cpu"]["resolved_amp"]["true"] = True
     assert training_runs(_config("amp=true", "amp_dtype=bf16"), env) == [Run("cpu", "bf16")]
+
+
+# a CPU with native bf16, as check_env reports one: measured (and an explicit request) may use it
+NATIVE_BF16 = copy.deepcopy(CPU_ONLY)
+NATIVE_BF16["backends"]["cpu"]["measured_refused"]["bf16"] = None
+
+
+def test_amp_true_on_a_cpu_with_native_bf16_trains_bf16_as_the_device_layer_resolves_it() -> None:
+    assert training_runs(_config("amp=true", "amp_dtype=bf16"), NATIVE_BF16) == [Run("cpu", "bf16")]
+    assert training_runs(_config("amp=true", "amp_dtype=fp16"), NATIVE_BF16) == [Run("cpu", "fp32")]
+    assert training_runs(_config("amp=auto", "amp_dtype=bf16"), NATIVE_BF16) == [Run("cpu", "fp32")]
+    runs = training_runs(_config("sweep.precision=[fp32, bf16]"), NATIVE_BF16)
+    assert [r.name for r in runs] == ["cpu-fp32", "cpu-bf16"]
 
 
 def test_a_sweep_expands_to_the_product_of_its_lists() -> None:

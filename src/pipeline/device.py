@@ -202,7 +202,18 @@ def resolve_amp(requested: str | bool | None, backend: DeviceLike) -> bool:
 def training_precision(
     requested_amp: str | bool | None, amp_dtype: str, backend: DeviceLike
 ) -> str:
-    """The precision a run really trains in: `amp_dtype` if AMP resolves on, else fp32."""
+    """The precision a run really trains in: `amp_dtype` if AMP resolves on, else fp32.
+
+    An explicit request (amp: true) is also honoured on a CPU that computes `amp_dtype`
+    natively, by the test `amp: measured` applies there, though AMP stays off by default on
+    every CPU (`default_amp`, `amp_supported`).
+    """
+    if (
+        requested_amp is True
+        and backend_name(backend) == "cpu"
+        and measured_precision_refused_reason(backend, amp_dtype) is None
+    ):
+        return amp_dtype
     return amp_dtype if resolve_amp(requested_amp, backend) else "fp32"
 
 

@@ -79,8 +79,14 @@ def resolve_device_spec(env: dict[str, Any], spec: str) -> str:
 
 
 def precision_for(env: dict[str, Any], backend: str, amp: Any, amp_dtype: str) -> str:
-    """The precision a run trains in on `backend`, by the device layer's AMP policy (in env.json)."""
-    return amp_dtype if env["backends"][backend]["resolved_amp"][amp_key(amp)] else "fp32"
+    """The precision a run trains in on `backend`, by the device layer's AMP policy (in env.json):
+    as device.training_precision, an explicit amp=true on a CPU that computes `amp_dtype`
+    natively (nothing refuses it to amp=measured there) trains in it."""
+    entry = env["backends"][backend]
+    explicit = amp_key(amp) == "true" and backend == "cpu"
+    if explicit and (entry["measured_refused"] or {}).get(amp_dtype, "unknown") is None:
+        return amp_dtype
+    return amp_dtype if entry["resolved_amp"][amp_key(amp)] else "fp32"
 
 
 @dataclass(frozen=True)

@@ -153,9 +153,11 @@ class Trainer:
         self.amp = self.precision != "fp32"
         if config["amp"] is True and not self.amp:
             log.warning(
-                "AMP was asked for, but %s does not support it (autocast there is far slower than fp32, "
-                "so it is off by policy): training in fp32 instead.",
+                "AMP was asked for, but %s does not support it in %s (%s): training in fp32 instead.",
                 self.device,
+                config["amp_dtype"],
+                dev.measured_precision_refused_reason(self.device, config["amp_dtype"])
+                or "autocast there is off by policy",
             )
         dev.require_precision(self.device, self.precision, "training")
         self.train_cfg = config["train"]
