@@ -1077,8 +1077,8 @@ def test_natural_augmentation_is_a_function_of_seed_epoch_and_index_alone(
     assert len(outcomes) == 4
 
 
-def test_the_natural_preset_switches_flips_off_and_jitter_on() -> None:
-    preset = load_config(Path(__file__).parents[1] / "config" / "presets" / "natural.yaml")
+def test_the_photographs_preset_switches_flips_off_and_jitter_on() -> None:
+    preset = load_config(Path(__file__).parents[1] / "config" / "presets" / "photographs.yaml")
     augment = Augment(**preset["data"]["augment"])
     assert (augment.vflip, augment.transpose, augment.channel_shuffle) == (0, 0, 0)
     assert augment.hflip > 0 and augment.scales and augment.photometric > 0

@@ -335,7 +335,7 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     keep their --configfile files and --config settings; amp and the device are replaced."""
     results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
     invocation = {
-        "configfiles": ["config/presets/natural.yaml", "my data.yaml"],
+        "configfiles": ["config/presets/photographs.yaml", "my data.yaml"],
         "config": {"amp": True, "train": {"epochs": 5}, "cpu_threads": "auto"},
     }
     render.build(results, tmp_path / "report.html", CONFIG, invocation)
@@ -343,9 +343,9 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     answer = page.text("answer")
     assert (
-        "run snakemake --cores 1 results/report.html --configfile config/presets/natural.yaml "
+        "run snakemake --cores 1 results/report.html --configfile config/presets/photographs.yaml "
         "'my data.yaml' --config 'train={\"epochs\": 5}' cpu_threads=auto amp=measured (or "
-        "python -m pipeline train --configfile config/presets/natural.yaml 'my data.yaml' "
+        "python -m pipeline train --configfile config/presets/photographs.yaml 'my data.yaml' "
         "--amp measured 'cpu_threads=\"auto\"' train.epochs=5)" in answer
     )
 

@@ -15,12 +15,13 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from pipeline.config import load_config
+from pipeline.config import load_config, read_yaml
 from pipeline.data.synthetic import SHAPES, SyntheticSpec, generate, render_sample
 from pipeline.engine.evaluator import SIZE_BUCKETS
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
+PHOTO_PRESETS = ("photographs", "five-minutes-cpu")  # as the README layers them for own data
 
 SMALL = SyntheticSpec(num_train=6, num_val=3, num_test=2, image_size=64, max_object_size=32)
 # one object on a flat background: every pixel is the background or a blend of it and the object
@@ -391,23 +392,31 @@ def test_the_multiscale_preset_cuts_large_classes_into_the_medium_bucket_at_a_bo
 
 
 @pytest.mark.parametrize("kind", ["microscopy-kind", "large-objects-kind"])
-def test_a_stand_in_preset_layers_over_the_natural_one_and_keeps_its_own_data_root(
+def test_a_stand_in_preset_layers_over_the_photographs_and_budget_ones_and_keeps_its_data_root(
     kind: str,
 ) -> None:
     """The stand-ins for real data sets set the data alone: training and augmentation are the
-    natural-image preset's, as a user's own data file would leave them."""
-    natural = load_config(REPO / "config" / "presets" / "natural.yaml")
-    config = load_config(
-        [REPO / "config" / "presets" / f"{name}.yaml" for name in ("natural", kind)]
-    )
-    assert config["train"] == natural["train"]
-    assert config["data"]["augment"] == natural["data"]["augment"]
+    photographs and five-minutes-cpu presets', as a user's own data file would leave them."""
+    presets = [REPO / "config" / "presets" / f"{name}.yaml" for name in PHOTO_PRESETS]
+    under = load_config(presets)
+    config = load_config([*presets, REPO / "config" / "presets" / f"{kind}.yaml"])
+    assert config["train"] == under["train"]
+    assert config["data"]["augment"] == under["data"]["augment"]
     roots = {
         load_config(REPO / "config" / "presets" / f"{name}.yaml")["data"]["root"]
         for name in ("multiscale", "microscopy-kind", "large-objects-kind")
     }
-    assert len(roots | {natural["data"]["root"]}) == 4
+    assert len(roots | {under["data"]["root"]}) == 4
     assert SyntheticSpec.from_config(config["data"]["synthetic"]).num_test > 0
+
+
+def test_the_photographs_and_budget_presets_each_set_one_thing() -> None:
+    """Augmentation for photographs; a five-minute CPU budget: nothing of the other's."""
+    folder = REPO / "config" / "presets"
+    assert set(read_yaml(folder / "photographs.yaml")) == {"data"}
+    assert set(read_yaml(folder / "photographs.yaml")["data"]) == {"augment"}
+    assert set(read_yaml(folder / "five-minutes-cpu.yaml")) == {"train"}
+    assert load_config(folder / "five-minutes-cpu.yaml")["train"]["time_budget_s"] is not None
 
 
 def test_the_microscopy_stand_in_has_classes_an_order_of_magnitude_apart_in_input_pixels() -> None:
