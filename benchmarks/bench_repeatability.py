@@ -8,7 +8,7 @@ bf16). Two runs in a row, side by side in one script, and for each:
 - every record's drift check (median of the second half of its timed steps over the
   first half's): target within 5% wherever a record has the 4 or more steps it needs;
 - the candidate's speed-up over fp32 with its bootstrap interval, as the report and
-  `amp: measured` state it: target, the two runs' intervals overlap;
+  `precision: measured` state it: target, the two runs' intervals overlap;
 - the fp32 medians of the two runs: target larger / smaller <= 1.10.
 """
 

@@ -13,9 +13,9 @@ evaluate stage's JSON: the held-out test split, and validation where a target na
   large-objects-kind  photographs.yaml + five-minutes-cpu.yaml + large-objects-kind.yaml
                       (256 px): AP@.5 >= 0.95
 
-`--precision-choice FILE` trains every run with `amp: measured` from that choice (the
+`--precision-choice FILE` trains every run with `precision: measured` from that choice (the
 `results/choice/<backend>.json` of a pipeline run, or `python -m pipeline choose-precision`'s):
-the targets at the precision the benchmarks chose, as `--config amp=measured` trains. Overrides
+the targets at the precision the benchmarks chose, as `--config precision=measured` trains. Overrides
 given as key=value apply to every training after its own settings.
 
 The two kinds are synthetic stand-ins for real data sets, not those sets: a PASS there says
@@ -156,7 +156,7 @@ def parse_args(argv: list[str]):
         "--precision-choice",
         type=Path,
         metavar="FILE.json",
-        help="train with amp=measured from this choice (e.g. results/choice/cpu.json)",
+        help="train with precision=measured from this choice (e.g. results/choice/cpu.json)",
     )
     parser.add_argument(
         "settings",
@@ -184,7 +184,9 @@ def measure(
     settings = [f"data.root={data}", f"seed={seed}", *training.settings, *overrides]
     pipeline(["prepare-data", *configs, *settings], log)
     conditions = timing.RunConditions()
-    chosen = ["--amp", "measured", "--precision-choice", str(choice.resolve())] if choice else []
+    chosen = (
+        ["--precision", "measured", "--precision-choice", str(choice.resolve())] if choice else []
+    )
     pipeline(["train", *configs, "--out", str(run), *chosen, *settings], log)
     measured = conditions.finish()
     harness.warn_if_loaded(measured, f"training {training.name}")

@@ -53,6 +53,8 @@ def backend_entry(available: bool, amp_auto: bool, reason: str | None = None) ->
         "amp_default": amp_auto,
         "amp_supported": True,
         "resolved_amp": {"auto": amp_auto, "true": True, "false": False},
+        "precisions": {"auto": "fp16" if amp_auto else "fp32", "fp32": "fp32"}
+        | {"fp16": "fp16", "bf16": "bf16"},
         "pin_memory": amp_auto,
         "measured_refused": {"bf16": None, "fp16": None},
         "error": None,
@@ -65,6 +67,7 @@ def env_json() -> dict[str, Any]:
         description="CPU",
         amp_supported=False,
         resolved_amp={"auto": False, "true": False, "false": False},
+        precisions={"auto": "fp32", "fp32": "fp32", "fp16": "fp32", "bf16": "fp32"},
         measured_refused={
             p: f"this CPU has no native {p} instructions (torch.cpu.get_capabilities(): "
             f"avx512_{p}=no, amx_{p}=no)"

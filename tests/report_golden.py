@@ -38,8 +38,7 @@ from pipeline import cli
 GOLDEN = Path(__file__).parent / "data" / "report_golden.json"
 CONFIG = {
     "model": {"name": "tiny_conv"},
-    "amp": "auto",
-    "amp_dtype": "fp16",
+    "precision": "auto",
     "eval": {"score_threshold": 0.3},
     "note": "</pre><script>x()</script>",
 }
@@ -132,7 +131,7 @@ def cpu_policy_tree(root: Path) -> tuple[Path, list[str]]:
     noted = profile("cpu", "bf16")
     noted["profiler"].update(top_operators=[], note="torch.profiler has no MPS activity")
     write_json(results / "profile" / "cpu-bf16" / "profile.json", noted)
-    config = {"amp": True, "model": {"name": "absent"}, "bench": {"models": ["tiny_conv"]}}
+    config = {"precision": "fp16", "model": {"name": "absent"}, "bench": {"models": ["tiny_conv"]}}
     return results, ["--config-json", json.dumps(config)]
 
 
@@ -140,7 +139,7 @@ def nothing_safe_tree(root: Path) -> tuple[Path, list[str]]:
     """Every training benchmark failed the numerics check, and one backend has no AMP policy."""
     results = root / "results"
     env = env_json()
-    del env["backends"]["mps"]["resolved_amp"]
+    del env["backends"]["mps"]["resolved_amp"], env["backends"]["mps"]["precisions"]
     write_json(results / "env.json", env)
     nonfinite = bench_record("cuda", "bf16", "train", 3.0)
     nonfinite["numerics"].update(finite=False, acceptable=False)

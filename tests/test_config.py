@@ -26,6 +26,7 @@ from pipeline.config import (
     reference_markdown,
     result_settings,
     speed_settings,
+    upgrade_legacy_precision,
     validate,
 )
 from pipeline.errors import ConfigError
@@ -56,8 +57,7 @@ def test_defaults_fill_every_section() -> None:
     config = load_config(None)
     assert set(config) == {
         "device",
-        "amp",
-        "amp_dtype",
+        "precision",
         "seed",
         "deterministic",
         "cpu_threads",
@@ -166,7 +166,7 @@ def test_a_value_is_traced_to_the_last_layer_that_set_it_or_to_the_defaults() ->
 
 def test_a_misspelt_choice_is_named_with_the_closest_valid_one() -> None:
     with pytest.raises(ConfigError, match="Did you mean 'measured'\\?"):
-        load_config(None, ["amp=measure"])
+        load_config(None, ["precision=measure"])
 
 
 def test_commands_layer_their_config_files_over_config_config_yaml(
@@ -190,7 +190,7 @@ def test_every_schema_key_is_documented_in_the_config_readme() -> None:
     missing = [
         key
         for key, _ in _schema_keys(load_schema())
-        # the dotted key, not as part of a longer name (amp inside amp_dtype, seed inside x.seed)
+        # the dotted key, not as part of a longer name (seed inside x.seed)
         if not re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", text)
     ]
     assert missing == []
@@ -213,7 +213,7 @@ def test_overrides_set_nested_keys_with_yaml_values() -> None:
             "train.epochs=3",
             "data.classes=[a, b]",
             "device=cuda:1",
-            "amp=false",
+            "precision=fp32",
             "train.grad_clip=null",
             "bench.backends=[cpu]",
         ],
@@ -222,7 +222,7 @@ def test_overrides_set_nested_keys_with_yaml_values() -> None:
     assert config["train"]["epochs"] == 3
     assert config["data"]["classes"] == ["a", "b"]
     assert config["device"] == "cuda:1"
-    assert config["amp"] is False
+    assert config["precision"] == "fp32"
     assert config["train"]["grad_clip"] is None
     assert config["bench"]["backends"] == ["cpu"]
 
@@ -285,36 +285,34 @@ def test_merge_is_recursive_and_changes_neither_input() -> None:
         ("off", False),
         ("0", False),
         (" false ", False),
-        ("auto", "auto"),
     ],
 )
-def test_amp_strings_become_booleans(text: str, expected: Any) -> None:
-    amp = validate({"amp": text})["amp"]
-    assert amp == expected
-    assert type(amp) is type(expected)
+def test_boolean_strings_become_booleans(text: str, expected: Any) -> None:
+    deterministic = validate({"deterministic": text})["deterministic"]
+    assert deterministic is expected
 
 
 @pytest.mark.parametrize("text", ["false", "False", "no", "No", "off", "0"])
 def test_false_words_are_never_read_as_true(text: str) -> None:
-    config = validate({"amp": text, "deterministic": text, "data": {"cache": text}})
-    assert config["amp"] is False
+    config = validate({"deterministic": text, "data": {"cache": text}})
     assert config["deterministic"] is False
     assert config["data"]["cache"] is False
 
 
 def test_a_quoted_false_on_the_command_line_is_false() -> None:
-    config = load_config(None, ["amp='false'", "data.cache='off'", "deterministic='0'"])
-    assert config["amp"] is False
+    config = load_config(None, ["data.cache='off'", "deterministic='0'"])
     assert config["data"]["cache"] is False
     assert config["deterministic"] is False
 
 
 @pytest.mark.parametrize(("number", "expected"), [(1, True), (0, False)])
-def test_amp_as_an_integer_from_snakemake_config_is_a_boolean(number: int, expected: bool) -> None:
-    # `snakemake --config amp=1` parses the value with int() first
-    config = validate({"amp": number, "deterministic": number})
-    assert config["amp"] is expected
+def test_a_boolean_as_an_integer_from_snakemake_config_is_a_boolean(
+    number: int, expected: bool
+) -> None:
+    # `snakemake --config deterministic=1` parses the value with int() first
+    config = validate({"deterministic": number, "data": {"cache": number}})
     assert config["deterministic"] is expected
+    assert config["data"]["cache"] is expected
 
 
 def test_integer_strings_become_integers() -> None:
@@ -380,7 +378,9 @@ def test_an_unknown_top_level_key_is_named_with_the_valid_keys() -> None:
         load_config(None, ["epochs=3"])
     message = str(caught.value)
     assert "epochs" in message
-    assert "Valid keys: amp, amp_dtype, bench, cluster, compare, cpu_threads, data" in message
+    assert (
+        "Valid keys: bench, cluster, compare, cpu_threads, data, deterministic, device," in message
+    )
 
 
 @pytest.mark.parametrize(
@@ -430,10 +430,10 @@ def test_an_unknown_key_in_a_config_file_names_the_file(tmp_path: Path) -> None:
         ("model.name=yolo", "model.name", "'yolo'"),
         ("train.optimizer=lamb", "train.optimizer", "'lamb'"),
         ("train.scheduler=poly", "train.scheduler", "'poly'"),
-        ("amp_dtype=fp8", "amp_dtype", "'fp8'"),
+        ("precision=fp8", "precision", "'fp8'"),
         ("bench.precisions=[fp32, fp8]", "bench.precisions.1", "'fp8'"),
         ("sweep.precision=[int8]", "sweep.precision.0", "'int8'"),
-        ("amp=sometimes", "amp", "'sometimes'"),
+        ("precision=true", "precision", "True"),
         ("device=gpu", "device", "'gpu'"),
         ("device=cuda:x", "device", "'cuda:x'"),
         ("device=CUDA", "device", "'CUDA'"),
@@ -492,8 +492,7 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
     assert set(result) == {
         "seed",
         "deterministic",
-        "amp",
-        "amp_dtype",
+        "precision",
         "data",
         "model",
         "train",
@@ -508,15 +507,34 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
 
 
 @pytest.mark.parametrize(
-    ("amp", "matters"), [("false", False), ("measured", False), ("true", True), ("auto", True)]
+    ("old", "new"),
+    [
+        (["amp=false"], "fp32"),
+        (["amp=true", "amp_dtype=bf16"], "bf16"),
+        (["amp=true"], "fp16"),
+        (["amp=measured", "amp_dtype=bf16"], "measured"),
+        (["amp=auto"], "auto"),
+        (["amp_dtype=bf16"], "bf16"),
+    ],
 )
-def test_amp_dtype_is_a_result_setting_only_where_training_reads_it(
-    amp: str, matters: bool
+def test_the_replaced_keys_amp_and_amp_dtype_are_refused_naming_the_precision_to_write(
+    old: list[str], new: str
 ) -> None:
-    """amp=false trains fp32 and amp=measured the benchmarks' choice, whatever amp_dtype says:
-    changing it must not retrain those runs (the workflow's train params) nor stop a resume."""
-    fp16, bf16 = (load_config(None, [f"amp={amp}", f"amp_dtype={d}"]) for d in ("fp16", "bf16"))
-    assert (result_settings(fp16) != result_settings(bf16)) is matters
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, old)
+    message = str(caught.value)
+    assert message.startswith(f"Config key{'s' if len(old) > 1 else ''} {old[0].split('=')[0]} = ")
+    assert "in the command line: amp and amp_dtype were replaced by one key, precision" in message
+    assert f"write precision: {new} " in message
+
+
+def test_a_checkpoints_config_with_amp_and_amp_dtype_is_read_in_todays_keys() -> None:
+    old = {"seed": 1, "amp": True, "amp_dtype": "bf16", "train": {"epochs": 2}}
+    assert upgrade_legacy_precision(old) == {"seed": 1, "precision": "bf16", "train": {"epochs": 2}}
+    assert upgrade_legacy_precision({"amp": "false"})["precision"] == "fp32"
+    assert validate(upgrade_legacy_precision({"amp": "measured"}))["precision"] == "measured"
+    current = {"precision": "fp16"}
+    assert upgrade_legacy_precision(current) is current
 
 
 def test_differing_keys_names_nested_keys_and_keys_only_one_side_has() -> None:
@@ -529,15 +547,15 @@ def test_differing_keys_names_nested_keys_and_keys_only_one_side_has() -> None:
 @pytest.mark.parametrize(
     "settings",
     [
-        ["amp=measured", "bench.modes=[infer]"],
-        ["amp=measured", "bench.precisions=[bf16]"],
+        ["precision=measured", "bench.modes=[infer]"],
+        ["precision=measured", "bench.precisions=[bf16]"],
         ["sweep.precision=[fp32, measured]", "bench.modes=[infer]"],
     ],
 )
 def test_amp_measured_without_training_benchmarks_against_fp32_is_refused(
     settings: list[str],
 ) -> None:
-    with pytest.raises(ConfigError, match="amp=measured in the command line"):
+    with pytest.raises(ConfigError, match="precision=measured in the command line"):
         load_config(None, settings)
 
 

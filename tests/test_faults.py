@@ -176,7 +176,7 @@ def test_an_image_size_the_models_stride_cannot_divide_names_the_stride_and_two_
         ("model.name=yolo", "['tiny_conv', 'resnet18']"),
         ("train.optimizer=lamb", "['adamw', 'sgd']"),
         ("train.scheduler=linear", "['cosine', 'step', 'none']"),
-        ("amp_dtype=fp8", "['fp16', 'bf16']"),
+        ("precision=fp8", "['auto', 'fp32', 'fp16', 'bf16', 'measured']"),
     ],
 )
 def test_an_unknown_model_optimizer_scheduler_or_precision_lists_the_choices(
@@ -202,18 +202,20 @@ def test_bench_with_an_unknown_precision_exits_2_listing_the_precisions(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("amp", ["amp=true", "amp='true'", "amp=yes"])
+@pytest.mark.parametrize(
+    "asked", [["precision=fp16"], ["precision='fp16'"], ["--precision", "fp16"]]
+)
 def test_amp_asked_for_on_cpu_as_a_bool_or_a_string_warns_and_trains_in_fp32(
     here: Path,
     data_root: Path,
     capsys: pytest.CaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
-    amp: str,
+    asked: list[str],
 ) -> None:
-    """On a CPU without native fp16 (hidden here, whatever this one has)."""
+    """fp16 autocast asked for on a CPU without native fp16 (hidden here, whatever this one has)."""
     monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "fp16,bf16")
     summary, err = train_succeeds(
-        capsys, here / "run", *tiny_settings(data_root, "train.epochs=1", amp)
+        capsys, here / "run", *asked, *tiny_settings(data_root, "train.epochs=1")
     )
     assert any(
         "AMP was asked for, but cpu does not support it in fp16 (this CPU has no native fp16" in w
@@ -221,39 +223,46 @@ def test_amp_asked_for_on_cpu_as_a_bool_or_a_string_warns_and_trains_in_fp32(
         for w in warnings_in(err)
     ), err
     assert summary["amp"] is False and summary["precision"] == "fp32"
-    assert checkpoint.load(here / "run" / "last.pth")["config"]["amp"] is True
+    assert checkpoint.load(here / "run" / "last.pth")["config"]["precision"] == "fp16"
 
 
-def test_amp_true_with_bf16_on_a_cpu_with_native_bf16_trains_bf16_as_asked(
+def test_bf16_asked_for_on_a_cpu_with_native_bf16_trains_bf16(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(dev.HIDE_CPU_NATIVE_ENV, raising=False)
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True}, raising=False)
-    settings = tiny_settings(data_root, "train.epochs=1", "amp=true", "amp_dtype=bf16")
+    settings = tiny_settings(data_root, "train.epochs=1", "precision=bf16")
     summary, err = train_succeeds(capsys, here / "run", *settings)
     assert summary["amp"] is True and summary["precision"] == "bf16"
     assert warnings_in(err) == []
 
 
-@pytest.mark.parametrize("amp", [["amp='false'"], ["amp=off"], ["--amp", "false"]])
+@pytest.mark.parametrize(
+    ("amp", "named"),
+    [
+        (["amp='false'"], "Config key amp = 'false' in the command line: amp and amp_dtype were"),
+        (["amp=off"], "Config key amp = False in the command line: amp and amp_dtype were"),
+        (["--amp", "false"], "--amp false was replaced by --precision"),
+    ],
+)
 def test_amp_false_as_a_string_is_never_read_as_true(
-    here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str]
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str], named: str
 ) -> None:
-    summary, err = train_succeeds(
-        capsys, here / "run", *amp, *tiny_settings(data_root, "train.epochs=1")
-    )
-    assert summary["amp"] is False and summary["precision"] == "fp32"
-    assert "fp32" in next(line for line in err.splitlines() if "INFO training" in line)
-    assert warnings_in(err) == []  # read as true, it would warn that the CPU cannot do AMP
-    assert checkpoint.load(here / "run" / "last.pth")["config"]["amp"] is False
+    """amp and amp_dtype are replaced by precision: their old spellings are refused, saying
+    what replaces them (precision=fp32 here), and never read as anything."""
+    out = here / "run"
+    message = user_error(capsys, "train", "--out", str(out), *amp, *tiny_settings(data_root))
+    assert message.startswith(named)
+    assert "precision: fp32" in message or "--precision fp32" in message
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
     ("amp", "named"),
     [
-        (["amp=ture"], "Config key amp = 'ture' in the command line"),
-        (["amp=2"], "Config key amp = 2 in the command line"),
-        (["--amp", "ture"], "--amp 'ture' is not understood: use auto, true, false or measured."),
+        (["precision=fp61"], "Config key precision = 'fp61' in the command line"),
+        (["precision=2"], "Config key precision = 2 in the command line"),
+        (["--amp", "ture"], "--amp ture was replaced by --precision (auto, fp32, fp16, bf16 or"),
     ],
 )
 def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
@@ -263,7 +272,7 @@ def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
     message = user_error(capsys, "train", "--out", str(out), *amp, *tiny_settings(data_root))
     assert message.startswith(named)
     if amp[0] != "--amp":
-        assert "is not one of ['auto', True, False, 'measured']" in message
+        assert "is not one of ['auto', 'fp32', 'fp16', 'bf16', 'measured']" in message
     assert not out.exists()
 
 
@@ -887,7 +896,7 @@ def test_a_diverging_run_stops_naming_train_lr_and_its_last_checkpoint_still_loa
     assert message == (
         "Training stopped in epoch 3, step 6: the loss was not finite for 2 consecutive steps, so "
         "the run is diverging. Lower train.lr (now 1000000.0), keep train.grad_clip on, or use "
-        f"amp=false. The last checkpoint, written after epoch 2, is {run / 'last.pth'}."
+        f"precision=fp32. The last checkpoint, written after epoch 2, is {run / 'last.pth'}."
     )
     state = checkpoint.load(run / "last.pth")
     assert state["epoch"] == 2 and state["config"]["train"]["grad_clip"] == 10.0

@@ -1,4 +1,4 @@
-"""`amp: measured`: the precision chosen from benchmark records, and training with it.
+"""`precision: measured`: the precision chosen from benchmark records, and training with it.
 
 The choice is tested on fabricated records (so CUDA, MPS and CPUs with and without native
 bf16 are all covered on any machine); training with it runs for real on this CPU.
@@ -279,31 +279,40 @@ def test_the_static_cpu_policy_is_unchanged_whatever_the_cpu_has(cpu_with) -> No
     cpu_with("avx512_bf16", "amx_bf16")
     assert dev.amp_supported("cpu") is False
     assert dev.resolve_amp(True, "cpu") is False
-    assert dev.training_precision("auto", "bf16", "cpu") == "fp32"
+    assert dev.training_precision("auto", "cpu") == "fp32"
 
 
-def test_amp_true_trains_in_a_precision_the_cpu_computes_natively_as_asked(cpu_with) -> None:
+def test_an_explicit_precision_trains_in_it_where_the_cpu_computes_it_natively(cpu_with) -> None:
     cpu_with("avx512_bf16")
-    assert dev.training_precision(True, "bf16", "cpu") == "bf16"
-    assert dev.run_precision(True, "bf16", "cpu") == "bf16"
-    assert dev.training_precision(True, "fp16", "cpu") == "fp32"  # no native fp16 here
+    assert dev.training_precision("bf16", "cpu") == "bf16"
+    assert dev.run_precision("bf16", "cpu") == "bf16"
+    assert dev.training_precision("fp16", "cpu") == "fp32"  # no native fp16 here
     cpu_with()
-    assert dev.training_precision(True, "bf16", "cpu") == "fp32"
+    assert dev.training_precision("bf16", "cpu") == "fp32"
+
+
+def test_auto_trains_fp16_where_amp_is_on_by_default_and_fp32_elsewhere(fake_cuda) -> None:
+    assert dev.training_precision("auto", "cuda") == dev.AUTO_DTYPE == "fp16"
+    assert dev.training_precision("bf16", "cuda") == "bf16"
+    assert dev.training_precision("fp32", "cuda") == "fp32"
+    assert dev.training_precision("auto", "cpu") == "fp32"
+    with pytest.raises(ConfigError, match="precision='true' is not understood"):
+        dev.training_precision("true", "cpu")
 
 
 def test_run_precision_takes_the_measured_precision_only_where_measured_may_use_it(
     cpu_with,
 ) -> None:
     cpu_with("avx512_bf16")
-    assert dev.run_precision("measured", "fp16", "cpu", "bf16") == "bf16"
-    assert dev.run_precision("measured", "fp16", "cpu", "fp32") == "fp32"
-    assert dev.run_precision(False, "fp16", "cpu", "bf16") == "fp32"  # measured is not asked for
+    assert dev.run_precision("measured", "cpu", "bf16") == "bf16"
+    assert dev.run_precision("measured", "cpu", "fp32") == "fp32"
+    assert dev.run_precision("fp32", "cpu", "bf16") == "fp32"  # measured is not asked for
     with pytest.raises(
         ConfigError, match="cannot train in fp16 on cpu: this CPU has no native fp16"
     ):
-        dev.run_precision("measured", "fp16", "cpu", "fp16")
+        dev.run_precision("measured", "cpu", "fp16")
     with pytest.raises(ConfigError, match="takes its precision from benchmark records"):
-        dev.run_precision("measured", "fp16", "cpu", None)
+        dev.run_precision("measured", "cpu", None)
 
 
 def test_simulated_gpus_let_measured_use_what_autocast_runs(fake_cuda) -> None:
@@ -348,20 +357,20 @@ def unchecked_bench_files(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_train_with_amp_measured_and_no_records_fails_saying_how_to_make_them(
     data_root: Path, tmp_path: Path, capsys
 ) -> None:
-    code = train(data_root, tmp_path / "run", "--amp", "measured", "--bench", str(tmp_path))
+    code = train(data_root, tmp_path / "run", "--precision", "measured", "--bench", str(tmp_path))
     assert code == 2
     err = capsys.readouterr().err
-    assert "amp=measured needs training benchmarks of tiny_conv on cpu" in err
+    assert "precision=measured needs training benchmarks of tiny_conv on cpu" in err
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.usefixtures("unchecked_bench_files")
-def test_train_with_amp_measured_trains_the_chosen_bf16_on_a_cpu_with_native_bf16(
+def test_train_with_precision_measured_trains_the_chosen_bf16_on_a_cpu_with_native_bf16(
     data_root: Path, tmp_path: Path, cpu_with
 ) -> None:
     cpu_with("avx512_bf16")
     bench = write_bench(tmp_path / "bench", "cpu", fp32=50, bf16=34)
-    assert train(data_root, tmp_path / "run", "--amp", "measured", "--bench", str(bench)) == 0
+    assert train(data_root, tmp_path / "run", "--precision", "measured", "--bench", str(bench)) == 0
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert summary["precision"] == "bf16" and summary["amp"] is True
     choice = summary["precision_choice"]
@@ -376,7 +385,7 @@ def test_with_native_bf16_hidden_the_same_records_train_fp32_and_say_why(
     cpu_with("avx512_bf16")
     monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "bf16")
     bench = write_bench(tmp_path / "bench", "cpu", fp32=50, bf16=34)
-    assert train(data_root, tmp_path / "run", "--amp", "measured", "--bench", str(bench)) == 0
+    assert train(data_root, tmp_path / "run", "--precision", "measured", "--bench", str(bench)) == 0
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert summary["precision"] == "fp32"
     assert "no native bf16 instructions" in summary["precision_choice"]["reason"]

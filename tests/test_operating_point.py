@@ -111,3 +111,13 @@ def test_an_older_checkpoint_asked_for_its_operating_point_has_it_picked_on_vali
     assert result["score_threshold_source"] == "validation"
     picked = result["val_metrics"]["best_f1_threshold"]
     assert result["metrics"]["score_threshold"] == picked == result["operating_point"]["threshold"]
+
+
+def test_a_checkpoint_from_before_precision_replaced_amp_and_amp_dtype_still_evaluates(
+    trained: Trainer, here: Path
+) -> None:
+    state = checkpoint.load(trained.paths["best"])
+    config = {k: v for k, v in state["config"].items() if k != "precision"}
+    older = checkpoint.save(here / "older.pth", {**state, "config": {**config, "amp": False}})
+    assert checkpoint.load(older)["config"]["precision"] == "fp32"
+    assert evaluate(here, older)["precision"] == "fp32"

@@ -37,8 +37,7 @@ REPORT_PACKAGE = Path(render.__file__).parent
 SCRIPT = "<script>alert(1)</script>"
 CONFIG = {
     "model": {"name": "tiny_conv"},
-    "amp": "auto",
-    "amp_dtype": "fp16",
+    "precision": "auto",
     "eval": {"score_threshold": 0.3},
     "note": "</pre><script>x()</script>",
 }
@@ -102,10 +101,10 @@ def test_names_from_files_are_escaped_and_no_script_tag_exists(built: tuple[str,
 
 
 def test_a_script_tag_in_a_config_value_is_shown_as_text(tmp_path: Path) -> None:
-    _, page = build_report(tmp_path, {**CONFIG, "amp": SCRIPT})
+    _, page = build_report(tmp_path, {**CONFIG, "precision": SCRIPT})
     assert "script" not in [tag for tag, _ in page.tags]
-    assert f"your config sets amp={SCRIPT}." in page.text("amp-policy")
-    assert f"amp: {SCRIPT}" in page.text("provenance")
+    assert f"your config sets precision={SCRIPT}." in page.text("amp-policy")
+    assert f"precision: {SCRIPT}" in page.text("provenance")
 
 
 def test_a_script_tag_in_a_file_name_is_shown_as_text(tmp_path: Path) -> None:
@@ -141,7 +140,8 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
     assert "No faster choice is safe: CUDA bf16 is 1.33x faster (95% interval" in answer
     assert "but the loss is 5.0% off fp32's" in answer
     assert (
-        "The shipped defaults (device=auto, amp=auto) train with CUDA fp16 here already" in answer
+        "The shipped defaults (device=auto, precision=auto) train with CUDA fp16 here already"
+        in answer
     )
     assert "CPU fp32 25.00x slower (95% interval" in answer
     # no fp32 run of equal settings: the page says how to make one
@@ -170,16 +170,16 @@ def test_amp_policy_confirms_or_questions_each_default(built: tuple[str, Page]) 
     text = page.text("amp-policy")
     assert (
         "CUDA: AMP on (fp16) by default; fp16 2.50x faster (95% interval 2.42-2.57x); bf16 3.33x "
-        "faster (95% interval 3.23-3.43x) (numerics not acceptable): amp=measured trains in fp16 "
+        "faster (95% interval 3.23-3.43x) (numerics not acceptable): precision=measured trains in fp16 "
         "too, so the default is confirmed." in text
     )
     assert (
         "MPS: AMP off by default (fp32); fp16 1.33x faster (95% interval 1.29-1.37x): default not "
-        "confirmed on this machine: amp=measured trains in fp16 here, 1.33x faster (95% interval "
-        "1.29-1.37x) than fp32. Set amp=measured to train with it." in text
+        "confirmed on this machine: precision=measured trains in fp16 here, 1.33x faster (95% interval "
+        "1.29-1.37x) than fp32. Set precision=measured to train with it." in text
     )
     assert (
-        "CPU: AMP off by default (fp32); only fp32 was measured: amp=measured trains in fp32 too"
+        "CPU: AMP off by default (fp32); only fp32 was measured: precision=measured trains in fp32 too"
         in text
     )
 
@@ -332,11 +332,11 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     tmp_path: Path,
 ) -> None:
     """A report of the user's own data must not send them back to the defaults: its commands
-    keep their --configfile files and --config settings; amp and the device are replaced."""
+    keep their --configfile files and --config settings; precision and the device are replaced."""
     results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
     invocation = {
         "configfiles": ["config/presets/photographs.yaml", "my data.yaml"],
-        "config": {"amp": True, "train": {"epochs": 5}, "cpu_threads": "auto"},
+        "config": {"precision": "fp16", "train": {"epochs": 5}, "cpu_threads": "auto"},
     }
     render.build(results, tmp_path / "report.html", CONFIG, invocation)
     page = Page()
@@ -344,9 +344,9 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     answer = page.text("answer")
     assert (
         "run snakemake --cores 1 results/report.html --configfile config/presets/photographs.yaml "
-        "'my data.yaml' --config 'train={\"epochs\": 5}' cpu_threads=auto amp=measured (or "
+        "'my data.yaml' --config 'train={\"epochs\": 5}' cpu_threads=auto precision=measured (or "
         "python -m pipeline train --configfile config/presets/photographs.yaml 'my data.yaml' "
-        "--amp measured 'cpu_threads=\"auto\"' train.epochs=5)" in answer
+        "--precision measured 'cpu_threads=\"auto\"' train.epochs=5)" in answer
     )
 
 
@@ -367,10 +367,10 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     answer = page.text("answer")
     assert "On this machine, train with CPU bf16: 1.47x faster (95% interval" in answer
-    assert "The shipped defaults (device=auto, amp=auto) train with CPU fp32 here" in answer
+    assert "The shipped defaults (device=auto, precision=auto) train with CPU fp32 here" in answer
     assert (
-        "To train with CPU bf16, run snakemake --cores 1 results/report.html --config amp=measured"
-        " (or python -m pipeline train --amp measured)" in answer
+        "To train with CPU bf16, run snakemake --cores 1 results/report.html --config precision=measured"
+        " (or python -m pipeline train --precision measured)" in answer
     )
     assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
     assert (
@@ -379,7 +379,7 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
     )
     assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
     policy = page.text("amp-policy")
-    assert "default not confirmed on this machine: amp=measured trains in bf16 here" in policy
+    assert "default not confirmed on this machine: precision=measured trains in bf16 here" in policy
 
 
 def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path) -> None:

@@ -173,13 +173,14 @@ def test_speed_ups_whose_interval_is_within_the_tolerance_are_no_verdict(
     assert decisions.speed_verdict(None) is None
 
 
-def test_the_default_precision_follows_the_recorded_policy_and_amp_dtype() -> None:
+def test_the_default_precision_is_what_env_json_says_auto_trains_in() -> None:
     env = env_json()
-    assert decisions.default_precision(env, "cuda", None) == "fp16"
-    assert decisions.default_precision(env, "cuda", {"amp_dtype": "bf16"}) == "bf16"
-    assert decisions.default_precision(env, "mps", None) == "fp32"
-    del env["backends"]["mps"]["resolved_amp"]
-    assert decisions.default_precision(env, "mps", None) is None
+    assert decisions.default_precision(env, "cuda") == "fp16"
+    assert decisions.default_precision(env, "mps") == "fp32"
+    env["backends"]["cuda"]["precisions"]["auto"] = "bf16"
+    assert decisions.default_precision(env, "cuda") == "bf16"
+    del env["backends"]["mps"]["precisions"]
+    assert decisions.default_precision(env, "mps") is None
 
 
 def verdict(frame: pd.DataFrame, backend: str, default: str | None, env=None) -> str:
@@ -191,11 +192,11 @@ def test_amp_verdicts_confirm_or_question_each_default() -> None:
     assert verdict(frame, "cuda", "fp16").endswith("so the default is confirmed.")
     assert "fp16 2.50x faster (95% interval" in verdict(frame, "cuda", "fp16")
     assert verdict(frame, "mps", "fp32").endswith(
-        "default not confirmed on this machine: amp=measured trains in fp16 here, 1.33x faster "
-        "(95% interval 1.29-1.37x) than fp32. Set amp=measured to train with it."
+        "default not confirmed on this machine: precision=measured trains in fp16 here, 1.33x faster "
+        "(95% interval 1.29-1.37x) than fp32. Set precision=measured to train with it."
     )
     assert verdict(frame, "cpu", "fp32") == (
-        "CPU: AMP off by default (fp32); only fp32 was measured: amp=measured trains in fp32 "
+        "CPU: AMP off by default (fp32); only fp32 was measured: precision=measured trains in fp32 "
         "too, so the default is confirmed."
     )
     assert verdict(frame, "mps", None) == "MPS: no AMP policy recorded in env.json."
@@ -216,9 +217,9 @@ def test_the_cpu_verdict_follows_the_cpus_native_bf16() -> None:
     )
     without = verdict(frame, "cpu", "fp32", cpu_env(native_bf16=False))
     assert without.startswith("CPU: AMP off by default (fp32); bf16 1.67x faster")
-    assert without.endswith("amp=measured trains in fp32 too, so the default is confirmed.")
+    assert without.endswith("precision=measured trains in fp32 too, so the default is confirmed.")
     native = verdict(frame, "cpu", "fp32", cpu_env(native_bf16=True))
-    assert "default not confirmed on this machine: amp=measured trains in bf16 here" in native
+    assert "default not confirmed on this machine: precision=measured trains in bf16 here" in native
 
 
 def test_an_amp_verdict_on_a_default_that_failed_or_was_not_measured_says_what_measured_does() -> (
@@ -230,7 +231,7 @@ def test_an_amp_verdict_on_a_default_that_failed_or_was_not_measured_says_what_m
     )
     text = verdict(failed, "cuda", "fp16")
     assert "but fp16 failed the numerics check (the loss is 30.0% off fp32's)" in text
-    assert "amp=measured trains in fp32 here" in text
+    assert "precision=measured trains in fp32 here" in text
     missing = frame_of(bench_record("cuda", "fp32", "train", 10.0))
     assert "fp16 was not measured (skipped or not run)" in verdict(missing, "cuda", "fp16")
     unsafe = frame_of(bench_record("cuda", "fp16", "train", 4.0, loss_rel_diff=0.3))

@@ -146,7 +146,7 @@ def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_pa
                 ],
                 "precisions": ["fp32", "fp16", "bf16"],
                 "model": SCRIPT,
-                "amp": SCRIPT,
+                "precision": SCRIPT,
             },
         ),
         (

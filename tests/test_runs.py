@@ -14,7 +14,6 @@ from pipeline.errors import ConfigError
 from pipeline.runs import (
     DeviceUnavailableInEnv,
     Run,
-    amp_key,
     bench_matrix,
     bench_settings,
     device_part,
@@ -35,6 +34,13 @@ RESOLVED_AMP = {
 }
 
 
+def precisions(resolved_amp: dict[str, bool]) -> dict[str, str]:
+    """What each precision setting trains in, as device.training_precision resolves it where
+    no CPU computes fp16 or bf16 natively."""
+    reduced = {p: p if resolved_amp["true"] else "fp32" for p in ("fp16", "bf16")}
+    return {"auto": "fp16" if resolved_amp["auto"] else "fp32", "fp32": "fp32", **reduced}
+
+
 def _backend(name: str, available: bool, available_list: list[str]) -> dict[str, Any]:
     reason = None if available else f"no {name} here (fake reason)"
     return {
@@ -44,6 +50,7 @@ def _backend(name: str, available: bool, available_list: list[str]) -> dict[str,
         "amp_default": RESOLVED_AMP[name]["auto"],
         "amp_supported": name != "cpu",
         "resolved_amp": dict(RESOLVED_AMP[name]),
+        "precisions": precisions(RESOLVED_AMP[name]),
         "pin_memory": name == "cuda",
         # as on a CPU without native bf16/fp16: measured mode may use them only on the GPUs
         "measured_refused": (
@@ -142,18 +149,17 @@ def test_device_part_and_spec_are_inverse() -> None:
     assert device_part("cuda:1") == "cuda1"
 
 
-def test_settings_of_an_fp32_run_turn_amp_off() -> None:
-    assert Run("cpu", "fp32").settings() == ["device=cpu", "amp=false"]
+def test_settings_of_an_fp32_run_set_its_precision() -> None:
+    assert Run("cpu", "fp32").settings() == ["device=cpu", "precision=fp32"]
 
 
-def test_settings_of_a_mixed_precision_run_turn_amp_on_with_its_dtype() -> None:
+def test_settings_of_a_mixed_precision_run_set_its_precision_and_sweep() -> None:
     run = Run(
         "cuda:1", "bf16", (("seed", 2), ("lr", 0.01), ("batch_size", 8), ("model", "resnet18"))
     )
     assert run.settings() == [
         "device=cuda:1",
-        "amp=true",
-        "amp_dtype=bf16",
+        "precision=bf16",
         "seed=2",
         "train.lr=0.01",
         "train.batch_size=8",
@@ -165,21 +171,12 @@ def test_settings_make_the_config_train_the_run() -> None:
     run = parse_run("cuda1-fp16+seed=3+lr=0.02+batch_size=4+model=resnet18")
     config = _config(*run.settings())
     assert config["device"] == "cuda:1"
-    assert config["amp"] is True
-    assert config["amp_dtype"] == "fp16"
+    assert config["precision"] == "fp16"
     assert config["seed"] == 3
     assert config["train"]["lr"] == 0.02
     assert config["train"]["batch_size"] == 4
     assert config["model"]["name"] == "resnet18"
-    assert _config(*parse_run("cpu-fp32").settings())["amp"] is False
-
-
-@pytest.mark.parametrize(
-    ("amp", "key"),
-    [("auto", "auto"), (True, "true"), (False, "false"), ("true", "true"), ("off", "false")],
-)
-def test_amp_key_maps_any_spelling_onto_the_resolved_amp_table(amp: Any, key: str) -> None:
-    assert amp_key(amp) == key
+    assert _config(*parse_run("cpu-fp32").settings())["precision"] == "fp32"
 
 
 # ---------------------------------------------------------------------- training runs
@@ -213,40 +210,41 @@ def test_an_absent_backend_without_an_error_text_names_it_and_the_reason() -> No
 
 
 @pytest.mark.parametrize(
-    ("device", "amp", "dtype", "env", "precision"),
+    ("device", "requested", "env", "precision"),
     [
-        ("cuda", "auto", "fp16", CUDA, "fp16"),
-        ("cuda", "auto", "bf16", CUDA, "bf16"),
-        ("cuda", "false", "fp16", CUDA, "fp32"),
-        ("cpu", "true", "bf16", CUDA, "fp32"),  # no AMP on a cpu without native bf16
-        ("cpu", "auto", "fp16", CPU_ONLY, "fp32"),
-        ("mps", "auto", "fp16", MPS, "fp32"),
-        ("mps", "true", "bf16", MPS, "bf16"),
-        ("mps", "'on'", "fp16", MPS, "fp16"),
+        ("cuda", "auto", CUDA, "fp16"),
+        ("cuda", "bf16", CUDA, "bf16"),
+        ("cuda", "fp32", CUDA, "fp32"),
+        ("cpu", "bf16", CUDA, "fp32"),  # no AMP on a cpu without native bf16
+        ("cpu", "auto", CPU_ONLY, "fp32"),
+        ("mps", "auto", MPS, "fp32"),
+        ("mps", "bf16", MPS, "bf16"),
+        ("mps", "fp16", MPS, "fp16"),
     ],
 )
-def test_precision_follows_the_envs_resolved_amp_table(
-    device: str, amp: str, dtype: str, env: dict, precision: str
+def test_precision_follows_the_envs_precision_table(
+    device: str, requested: str, env: dict, precision: str
 ) -> None:
-    config = _config(f"device={device}", f"amp={amp}", f"amp_dtype={dtype}")
+    config = _config(f"device={device}", f"precision={requested}")
     assert [r.precision for r in training_runs(config, env)] == [precision]
 
 
 def test_precision_uses_the_table_not_a_hard_coded_policy() -> None:
     env = copy.deepcopy(CPU_ONLY)
-    env["backends"]["cpu"]["resolved_amp"]["true"] = True
-    assert training_runs(_config("amp=true", "amp_dtype=bf16"), env) == [Run("cpu", "bf16")]
+    env["backends"]["cpu"]["precisions"]["auto"] = "bf16"
+    assert training_runs(_config(), env) == [Run("cpu", "bf16")]
 
 
-# a CPU with native bf16, as check_env reports one: measured (and an explicit request) may use it
+# a CPU with native bf16, as check_env reports one: an explicit bf16 (and measured) may use it
 NATIVE_BF16 = copy.deepcopy(CPU_ONLY)
 NATIVE_BF16["backends"]["cpu"]["measured_refused"]["bf16"] = None
+NATIVE_BF16["backends"]["cpu"]["precisions"]["bf16"] = "bf16"
 
 
-def test_amp_true_on_a_cpu_with_native_bf16_trains_bf16_as_the_device_layer_resolves_it() -> None:
-    assert training_runs(_config("amp=true", "amp_dtype=bf16"), NATIVE_BF16) == [Run("cpu", "bf16")]
-    assert training_runs(_config("amp=true", "amp_dtype=fp16"), NATIVE_BF16) == [Run("cpu", "fp32")]
-    assert training_runs(_config("amp=auto", "amp_dtype=bf16"), NATIVE_BF16) == [Run("cpu", "fp32")]
+def test_bf16_on_a_cpu_with_native_bf16_trains_bf16_as_the_device_layer_resolves_it() -> None:
+    assert training_runs(_config("precision=bf16"), NATIVE_BF16) == [Run("cpu", "bf16")]
+    assert training_runs(_config("precision=fp16"), NATIVE_BF16) == [Run("cpu", "fp32")]
+    assert training_runs(_config("precision=auto"), NATIVE_BF16) == [Run("cpu", "fp32")]
     runs = training_runs(_config("sweep.precision=[fp32, bf16]"), NATIVE_BF16)
     assert [r.name for r in runs] == ["cpu-fp32", "cpu-bf16"]
 
@@ -274,12 +272,12 @@ def test_a_precision_sweep_times_other_sweeps_on_a_backend_with_amp() -> None:
         "cuda1-bf16+model=tiny_conv",
         "cuda1-bf16+model=resnet18",
     ]
-    assert _config(*runs[2].settings())["amp_dtype"] == "bf16"
+    assert _config(*runs[2].settings())["precision"] == "bf16"
 
 
 # an mps whose AMP policy is off even when asked for (as for an old torch)
 MPS_NO_AMP = copy.deepcopy(MPS)
-MPS_NO_AMP["backends"]["mps"]["resolved_amp"]["true"] = False
+MPS_NO_AMP["backends"]["mps"]["precisions"].update(fp16="fp32", bf16="fp32")
 
 
 @pytest.mark.parametrize(
@@ -357,7 +355,7 @@ def test_flatten_items_read_back_to_the_same_nested_dict() -> None:
             "train_split": "true",  # a string that YAML would read as a bool unquoted
         },
         "sweep": {},
-        "amp": "auto",
+        "precision": "auto",
         "train": {"grad_clip": None, "lr": 0.006},
     }
     assert parse_overrides(flatten(settings)) == settings
@@ -370,7 +368,7 @@ def test_flattened_config_sections_reproduce_the_config() -> None:
     assert _config(*flatten(sections)) == config
 
 
-# ---------------------------------------------------------------------- amp: measured
+# ---------------------------------------------------------------- precision: measured
 def chosen(**by_model: str):
     """The workflow's reader of the choose_precision checkpoint, for fixed choices."""
     calls: list[str] = []
@@ -385,17 +383,17 @@ def chosen(**by_model: str):
 
 def test_a_measured_run_is_named_after_the_precision_the_benchmarks_chose() -> None:
     measured = chosen(tiny_conv="bf16")
-    (run,) = training_runs(_config("amp=measured"), CPU_ONLY, measured)
+    (run,) = training_runs(_config("precision=measured"), CPU_ONLY, measured)
     assert run == Run("cpu", "bf16", (), measured=True)
     assert run.name == "cpu-bf16" and measured.calls == ["cpu"]
-    assert run.settings() == ["device=cpu", "amp=measured"]
+    assert run.settings() == ["device=cpu", "precision=measured"]
     config = _config(*run.settings())
-    assert config["amp"] == "measured"
+    assert config["precision"] == "measured"
 
 
 def test_the_choice_is_only_read_when_a_run_is_measured() -> None:
     measured = chosen(tiny_conv="bf16")
-    assert training_runs(_config("amp=auto"), CPU_ONLY, measured) == [Run("cpu", "fp32")]
+    assert training_runs(_config("precision=auto"), CPU_ONLY, measured) == [Run("cpu", "fp32")]
     assert measured.calls == []
 
 
@@ -415,7 +413,7 @@ def test_measured_choosing_fp32_beside_fp32_is_one_run_that_records_the_choice()
 
 def test_measured_runs_of_a_model_sweep_take_each_models_own_choice() -> None:
     runs = training_runs(
-        _config("amp=measured", "sweep.model=[tiny_conv, resnet18]"),
+        _config("precision=measured", "sweep.model=[tiny_conv, resnet18]"),
         CUDA,
         chosen(tiny_conv="fp32", resnet18="bf16"),
     )
@@ -423,7 +421,7 @@ def test_measured_runs_of_a_model_sweep_take_each_models_own_choice() -> None:
 
 
 def test_find_run_maps_a_wildcard_back_to_its_run() -> None:
-    runs = training_runs(_config("amp=measured"), CPU_ONLY, chosen(tiny_conv="fp32"))
+    runs = training_runs(_config("precision=measured"), CPU_ONLY, chosen(tiny_conv="fp32"))
     assert find_run(runs, "cpu-fp32").measured is True
     with pytest.raises(ConfigError, match="is not one the config asks for"):
         find_run(runs, "cpu-bf16")
@@ -440,21 +438,21 @@ def test_bench_settings_are_what_a_benchmark_reads_and_not_what_it_ignores() -> 
 
 
 def test_run_config_is_the_workflow_config_with_the_runs_device_precision_and_sweep() -> None:
-    config = load_config(None, ["train.lr=0.006", "amp_dtype=fp16"])
+    config = load_config(None, ["train.lr=0.006", "precision=fp16"])
     got = run_config(config, parse_run("cuda1-bf16+seed=3+lr=0.01"))
-    assert (got["device"], got["amp"], got["amp_dtype"]) == ("cuda:1", True, "bf16")
+    assert (got["device"], got["precision"]) == ("cuda:1", "bf16")
     assert (got["seed"], got["train"]["lr"]) == (3, 0.01)
     assert got["train"]["epochs"] == config["train"]["epochs"]
-    assert run_config(config, parse_run("cpu-fp32"))["amp"] is False
+    assert run_config(config, parse_run("cpu-fp32"))["precision"] == "fp32"
     assert config["train"]["lr"] == 0.006  # the workflow's config is left as it was
 
 
 def test_the_workflows_training_settings_reproduce_every_setting_training_reads() -> None:
     """The train rule passes result_settings as params and speed_settings beside them: between
     them nothing may be left to the train command's own default config."""
-    config = _config("train.lr=0.00001", "data.cache=false", "eval.batch_size=3", "amp=true")
+    config = _config("train.lr=0.00001", "data.cache=false", "eval.batch_size=3", "precision=bf16")
     passed = _config(*flatten(result_settings(config)), *flatten(speed_settings(config)))
-    for key in ("seed", "deterministic", "amp", "amp_dtype", "data", "model", "train", "eval"):
+    for key in ("seed", "deterministic", "precision", "data", "model", "train", "eval"):
         assert passed[key] == config[key], key
 
 

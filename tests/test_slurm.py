@@ -105,7 +105,7 @@ def test_every_job_ran_as_a_slurm_job(swept) -> None:
 def test_the_report_compares_the_four_swept_runs(swept) -> None:
     root, _ = swept
     trained = {p.parent.name for p in (root / "results" / "train").glob("*/train_summary.json")}
-    assert trained == sweep_runs(root)  # named after the precision amp=measured chose
+    assert trained == sweep_runs(root)  # named after the precision precision=measured chose
     page = Page()
     page.feed((root / "results" / "report.html").read_text())
     for run in trained:

@@ -29,6 +29,7 @@ from tiny_runs import (
 )
 
 from pipeline import cli
+from pipeline import device as dev
 from pipeline.config import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import BudgetTiming, Trainer, steps_within_budget
@@ -425,8 +426,7 @@ def test_resume_required_without_a_checkpoint_says_it_does_not_exist(
         "seed=1",
         "model.width=16",
         "data.augment.hflip=0.0",
-        "amp=true",  # fp32 either way on a CPU, but a GPU would train the rest in fp16
-        "amp_dtype=bf16",
+        "precision=fp32",  # fp32 either way on this CPU, but a GPU would train auto in fp16
         "eval.score_threshold=0.5",  # validation picks best.pth by F1 at this threshold
         "eval.iou_threshold=0.6",
         "eval.max_detections=10",
@@ -456,7 +456,7 @@ def test_resume_goes_on_when_only_settings_of_speed_differ(
 def test_resume_with_another_training_precision_names_both(
     trained: Trainer, config: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Same config, another device: amp=auto trains fp32 on a CPU, fp16 on a GPU."""
+    """Same config, another device: precision=auto trains fp32 on a CPU, fp16 on a GPU."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     state = checkpoint.load(trained.paths["last"])
@@ -609,10 +609,14 @@ def test_a_single_non_finite_step_is_skipped_and_training_goes_on(
     assert math.isfinite(steps[0]["loss"])
 
 
-def test_amp_true_on_cpu_warns_and_trains_in_fp32(
-    data_root: Path, tmp_path: Path, pipeline_log: pytest.LogCaptureFixture
+def test_fp16_on_a_cpu_without_native_fp16_warns_and_trains_in_fp32(
+    data_root: Path,
+    tmp_path: Path,
+    pipeline_log: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    trainer = Trainer(tiny_config(data_root, "amp=true", "train.epochs=1"), tmp_path / "run")
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "fp16")  # whatever this CPU has
+    trainer = Trainer(tiny_config(data_root, "precision=fp16", "train.epochs=1"), tmp_path / "run")
     warnings = [r.getMessage() for r in pipeline_log.records if r.levelno == logging.WARNING]
     assert any("AMP was asked for" in m and "training in fp32" in m for m in warnings), warnings
     assert trainer.amp is False and trainer.precision == "fp32"
@@ -759,7 +763,7 @@ def test_train_command_trains_into_out(data_root: Path, elsewhere: Path) -> None
     [
         (["train.epochs=0"], "train.epochs"),
         (["train.nonsense=1"], "Unknown config key train.nonsense"),
-        (["--amp", "maybe"], "--amp 'maybe' is not understood"),
+        (["--amp", "maybe"], "--amp maybe was replaced by --precision"),
         (["--device", "tpu"], "tpu"),
     ],
 )

@@ -35,7 +35,7 @@ SWEEP = "sweep={seed: [0, 1], lr: [0.003, 0.006]}"
 
 
 def sweep_runs(root: Path) -> set[str]:
-    """The four swept runs, named after the precision amp=measured chose (tests/config/ci.yaml)
+    """The four swept runs, named after the precision precision=measured chose (tests/config/ci.yaml)
     on the backend auto picked: fp32 on most CPUs, bf16 where it measured faster natively."""
     backend = json.loads((root / "results" / "env.json").read_text())["auto"]
     (choice,) = json.loads((root / "results" / "choice" / f"{backend}.json").read_text())["choices"]
@@ -152,7 +152,7 @@ def test_dry_run_of_train_on_cpu_succeeds(repo_copy: Path) -> None:
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("amp=maybe", "'maybe' is not one of"),
+        ("precision=maybe", "'maybe' is not one of"),
         ("device=tpu", "'tpu' does not match"),
         ("seed=-1", "-1 is less than the minimum of 0"),
         ("no_such_key=1", "Unknown config key no_such_key in the command line."),
@@ -264,8 +264,17 @@ def config_of_command(
     return config
 
 
-def test_amp_true_from_the_command_line_is_accepted_as_a_boolean(repo_copy: Path) -> None:
-    result = snakemake(repo_copy, "-n", "train", "--config", "amp=true")
+def test_the_replaced_amp_keys_are_refused_naming_the_precision_that_replaces_them(
+    repo_copy: Path,
+) -> None:
+    result = snakemake(repo_copy, "-n", "train", "--config", "amp=true", "amp_dtype=bf16")
+    assert result.returncode == 1
+    assert "amp and amp_dtype were replaced by one key, precision" in result.stderr
+    assert "write precision: bf16 " in result.stderr
+
+
+def test_precision_from_the_command_line_is_accepted(repo_copy: Path) -> None:
+    result = snakemake(repo_copy, "-n", "train", "--config", "precision=bf16")
     assert result.returncode == 0, result.stderr
 
 
@@ -377,7 +386,7 @@ def test_every_results_file_matches_the_schema_of_its_format(
 def test_training_ran_in_the_precision_the_benchmarks_chose(
     finished: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
-    """amp: measured (tests/config/ci.yaml): benchmarks, then the choice, then training with it."""
+    """precision: measured (tests/config/ci.yaml): benchmarks, then the choice, then training with it."""
     root, result = finished
     output = result.stdout + result.stderr
     assert output.index("checkpoint choose_precision:") < output.index("rule train_run:")
@@ -437,7 +446,7 @@ def test_a_second_run_has_nothing_to_do(finished: tuple[Path, subprocess.Complet
 def test_a_missing_precision_choice_is_made_again_though_the_report_exists(
     finished: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
-    """As after a plain run followed by --config amp=measured: the report exists, the choice
+    """As after a plain run followed by --config precision=measured: the report exists, the choice
     does not. Snakemake 9 skips a checkpoint whose output is missing when what reads it exists,
     so the workflow declares the choice as a plain input (choice_files)."""
     root, _ = finished
@@ -487,7 +496,6 @@ TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "summarize", "
         # the summary records the config (its comparison settings), the report shows it
         ("data={num_workers: 1, cache: false}", {"summarize", "report"}),
         ("train={lr: 0.01}", {"summarize", "report"}),  # every run's lr comes from the sweep
-        ("amp_dtype=bf16", {"summarize", "report"}),  # amp=measured: the choice sets the precision
     ],
 )
 def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(

@@ -31,9 +31,9 @@ LOCKED = (
     "It can be removed with the --unlock argument.",
 )
 # On top of the CI config: no benchmarks before training (tests/config/ci.yaml asks for
-# amp: measured, which trains with what they choose), and epochs enough that the first run
+# precision: measured, which trains with what they choose), and epochs enough that the first run
 # is still training when the second starts, and that the kill test can kill mid-run.
-LONGER_TRAINING = "amp: auto\ntrain:\n  epochs: 6\n"
+LONGER_TRAINING = "precision: auto\ntrain:\n  epochs: 6\n"
 
 
 def start(root: Path, log: Path, *args: str) -> subprocess.Popen:

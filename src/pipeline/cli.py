@@ -40,7 +40,7 @@ COMMANDS = {
     ),
     "choose-precision": (
         "pipeline.commands.choose_precision",
-        "what amp=measured trains in on a backend, from its benchmarks, and why",
+        "what precision=measured trains in on a backend, from its benchmarks, and why",
     ),
     "profile": (
         "pipeline.commands.profile",
@@ -194,6 +194,25 @@ def json_object(text: str, option: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{option} must be a JSON object, not a {type(value).__name__}.")
     return value
+
+
+class _ReplacedByPrecision(argparse.Action):
+    """`--amp`, which --precision replaced: refused with the spelling that replaces it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        raise ConfigError(
+            f"--amp {values} was replaced by --precision (auto, fp32, fp16, bf16 or measured): "
+            "--amp false is --precision fp32, --amp true is --precision fp16 or bf16, "
+            "--amp auto and --amp measured are --precision auto and --precision measured."
+        )
+
+
+def add_precision_option(parser: argparse.ArgumentParser, help: str, *choices: str) -> None:
+    """`--precision`, in the config's vocabulary (auto, fp32, fp16, bf16, measured)."""
+    parser.add_argument(
+        "--precision", choices=choices or ("auto", "fp32", "fp16", "bf16", "measured"), help=help
+    )
+    parser.add_argument("--amp", action=_ReplacedByPrecision, help=argparse.SUPPRESS)
 
 
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Load, normalise and validate the configuration: one schema for the CLI and the workflow.
 
 Values arrive as YAML, as `key=value` on the command line, or through Snakemake's
-`--config`, which passes `amp=true` as the *string* 'true' and nested values as strings.
+`--config`, which passes `deterministic=true` as the *string* 'true' and nested values as strings.
 `normalize()` turns such strings into the types the schema asks for, in this one place,
 and never reads 'false' as true. Files are layered as Snakemake layers them (config/config.yaml,
 then each `--configfile`, then the settings), and every layer keeps its name, so an error names
@@ -91,7 +91,7 @@ def normalize(value: Any, schema: dict[str, Any] | None = None) -> Any:
         and "boolean" in kinds
         and not kinds & {"integer", "number"}
     ):
-        return bool(value)  # `snakemake --config amp=1` passes the int 1, as '1' is 'true'
+        return bool(value)  # `snakemake --config deterministic=1` passes the int 1 ('1' is 'true')
     if isinstance(value, str):
         if value.strip().lower() == "null" and "null" in kinds:
             return None
@@ -157,11 +157,56 @@ def _describe(error: jsonschema.ValidationError, origin: Origin) -> str:
     )
 
 
+# The keys `precision` replaced, and what each of their values asks for.
+LEGACY_PRECISION_KEYS = ("amp", "amp_dtype")
+
+
+def legacy_precision(amp: Any, amp_dtype: Any) -> str:
+    """The `precision` that the replaced keys amp and amp_dtype asked for (amp: true trained
+    in amp_dtype; with amp: auto, amp_dtype only chose cuda's dtype, which auto now fixes)."""
+    amp = parse_bool(amp)
+    if amp == "measured":
+        return "measured"
+    if amp is False:
+        return "fp32"
+    if amp is True:
+        return amp_dtype if amp_dtype in ("fp16", "bf16") else "fp16"
+    return "auto"
+
+
+def upgrade_legacy_precision(config: dict[str, Any]) -> dict[str, Any]:
+    """A config written before `precision` replaced amp and amp_dtype (a checkpoint's), in
+    today's keys; user input with the old keys is refused instead (see validate)."""
+    if not any(key in config for key in LEGACY_PRECISION_KEYS):
+        return config
+    upgraded = {k: v for k, v in config.items() if k not in LEGACY_PRECISION_KEYS}
+    upgraded.setdefault("precision", legacy_precision(config.get("amp"), config.get("amp_dtype")))
+    return upgraded
+
+
+def _refuse_legacy_precision(config: dict[str, Any], origin: Origin) -> None:
+    given = [key for key in LEGACY_PRECISION_KEYS if key in config]
+    if not given:
+        return
+    named = ", ".join(f"{key} = {config[key]!r} in {origin([key])}" for key in given)
+    wanted = (
+        legacy_precision(config["amp"], config.get("amp_dtype"))
+        if "amp" in config
+        else config["amp_dtype"]
+    )
+    raise ConfigError(
+        f"Config key{'s' if len(given) > 1 else ''} {named}: amp and amp_dtype were replaced by "
+        f"one key, precision (auto, fp32, fp16, bf16 or measured); write precision: {wanted} "
+        "(amp: false is fp32, amp: true with amp_dtype: bf16 is bf16, amp: measured is measured)."
+    )
+
+
 def validate(
     config: dict[str, Any], source: str = "the configuration", origin: Origin | None = None
 ) -> dict[str, Any]:
     """Normalise, fill defaults and validate; raises ConfigError naming the key and value, and
     where it came from: `origin(key path)` (see `Layer.origin`), else `source`."""
+    _refuse_legacy_precision(config, origin or (lambda path: source))
     config = normalize(copy.deepcopy(config))
     validator = _DefaultingValidator(load_schema())
     errors = sorted(
@@ -175,16 +220,16 @@ def validate(
 
 def check_relations(config: dict[str, Any], source: str) -> None:
     """Rules across keys that a JSON schema cannot say."""
-    measured = config["amp"] == "measured" or "measured" in (
+    measured = config["precision"] == "measured" or "measured" in (
         (config.get("sweep") or {}).get("precision") or []
     )
     bench = config["bench"]
     if measured and ("train" not in bench["modes"] or "fp32" not in bench["precisions"]):
         raise ConfigError(
-            f"amp=measured in {source} chooses from the training benchmarks against fp32, but "
+            f"precision=measured in {source} chooses from the training benchmarks against fp32, but "
             f"bench.modes = {bench['modes']} and bench.precisions = {bench['precisions']}: "
-            "include train in bench.modes and fp32 in bench.precisions, or set amp to auto, "
-            "true or false."
+            "include train in bench.modes and fp32 in bench.precisions, or set precision to "
+            "auto, fp32, fp16 or bf16."
         )
     augment = config["data"]["augment"]
     if augment["scale_min"] > augment["scale_max"]:
@@ -217,7 +262,7 @@ def check_relations(config: dict[str, Any], source: str) -> None:
 SPEED_SETTINGS = {"data": ("num_workers", "cache"), "eval": ("batch_size",)}
 # Top-level keys and whole sections that training's result depends on; of `eval`, the keys
 # that training's validation reads (it picks best.pth by them).
-RESULT_KEYS = ("seed", "deterministic", "amp", "amp_dtype", "data", "model", "train")
+RESULT_KEYS = ("seed", "deterministic", "precision", "data", "model", "train")
 VALIDATION_EVAL_KEYS = ("score_threshold", "iou_threshold", "max_detections")
 # Data keys training never reads: the held-out test split is the evaluation's alone.
 TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
@@ -241,9 +286,6 @@ def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         settings["data"]["synthetic"] = {k: v for k, v in synthetic.items() if k != "num_test"}
     evaluation = config.get("eval") or {}
     settings["eval"] = {key: evaluation.get(key) for key in VALIDATION_EVAL_KEYS}
-    if settings["amp"] is False or settings["amp"] == "measured":
-        # fp32 never reads the autocast dtype, and measured takes it from the benchmarks' choice
-        del settings["amp_dtype"]
     return settings
 
 

@@ -25,6 +25,8 @@ BACKEND_PRIORITY = ("cuda", "mps", "cpu")
 DISABLE_ENV = "PIPELINE_DISABLE_BACKENDS"
 HIDE_CPU_NATIVE_ENV = "PIPELINE_HIDE_CPU_NATIVE"
 PRECISIONS = ("fp32", "fp16", "bf16")
+# What `precision: auto` trains in where AMP is on by default (CUDA).
+AUTO_DTYPE = "fp16"
 # CPU features (torch.cpu.get_capabilities() keys) that compute in each reduced precision
 # natively: x86 AVX-512 and AMX, Arm's bf16/fp16 extensions. Merely having oneDNN kernels for
 # a dtype (torch.ops.mkldnn._is_mkldnn_bf16_supported) is not on the list: it is true on any
@@ -199,45 +201,46 @@ def resolve_amp(requested: str | bool | None, backend: DeviceLike) -> bool:
     )
 
 
-def training_precision(
-    requested_amp: str | bool | None, amp_dtype: str, backend: DeviceLike
-) -> str:
-    """The precision a run really trains in: `amp_dtype` if AMP resolves on, else fp32.
+def training_precision(requested: str, backend: DeviceLike) -> str:
+    """The precision a run really trains in for the config's `precision` (not measured).
 
-    An explicit request (amp: true) is also honoured on a CPU that computes `amp_dtype`
-    natively, by the test `amp: measured` applies there, though AMP stays off by default on
-    every CPU (`default_amp`, `amp_supported`).
+    auto follows the backend's AMP default (AUTO_DTYPE where it is on). fp16 or bf16 is
+    honoured where AMP may be switched on, and on a CPU that computes it natively (by the test
+    `precision: measured` applies there), though AMP stays off by default on every CPU
+    (`default_amp`, `amp_supported`); elsewhere the run trains in fp32.
     """
+    if requested == "auto":
+        return AUTO_DTYPE if resolve_amp("auto", backend) else "fp32"
+    if requested not in PRECISIONS:
+        raise ConfigError(
+            f"precision={requested!r} is not understood: use auto, fp32, fp16, bf16 or measured."
+        )
+    if requested == "fp32" or resolve_amp(True, backend):
+        return requested
     if (
-        requested_amp is True
-        and backend_name(backend) == "cpu"
-        and measured_precision_refused_reason(backend, amp_dtype) is None
+        backend_name(backend) == "cpu"
+        and measured_precision_refused_reason(backend, requested) is None
     ):
-        return amp_dtype
-    return amp_dtype if resolve_amp(requested_amp, backend) else "fp32"
+        return requested
+    return "fp32"
 
 
-def run_precision(
-    requested_amp: str | bool | None,
-    amp_dtype: str,
-    backend: DeviceLike,
-    measured: str | None = None,
-) -> str:
-    """The precision a run trains, evaluates and profiles in, `amp: measured` included.
+def run_precision(requested: str, backend: DeviceLike, measured: str | None = None) -> str:
+    """The precision a run trains, evaluates and profiles in, `precision: measured` included.
 
     With 'measured' the precision comes from the benchmarks (`pipeline.measured`), and must be
     one the backend may train in when measured; every other value follows `training_precision`.
     """
-    if requested_amp != "measured":
-        return training_precision(requested_amp, amp_dtype, backend)
+    if requested != "measured":
+        return training_precision(requested, backend)
     if measured is None:
         raise ConfigError(
-            "amp=measured takes its precision from benchmark records, and none was given "
+            "precision=measured takes its precision from benchmark records, and none was given "
             "(python -m pipeline train reads them from --bench DIR, default results/bench)."
         )
     reason = measured_precision_refused_reason(backend, measured)
     if reason:
-        raise ConfigError(f"amp=measured cannot train in {measured} on {backend}: {reason}.")
+        raise ConfigError(f"precision=measured cannot train in {measured} on {backend}: {reason}.")
     return measured
 
 
@@ -311,7 +314,7 @@ def cpu_native_precision(precision: str) -> CpuNativePrecision:
 
 
 def measured_precision_refused_reason(backend: DeviceLike, precision: str) -> str | None:
-    """Why `amp: measured` may not train in `precision` here, or None.
+    """Why `precision: measured` may not train in `precision` here, or None.
 
     On CUDA and MPS any precision autocast can run qualifies (the benchmark then decides). On a
     CPU a reduced precision qualifies only where the CPU computes in it natively: elsewhere CPU
@@ -330,7 +333,7 @@ def measured_precision_refused_reason(backend: DeviceLike, precision: str) -> st
 
 
 def measured_refusals(backend: DeviceLike) -> dict[str, str | None]:
-    """For each reduced precision, why `amp: measured` may not train in it here (None: it may)."""
+    """For each reduced precision, why `precision: measured` may not train in it here (None: it may)."""
     return {
         precision: measured_precision_refused_reason(backend, precision) for precision in _DTYPES
     }
@@ -341,8 +344,8 @@ def require_precision(device: DeviceLike, precision: str, stage: str) -> None:
     reason = autocast_unsupported_reason(device, precision)
     if reason:
         raise ConfigError(
-            f"Cannot run {stage} in {precision} on {device}: {reason}. Set amp=false, or amp_dtype "
-            "to another precision."
+            f"Cannot run {stage} in {precision} on {device}: {reason}. Set precision to fp32, "
+            "or to another precision."
         )
 
 

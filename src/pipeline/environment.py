@@ -65,8 +65,12 @@ def _backend_entry(name: str) -> dict[str, Any]:
             key: dev.resolve_amp(value, name)
             for key, value in (("auto", "auto"), ("true", True), ("false", False))
         },
+        "precisions": {
+            requested: dev.training_precision(requested, name)
+            for requested in ("auto", *dev.PRECISIONS)
+        },
         "pin_memory": dev.pin_memory_supported(name),
-        # why amp=measured may not train in each reduced precision here (null: it may)
+        # why precision=measured may not train in each reduced precision here (null: it may)
         "measured_refused": dev.measured_refusals(name) if status.available else None,
         "error": None,
     }

@@ -3,10 +3,10 @@
 A schema is named after its file (`eval` for `schemas/eval.schema.yaml`) and names its format
 tag (`format: {const: pipeline.eval/1}`); parts several files share (a memory reading, the
 metrics by object size) are defined once, in `common.schema.yaml`. The files a decision rests
-on (benchmarks and precision choices, which `amp: measured` trains by) are checked where they
+on (benchmarks and precision choices, which `precision: measured` trains by) are checked where they
 are read, so one that a different version wrote, or that was edited, stops naming the place
 where it goes wrong; the report reads the others leniently, and the test suite holds every
-writer to its schema. Nothing here imports torch: the report and `amp: measured` run without it.
+writer to its schema. Nothing here imports torch: the report and `precision: measured` run without it.
 """
 
 from __future__ import annotations

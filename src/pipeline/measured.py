@@ -1,11 +1,11 @@
-"""`amp: measured`: train with the precision the benchmarks found fastest, where it is safe.
+"""`precision: measured`: train with the precision the benchmarks found fastest, where it is safe.
 
 A reduced precision is chosen on a backend when its benchmarked training step beats the
 same backend's fp32 step with the whole bootstrap interval beyond the tolerance, its
-numerics were acceptable, and the device layer lets `amp: measured` train in it there (on a
+numerics were acceptable, and the device layer lets `precision: measured` train in it there (on a
 CPU: only with native bf16/fp16 instructions); of two that are, fp16 only when it beats bf16
 by the same rule. Otherwise the run trains in fp32, and the choice says why. The same
-function serves `python -m pipeline train --amp measured`, the workflow (which names the run
+function serves `python -m pipeline train --precision measured`, the workflow (which names the run
 after the choice) and the report ("what measured would do"), so nothing here imports torch:
 the device layer's verdicts come in as `refused` reasons.
 """
@@ -66,7 +66,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    """The precision `amp: measured` trains in on one backend, with the evidence behind it."""
+    """The precision `precision: measured` trains in on one backend, with the evidence behind it."""
 
     backend: str
     model: str
@@ -99,7 +99,7 @@ def choose_precision(
 ) -> PrecisionChoice:
     """The fastest safe precision for training `model` on `backend`, from its train records.
 
-    `refused[p]` is the device layer's reason why `amp: measured` may not train in `p` on this
+    `refused[p]` is the device layer's reason why `precision: measured` may not train in `p` on this
     backend (None where it may): `pipeline.device.measured_precision_refused_reason`.
     """
     mine = [
@@ -109,7 +109,7 @@ def choose_precision(
     ]
     if not mine:
         raise ConfigError(
-            f"amp=measured needs training benchmarks of {model} on {backend}, and there are none. "
+            f"precision=measured needs training benchmarks of {model} on {backend}, and there are none. "
             f"Run them first: snakemake bench, or python -m pipeline bench --device {backend} "
             f"--precision fp32 --mode train (and fp16, bf16) --out results/bench/"
             f"{backend}-<precision>-train.json."

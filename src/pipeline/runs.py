@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import merge, parse_bool, parse_overrides
+from pipeline.config import merge, parse_overrides
 from pipeline.errors import ConfigError, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -41,11 +41,6 @@ class DeviceUnavailableInEnv(PipelineError):
 def read_env(path: str | Path) -> dict[str, Any]:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)
-
-
-def amp_key(amp: Any) -> str:
-    value = parse_bool(amp) if isinstance(amp, str) else amp
-    return {True: "true", False: "false"}.get(value, "auto")
 
 
 def device_part(spec: str) -> str:
@@ -78,15 +73,10 @@ def resolve_device_spec(env: dict[str, Any], spec: str) -> str:
     return spec
 
 
-def precision_for(env: dict[str, Any], backend: str, amp: Any, amp_dtype: str) -> str:
-    """The precision a run trains in on `backend`, by the device layer's AMP policy (in env.json):
-    as device.training_precision, an explicit amp=true on a CPU that computes `amp_dtype`
-    natively (nothing refuses it to amp=measured there) trains in it."""
-    entry = env["backends"][backend]
-    explicit = amp_key(amp) == "true" and backend == "cpu"
-    if explicit and (entry["measured_refused"] or {}).get(amp_dtype, "unknown") is None:
-        return amp_dtype
-    return amp_dtype if entry["resolved_amp"][amp_key(amp)] else "fp32"
+def precision_for(env: dict[str, Any], backend: str, requested: str) -> str:
+    """The precision a run of `precision: requested` (not measured) trains in on `backend`, as
+    the device layer resolved it for env.json (device.training_precision)."""
+    return env["backends"][backend]["precisions"][requested]
 
 
 @dataclass(frozen=True)
@@ -94,7 +84,7 @@ class Run:
     device: str  # a device spec, e.g. cuda:1
     precision: str
     sweep: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
-    measured: bool = False  # the precision is what amp=measured chose (not part of the name)
+    measured: bool = False  # the precision is what precision=measured chose (not in the name)
 
     @property
     def name(self) -> str:
@@ -109,13 +99,8 @@ class Run:
 
     def settings(self) -> list[str]:
         """`key=value` settings that make `python -m pipeline train` do this run."""
-        if self.measured:
-            items = [f"device={self.device}", "amp=measured"]
-        else:
-            amp = "false" if self.precision == "fp32" else "true"
-            items = [f"device={self.device}", f"amp={amp}"]
-            if self.precision != "fp32":
-                items.append(f"amp_dtype={self.precision}")
+        precision = "measured" if self.measured else self.precision
+        items = [f"device={self.device}", f"precision={precision}"]
         items += [f"{SWEEP_KEYS[key]}={json.dumps(value)}" for key, value in self.sweep]
         return items
 
@@ -150,60 +135,55 @@ def training_runs(
 ) -> list[Run]:
     """Every run the config asks for: one, or the product of the sweep's lists.
 
-    `measured(backend)` gives the precision amp=measured chose per model on that backend (the
-    workflow reads it from the choose_precision checkpoint); it is only called when a run
-    asks for amp=measured. A measured run whose choice equals another run's precision is the
+    `measured(backend)` gives the precision precision=measured chose per model on that backend
+    (the workflow reads it from the choose_precision checkpoint); it is only called when a run
+    asks for measured. A measured run whose choice equals another run's precision is the
     same run, kept once (as the measured one, whose summary records the choice).
     """
     device = resolve_device_spec(env, config["device"])
     backend = device.partition(":")[0]
     sweep = config.get("sweep") or {}
     requested = _requested_precisions(config)
-    fixed = [p for p in requested if p not in (None, "measured")]
-    lost = [p for p in fixed if precision_for(env, backend, p != "fp32", p) != p]
+    swept = sweep.get("precision") or []
+    lost = [p for p in swept if p != "measured" and precision_for(env, backend, p) != p]
     if lost:
         raise ConfigError(
-            f"sweep.precision asks for {lost} on {backend}, where AMP is off by policy (the device layer's "
-            f"resolve_amp): those runs would train in fp32 like the fp32 run. Remove them from "
-            f"sweep.precision, use measured (the benchmarks' choice), or train on a backend with AMP "
-            "(cuda, mps)."
+            f"sweep.precision asks for {lost} on {backend}, which does not train in them (AMP is "
+            "off by the device layer's policy, and the CPU does not compute them natively): those "
+            "runs would train in fp32 like the fp32 run. Remove them from sweep.precision, use "
+            "measured (the benchmarks' choice), or train on a backend with AMP (cuda, mps)."
         )
     keys = [key for key in SWEEP_KEYS if sweep.get(key)]
     runs: dict[str, Run] = {}
     for wanted in requested:
-        is_measured = _asks_for_measured(config, wanted)
+        is_measured = wanted == "measured"
         for values in itertools.product(*(sweep[key] for key in keys)):
             swept = tuple(zip(keys, values, strict=True))
             if is_measured:
                 if measured is None:
-                    raise ConfigError("amp=measured needs the benchmarks' choice of precision.")
+                    raise ConfigError(
+                        "precision=measured needs the benchmarks' choice of precision."
+                    )
                 model = dict(swept).get("model", config["model"]["name"])
                 precision = measured(backend)[model]
-            elif wanted is None:
-                precision = precision_for(env, backend, config["amp"], config["amp_dtype"])
             else:
-                precision = wanted
+                precision = precision_for(env, backend, wanted)
             run = Run(device, precision, swept, is_measured)
             if run.name not in runs or is_measured:
                 runs[run.name] = run
     return list(runs.values())
 
 
-def _requested_precisions(config: dict[str, Any]) -> list[str | None]:
-    """sweep.precision, or [None] without it: None trains with the config's amp and amp_dtype."""
-    return (config.get("sweep") or {}).get("precision") or [None]
-
-
-def _asks_for_measured(config: dict[str, Any], wanted: str | None) -> bool:
-    """Whether a sweep.precision entry (None: the config's own amp) trains as amp=measured."""
-    return wanted == "measured" or (wanted is None and config["amp"] == "measured")
+def _requested_precisions(config: dict[str, Any]) -> list[str]:
+    """sweep.precision, or the config's precision without it."""
+    return (config.get("sweep") or {}).get("precision") or [config["precision"]]
 
 
 def measured_backends(config: dict[str, Any], env: dict[str, Any]) -> list[str]:
-    """The backends whose precision choice the config's runs need (amp=measured, or measured
-    in sweep.precision): the workflow declares their choice files as plain inputs of what
+    """The backends whose precision choice the config's runs need (precision=measured, or
+    measured in sweep.precision): the workflow declares their choice files as plain inputs of what
     aggregates the runs, so a missing choice is made even when those targets already exist."""
-    if not any(_asks_for_measured(config, wanted) for wanted in _requested_precisions(config)):
+    if "measured" not in _requested_precisions(config):
         return []
     return [resolve_device_spec(env, config["device"]).partition(":")[0]]
 

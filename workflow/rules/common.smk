@@ -106,7 +106,7 @@ def env_report():
 
 
 def measured_choices(backend):
-    """The precision amp=measured chose per model on a backend (choose_precision checkpoint)."""
+    """The precision precision=measured chose per model on a backend (choose_precision checkpoint)."""
     path = checkpoints.choose_precision.get(backend=backend).output[0]
     return {
         model: choice.precision for model, choice in measured.read_choices(path).items()
@@ -148,7 +148,7 @@ def bench_files(wildcards):
 
 
 def choice_inputs(wildcards):
-    """The training benchmarks of one backend: what amp=measured chooses from."""
+    """The training benchmarks of one backend: what precision=measured chooses from."""
     return [
         f"results/bench/{backend}-{precision}-{mode}.json"
         for backend, precision, mode in runs.bench_matrix(config, env_report())
@@ -168,7 +168,7 @@ def choice_files(wildcards):
     """The choose_precision outputs the config's runs read, as plain inputs of what aggregates
     the runs (run_files gives no runs until they exist). Through the checkpoint alone a missing
     choice is not made when the file that reads it exists (Snakemake 9, PR #4124), so
-    `--config amp=measured` after a plain run would leave the report as it was; as a plain
+    `--config precision=measured` after a plain run would leave the report as it was; as a plain
     input it is made, and Snakemake evaluates run_files again once it is there."""
     return [
         CHOICE_JSON.format(backend=backend)

@@ -1,4 +1,4 @@
-"""`python -m pipeline choose-precision`: what `amp: measured` trains in on a backend, and why.
+"""`python -m pipeline choose-precision`: what `precision: measured` trains in on a backend, and why.
 
 Reads the backend's training benchmarks (results/bench/<backend>-<precision>-train.json) and
 prints, per benchmarked model, the chosen precision with its speed-up over fp32 and interval,

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pipeline import atomic
-from pipeline.cli import command_parser
-from pipeline.config import COMMAND_LINE, Layer, merge, parse_bool, parse_overrides, validate_layers
+from pipeline.cli import add_precision_option, command_parser
+from pipeline.config import COMMAND_LINE, Layer, merge, parse_overrides, validate_layers
 from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--device", help="device to evaluate on (default: the checkpoint's config device)"
     )
-    parser.add_argument(
-        "--amp", help="auto, true, false or measured (default: the checkpoint's amp)"
+    add_precision_option(
+        parser, "default: the checkpoint's (a measured run's: the choice it trained in)"
     )
     parser.add_argument(
         "--data", metavar="ROOT", help="evaluate on this data root instead of the checkpoint's"
@@ -80,9 +80,9 @@ def main(argv: list[str]) -> int:
         [Layer(f"the config of {args.checkpoint}", state["config"]), Layer(COMMAND_LINE, overrides)]
     )
     device = dev.resolve_device(args.device or config["device"])
-    amp = config["amp"] if args.amp is None else parse_bool(args.amp)
-    # a run of amp=measured keeps the precision its benchmarks chose (the checkpoint records it)
-    precision = dev.run_precision(amp, config["amp_dtype"], device, state.get("precision"))
+    # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
+    requested = args.precision or config["precision"]
+    precision = dev.run_precision(requested, device, state.get("precision"))
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline import atomic
-from pipeline.cli import command_parser
+from pipeline.cli import add_precision_option, command_parser
 from pipeline.config import Layer, validate_layers
 from pipeline.data.image_files import find_images
 from pipeline.errors import CheckpointError, ConfigError, DataError
@@ -43,10 +43,8 @@ def main(argv: list[str]) -> int:
         help="keep detections scoring at least T (default: the checkpoint's operating point)",
     )
     parser.add_argument("--device", help="device to run on (default: the checkpoint's)")
-    parser.add_argument(
-        "--precision",
-        choices=("fp32", "fp16", "bf16"),
-        help="default: the precision the run trained and evaluates in",
+    add_precision_option(
+        parser, "default: the checkpoint's (a measured run's: the choice it trained in)"
     )
     parser.add_argument(
         "--batch-size", type=int, metavar="N", help="images per batch (default: eval.batch_size)"
@@ -78,9 +76,8 @@ def main(argv: list[str]) -> int:
             "on validation)."
         )
     device = dev.resolve_device(args.device or config["device"])
-    precision = args.precision or dev.run_precision(
-        config["amp"], config["amp_dtype"], device, state.get("precision")
-    )
+    requested = args.precision or config["precision"]
+    precision = dev.run_precision(requested, device, state.get("precision"))
     dev.require_precision(device, precision, "prediction")
     model = checkpoint.restore_model(
         state, device, memory_format(config["train"]["channels_last"]), args.checkpoint

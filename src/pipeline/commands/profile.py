@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline import atomic
-from pipeline.cli import command_parser
-from pipeline.config import load_schema, parse_bool
+from pipeline.cli import add_precision_option, command_parser
+from pipeline.config import load_schema
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--device", help="device to profile on (default: the checkpoint's config device)"
     )
-    parser.add_argument(
-        "--amp", help="auto, true, false or measured (default: the checkpoint's amp)"
+    add_precision_option(
+        parser, "default: the checkpoint's (a measured run's: the choice it trained in)"
     )
     parser.add_argument(
         "--batch-sizes", default=",".join(map(str, DEFAULTS["batch_sizes"])), metavar="1,8,32"
@@ -77,9 +77,9 @@ def main(argv: list[str]) -> int:
     state = checkpoint.load(args.checkpoint)
     config = state["config"]
     device = dev.resolve_device(args.device or config["device"])
-    amp = config["amp"] if args.amp is None else parse_bool(args.amp)
-    # a run of amp=measured keeps the precision its benchmarks chose (the checkpoint records it)
-    precision = dev.run_precision(amp, config["amp_dtype"], device, state.get("precision"))
+    # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
+    requested = args.precision or config["precision"]
+    precision = dev.run_precision(requested, device, state.get("precision"))
     dev.require_precision(device, precision, "profiling")
     layout = memory_format(config["train"]["channels_last"])
     model = checkpoint.restore_model(state, device, layout, args.checkpoint)

@@ -1,6 +1,6 @@
 """`python -m pipeline train`: train a detector with the resolved device and precision.
 
-With `--amp measured` the precision is the one the benchmarks found fastest with acceptable
+With `--precision measured` the precision is the one the benchmarks found fastest with acceptable
 numerics on the run's backend (read from --bench DIR, or a --precision-choice file), or fp32
 where none is; train_summary.json records that choice and why.
 """
@@ -10,12 +10,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.cli import add_config_options, command_parser, config_from_args
-from pipeline.config import parse_bool
+from pipeline.cli import add_config_options, add_precision_option, command_parser, config_from_args
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
-AMP_VALUES = (True, False, "auto", "measured")
 
 
 def main(argv: list[str]) -> int:
@@ -23,17 +21,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--device", help="auto, cpu, cuda, cuda:N or mps (overrides the config's device)"
     )
-    parser.add_argument("--amp", help="auto, true, false or measured (overrides the config's amp)")
+    add_precision_option(parser, "overrides the config's precision")
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument(
         "--bench",
         metavar="DIR",
-        help="with amp=measured: the benchmark records to choose from (default: results/bench)",
+        help="with precision=measured: the benchmark records to choose from (default: results/bench)",
     )
     choice.add_argument(
         "--precision-choice",
         metavar="FILE.json",
-        help="with amp=measured: a choice written by 'python -m pipeline choose-precision'",
+        help="with precision=measured: a choice written by 'python -m pipeline choose-precision'",
     )
     resume = parser.add_mutually_exclusive_group()
     resume.add_argument(
@@ -55,13 +53,8 @@ def main(argv: list[str]) -> int:
     settings = []
     if args.device:
         settings.append(f"device={args.device}")
-    if args.amp:
-        amp = parse_bool(args.amp)
-        if amp not in AMP_VALUES:
-            raise ConfigError(
-                f"--amp {args.amp!r} is not understood: use auto, true, false or measured."
-            )
-        settings.append(f"amp={str(amp).lower()}")
+    if args.precision:
+        settings.append(f"precision={args.precision}")
     config = config_from_args(args, *settings)
 
     from pipeline import device as dev
@@ -71,7 +64,7 @@ def main(argv: list[str]) -> int:
 
     device = dev.resolve_device(config["device"])
     precision_choice = None
-    if config["amp"] == "measured":
+    if config["precision"] == "measured":
         model = config["model"]["name"]
         if args.precision_choice:
             precision_choice = measured.choice_for_model(args.precision_choice, model)
@@ -81,19 +74,17 @@ def main(argv: list[str]) -> int:
                 records, device.type, model, dev.measured_refusals(device)
             )
         log.info(
-            "amp=measured on %s: %s (%s)",
+            "precision=measured on %s: %s (%s)",
             device,
             precision_choice.precision,
             precision_choice.reason,
         )
     elif args.bench or args.precision_choice:
-        raise ConfigError("--bench and --precision-choice are only read with amp=measured.")
+        raise ConfigError("--bench and --precision-choice are only read with precision=measured.")
     out = args.out
     if not out:
         measured_precision = precision_choice.precision if precision_choice else None
-        precision = dev.run_precision(
-            config["amp"], config["amp_dtype"], device, measured_precision
-        )
+        precision = dev.run_precision(config["precision"], device, measured_precision)
         out = Path("results/train") / Run(str(device), precision).name
     trainer = Trainer(config, out, precision_choice=precision_choice)
     if args.resume or args.resume_if_possible:

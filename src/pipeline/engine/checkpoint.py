@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pipeline import atomic
+from pipeline.config import upgrade_legacy_precision
 from pipeline.errors import CheckpointError
 
 FORMAT = "pipeline.checkpoint/1"
@@ -64,6 +65,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     except Exception as error:  # torch.load of arbitrary bytes can fail with any exception type
         raise _damaged(path, error) from error
     _check_contents(state, path)
+    state["config"] = upgrade_legacy_precision(state["config"])
     return state
 
 

@@ -1,6 +1,6 @@
 """The training loop: one pass from config to checkpoints, readable in one sitting.
 
-Device from `resolve_device`, precision from the AMP policy or, with `amp: measured`, from the
+Device from `resolve_device`, precision from the AMP policy or, with `precision: measured`, from the
 benchmarks' choice; each step is `engine.step.TrainStep` (the step the benchmark times). The
 loop reads the device only at log intervals, so the host queues steps ahead of an
 accelerator. Each epoch ends with `last.pth` (and `best.pth` when the monitored metric
@@ -147,16 +147,14 @@ class Trainer:
         self.device = dev.resolve_device(self.requested_device)
         self.precision_choice = precision_choice
         measured = precision_choice.precision if precision_choice else None
-        self.precision = dev.run_precision(
-            config["amp"], config["amp_dtype"], self.device, measured
-        )
+        self.precision = dev.run_precision(config["precision"], self.device, measured)
         self.amp = self.precision != "fp32"
-        if config["amp"] is True and not self.amp:
+        if config["precision"] in ("fp16", "bf16") and not self.amp:
             log.warning(
                 "AMP was asked for, but %s does not support it in %s (%s): training in fp32 instead.",
                 self.device,
-                config["amp_dtype"],
-                dev.measured_precision_refused_reason(self.device, config["amp_dtype"])
+                config["precision"],
+                dev.measured_precision_refused_reason(self.device, config["precision"])
                 or "autocast there is off by policy",
             )
         dev.require_precision(self.device, self.precision, "training")
@@ -378,7 +376,7 @@ class Trainer:
         raise TrainingError(
             f"Training stopped in epoch {epoch}, step {self.global_step}: the loss was not finite for "
             f"{int(streak)} consecutive steps, so the run is diverging. Lower train.lr (now "
-            f"{self.train_cfg['lr']}), keep train.grad_clip on, or use amp=false. The last "
+            f"{self.train_cfg['lr']}), keep train.grad_clip on, or use precision=fp32. The last "
             + (
                 f"checkpoint, written after epoch {self.epoch}, is {self.paths['last']}."
                 if self.paths["last"].exists()

@@ -47,7 +47,7 @@ def answer_view(
         cautions=[(caution["setting"], caution["flags"]) for caution in chosen["cautions"]],
         differs_from_default=chosen["is_shipped_default"] is False,
         vs_default=chosen["vs_default"],
-        command=measured_command(backend, auto, "amp=measured", invocation=invocation),
+        command=measured_command(backend, auto, "precision=measured", invocation=invocation),
         train_command=measured_train_command(backend, auto, invocation),
         accuracy_command=None
         if chosen["accuracy_checked"]
@@ -96,18 +96,18 @@ def workflow_command(settings: list[str], invocation: dict[str, Any] | None = No
 def measured_train_command(
     backend: str, auto: str | None, invocation: dict[str, Any] | None = None
 ) -> str:
-    """`python -m pipeline train --amp measured` with the workflow's config files and settings."""
+    """`python -m pipeline train --precision measured` with the workflow's config files and settings."""
     invocation = invocation or {}
     words = ["python -m pipeline train"]
     if invocation.get("configfiles"):
         words += ["--configfile", *(shlex.quote(str(path)) for path in invocation["configfiles"])]
     if auto != backend:
         words.append(f"--device {backend}")
-    words.append("--amp measured")
+    words.append("--precision measured")
     settings = {
         key: value
         for key, value in (invocation.get("config") or {}).items()
-        if key not in ("amp", "device", "sweep")
+        if key not in ("precision", "device", "sweep")
     }
     return " ".join([*words, *(shlex.quote(item) for item in runs.flatten(settings))])
 
@@ -247,7 +247,7 @@ def output_rel_diff_is_partial(numerics: dict[str, Any] | None) -> bool:
 def amp_policy_view(
     summary: dict[str, Any], config: dict[str, Any] | None
 ) -> dict[str, Any] | None:
-    """Each backend's shipped default and what amp=measured does there (the summary's
+    """Each backend's shipped default and what precision=measured does there (the summary's
     verdicts), with the training benchmark of each precision they rest on."""
     policies = summary["amp_policy"]
     if policies is None:
@@ -285,5 +285,5 @@ def amp_policy_view(
         "rows": rows,
         "precisions": PRECISIONS,
         "model": summary["answer"]["model"],
-        "amp": config.get("amp", "auto") if config else None,
+        "precision": config.get("precision", "auto") if config else None,
     }

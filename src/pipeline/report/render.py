@@ -130,7 +130,7 @@ def environment_view(env: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def cpu_native_facts(env: dict[str, Any]) -> list[tuple[str, str]]:
-    """Whether the CPU computes bf16/fp16 natively: what lets amp=measured use them on it."""
+    """Whether the CPU computes bf16/fp16 natively: what lets precision=measured use them on it."""
     return [
         (
             f"CPU native {precision}",

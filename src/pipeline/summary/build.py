@@ -56,8 +56,8 @@ def summary_of(results: Results, config: dict[str, Any] | None) -> dict[str, Any
         "synthetic_data": None
         if config is None
         else (config.get("data") or {}).get("format") == "synthetic",
-        "answer": answer(frame, env, config, model, checks),
-        "amp_policy": amp_policy(frame, env, config, model),
+        "answer": answer(frame, env, model, checks),
+        "amp_policy": amp_policy(frame, env, model),
         "benchmarks": [benchmark(row) for _, row in frame.iterrows()],
         "accuracy_checks": [accuracy_check(check) for check in checks],
         "runs": [run_entry(run) for run in results.runs],
@@ -160,7 +160,6 @@ def setting(row: pd.Series) -> dict[str, str]:
 def answer(
     frame: pd.DataFrame,
     env: dict[str, Any] | None,
-    config: dict[str, Any] | None,
     model: str | None,
     checks: list[decisions.AccuracyCheck],
 ) -> dict[str, Any]:
@@ -168,7 +167,7 @@ def answer(
     benchmark ran (`model` None) or none had acceptable numerics."""
     shipped = None
     if env:
-        precision = decisions.default_precision(env, env.get("auto"), config)
+        precision = decisions.default_precision(env, env.get("auto"))
         shipped = (
             None if precision is None else {"backend": env.get("auto"), "precision": precision}
         )
@@ -180,7 +179,7 @@ def answer(
     if best is None:
         return found
     record = best["record"]
-    default = decisions.shipped_default_row(frame, env, config, model)
+    default = decisions.shipped_default_row(frame, env, model)
     found["chosen"] = {
         **setting(best),
         "model": best["model"],
@@ -223,12 +222,9 @@ def answer(
 
 
 def amp_policy(
-    frame: pd.DataFrame,
-    env: dict[str, Any] | None,
-    config: dict[str, Any] | None,
-    model: str | None,
+    frame: pd.DataFrame, env: dict[str, Any] | None, model: str | None
 ) -> list[dict[str, Any]] | None:
-    """Each benchmarked backend's shipped AMP default against what amp=measured does there;
+    """Each benchmarked backend's shipped AMP default against what precision=measured does there;
     None without env.json (the defaults are unknown)."""
     if not env:
         return None
@@ -236,7 +232,7 @@ def amp_policy(
     for backend in env.get("backends") or {}:
         if frame[frame["backend"] == backend].empty:
             continue
-        default = decisions.default_precision(env, backend, config)
+        default = decisions.default_precision(env, backend)
         records = decisions.policy_rows(frame, backend, model)
         policy_model = None if records.empty else str(records.iloc[0]["model"])
         chosen = (

@@ -44,7 +44,7 @@ def answer_model(frame: pd.DataFrame, config: dict[str, Any] | None) -> str | No
 
 
 def refusals(env: dict[str, Any] | None, backend: str) -> dict[str, str | None]:
-    """Why amp=measured may not train in each reduced precision on `backend` (env.json)."""
+    """Why precision=measured may not train in each reduced precision on `backend` (env.json)."""
     entry = ((env or {}).get("backends") or {}).get(backend)
     recorded = entry.get("measured_refused") if isinstance(entry, dict) else None
     if isinstance(recorded, dict):
@@ -58,7 +58,7 @@ def refusals(env: dict[str, Any] | None, backend: str) -> dict[str, str | None]:
 def measured_choice(
     frame: pd.DataFrame, backend: str, model: str, env: dict[str, Any] | None
 ) -> PrecisionChoice | None:
-    """What amp=measured would train `model` in on `backend`, from the same records."""
+    """What precision=measured would train `model` in on `backend`, from the same records."""
     rows = frame[
         (frame["backend"] == backend) & (frame["mode"] == "train") & (frame["model"] == model)
     ]
@@ -77,7 +77,7 @@ def speed_between(reference: pd.Series, candidate: pd.Series) -> Speedup | None:
 
 @dataclass
 class Choice:
-    """The fastest setting amp=measured trains `model` with, and what was faster but not chosen."""
+    """The fastest setting precision=measured trains `model` with, and what was faster but not chosen."""
 
     model: str
     best: pd.Series | None
@@ -104,7 +104,7 @@ class Choice:
 
 
 def choose_setting(frame: pd.DataFrame, model: str, env: dict[str, Any] | None = None) -> Choice:
-    """The fastest of what amp=measured would train with on each backend (pipeline.measured).
+    """The fastest of what precision=measured would train with on each backend (pipeline.measured).
 
     Within a backend a reduced precision must beat fp32 with its whole interval beyond the
     tolerance, have acceptable numerics, and be one the device layer lets measured mode use;
@@ -137,7 +137,7 @@ def choose_setting(frame: pd.DataFrame, model: str, env: dict[str, Any] | None =
     for _, row in rows[rows["safe"] & faster].sort_values("median_ms").iterrows():
         candidates = per_backend[row["backend"]].candidates
         reason = next((c.reason for c in candidates if c.precision == row["precision"]), None)
-        refused.append((row, reason or "not what amp=measured chose on its backend"))
+        refused.append((row, reason or "not what precision=measured chose on its backend"))
     others = rows.drop(index=best.name)
     others = others[others["median_ms"] >= best["median_ms"]]
     return Choice(model, best, faster_unsafe, others, cpu_fp32, refused, per_backend)
@@ -218,25 +218,22 @@ def speed_verdict(speed: Speedup | None) -> str | None:
 # ---- the AMP policy ------------------------------------------------------------------------
 
 
-def default_precision(
-    env: dict[str, Any], backend: Any, config: dict[str, Any] | None
-) -> str | None:
-    """What amp=auto trains with on `backend`, by the policy env.json recorded."""
+def default_precision(env: dict[str, Any], backend: Any) -> str | None:
+    """What precision=auto trains with on `backend`, by the policy env.json recorded."""
     entry = (env.get("backends") or {}).get(backend)
-    if not isinstance(entry, dict) or not isinstance(entry.get("resolved_amp"), dict):
+    if not isinstance(entry, dict) or not isinstance(entry.get("precisions"), dict):
         return None
-    amp_dtype = (config or {}).get("amp_dtype") or "fp16"
-    return amp_dtype if entry["resolved_amp"].get("auto") else "fp32"
+    return entry["precisions"].get("auto")
 
 
 def shipped_default_row(
-    frame: pd.DataFrame, env: dict[str, Any] | None, config: dict[str, Any] | None, model: str
+    frame: pd.DataFrame, env: dict[str, Any] | None, model: str
 ) -> pd.Series | None:
-    """The training record of what device=auto, amp=auto trains with here, if it was measured."""
+    """The training record of what device=auto, precision=auto trains with here, if it was measured."""
     if not env:
         return None
     backend = env.get("auto")
-    precision = default_precision(env, backend, config)
+    precision = default_precision(env, backend)
     match = frame[
         (frame["backend"] == backend)
         & (frame["precision"] == precision)
@@ -272,7 +269,7 @@ def amp_verdict(
     model: str | None,
     env: dict[str, Any] | None,
 ) -> str:
-    """One line: the static default, what was measured, and what amp=measured does about it."""
+    """One line: the static default, what was measured, and what precision=measured does about it."""
     label = backend_label(backend)
     rows = policy_rows(frame, backend, model)
     if default is None:
@@ -284,8 +281,8 @@ def amp_verdict(
     chosen = measured_choice(frame, backend, str(ok.iloc[0]["model"]), env)
     times = {row["precision"]: row for _, row in ok.iterrows()}
     if chosen.precision == default:
-        return f"{label}: {policy}; {compare_text(times)}: amp=measured trains in {default} too, so the default is confirmed."
-    measured = f"amp=measured trains in {chosen.precision} here"
+        return f"{label}: {policy}; {compare_text(times)}: precision=measured trains in {default} too, so the default is confirmed."
+    measured = f"precision=measured trains in {chosen.precision} here"
     if default not in times:
         return f"{label}: {policy}, but {default} was not measured (skipped or not run); {measured} ({chosen.reason})."
     default_row = times[default]
@@ -293,7 +290,7 @@ def amp_verdict(
         return f"{label}: {policy}, but {default} failed the numerics check ({numerics_problem(default_row['record'])}); {measured} ({chosen.reason})."
     gain = speed_between(default_row, times[chosen.precision])
     versus = f"{gain.text} than {default}" if gain is not None else chosen.reason
-    return f"{label}: {policy}; {compare_text(times)}: default not confirmed on this machine: {measured}, {versus}. Set amp=measured to train with it."
+    return f"{label}: {policy}; {compare_text(times)}: default not confirmed on this machine: {measured}, {versus}. Set precision=measured to train with it."
 
 
 def compare_text(times: dict[str, pd.Series]) -> str:
