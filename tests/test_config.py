@@ -23,12 +23,12 @@ from pipeline.config import (
     parse_bool,
     parse_overrides,
     read_yaml,
-    reference_markdown,
     result_settings,
     speed_settings,
     upgrade_legacy_precision,
     validate,
 )
+from pipeline.config_reference import reference_markdown
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
