@@ -115,8 +115,11 @@ def main(argv: list[str]) -> int:
         images.append(result)
         if args.draw:
             drawn[result.index] = _free_name(result.path, set(drawn.values()))
-            (out / "annotated").mkdir(parents=True, exist_ok=True)
-            prediction.drawn(result, class_names).save(out / drawn[result.index], quality=90)
+            picture = prediction.drawn(result, class_names)
+            atomic.write_with(
+                out / drawn[result.index],
+                lambda tmp, picture=picture: picture.save(tmp, format="JPEG", quality=90),
+            )
     if not images:
         raise DataError(
             f"None of the {len(paths)} images could be read (the first: {unreadable[0].reason})."
