@@ -383,6 +383,32 @@ def test_every_results_file_matches_the_schema_of_its_format(
     assert checked["summary"] == 1
 
 
+def test_the_predict_target_writes_every_runs_detections_on_the_configured_folder(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """Before the tests below edit code, which would retrain."""
+    root, _ = finished
+    folder = "resources/data/ci/test"
+    setting = f"predict={{images: {folder}, draw: true}}"
+    result = snakemake(root, "predict", "--cores", "2", *E2E_CONFIG, setting)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rule train_run" not in result.stdout + result.stderr  # the runs' best.pth as they are
+    runs = sweep_runs(root)
+    assert {
+        path.parent.name for path in (root / "results" / "predict").glob("*/images.json")
+    } == runs
+    assert check_results(root / "results")["predict"] == len(runs)
+    for run in runs:
+        index = json.loads((root / "results" / "predict" / run / "images.json").read_text())
+        assert len(index["images"]) == 16 and index["unreadable"] == []
+        assert index["score_threshold_source"] == "checkpoint"
+        assert all(
+            (root / "results" / "predict" / run / i["annotated"]).is_file() for i in index["images"]
+        )
+    again = snakemake(root, "predict", "-n", *E2E_CONFIG, setting)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
 def test_training_ran_in_the_precision_the_benchmarks_chose(
     finished: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
@@ -580,31 +606,6 @@ def test_an_absent_backend_fails_fast_with_the_device_message_and_leaves_nothing
     output = result.stdout + result.stderr
     assert "Device 'mps' is not available" in output and "Available backends" in output
     assert sorted(p.name for p in (root / "results" / "train").iterdir()) == before
-
-
-def test_the_predict_target_writes_every_runs_detections_on_the_configured_folder(
-    finished: tuple[Path, subprocess.CompletedProcess],
-) -> None:
-    root, _ = finished
-    folder = "resources/data/ci/test"
-    setting = f"predict={{images: {folder}, draw: true}}"
-    result = snakemake(root, "predict", "--cores", "2", *E2E_CONFIG, setting)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "rule train_run" not in result.stdout + result.stderr  # the runs' best.pth as they are
-    runs = sweep_runs(root)
-    assert {
-        path.parent.name for path in (root / "results" / "predict").glob("*/images.json")
-    } == runs
-    assert check_results(root / "results")["predict"] == len(runs)
-    for run in runs:
-        index = json.loads((root / "results" / "predict" / run / "images.json").read_text())
-        assert len(index["images"]) == 16 and index["unreadable"] == []
-        assert index["score_threshold_source"] == "checkpoint"
-        assert all(
-            (root / "results" / "predict" / run / i["annotated"]).is_file() for i in index["images"]
-        )
-    again = snakemake(root, "predict", "-n", *E2E_CONFIG, setting)
-    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 def test_snakemakes_own_report_bundles_the_marked_outputs(
