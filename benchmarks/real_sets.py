@@ -7,7 +7,8 @@
       loads it through pipeline.data as a user's data set is loaded and prints its object sizes.
   measure NAME --data DIR [--epochs N] [--precision fp32|bf16] --record PATH
       trains as the README's "Your own data" says (a user file with format, paths and
-      image_size, layered over config/presets/natural.yaml) but for a fixed number of epochs
+      image_size, layered over config/presets/photographs.yaml and five-minutes-cpu.yaml) but
+      for a fixed number of epochs
       without a time budget, evaluates best.pth, and writes a JSON record of the figures, the
       training time, the machine, the load, the commit and the exact commands.
 
@@ -52,7 +53,10 @@ from pipeline.errors import DataError
 NAME = "real_sets"
 RECORD_FORMAT = "benchmarks.real_set/1"
 PREPARED = harness.REPO / "resources" / "real"
-NATURAL = harness.REPO / "config" / "presets" / "natural.yaml"
+PRESETS = tuple(
+    harness.REPO / "config" / "presets" / name
+    for name in ("photographs.yaml", "five-minutes-cpu.yaml")
+)
 RECORDS = harness.REPO / "benchmarks" / "records" / "real"
 SMALLEST_AT_INPUT_PX = 8  # README, "Choosing data.image_size"
 
@@ -219,19 +223,18 @@ def commands(
     user_file, run = work / f"{real.name}.yaml", work / "run"
     work.mkdir(parents=True, exist_ok=True)
     user_file.write_text(yaml.safe_dump(user_data(real, data)), encoding="utf-8")
-    amp = ["amp=false"] if precision == "fp32" else ["amp=true", f"amp_dtype={precision}"]
     python = [sys.executable, "-m", "pipeline", "--cpu-threads", threads]
     return [
         [
             *python,
             "train",
-            *("--config", str(NATURAL), "--config", str(user_file)),
+            *("--configfile", *map(str, PRESETS), str(user_file)),
             *("--out", str(run)),
-            *(f"train.epochs={epochs}", "train.time_budget_s=null", *amp),
+            *(f"train.epochs={epochs}", "train.time_budget_s=null", f"precision={precision}"),
         ],
         [
             *python,
-            "eval",
+            "evaluate",
             *("--checkpoint", str(run / "best.pth")),
             *("--out", str(work / "eval.json"), "--predictions", str(work / "predictions.json")),
         ],

@@ -265,22 +265,23 @@ def test_prepare_refuses_a_folder_that_already_holds_files(tmp_path: Path) -> No
     assert (out / "mine.txt").read_text(encoding="utf-8") == "keep"
 
 
-def test_measure_trains_the_users_file_over_the_natural_preset_at_fixed_epochs(
+def test_measure_trains_the_users_file_over_the_photographs_presets_at_fixed_epochs(
     tmp_path: Path,
 ) -> None:
     train, evaluate = real_sets.commands(
         real_sets.SETS["rsod"], tmp_path / "rsod", 7, "bf16", tmp_path / "work"
     )
-    files = [train[i + 1] for i, arg in enumerate(train) if arg == "--config"]
-    assert files[0] == str(real_sets.NATURAL)
+    files = train[train.index("--configfile") + 1 : train.index("--out")]
+    assert files[:2] == [str(path) for path in real_sets.PRESETS]
     settings = [arg for arg in train if "=" in arg]
     config = load_config(files, settings)
     assert config["data"]["format"] == "voc"
     assert config["data"]["root"] == str((tmp_path / "rsod").resolve())
     assert config["data"]["image_size"] == real_sets.SETS["rsod"].image_size
     assert (config["train"]["epochs"], config["train"]["time_budget_s"]) == (7, None)
-    assert (config["amp"], config["amp_dtype"]) == (True, "bf16")
-    assert config["data"]["augment"]["vflip"] == 0.0  # the natural preset's
+    assert config["precision"] == "bf16"
+    assert config["data"]["augment"]["vflip"] == 0.0  # the photographs preset's
+    assert config["train"]["batch_size"] == 4  # the five-minute preset's
     assert evaluate[evaluate.index("--checkpoint") + 1] == str(
         tmp_path / "work" / "run" / "best.pth"
     )

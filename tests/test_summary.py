@@ -31,8 +31,7 @@ from pipeline.summary.read import read_summary
 pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
 CONFIG = {
     "model": {"name": "tiny_conv"},
-    "amp": "auto",
-    "amp_dtype": "fp16",
+    "precision": "auto",
     "data": {"format": "synthetic"},
     "eval": {"score_threshold": 0.3},
 }
@@ -168,7 +167,7 @@ def test_the_accuracy_hash_ignores_where_and_how_fast_a_run_went(setting: str) -
         "eval.score_threshold=0.55",
         "model.width=16",
         "seed=1",
-        "amp=measured",
+        "precision=measured",
     ],
 )
 def test_the_accuracy_hash_changes_with_what_the_figures_depend_on(setting: str) -> None:
