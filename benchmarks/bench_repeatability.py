@@ -15,6 +15,7 @@ bf16). Two runs in a row, side by side in one script, and for each:
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,62 @@ def main(argv: list[str]) -> int:
     median_ok, line = harness.verdict("fp32 larger/smaller median", worst_median, MEDIAN_TARGET)
     print(line)
     print(f"took {time.perf_counter() - started:.0f} s")
+    figures = [
+        harness.figure(
+            "fp32_median_ratio",
+            "fp32 median step of two consecutive runs, larger / smaller (the worst pair)",
+            worst_median,
+            "ratio",
+            target=("<=", MEDIAN_TARGET),
+        ),
+        harness.figure(
+            "worst_drift",
+            "worst |drift - 1| of the records (second half's median / first half's)",
+            worst_drift,
+            "fraction",
+            target=("<=", 0.05),
+        ),
+    ]
+    for number, overlap in enumerate(overlaps, start=1):
+        figures.append(
+            harness.figure(
+                f"pair{number}.intervals_overlap",
+                f"pair {number}: the two runs' {args.candidate}/fp32 speed-up intervals overlap",
+                overlap,
+                "boolean",
+                target=("==", True),
+            )
+        )
+    for number, run in enumerate(runs, start=1):
+        speed = run["speedup"]
+        figures.append(
+            harness.figure(
+                f"run{number}.speedup",
+                f"run {number}: {args.candidate} training step speed-up over fp32 "
+                f"({speed['verdict']})",
+                speed["ratio"],
+                "speed-up",
+                interval=(speed["low"], speed["high"]),
+            )
+        )
+    flags = harness.condition_flags(conditions, "the runs")
+    for number, run in enumerate(runs, start=1):
+        for precision, result in run["records"].items():
+            flags += harness.condition_flags(
+                result["record"]["conditions"], f"run {number} {precision}"
+            )
+            if result["record"]["timing"]["noisy"]:
+                flags.append(
+                    f"run {number} {precision} noisy: IQR {result['record']['timing']['iqr_ratio']:.0%} of its median"
+                )
+    settings = {
+        "repeats": args.repeats,
+        "candidate": args.candidate,
+        "bench_args": args.bench_args,
+        # the bench command as the workflow runs it, without this run's temporary --out
+        "bench_command": shlex.join(["python", *runs[0]["records"]["fp32"]["command"][1:-2]]),
+    }
+    harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
     record = {
         "benchmark": NAME,
         "target": {

@@ -51,15 +51,26 @@ class Figure:
     value: float | None
     target: float
     spread: str  # its interval, or how many objects it rests on
+    interval: tuple[float, float] | None = None
 
     @property
     def passed(self) -> bool:
         return self.value is not None and self.value >= self.target
 
 
-def interval(metrics: dict[str, Any], key: str) -> str:
+def interval_of(metrics: dict[str, Any], key: str) -> tuple[float, float] | None:
     found = metrics.get(f"{key}_interval")
-    return f"95% {found['low']:.3f}-{found['high']:.3f}" if found else "no interval"
+    return (found["low"], found["high"]) if found else None
+
+
+def interval(metrics: dict[str, Any], key: str) -> str:
+    found = interval_of(metrics, key)
+    return f"95% {found[0]:.3f}-{found[1]:.3f}" if found else "no interval"
+
+
+def ap50_figure(label: str, found: dict[str, Any], target: float, spread: str) -> Figure:
+    """A class's or a bucket's AP@.5 with its interval."""
+    return Figure(label, found["ap50"], target, spread, interval_of(found, "ap50"))
 
 
 def ap50_spread(found: dict[str, Any]) -> str:
@@ -68,9 +79,14 @@ def ap50_spread(found: dict[str, Any]) -> str:
 
 
 def overall(metrics: dict[str, Any], f1: float | None, ap50: float) -> list[Figure]:
-    figures = [Figure("test AP@.5", metrics["ap50"], ap50, interval(metrics, "ap50"))]
+    figures = [ap50_figure("test AP@.5", metrics, ap50, interval(metrics, "ap50"))]
     if f1 is not None:
-        figures.insert(0, Figure("test F1", metrics["f1"], f1, interval(metrics, "f1")))
+        figures.insert(
+            0,
+            Figure(
+                "test F1", metrics["f1"], f1, interval(metrics, "f1"), interval_of(metrics, "f1")
+            ),
+        )
     return figures
 
 
@@ -92,7 +108,7 @@ def multiscale_figures(evaluation: dict[str, Any]) -> list[Figure]:
                 if 0 < c["num_gt"] < FEW_IN_BUCKET
             ]
             spread = "; ".join([ap50_spread(found), *few])
-            figures.append(Figure(f"{split} AP@.5 {bucket}", found["ap50"], 0.90, spread))
+            figures.append(ap50_figure(f"{split} AP@.5 {bucket}", found, 0.90, spread))
     return figures
 
 
@@ -100,9 +116,7 @@ def microscopy_figures(evaluation: dict[str, Any]) -> list[Figure]:
     metrics = evaluation["metrics"]
     figures = overall(metrics, f1=0.85, ap50=0.88)
     for found in metrics["per_class"]:
-        figures.append(
-            Figure(f"test AP@.5 {found['name']}", found["ap50"], 0.80, ap50_spread(found))
-        )
+        figures.append(ap50_figure(f"test AP@.5 {found['name']}", found, 0.80, ap50_spread(found)))
     return figures
 
 
@@ -214,6 +228,34 @@ def measure(
     }
 
 
+def record_figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One training's figures for the record: what fit into its budget, then each target."""
+    name = result["name"]
+    figures = [
+        harness.figure(f"{name}.epochs", f"{name}: epochs that fit", result["epochs"], "epochs"),
+        harness.figure(f"{name}.wall_s", f"{name}: training wall time", result["wall_time_s"], "s"),
+        harness.figure(
+            f"{name}.median_step_ms",
+            f"{name}: median training step",
+            1000 * result["median_step_time_s"],
+            "ms",
+        ),
+    ]
+    for found in result["figures"]:
+        label = found["label"]
+        figures.append(
+            harness.figure(
+                f"{name}.{label.replace('@', '').replace(' ', '_').lower()}",
+                f"{name}: {label}",
+                found["value"],
+                "F1" if label.endswith("F1") else "AP",
+                target=(">=", found["target"]),
+                interval=found["interval"],
+            )
+        )
+    return figures
+
+
 def print_result(result: dict[str, Any]) -> None:
     print(
         f"\n{result['name']} ({result['precision']}): {result['steps']} steps over "
@@ -252,6 +294,29 @@ def main(argv: list[str]) -> int:
             if passed
             else "FAIL: " + ", ".join(r["name"] for r in results if not r["passed"])
         )
+    )
+    harness.write_record(
+        args,
+        harness.record(
+            NAME,
+            [figure for result in results for figure in record_figures(result)],
+            settings={
+                "seed": args.seed,
+                "trainings": [result["name"] for result in results],
+                "precision_choice": None
+                if args.precision_choice is None
+                else str(args.precision_choice),
+                "overrides": args.settings,
+                "precisions": {result["name"]: result["precision"] for result in results},
+            },
+            flags=[
+                flag
+                for result in results
+                for flag in harness.condition_flags(
+                    result["conditions"], f"training {result['name']}"
+                )
+            ],
+        ),
     )
     atomic.write_json(
         args.out,

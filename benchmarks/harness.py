@@ -1,13 +1,16 @@
-"""What the benchmark scripts share: side-by-side alternation, run conditions, output.
+"""What the benchmark scripts share: side-by-side alternation, run conditions, output, records.
 
 A ratio is only meaningful when both sides are measured in one run, interleaved, so that
 drift (thermal, frequency, other work) hits both alike; `alternate` does exactly that.
+Every script also writes one small record of its figures with the machine, the commit and
+the command (`write_record`), which the tables in docs/ are generated from.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -19,13 +22,15 @@ from typing import Any
 
 import torch
 
-from pipeline import atomic, stats, timing
+from pipeline import atomic, formats, stats, timing
 from pipeline import device as dev
-from pipeline.environment import cpu_model
+from pipeline.environment import cpu_model, machine, machine_id
 from pipeline.errors import PipelineError
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "benchmarks" / "out"
+RECORDS_DIR = REPO / "benchmarks" / "records"
+RECORD_FORMAT = "pipeline.benchmark_record/1"
 DEFAULT_DATA_ROOT = REPO / "resources" / "data" / "shapes"
 
 
@@ -47,7 +52,21 @@ def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
         default=OUT_DIR / f"{name}.json",
         help="JSON file with every raw sample",
     )
+    add_record_options(result)
     return result
+
+
+def add_record_options(result: argparse.ArgumentParser) -> None:
+    """--record PATH (default: benchmarks/records/<script>/<machine>-<date>.json) and --no-record."""
+    result.add_argument(
+        "--record",
+        type=Path,
+        help="JSON record of the figures, the machine, the commit and the command "
+        "(default: benchmarks/records/<script>/<machine>-<date>.json)",
+    )
+    result.add_argument(
+        "--no-record", action="store_true", help="write no record (a quick look, say)"
+    )
 
 
 def add_torch_options(result: argparse.ArgumentParser) -> None:
@@ -160,18 +179,21 @@ def warn_if_loaded(
     what: str,
     consequence: str = "the figures below are not to be trusted; rerun on an idle machine.",
 ) -> None:
+    for flag in condition_flags(conditions, what):
+        print(f"WARNING: {flag}: {consequence}", flush=True)
+
+
+def condition_flags(conditions: dict[str, Any], what: str) -> list[str]:
+    """Words for a record (and the warning) when other work shared the machine."""
     if not conditions["high_load"]:
-        return
+        return []
     share = conditions["foreign_cpu_share"]
     detail = (
         f"other processes used {share:.0%} of all CPU time"
         if share is not None
         else f"1-minute load average {conditions['load_1m_start']} -> {conditions['load_1m_end']}"
     )
-    print(
-        f"WARNING: other work shared the machine during {what} ({detail}): {consequence}",
-        flush=True,
-    )
+    return [f"other work shared the machine during {what} ({detail})"]
 
 
 # ---- output ----------------------------------------------------------------------------
@@ -275,7 +297,124 @@ def run(main: Callable[[list[str]], int]) -> None:
 
 
 def finish(path: Path, record: dict[str, Any], passed: bool, check: bool) -> int:
-    """Write the record; the exit status says PASS/FAIL only when --check asked for it."""
+    """Write the raw samples; the exit status says PASS/FAIL only when --check asked for it."""
     atomic.write_json(path, {**record, "passed": passed})
     print(f"raw samples: {path}")
     return 1 if check and not passed else 0
+
+
+# ---- records ---------------------------------------------------------------------------
+def figure(
+    key: str,
+    label: str,
+    value: float | bool | None,
+    unit: str,
+    *,
+    target: tuple[str, float | bool] | None = None,
+    interval: tuple[float, float] | None = None,
+) -> dict[str, Any]:
+    """One figure of a record; `target` is (op, bound) with op one of <=, >=, ==."""
+    passed = None
+    if target is not None:
+        op, bound = target
+        passed = value is not None and bool(
+            value <= bound if op == "<=" else value >= bound if op == ">=" else value == bound
+        )
+    return {
+        "key": key,
+        "label": label,
+        "value": value,
+        "unit": unit,
+        "interval": None if interval is None else {"low": interval[0], "high": interval[1]},
+        "target": None if target is None else {"op": target[0], "value": target[1]},
+        "passed": passed,
+    }
+
+
+def side_figures(sides: dict[str, dict[str, Any]], prefix: str = "") -> list[dict[str, Any]]:
+    """Each side's median step time, as `side_summary` holds it."""
+    return [
+        figure(
+            f"{prefix}{name.lower()}.median_ms",
+            f"median step time, {side['label']}",
+            side["summary"]["median_ms"],
+            "ms",
+        )
+        for name, side in sides.items()
+    ]
+
+
+def noisy_flags(sides: dict[str, dict[str, Any]], what: str = "") -> list[str]:
+    """Words for a record for each side whose spread is above the noisy threshold."""
+    return [
+        f"{what}{side['label']} noisy: IQR {side['summary']['iqr_ratio']:.0%} of its median"
+        for side in sides.values()
+        if side["summary"]["noisy"]
+    ]
+
+
+def commit() -> dict[str, Any] | None:
+    """The checked-out commit and whether tracked files differ from it; None outside git."""
+    try:
+        sha = _git("rev-parse", "HEAD")
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {"sha": sha, "dirty": dirty}
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(
+        ["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30
+    )
+    return done.stdout.strip()
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command as run from the repository root, with the project's Python as `python`."""
+    script = Path(argv[0]).resolve()
+    shown = script.relative_to(REPO) if script.is_relative_to(REPO) else script
+    return shlex.join(["python", str(shown), *argv[1:]])
+
+
+def record(
+    name: str,
+    figures: list[dict[str, Any]],
+    *,
+    settings: dict[str, Any],
+    flags: Sequence[str] = (),
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """One record (benchmark_record.schema.yaml) of what this run measured, and where."""
+    targeted = [f["passed"] for f in figures if f["passed"] is not None]
+    return {
+        "format": RECORD_FORMAT,
+        "benchmark": name,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command_line(sys.argv if argv is None else argv),
+        "commit": commit(),
+        "machine": machine(),
+        "settings": settings,
+        "figures": figures,
+        "passed": all(targeted) if targeted else None,
+        "flags": list(flags),
+    }
+
+
+def default_record_path(document: dict[str, Any]) -> Path:
+    """benchmarks/records/<script>/<machine id>-<date>.json: one a day per machine and script."""
+    day = document["created"][:10]
+    return RECORDS_DIR / document["benchmark"] / f"{machine_id(document['machine'])}-{day}.json"
+
+
+def write_record(args: argparse.Namespace, document: dict[str, Any]) -> Path | None:
+    """Check the record against its schema and write it where --record says (unless --no-record)."""
+    if args.no_record:
+        return None
+    problem = formats.problem(document, "benchmark_record")
+    if problem:  # a bug in the script, never a figure to commit
+        raise RuntimeError(f"The {document['benchmark']} record {problem}")
+    path = args.record or default_record_path(document)
+    atomic.write_json(path, document)
+    print(f"record: {path}")
+    return path

@@ -231,6 +231,37 @@ def main(argv: list[str]) -> int:
     )
     print(line)
     print(f"took {time.perf_counter() - started:.0f} s")
+    flags = []
+    for key, row in rows.items():
+        flags += harness.condition_flags(row["conditions"], f"the {key} row")
+        flags += harness.noisy_flags(row["sides"], f"{key} row, ")
+        if row["nonfinite_skipped_steps"]:
+            flags.append(
+                f"{key} row: {row['nonfinite_skipped_steps']} steps skipped, loss not finite"
+            )
+    figures = [
+        harness.figure(
+            "cached.ratio",
+            "cached (default): median step fed by the DataLoader / fed from memory",
+            rows["cached"]["ratio"],
+            "ratio",
+            target=("<=", TARGET),
+        ),
+        *harness.side_figures(rows["cached"]["sides"], "cached."),
+        harness.figure(
+            "cached.startup_s", "cached: decoding every image once, at start", startup_cached, "s"
+        ),
+    ]
+    if "uncached" in rows:
+        figures.append(
+            harness.figure(
+                "uncached.ratio",
+                "uncached (PNG each access): the same ratio, no target",
+                rows["uncached"]["ratio"],
+                "ratio",
+            )
+        )
+    harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
     record = {
         "benchmark": NAME,
         "target": {

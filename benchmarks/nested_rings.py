@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 
+import harness
 import torch
 from torchvision.ops import box_area, box_iou
 
@@ -103,9 +104,50 @@ def measure(predictions: dict) -> dict[str, float | list]:
     return result
 
 
+def record_figures(result: dict[str, float | list]) -> list[dict]:
+    """The counts and fractions `measure` found, for the record (no targets: a diagnostic)."""
+    figures = []
+    for kind, label in (("dotted", "with a small object near the centre"), ("plain", "without")):
+        found, mean_iou = result[f"{kind}_found"], result[f"{kind}_mean_iou"]
+        figures += [
+            harness.figure(
+                f"{kind}.rings", f"large rings {label}", result[f"{kind}_rings"], "count"
+            ),
+            harness.figure(
+                f"{kind}.found",
+                f"large rings {label}: share found",
+                None if math.isnan(found) else found,
+                "fraction",
+            ),
+            harness.figure(
+                f"{kind}.mean_iou",
+                f"large rings {label}: mean best IoU",
+                None if math.isnan(mean_iou) else mean_iou,
+                "IoU",
+            ),
+        ]
+    figures += [
+        harness.figure(
+            "medium_false_rings",
+            f"medium-sized ring detections on no ring (score >= {SCORE_FALSE_POSITIVE})",
+            result["medium_ring_false_positives"],
+            "count",
+        ),
+        harness.figure(
+            "medium_false_rings_inside",
+            "of them inside a ring's box",
+            result["of_them_inside_a_ring"],
+            "count",
+        ),
+        harness.figure("medium_rings", "medium rings", len(result["medium_ring_scores"]), "count"),
+    ]
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("predictions", help="an eval --predictions file of the multi-scale preset")
+    harness.add_record_options(parser)
     args = parser.parse_args()
     with open(args.predictions) as handle:
         result = measure(json.load(handle))
@@ -125,6 +167,12 @@ def main() -> None:
         f"medium rings: {len(result['medium_ring_scores'])}, their best ring detection at IoU "
         f">= 0.5 scored {scores or '-'}; medium-sized ring detections on no ring scoring higher: "
         f"{outranked or '-'}"
+    )
+    harness.write_record(
+        args,
+        harness.record(
+            "nested_rings", record_figures(result), settings={"predictions": args.predictions}
+        ),
     )
 
 

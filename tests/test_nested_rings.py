@@ -1,16 +1,11 @@
-"""benchmarks/nested_rings.py: the dotted-ring diagnostic that README's figures come from."""
+"""benchmarks/nested_rings.py: the dotted-ring diagnostic of the multi-scale preset."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load
 
-_PATH = Path(__file__).parents[1] / "benchmarks" / "nested_rings.py"
-_SPEC = importlib.util.spec_from_file_location("nested_rings", _PATH)
-nested_rings = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(nested_rings)
+nested_rings = load("nested_rings")
 
 CLASSES = ["circle", "ring"]
 

@@ -6,6 +6,8 @@ to name run folders after the backend that 'auto' picks, without probing torch i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import sys
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from pipeline import device as dev
+from pipeline.cpus import usable_cpu_count
 
 FORMAT = "pipeline.env/1"
 
@@ -151,6 +154,59 @@ def collect(requested_device: str | None = None) -> dict[str, Any]:
             "description": dev.describe_device(resolved),
         }
     return info
+
+
+def machine() -> dict[str, Any]:
+    """The machine a measured figure belongs to, in the keys that tell one machine from another.
+
+    A figure is only meaningful beside the CPU (model, instruction-set level, the features native
+    bf16/fp16 rest on), the CPUs and threads it ran with, the GPUs and the software versions.
+    """
+    native = {precision: dev.cpu_native_precision(precision) for precision in ("bf16", "fp16")}
+    gpus = [
+        {"name": gpu["name"], "memory_gib": gpu["total_memory_gib"]}
+        for gpu in _cuda_details()["devices"]
+    ]
+    return {
+        "cpu_model": cpu_model(),
+        "architecture": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_native": {
+            precision: {
+                "native": found.native,
+                "features": sorted(key for key, on in found.features.items() if on),
+                "hidden": found.hidden,
+            }
+            for precision, found in native.items()
+        },
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpus": gpus,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def machine_id(description: dict[str, Any]) -> str:
+    """A short, stable name for a machine description: the CPU model and a hash of what differs.
+
+    Two machines with the same CPU model but other features, CPU counts or GPUs get other ids;
+    software versions are left out, so an upgraded torch stays the same machine.
+    """
+    hardware = {
+        key: description[key]
+        for key in ("cpu_model", "architecture", "cpu_capability", "usable_cpus", "gpus")
+    }
+    hardware["cpu_native"] = {
+        precision: found["features"] for precision, found in description["cpu_native"].items()
+    }
+    digest = hashlib.sha1(json.dumps(hardware, sort_keys=True).encode()).hexdigest()[:8]
+    words = "".join(c if c.isalnum() else " " for c in description["cpu_model"].lower())
+    slug = "-".join(w for w in words.split() if w not in {"r", "tm", "cpu", "processor"})
+    return f"{slug or 'cpu'}-{digest}"
 
 
 def format_table(info: dict[str, Any]) -> str:
