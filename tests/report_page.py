@@ -1,12 +1,19 @@
-"""Read a report back as a browser would: its sections, their text, tags and attributes."""
+"""Read a report back as a browser would: its sections, their text, tags and attributes; and
+render it in headless Chromium (the browser tests and scripts/report_answer_png.py)."""
 
 from __future__ import annotations
 
 import base64
 import io
+import os
+import shutil
+import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 from PIL import Image
+
+BROWSER_TIMEOUT_S = 60
 
 SECTION_IDS = [
     "answer",
@@ -166,3 +173,45 @@ class Outline(Page):
     def outline(self) -> list[dict]:
         """Each section's outline, with its whole text (as `Page.text` reads it) beside it."""
         return [{**section, "text": self.text(section["id"])} for section in self.sections]
+
+
+def find_chromium() -> str | None:
+    """The Chromium executable, or None where it is not installed."""
+    found = shutil.which("chromium") or (Path("/usr/bin/chromium").exists() and "/usr/bin/chromium")
+    return str(found) if found else None
+
+
+def chromium() -> str:
+    """Chromium for a test: skips where it is not installed, unless PIPELINE_REQUIRE_BROWSER=1
+    (CI), where a missing browser fails the test."""
+    import pytest
+
+    found = find_chromium()
+    if found:
+        return found
+    message = "Chromium is not installed (no /usr/bin/chromium, no chromium on PATH): apt-get install chromium"
+    if os.environ.get("PIPELINE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"PIPELINE_REQUIRE_BROWSER=1 but {message}")
+    pytest.skip(message)
+
+
+def headless_chromium(
+    browser: str, profile_dir: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """One headless run with a fresh profile and nothing that reaches out to the network."""
+    profile_dir.mkdir(parents=True)
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile_dir}",
+        *args,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False
+    )

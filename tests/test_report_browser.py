@@ -8,8 +8,6 @@ Chromium is part of the image), in which case a missing browser fails the test.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -17,42 +15,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 from report_fixtures import write_results_tree
-from report_page import SECTION_IDS
+from report_page import SECTION_IDS, chromium, headless_chromium
 
 from pipeline import cli
 
 pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
-BROWSER_TIMEOUT_S = 60
-
-
-def chromium() -> str:
-    found = shutil.which("chromium") or (Path("/usr/bin/chromium").exists() and "/usr/bin/chromium")
-    if found:
-        return str(found)
-    message = "Chromium is not installed (no /usr/bin/chromium, no chromium on PATH): apt-get install chromium"
-    if os.environ.get("PIPELINE_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"PIPELINE_REQUIRE_BROWSER=1 but {message}")
-    pytest.skip(message)
 
 
 def run_browser(browser: str, profile_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """One headless run with a fresh profile and nothing that reaches out to the network."""
-    profile_dir.mkdir(parents=True)
-    command = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--no-first-run",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile_dir}",
-        *args,
-    ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False
-    )
+    done = headless_chromium(browser, profile_dir, *args)
     assert done.returncode == 0, done.stderr[-2000:]
     return done
 
