@@ -183,8 +183,8 @@ def test_commands_layer_their_config_files_over_config_config_yaml(
     assert (config["train"]["epochs"], config["train"]["lr"]) == (2, 0.5)
 
 
-def test_every_schema_key_is_documented_in_the_config_readme() -> None:
-    readme = REPO / "config" / "README.md"
+def test_every_schema_key_is_documented_in_the_configuration_page() -> None:
+    readme = REPO / "docs" / "configuration.md"
     assert readme.is_file(), f"{readme} does not exist"
     text = readme.read_text(encoding="utf-8")
     missing = [
@@ -196,8 +196,8 @@ def test_every_schema_key_is_documented_in_the_config_readme() -> None:
     assert missing == []
 
 
-def test_the_config_readme_tables_are_the_ones_generated_from_the_schema() -> None:
-    text = (REPO / "config" / "README.md").read_text(encoding="utf-8")
+def test_the_configuration_page_tables_are_the_ones_generated_from_the_schema() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     embedded = text.split("<!-- reference:start -->\n", 1)[1].split("<!-- reference:end -->", 1)[0]
     assert embedded == reference_markdown()
 

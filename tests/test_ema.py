@@ -54,7 +54,7 @@ def equal_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor
 def test_the_average_horizon_grows_as_steps_to_the_three_quarters() -> None:
     for updates in (1, 10, 100, 2000, 100_000):
         assert 1 / (1 - decay_at(updates)) == pytest.approx((1 + updates) ** 0.75)
-    assert 250 < 1 / (1 - decay_at(2000)) < 350  # the figure the config README names
+    assert 250 < 1 / (1 - decay_at(2000)) < 350  # the figure the train.ema schema description names
 
 
 def test_an_update_moves_the_average_by_the_step_weight_and_copies_integer_buffers() -> None:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 # The second run starts once the first is training. Started earlier, it can meet an output the
 # first has just written (results/env.json) before the job that wrote it has finished, and
 # Snakemake, which checks for incomplete files before it takes the lock, names that file as
-# incomplete instead of refusing with the lock's message (the README's failure-modes table).
+# incomplete instead of refusing with the lock's message (docs/failure-modes.md).
 TRAINING_STARTED = re.compile(r"^(local)?rule train_run:$", re.MULTILINE)
 ARGS = ("train", "--cores", "1", "--configfile", CI_CONFIG)
 LOCKED = (

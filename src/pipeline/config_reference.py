@@ -47,7 +47,7 @@ def _allowed_text(spec: dict[str, Any]) -> str:
 
 
 def reference_markdown() -> str:
-    """Every key of the schema as Markdown tables (config/README.md embeds this verbatim)."""
+    """Every key of the schema as Markdown tables (docs/configuration.md embeds this verbatim)."""
     header = "| key | default | allowed | meaning |\n| --- | --- | --- | --- |"
     lines: list[str] = []
 
