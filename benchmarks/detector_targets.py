@@ -158,7 +158,7 @@ def parse_args(argv: list[str]):
         nargs="+",
         choices=[training.name for training in TRAININGS],
         metavar="NAME",
-        help="only these trainings (default: all four, about 20 minutes plus data generation)",
+        help="only these trainings (default: all four, each within its budget, plus data generation)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the config's seed")
     parser.add_argument(

@@ -6,7 +6,7 @@ override it where set, and every record says which configuration it timed and wh
 overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
 the forward pass under `inference_mode`, as evaluation and profiling run it. Warm-up runs
 until the step time settles; the device is synchronized around every timed step; every
-sample is kept and summarised with its spread and drift; a time budget bounds the 30x-slower
+sample is kept and summarised with its spread and drift; a time budget bounds a much slower
 CPU autocast. fp16/bf16 numerics are compared with fp32 after a short stretch of real
 training steps, on losses and gradients. The record format is `schemas/bench.schema.yaml`.
 """

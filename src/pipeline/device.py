@@ -183,7 +183,8 @@ def default_amp(backend: DeviceLike) -> bool:
 
 
 def amp_supported(backend: DeviceLike) -> bool:
-    """Whether AMP may be switched on: CPU autocast is 14-31x slower without bf16 hardware, so never."""
+    """Whether the static policy may switch AMP on: never on CPU, where autocast is slower than
+    fp32 without native bf16/fp16 (`amp: measured` may choose it where it measured faster)."""
     return backend_name(backend) in ("cuda", "mps")
 
 
@@ -318,7 +319,7 @@ def measured_precision_refused_reason(backend: DeviceLike, precision: str) -> st
 
     On CUDA and MPS any precision autocast can run qualifies (the benchmark then decides). On a
     CPU a reduced precision qualifies only where the CPU computes in it natively: elsewhere CPU
-    autocast is 14 to 31 times slower than fp32, whatever one noisy benchmark might suggest.
+    autocast is far slower than fp32, whatever one noisy benchmark might suggest.
     """
     if precision == "fp32":
         return None

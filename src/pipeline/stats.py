@@ -120,7 +120,7 @@ class Speedup:
     `low`/`high` bound it at `confidence`. `verdict` is 'faster' or 'slower' only where the
     whole interval lies beyond the tolerance, 'indistinguishable' where it does not, and
     'too few samples' where either set has fewer than MIN_SAMPLES_FOR_A_CLAIM steps, unless a
-    well-timed set and at least two steps of the other do not even overlap (a 30x slower,
+    well-timed set and at least two steps of the other do not even overlap (a much slower,
     budget-limited precision).
     """
 
@@ -141,12 +141,12 @@ class Speedup:
 
     @property
     def interval_text(self) -> str:
-        """'95% interval 1.40-1.55x' (as a speed-up)."""
+        """'95% interval 1.80-2.20x' (as a speed-up)."""
         return f"{self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x"
 
     @property
     def text(self) -> str:
-        """'1.47x faster (95% interval 1.40-1.55x)' and the like, for logs and the report."""
+        """'2.00x faster (95% interval 1.80-2.20x)' and the like, for logs and the report."""
         interval = self.interval_text
         if self.verdict == "faster":
             return f"{self.ratio:.2f}x faster ({interval})"

@@ -10,9 +10,8 @@ objects came out with their hole's box.
 The box map is the stride-4 box head's output plus a coarse box head's, computed on the neck's
 stride-16 features and upsampled: at a large object's centre the stride-4 features are
 dominated by what lies there (a dot in a ring's hole made the ring's box the hole's), while a
-stride-16 cell sees the object whole. It costs 0.5% of tiny_conv's training FLOPs; on the
-multi-scale preset it found 92% of the large rings with a dot in their hole instead of 70%
-(README, "Objects of every size").
+stride-16 cell sees the object whole, for a small share of tiny_conv's training FLOPs
+(docs/detector.md).
 
 Decoding keeps heatmap peaks (3x3 max-pool test) and the top K: no NMS. The box branch is
 trained densely around each centre (TTFNet-style), which converges far faster than

@@ -53,7 +53,7 @@ def fmt_ratio(value: Any) -> str:
 
 
 def fmt_speedup(speed: Any) -> str:
-    """A summary's speed-up for a table cell: '1.47× (1.40–1.55)', its 95% interval in brackets."""
+    """A summary's speed-up for a table cell: '2.00× (1.80–2.20)', its 95% interval in brackets."""
     if not isinstance(speed, dict):
         return "n/a"
     return f"{fmt_ratio(speed['ratio'])} ({speed['low']:.2f}–{speed['high']:.2f})"
