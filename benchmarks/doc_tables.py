@@ -176,6 +176,9 @@ def benchmark_table(name: str, records: Sequence[dict[str, Any]]) -> str:
 
 
 # ---- the machines table --------------------------------------------------------------------
+NO_MACHINES = "No machine summary is committed yet.\n"
+
+
 def machines_table(directory: Path) -> str | None:
     """pipeline.compare's Markdown of the committed summaries; None where it does not exist yet."""
     try:
@@ -185,7 +188,8 @@ def machines_table(directory: Path) -> str | None:
     render = getattr(compare, "markdown", None)
     if render is None:
         return None
-    return render(sorted(directory.glob("*.json")))
+    summaries = sorted(directory.glob("*.json"))
+    return render(summaries) if summaries else NO_MACHINES
 
 
 # ---- blocks --------------------------------------------------------------------------------
