@@ -31,13 +31,14 @@ RECORDS_DIR = REPO / "benchmarks" / "records"
 MACHINES_DIR = REPO / "benchmarks" / "machines"
 MACHINES = "machines"
 NOT_SCRIPTS = {"harness", "doc_tables"}
+# A marker is a line of its own: one quoted in prose (`<!-- generated:NAME:start -->`) is not.
 BLOCK = re.compile(
-    r"(?P<start><!-- generated:(?P<name>[A-Za-z0-9_-]+):start -->\n)"
+    r"(?P<start>^<!-- generated:(?P<name>[A-Za-z0-9_-]+):start -->\n)"
     r"(?P<body>.*?)"
-    r"(?P<end><!-- generated:(?P=name):end -->)",
-    re.DOTALL,
+    r"(?P<end>^<!-- generated:(?P=name):end -->$)",
+    re.DOTALL | re.MULTILINE,
 )
-ANY_MARKER = re.compile(r"<!-- generated:([^:]*):(start|end) -->")
+ANY_MARKER = re.compile(r"^<!-- generated:([^:]*):(start|end) -->$", re.MULTILINE)
 OPS = {"<=": "≤", ">=": "≥", "==": "="}
 
 

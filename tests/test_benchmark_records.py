@@ -106,7 +106,7 @@ def test_machines_that_differ_in_cpu_features_or_cpus_get_other_ids() -> None:
 
 DOC = """# Results
 
-Text before.
+Text before, naming `<!-- generated:trainer_overhead:start -->` in prose.
 
 <!-- generated:trainer_overhead:start -->
 | figure | old |
@@ -144,7 +144,8 @@ def test_a_block_out_of_step_is_named_then_rewritten_from_its_records(
 
     assert doc_tables.run([doc], sources(records), check=False) == 0
     text = doc.read_text()
-    assert text.startswith("# Results\n\nText before.\n") and text.endswith("\nText after.\n")
+    assert text.startswith(DOC.split("<!-- generated:trainer_overhead:start -->\n")[0])
+    assert text.endswith("\nText after.\n")
     assert "| median A / median B (ratio) | ≤ 1.05 | 1.004, pass | 1.200, **FAIL** |" in text
     assert "| median step time, A (ms) |  | 61.25 | 61.25 |" in text
     assert "`python benchmarks/trainer_overhead.py --rounds 40`" in text
