@@ -1,10 +1,12 @@
 """Rewrite the generated tables of the docs from the committed records (--check: only compare).
 
 A generated block is the text between `<!-- generated:NAME:start -->` and
-`<!-- generated:NAME:end -->` in README.md or docs/*.md. NAME is either a script of this folder,
-whose table comes from its records (benchmarks/records/NAME/*.json, written by the script), or
-`machines`, the machines side by side from pipeline.compare's Markdown over the committed
-summaries (benchmarks/machines/*.json). A figure reaches the docs only this way, never typed.
+`<!-- generated:NAME:end -->` in README.md or docs/*.md. NAME is a script of this folder, whose
+table comes from its records (benchmarks/records/NAME/*.json, written by the script); or
+`real_sets`, whose records (benchmarks/records/real/) have a format and a table of their own
+(`real_sets.table`); or `machines`, the machines side by side from pipeline.compare's Markdown
+over the committed summaries (benchmarks/machines/*.json). A figure reaches the docs only this
+way, never typed.
 
     python benchmarks/doc_tables.py            # rewrite every block
     python benchmarks/doc_tables.py --check    # exit 1 naming each block out of step
@@ -30,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 RECORDS_DIR = REPO / "benchmarks" / "records"
 MACHINES_DIR = REPO / "benchmarks" / "machines"
 MACHINES = "machines"
-NOT_SCRIPTS = {"harness", "doc_tables"}
+NOT_SCRIPTS = {"harness", "doc_tables", "real_layouts"}  # helpers, not benchmark scripts
+OWN_TABLE = "real_sets"  # its records and its table are its own (real_sets.table)
 # A marker is a line of its own: one quoted in prose (`<!-- generated:NAME:start -->`) is not.
 BLOCK = re.compile(
     r"(?P<start>^<!-- generated:(?P<name>[A-Za-z0-9_-]+):start -->\n)"
@@ -48,14 +51,20 @@ def doc_files(repo: Path = REPO) -> list[Path]:
 
 
 def script_names(folder: Path = REPO / "benchmarks") -> list[str]:
-    """The benchmark scripts, each of which may have a table of its records."""
-    return sorted(p.stem for p in folder.glob("*.py") if p.stem not in NOT_SCRIPTS)
+    """The benchmark scripts that write records of `harness.record`'s format."""
+    return sorted(
+        p.stem for p in folder.glob("*.py") if p.stem not in NOT_SCRIPTS and p.stem != OWN_TABLE
+    )
 
 
-def load_records(directory: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every record under `directory`, by script, oldest first; one that is not a record stops."""
+def load_records(
+    directory: Path, scripts: Sequence[str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Every record in the scripts' folders under `directory`, by script, oldest first; one that
+    is not a record stops. Other folders (real_sets' records/real/) are not read."""
     found: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(directory.glob("*/*.json")):
+    names = script_names() if scripts is None else scripts
+    for path in sorted(p for name in names for p in (directory / name).glob("*.json")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
@@ -193,6 +202,13 @@ def machines_table(directory: Path) -> str | None:
     return render(summaries) if summaries else NO_MACHINES
 
 
+def real_sets_table() -> str:
+    """real_sets.py's own table of its records (benchmarks/records/real/*.json)."""
+    real_sets = importlib.import_module("real_sets")
+    paths = sorted(real_sets.RECORDS.glob("*.json"))
+    return real_sets.table([json.loads(p.read_text(encoding="utf-8")) for p in paths]) + "\n"
+
+
 # ---- blocks --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sources:
@@ -201,20 +217,26 @@ class Sources:
     records: dict[str, list[dict[str, Any]]]
     scripts: Sequence[str]
     machines: Callable[[], str | None]
+    real_sets: Callable[[], str] = real_sets_table
 
     @classmethod
     def committed(cls, records_dir: Path = RECORDS_DIR, machines_dir: Path = MACHINES_DIR):
-        return cls(load_records(records_dir), script_names(), lambda: machines_table(machines_dir))
+        scripts = script_names()
+        return cls(
+            load_records(records_dir, scripts), scripts, lambda: machines_table(machines_dir)
+        )
 
     def text(self, name: str, where: Path) -> str | None:
         """The block's text; None where its source cannot render it yet (left as it is)."""
         if name == MACHINES:
             return self.machines()
+        if name == OWN_TABLE:
+            return self.real_sets()
         if name in self.scripts:
             return benchmark_table(name, self.records.get(name, []))
         raise PipelineError(
             f"{where}: generated block {name!r} has no source: name a script of benchmarks/ "
-            f"({', '.join(self.scripts)}) or {MACHINES!r}."
+            f"({', '.join(self.scripts)}), {OWN_TABLE!r} or {MACHINES!r}."
         )
 
 

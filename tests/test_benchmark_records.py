@@ -122,6 +122,19 @@ def sources(records: Path, machines: str | None = None) -> object:
     )
 
 
+def test_real_sets_records_keep_their_own_folder_format_and_table(tmp_path: Path) -> None:
+    """records/real/ holds real_sets.py's records: never read as harness records, and its block
+    is real_sets.table's output."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "raccoon.json").write_text('{"format": "benchmarks.real_set/1"}')
+    assert doc_tables.load_records(tmp_path) == {}
+    doc = tmp_path / "results.md"
+    doc.write_text("<!-- generated:real_sets:start -->\n<!-- generated:real_sets:end -->\n")
+    own = doc_tables.Sources({}, doc_tables.script_names(), lambda: None, lambda: "| set |\n")
+    doc_tables.run([doc], own, check=False)
+    assert "| set |" in doc.read_text()
+
+
 def test_every_generated_block_of_the_docs_is_in_step_with_the_committed_records(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
