@@ -43,6 +43,7 @@ BLOCK = re.compile(
 )
 ANY_MARKER = re.compile(r"^<!-- generated:([^:]*):(start|end) -->$", re.MULTILINE)
 OPS = {"<=": "≤", ">=": "≥", "==": "="}
+TIME_UNITS = {"ms", "s"}
 
 
 def doc_files(repo: Path = REPO) -> list[Path]:
@@ -133,8 +134,8 @@ def machine_text(machine: dict[str, Any]) -> str:
     gpus = ", ".join(f"{gpu['name']} ({gpu['memory_gib']:g} GiB)" for gpu in machine["gpus"])
     return (
         f"{machine['cpu_model']} ({machine['architecture']}, {machine['cpu_capability']}; "
-        f"{'; '.join(native)}), {machine['usable_cpus']} CPUs, {machine['torch_threads']} torch "
-        f"threads, {gpus or 'no GPU'}; torch {machine['torch']}, Python {machine['python']}"
+        f"{'; '.join(native)}), {machine['usable_cpus']} CPUs, {gpus or 'no GPU'}; "
+        f"torch {machine['torch']}, Python {machine['python']}"
     )
 
 
@@ -173,7 +174,10 @@ def benchmark_table(name: str, records: Sequence[dict[str, Any]]) -> str:
         for record in records:
             found = next((f for f in record["figures"] if f["key"] == key), None)
             cells.append("—" if found is None else _cell(value_text(found)))
-        label = f"{first['label']} ({first['unit']})"
+        # a time's unit is not in its label; a ratio, an AP, a count say what they are
+        label = (
+            f"{first['label']} ({first['unit']})" if first["unit"] in TIME_UNITS else first["label"]
+        )
         lines.append(f"| {_cell(label)} | {target_text(first)} | " + " | ".join(cells) + " |")
     lines.append("")
     for column, record in zip(columns, records, strict=True):

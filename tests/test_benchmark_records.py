@@ -159,7 +159,7 @@ def test_a_block_out_of_step_is_named_then_rewritten_from_its_records(
     text = doc.read_text()
     assert text.startswith(DOC.split("<!-- generated:trainer_overhead:start -->\n")[0])
     assert text.endswith("\nText after.\n")
-    assert "| median A / median B (ratio) | ≤ 1.05 | 1.004, pass | 1.200, **FAIL** |" in text
+    assert "| median A / median B | ≤ 1.05 | 1.004, pass | 1.200, **FAIL** |" in text
     assert "| median step time, A (ms) |  | 61.25 | 61.25 |" in text
     assert "`python benchmarks/trainer_overhead.py --rounds 40`" in text
     assert "Flagged: A noisy: IQR 12% of its median." in text
