@@ -15,6 +15,7 @@ way, never typed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import re
@@ -203,7 +204,12 @@ def machines_table(directory: Path) -> str | None:
     if render is None:
         return None
     summaries = sorted(directory.glob("*.json"))
-    return render(summaries) if summaries else NO_MACHINES
+    if not summaries:
+        return NO_MACHINES
+    # paths as the table shows them: relative to the repository, whichever checkout this is
+    root = REPO if directory.resolve().is_relative_to(REPO) else directory
+    with contextlib.chdir(root):
+        return render([path.resolve().relative_to(root.resolve()) for path in summaries])
 
 
 def real_sets_table() -> str:
