@@ -149,3 +149,53 @@ def test_the_trainer_reads_the_device_once_per_log_step_and_never_between(
     marks.append(len(host_reads))
     per_step = [after - before for before, after in itertools.pairwise(marks)]
     assert per_step == [0, 0, 0, 1, 0, 0, 0, 1]  # log steps 4 and 8 (the epoch's end)
+
+
+SGD = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}
+
+
+# fp16: the GradScaler hands the skip to the fused kernel (unless clipping unscaled first)
+@pytest.mark.parametrize(("precision", "grad_clip"), [("fp32", 10.0), ("fp16", None)])
+def test_sgd_whose_first_step_is_skipped_trains_as_if_it_started_at_the_second(
+    monkeypatch: pytest.MonkeyPatch, precision: str, grad_clip: float | None
+) -> None:
+    """Fused SGD creates its momentum buffers uninitialised on the first step: were that step
+    skipped (a non-finite loss, fp16's first scale overflowing), the next would read garbage.
+    Uninitialised memory is poisoned with NaN here, so that read cannot pass by luck."""
+    empty_like = torch.empty_like
+
+    def poisoned(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        new = empty_like(tensor, *args, **kwargs)
+        return new.fill_(float("nan")) if new.is_floating_point() else new
+
+    monkeypatch.setattr(torch, "empty_like", poisoned)
+
+    def two_steps(optimizer_of) -> dict[str, torch.Tensor]:
+        step, images, targets = tiny_step(precision, fused=False)
+        step.optimizer = optimizer_of(step.model.parameters())
+        step.skips_on_device = bool(step.optimizer.defaults.get("fused"))
+        step.grad_clip = grad_clip
+        if step.scaler.is_enabled():  # a scale low enough that only the NaN step overflows
+            step.scaler = torch.amp.GradScaler("cpu", init_scale=16.0)
+        initial = {name: value.detach().clone() for name, value in step.model.named_parameters()}
+        forward = DetectionLoss.forward
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                DetectionLoss,
+                "forward",
+                lambda self, o, t: {k: v * float("nan") for k, v in forward(self, o, t).items()},
+            )
+            assert not bool(step(images, targets).finite)
+        assert bool(step(images, targets).finite)
+        trained = {name: value.detach().clone() for name, value in step.model.named_parameters()}
+        assert any(not torch.equal(trained[name], initial[name]) for name in initial)
+        return trained
+
+    ours = two_steps(lambda params: build_optimizer(params, SGD))
+    reference = two_steps(
+        lambda params: torch.optim.SGD(
+            params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=False
+        )
+    )
+    for name, value in reference.items():
+        torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6, msg=name)

@@ -26,7 +26,7 @@ def build_optimizer(params, train: dict[str, Any]) -> torch.optim.Optimizer:
         options = {"fused": True} if fused else {}
         try:
             if train["optimizer"] == "sgd":
-                return torch.optim.SGD(
+                sgd = torch.optim.SGD(
                     params,
                     lr=train["lr"],
                     momentum=train["momentum"],
@@ -34,6 +34,14 @@ def build_optimizer(params, train: dict[str, Any]) -> torch.optim.Optimizer:
                     weight_decay=train["weight_decay"],
                     **options,
                 )
+                if fused and train["momentum"]:
+                    # Fused SGD makes its momentum buffers with torch.empty_like on the first
+                    # step and fills them only if that step is not skipped (found_inf): a
+                    # skipped first step would leave the next reading uninitialised memory.
+                    # A zero buffer updates exactly as a first step does (dampening is 0).
+                    for param in params:
+                        sgd.state[param]["momentum_buffer"] = torch.zeros_like(param)
+                return sgd
             return torch.optim.AdamW(
                 params, lr=train["lr"], weight_decay=train["weight_decay"], **options
             )
