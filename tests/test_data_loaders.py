@@ -256,6 +256,17 @@ def test_coco_annotation_of_an_unlisted_image_raises(coco_root: Path) -> None:
         load_coco(path, coco_root)
 
 
+def test_coco_duplicate_image_ids_raise_naming_the_id_and_both_files(coco_root: Path) -> None:
+    document = _coco_document({"gray.png": (40, 40), "rgba.png": (40, 40)}, [])
+    document["images"][1]["id"] = 1
+    path = _write_coco(coco_root, "twice.json", document)
+    with pytest.raises(DataError) as caught:
+        load_coco(path, coco_root)
+    message = str(caught.value)
+    assert "twice.json" in message and "image id 1" in message
+    assert "gray.png" in message and "rgba.png" in message
+
+
 def test_coco_split_without_images_raises_as_empty(coco_root: Path) -> None:
     path = _write_coco(coco_root, "none.json", {"categories": CATEGORIES, "images": []})
     with pytest.raises(DataError, match=r"none\.json.*empty"):

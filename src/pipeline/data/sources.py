@@ -229,6 +229,31 @@ def _attach(
     split.dropped_boxes += dropped + dropped_ignored
 
 
+def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
+    """The image entries by id; an id listed twice would silently merge two images into one."""
+    records: dict[int, ImageRecord] = {}
+    file_names: dict[int, str] = {}
+    for img in images:
+        try:
+            record = ImageRecord(
+                int(img["id"]), images_dir / img["file_name"], int(img["width"]), int(img["height"])
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise DataError(
+                f"COCO annotation file {source}: an image entry lacks id, file_name, width or "
+                f"height ({error})."
+            ) from error
+        if record.image_id in records:
+            raise DataError(
+                f"COCO annotation file {source} lists image id {record.image_id} twice: for "
+                f"{file_names[record.image_id]} and for {img['file_name']}. Image ids must be "
+                "unique: give each image its own id."
+            )
+        records[record.image_id] = record
+        file_names[record.image_id] = str(img["file_name"])
+    return records
+
+
 def load_coco(
     annotation_file: str | Path, images_dir: str | Path, classes: list[str] | None = None
 ) -> SplitAnnotations:
@@ -267,20 +292,7 @@ def load_coco(
         cid: class_names.index(name) for cid, name in categories.items() if name in class_names
     }
 
-    try:
-        records = {
-            int(img["id"]): ImageRecord(
-                int(img["id"]),
-                Path(images_dir) / img["file_name"],
-                int(img["width"]),
-                int(img["height"]),
-            )
-            for img in images
-        }
-    except (KeyError, TypeError, ValueError) as error:
-        raise DataError(
-            f"COCO annotation file {source}: an image entry lacks id, file_name, width or height ({error})."
-        ) from error
+    records = _coco_images(images, Path(images_dir), source)
     objects: dict[int, list[tuple[list[float], int]]] = {}
     crowds: dict[int, list[tuple[list[float], int]]] = {}
     other_class_objects = 0
