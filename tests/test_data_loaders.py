@@ -330,6 +330,23 @@ def test_different_coco_class_lists_in_train_and_val_raise_naming_both_files(
     assert str(coco_root / "instances_val.json") in message
 
 
+def test_coco_splits_that_number_the_same_classes_differently_are_matched_by_name(
+    coco_root: Path,
+) -> None:
+    renumbered = [{"id": 1, "name": "dog"}, {"id": 2, "name": "cat"}]  # train: cat 3, dog 7
+    sizes = {"gray.png": (40, 40), "rgba.png": (40, 40)}
+    annotations = [
+        {"image_id": 1, "category_id": 2, "bbox": [2, 4, 10, 12]},  # cat
+        {"image_id": 2, "category_id": 1, "bbox": [5, 5, 20, 10]},  # dog
+    ]
+    _write_coco(coco_root, "instances_val.json", _coco_document(sizes, annotations, renumbered))
+    train, val = load_splits(_coco_config(coco_root))
+    assert train.class_names == val.class_names == ["cat", "dog"]
+    gray, rgba = val.records
+    assert val.class_names[gray.labels[0]] == "cat"
+    assert val.class_names[rgba.labels[0]] == "dog"
+
+
 def test_explicit_annotation_files_and_images_dir_override_the_root(
     coco_root: Path, tmp_path: Path
 ) -> None:
@@ -463,9 +480,23 @@ def test_voc_missing_image_raises_naming_it(voc_root: Path) -> None:
         load_voc(voc_root, "val")
 
 
-def test_voc_class_outside_data_classes_raises_naming_it(voc_root: Path) -> None:
-    with pytest.raises(DataError, match=r"person"):
-        load_voc(voc_root, "val", classes=["bird"])
+def test_voc_objects_of_classes_outside_data_classes_are_dropped_and_counted_as_cocos_are(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_split(
+            load_config(None, [f"data.root={voc_root}", "data.format=voc", "data.classes=[bird]"]),
+            "val",
+        )
+    assert split.class_names == ["bird"]
+    gray, wide = split.records
+    assert gray.labels.tolist() == [] and gray.boxes.shape == (0, 4)  # its bird is degenerate
+    np.testing.assert_array_equal(wide.boxes, [[10, 5, 30, 25]])
+    assert split.other_class_objects == 2  # a person on each image
+    assert split.dropped_boxes == 1
+    assert f"{split.source}: left out 2 object(s) of classes outside data.classes ['bird']" in (
+        caplog.text
+    )
 
 
 def test_voc_empty_split_listing_raises(voc_root: Path) -> None:

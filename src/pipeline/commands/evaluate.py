@@ -202,14 +202,15 @@ def _split_with_the_checkpoints_classes(
     Loading straight in the checkpoint's order would silently drop the objects of classes the
     checkpoint lacks, so a COCO split's own classes are read first and compared. Categories
     without objects (left out at training) do not count. A VOC split lists only the classes
-    its objects use; loading it in the checkpoint's order already refuses any other class.
+    its objects use; loading it in the checkpoint's order refuses any other class (unless
+    data.classes, the user's list, leaves it out), naming its XML file.
     """
     from pipeline.data import load_split
     from pipeline.data.sources import with_classes
     from pipeline.errors import CheckpointError
 
     if config["data"]["format"] == "voc":
-        return load_split(config, which, class_names)
+        return load_split(config, which, class_names, f"checkpoint {path}")
     own = load_split(config, which)
     lacking = set(class_names) - set(own.class_names)
     unknown = set(own.used_classes) - set(class_names)

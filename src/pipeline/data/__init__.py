@@ -85,29 +85,45 @@ def _check_root(config: dict[str, Any]) -> Path:
 
 
 def load_split(
-    config: dict[str, Any], which: str, classes: list[str] | None = None
+    config: dict[str, Any],
+    which: str,
+    classes: list[str] | None = None,
+    classes_from: str | None = None,
 ) -> SplitAnnotations:
     """One split ('train', 'val' or 'test'); `classes` fixes the label order (else the config's,
-    else the file's). A COCO split named by its own annotation file needs no data.root."""
+    else the file's). A COCO split named by its own annotation file needs no data.root.
+
+    Objects of classes outside data.classes are left out and counted. A VOC split, whose file
+    lists no classes, given the list of `classes_from` (the training split, a checkpoint)
+    instead, refuses objects of other classes, naming their XML file."""
     data = config["data"]
-    classes = classes or data["classes"]
     if data["format"] == "voc":
-        return load_voc(_check_root(config), data[f"{which}_split"], classes)
+        strict = classes_from if classes and not data["classes"] else None
+        return load_voc(
+            _check_root(config), data[f"{which}_split"], classes or data["classes"], strict
+        )
+    classes = classes or data["classes"]
     if not (data["format"] == "coco" and data.get(f"{which}_annotations")):
         _check_root(config)
     return load_coco(annotation_file(config, which), images_dir(config, which), classes)
 
 
 def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotations]:
-    """Train and val annotations with one class list; different class lists are an error.
+    """Train and val annotations with one class list, matched by name (per-split exports may
+    number the same categories differently); different sets of names are an error.
 
     Unless data.classes names them, classes that no object of either split has (an export's
     unused super-category, say) are left out of training and metrics, in one info line.
     """
     train = load_split(config, "train")
     if config["data"]["format"] == "voc":
-        return train, load_split(config, "val", train.class_names)
+        return train, load_split(
+            config, "val", train.class_names, f"the training split {train.source}"
+        )
     val = load_split(config, "val")
+    if train.class_names != val.class_names and set(train.class_names) == set(val.class_names):
+        # per-split exports may number the same categories differently: names decide
+        val = with_classes(val, train.class_names)
     if train.class_names != val.class_names:
         raise DataError(
             f"The training and validation splits define different classes: {train.source} has "

@@ -132,6 +132,13 @@ def _report(split: SplitAnnotations) -> None:
         split.negatives,
         f", {ignored} ignore region(s) (crowd or difficult)" if ignored else "",
     )
+    if split.other_class_objects:
+        log.info(
+            "%s: left out %d object(s) of classes outside data.classes %s",
+            split.source,
+            split.other_class_objects,
+            split.class_names,
+        )
     if split.dropped_boxes:
         log.warning(
             "%s: dropped %d degenerate box(es) (zero or negative width or height, or entirely "
@@ -350,11 +357,18 @@ def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
 
 
 def load_voc(
-    root: str | Path, split_name: str, classes: list[str] | None = None
+    root: str | Path,
+    split_name: str,
+    classes: list[str] | None = None,
+    classes_from: str | None = None,
 ) -> SplitAnnotations:
     """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
 
-    Difficult objects become ignore regions; class names come from the other objects.
+    Difficult objects become ignore regions; class names come from the other objects unless
+    `classes` is given. Objects of classes outside `classes` are dropped and counted, as COCO's
+    are, where the list is the user's (data.classes); where it comes from elsewhere,
+    `classes_from` says where (the training split, a checkpoint), and such an object is an
+    error naming its XML file: a class the model never trained on cannot be scored.
     """
     root = Path(root)
     listing = root / "ImageSets" / "Main" / f"{split_name}.txt"
@@ -389,7 +403,7 @@ def load_voc(
             is_difficult = obj.findtext("difficult", "0").strip() == "1"
             (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
         parsed.append(
-            (image_name, root / "JPEGImages" / file_name, width, height, objects, difficult)
+            (xml_file, root / "JPEGImages" / file_name, width, height, objects, difficult)
         )
     names = sorted({name for *_, objects, _ in parsed for name, _ in objects})
     class_names = list(classes) if classes else names
@@ -398,17 +412,22 @@ def load_voc(
             f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
         )
     split = SplitAnnotations([], class_names, listing)
-    for image_id, (_, path, width, height, objects, difficult) in enumerate(parsed, start=1):
+    for image_id, (xml_file, path, width, height, objects, difficult) in enumerate(parsed, 1):
         unknown = sorted({name for name, _ in objects} - set(class_names))
-        if unknown:
+        if unknown and classes_from:
             raise DataError(
-                f"VOC annotation for {path.name} names class(es) {unknown}, which are not in data.classes {class_names}."
+                f"VOC annotation file {xml_file} (split {split_name!r}, listed in {listing}) has "
+                f"objects of class(es) {unknown}, which are not among the classes of "
+                f"{classes_from} {class_names}: a model cannot learn a class it never trains on. "
+                "Add images of it to the training split, or set data.classes to the classes to "
+                "use (objects of the others are then left out and counted)."
             )
+        split.other_class_objects += sum(1 for name, _ in objects if name not in class_names)
         record = ImageRecord(image_id, path, width, height)
         _attach(
             split,
             record,
-            [(box, class_names.index(name)) for name, box in objects],
+            [(box, class_names.index(name)) for name, box in objects if name in class_names],
             # a difficult object of a class outside the list has nothing to be ignored for
             [(box, class_names.index(name)) for name, box in difficult if name in class_names],
         )
