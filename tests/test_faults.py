@@ -432,6 +432,26 @@ def test_malformed_annotation_json_names_the_file_and_the_position(
     assert "line 1 column" in message
 
 
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        (lambda d: d.update(annotations={"1": d["annotations"][0]}), "'annotations' is an object"),
+        (lambda d: d["annotations"].insert(2, 7), "entry 2 of 'annotations' is a number (7)"),
+        (lambda d: d["images"].append("a.png"), "entry 16 of 'images' is a string (\"a.png\")"),
+    ],
+    ids=["annotations-object", "annotation-number", "image-string"],
+)
+def test_annotations_that_are_not_a_list_of_objects_name_the_file_and_the_entry(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, change, what: str
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_train.json", change)
+    message = train_fails(capsys, here / "run", data)
+    assert message.startswith(
+        f"COCO annotation file {data / 'instances_train.json'} is malformed: {what}"
+    )
+
+
 def voc_root(data_root: Path, folder: Path, broken: str) -> Path:
     """A Pascal VOC copy of three synthetic images; the XML of `broken` is cut short."""
     (folder / "JPEGImages").mkdir(parents=True)

@@ -236,6 +236,37 @@ def _attach(
     split.dropped_boxes += dropped + dropped_ignored
 
 
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+               int: "a number", float: "a number", type(None): "null"}  # fmt: skip
+
+
+def _coco_list(document: object, key: str, source: Path) -> list[dict]:
+    """`document[key]` as a list of objects ('annotations' may be absent: no objects)."""
+    if not isinstance(document, dict):
+        raise DataError(
+            f"COCO annotation file {source} is malformed: it holds {_JSON_TYPES[type(document)]}, "
+            "not an object with 'images', 'categories' and 'annotations'."
+        )
+    if key not in document and key != "annotations":
+        raise DataError(
+            f"COCO annotation file {source} is malformed: it has no {key!r} "
+            "(expected 'images', 'categories' with id and name, and 'annotations')."
+        )
+    entries = document.get(key, [])
+    if not isinstance(entries, list):
+        raise DataError(
+            f"COCO annotation file {source} is malformed: {key!r} is "
+            f"{_JSON_TYPES[type(entries)]}, not a list of objects."
+        )
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise DataError(
+                f"COCO annotation file {source} is malformed: entry {index} of {key!r} is "
+                f"{_JSON_TYPES[type(entry)]} ({json.dumps(entry)[:40]}), not an object."
+            )
+    return entries
+
+
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
     """The image entries by id; an id listed twice would silently merge two images into one."""
     records: dict[int, ImageRecord] = {}
@@ -276,11 +307,14 @@ def load_coco(
         )
     try:
         document = json.loads(source.read_text(encoding="utf-8"))
-        categories = {int(c["id"]): str(c["name"]) for c in document["categories"]}
-        images = document["images"]
-        annotations = document.get("annotations", [])
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"COCO annotation file {source} is not valid JSON: {error}.") from error
+    images = _coco_list(document, "images", source)
+    annotations = _coco_list(document, "annotations", source)
+    try:
+        categories = {
+            int(c["id"]): str(c["name"]) for c in _coco_list(document, "categories", source)
+        }
     except (KeyError, TypeError, ValueError) as error:
         raise DataError(
             f"COCO annotation file {source} is malformed: missing or invalid {error} "
