@@ -169,6 +169,26 @@ def test_coco_degenerate_boxes_are_dropped_and_counted_in_one_warning(
     assert "instances_train.json" in message
 
 
+def test_coco_boxes_with_an_infinite_or_nan_size_are_dropped_saying_so_not_clipped_to_the_edge(
+    coco_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    annotations = [
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, float("inf"), 12]},
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, 10, float("nan")]},
+        {"image_id": 1, "category_id": 7, "bbox": [2, 4, 10, 12]},
+    ]
+    path = _write_coco(
+        coco_root, "infinite.json", _coco_document({"gray.png": (40, 40)}, annotations)
+    )
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        split = load_coco(path, coco_root)
+    np.testing.assert_array_equal(split.records[0].boxes, [[2, 4, 12, 16]])
+    assert (split.nonfinite_boxes, split.dropped_boxes) == (2, 0)
+    assert [w.getMessage() for w in _pipeline_warnings(caplog)] == [
+        f"{path}: dropped 2 box(es) with a coordinate that is not a finite number (NaN or infinity)"
+    ]
+
+
 def test_coco_without_degenerate_boxes_warns_nothing(
     coco_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -58,6 +58,8 @@ class SplitAnnotations:
     class_names: list[str]
     source: Path
     dropped_boxes: int = 0
+    # boxes with a coordinate that is NaN or infinite (dropped too, with their own reason)
+    nonfinite_boxes: int = 0
     # objects of categories the file defines but `class_names` leaves out (data.classes)
     other_class_objects: int = 0
 
@@ -108,16 +110,21 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
         split.source,
         split.dropped_boxes,
         split.other_class_objects + removed,
+        split.nonfinite_boxes,
     )
 
 
-def _sanitize(boxes: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
-    """Clip boxes to the image; report which keep a positive width and height."""
+def _sanitize(
+    boxes: np.ndarray, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Clip boxes to the image; report which keep a positive width and height, and which had a
+    coordinate that is no finite number (an infinite width would otherwise clip to the edge)."""
+    finite = np.isfinite(boxes).all(axis=1)
     clipped = boxes.copy()
     clipped[:, [0, 2]] = clipped[:, [0, 2]].clip(0, width)
     clipped[:, [1, 3]] = clipped[:, [1, 3]].clip(0, height)
-    keep = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
-    return clipped, keep
+    keep = finite & (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
+    return clipped, keep, finite
 
 
 def _report(split: SplitAnnotations) -> None:
@@ -138,6 +145,13 @@ def _report(split: SplitAnnotations) -> None:
             split.source,
             split.other_class_objects,
             split.class_names,
+        )
+    if split.nonfinite_boxes:
+        log.warning(
+            "%s: dropped %d box(es) with a coordinate that is not a finite number (NaN or "
+            "infinity)",
+            split.source,
+            split.nonfinite_boxes,
         )
     if split.dropped_boxes:
         log.warning(
@@ -214,15 +228,16 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
 
 def _clipped(
     items: list[tuple[list[float], int]], record: ImageRecord
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Boxes and labels clipped to the image, without the degenerate ones, and how many those were."""
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Boxes and labels clipped to the image, without the degenerate and the non-finite ones,
+    and how many of each those were."""
     if not items:
-        return _no_boxes(), _no_labels(), 0
-    boxes, keep = _sanitize(
+        return _no_boxes(), _no_labels(), 0, 0
+    boxes, keep, finite = _sanitize(
         np.array([b for b, _ in items], np.float32), record.width, record.height
     )
     labels = np.array([label for _, label in items], np.int64)
-    return boxes[keep], labels[keep], int((~keep).sum())
+    return boxes[keep], labels[keep], int((~keep & finite).sum()), int((~finite).sum())
 
 
 def _attach(
@@ -231,9 +246,11 @@ def _attach(
     objects: list[tuple[list[float], int]],
     ignored: list[tuple[list[float], int]],
 ) -> None:
-    record.boxes, record.labels, dropped = _clipped(objects, record)
-    record.ignore_boxes, record.ignore_labels, dropped_ignored = _clipped(ignored, record)
-    split.dropped_boxes += dropped + dropped_ignored
+    record.boxes, record.labels, dropped, nonfinite = _clipped(objects, record)
+    ignore = _clipped(ignored, record)
+    record.ignore_boxes, record.ignore_labels = ignore[:2]
+    split.dropped_boxes += dropped + ignore[2]
+    split.nonfinite_boxes += nonfinite + ignore[3]
 
 
 _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
