@@ -287,6 +287,20 @@ def test_coco_duplicate_image_ids_raise_naming_the_id_and_both_files(coco_root: 
     assert "gray.png" in message and "rgba.png" in message
 
 
+def test_coco_image_file_listed_under_two_ids_raises_naming_it_and_both_ids(
+    coco_root: Path,
+) -> None:
+    document = _coco_document({"gray.png": (40, 40), "rgba.png": (40, 40)}, [])
+    document["images"][1]["file_name"] = "./gray.png"
+    path = _write_coco(coco_root, "same_file.json", document)
+    with pytest.raises(DataError) as caught:
+        load_coco(path, coco_root)
+    assert str(caught.value).startswith(
+        f"COCO annotation file {path} lists the image file ./gray.png twice: under image ids 1 "
+        "and 2."
+    )
+
+
 def test_coco_split_without_images_raises_as_empty(coco_root: Path) -> None:
     path = _write_coco(coco_root, "none.json", {"categories": CATEGORIES, "images": []})
     with pytest.raises(DataError, match=r"none\.json.*empty"):
@@ -516,6 +530,17 @@ def test_voc_objects_of_classes_outside_data_classes_are_dropped_and_counted_as_
     assert split.dropped_boxes == 1
     assert f"{split.source}: left out 2 object(s) of classes outside data.classes ['bird']" in (
         caplog.text
+    )
+
+
+def test_voc_image_listed_twice_raises_naming_it_and_both_xml_files(voc_root: Path) -> None:
+    (voc_root / "ImageSets" / "Main" / "val.txt").write_text("gray\nwide\ngray\n")
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "val")
+    xml = voc_root / "Annotations" / "gray.xml"
+    assert str(caught.value).startswith(
+        f"VOC split {voc_root / 'ImageSets' / 'Main' / 'val.txt'} lists the image file "
+        f"{voc_root / 'JPEGImages' / 'gray.png'} twice: through {xml} and {xml}."
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,9 +286,11 @@ def _coco_list(document: object, key: str, source: Path) -> list[dict]:
 
 
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
-    """The image entries by id; an id listed twice would silently merge two images into one."""
+    """The image entries by id; an id listed twice would silently merge two images into one,
+    and a file listed under two ids would count twice (in training and in every metric)."""
     records: dict[int, ImageRecord] = {}
     file_names: dict[int, str] = {}
+    id_of_file: dict[str, int] = {}
     for img in images:
         try:
             record = ImageRecord(
@@ -303,6 +306,13 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"COCO annotation file {source} lists image id {record.image_id} twice: for "
                 f"{file_names[record.image_id]} and for {img['file_name']}. Image ids must be "
                 "unique: give each image its own id."
+            )
+        same_file = id_of_file.setdefault(os.path.normpath(record.path), record.image_id)
+        if same_file != record.image_id:
+            raise DataError(
+                f"COCO annotation file {source} lists the image file {img['file_name']} twice: "
+                f"under image ids {same_file} and {record.image_id}. It would count twice; "
+                "list each file once, with all its annotations under one id."
             )
         records[record.image_id] = record
         file_names[record.image_id] = str(img["file_name"])
@@ -431,6 +441,7 @@ def load_voc(
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
     parsed = []
+    xml_of_image: dict[Path, Path] = {}
     for image_name in ids:
         xml_file = root / "Annotations" / f"{image_name}.xml"
         try:
@@ -453,9 +464,15 @@ def load_voc(
         for obj in tree.findall("object"):
             is_difficult = obj.findtext("difficult", "0").strip() == "1"
             (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
-        parsed.append(
-            (xml_file, root / "JPEGImages" / file_name, width, height, objects, difficult)
-        )
+        path = root / "JPEGImages" / file_name
+        if path in xml_of_image:
+            raise DataError(
+                f"VOC split {listing} lists the image file {path} twice: through "
+                f"{xml_of_image[path]} and "
+                f"{xml_file}. It would count twice; list each image once."
+            )
+        xml_of_image[path] = xml_file
+        parsed.append((xml_file, path, width, height, objects, difficult))
     names = sorted({name for *_, objects, _ in parsed for name, _ in objects})
     class_names = list(classes) if classes else names
     if not class_names:
