@@ -452,8 +452,8 @@ def test_annotations_that_are_not_a_list_of_objects_name_the_file_and_the_entry(
     )
 
 
-def voc_root(data_root: Path, folder: Path, broken: str) -> Path:
-    """A Pascal VOC copy of three synthetic images; the XML of `broken` is cut short."""
+def voc_root(data_root: Path, folder: Path, broken: str | None = None) -> Path:
+    """A Pascal VOC copy of three synthetic images of circles; the XML of `broken` is cut short."""
     (folder / "JPEGImages").mkdir(parents=True)
     (folder / "Annotations").mkdir()
     (folder / "ImageSets" / "Main").mkdir(parents=True)
@@ -465,8 +465,9 @@ def voc_root(data_root: Path, folder: Path, broken: str) -> Path:
             "<height>64</height></size><object><name>circle</name><bndbox><xmin>1</xmin>"
             "<ymin>1</ymin><xmax>20</xmax><ymax>20</ymax></bndbox></object></annotation>"
         )
-    xml = folder / "Annotations" / f"{broken}.xml"
-    xml.write_text(xml.read_text()[:60])
+    if broken:
+        xml = folder / "Annotations" / f"{broken}.xml"
+        xml.write_text(xml.read_text()[:60])
     (folder / "ImageSets" / "Main" / "train.txt").write_text("\n".join(names) + "\n")
     (folder / "ImageSets" / "Main" / "val.txt").write_text("000000\n")
     return folder
@@ -481,6 +482,23 @@ def test_malformed_voc_xml_names_the_file_and_the_position(
         f"VOC annotation file {voc / 'Annotations' / '000001.xml'} is not valid XML: "
     )
     assert "line 1, column" in message
+
+
+def test_a_voc_class_only_in_validation_names_the_xml_file_and_the_split_not_data_classes(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    voc = voc_root(data_root, here / "voc")
+    xml = voc / "Annotations" / "000000.xml"
+    xml.write_text(xml.read_text().replace("circle", "star"))
+    (voc / "ImageSets" / "Main" / "train.txt").write_text("000001\n000002\n")
+    message = train_fails(capsys, here / "run", voc, "data.format=voc")
+    assert message.startswith(
+        f"VOC annotation file {xml} (split 'val', listed in {voc / 'ImageSets/Main/val.txt'}) has "
+        "objects of class(es) ['star'], which are not among the classes of the training split "
+        f"{voc / 'ImageSets/Main/train.txt'} ['circle']: a model cannot learn a class it never "
+        "trains on."
+    )
+    assert "data.classes ['circle']" not in message
 
 
 def test_a_box_with_negative_size_is_dropped_in_one_counted_warning_and_training_goes_on(
