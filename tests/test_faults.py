@@ -353,6 +353,21 @@ def test_a_missing_data_root_names_the_key_and_how_to_generate_it(
     )
 
 
+def test_a_home_folder_tilde_in_data_root_and_out_is_expanded_not_taken_literally(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = here / "home"
+    monkeypatch.setenv("HOME", str(home))
+    shutil.copytree(data_root, home / "shapes")
+    settings = tiny_settings(Path("~/shapes"), "train.epochs=1")
+    assert "data.root=~/shapes" in settings
+    code = pipeline("train", "--out", "~/run", *settings)  # what --out '~/run', quoted, passes
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((home / "run" / "train_summary.json").read_text())
+    assert summary["paths"]["last"] == str(home / "run" / "last.pth")
+    assert not (here / "~").exists()
+
+
 def test_an_empty_split_names_its_annotation_file(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -101,9 +101,17 @@ def sigterm_raises_terminated() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _expanding_home(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Option values that start with `~` (`--out '~/run'`, quoted, or after `=`, where no shell
+    expands it) name a path under the home folder, as everywhere else: expanded for every
+    option without a type of its own (a path, a glob; never a number or a choice)."""
+    parser.register("type", None, os.path.expanduser)
+    return parser
+
+
 def common_options() -> argparse.ArgumentParser:
     """Options every subcommand accepts; pass as `parents=[common_options()]`."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = _expanding_home(argparse.ArgumentParser(add_help=False))
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     parser.add_argument("--log", metavar="FILE", help="also write the log to FILE")
     parser.add_argument(
@@ -216,8 +224,10 @@ def add_precision_option(parser: argparse.ArgumentParser, help: str, *choices: s
 
 
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
-        prog=f"python -m pipeline {name}", description=description, parents=[common_options()]
+    return _expanding_home(
+        argparse.ArgumentParser(
+            prog=f"python -m pipeline {name}", description=description, parents=[common_options()]
+        )
     )
 
 

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         )
     generate(
         SyntheticSpec.from_config(config["data"]["synthetic"]),
-        Path(args.out or config["data"]["root"]),
+        Path(args.out or config["data"]["root"]).expanduser(),
         splits=args.splits,
     )
     return 0

@@ -17,14 +17,19 @@ log = logging.getLogger("pipeline")
 SPLITS = ("train", "val", "test")
 
 
+def _path(value: str) -> Path:
+    """A path from the config: `~` names the home folder there too (no shell expands it)."""
+    return Path(value).expanduser()
+
+
 def annotation_file(config: dict[str, Any], split: str) -> Path:
     """Where a COCO-format split's annotations are (the synthetic set is COCO too)."""
     data = config["data"]
     explicit = data.get(f"{split}_annotations")
     return (
-        Path(explicit)
+        _path(explicit)
         if explicit
-        else Path(data["root"]) / f"instances_{data[f'{split}_split']}.json"
+        else _path(data["root"]) / f"instances_{data[f'{split}_split']}.json"
     )
 
 
@@ -36,14 +41,14 @@ def images_dir(config: dict[str, Any], split: str) -> Path:
     """
     data = config["data"]
     given = data.get(f"{split}_images_dir") or data["images_dir"]
-    return Path(given) if given else annotation_file(config, split).parent
+    return _path(given) if given else annotation_file(config, split).parent
 
 
 def split_file(config: dict[str, Any], split: str) -> Path:
     """The file that defines a split: its COCO annotation file or its VOC listing."""
     data = config["data"]
     if data["format"] == "voc":
-        return Path(data["root"]) / "ImageSets" / "Main" / f"{data[f'{split}_split']}.txt"
+        return _path(data["root"]) / "ImageSets" / "Main" / f"{data[f'{split}_split']}.txt"
     return annotation_file(config, split)
 
 
@@ -73,7 +78,7 @@ def split_files(config: dict[str, Any], splits: tuple[str, ...] = SPLITS) -> lis
 
 def _check_root(config: dict[str, Any]) -> Path:
     data = config["data"]
-    root = Path(data["root"])
+    root = _path(data["root"])
     if not root.is_dir():
         hint = (
             "Generate it with 'python -m pipeline prepare-data' (or 'snakemake prepare_data')."
