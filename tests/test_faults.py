@@ -401,6 +401,18 @@ def test_a_truncated_image_is_named_when_the_cache_decodes_it_at_start_up(
     assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_truncated_image_found_while_training_uncached_leaves_no_run_folder_behind(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, workers: int
+) -> None:
+    data = copy_data(data_root, here)
+    image = data / "train" / "000005.png"
+    image.write_bytes(image.read_bytes()[:200])
+    settings = ("data.cache=false", f"data.num_workers={workers}")
+    message = train_fails(capsys, here / "run", data, *settings)  # asserts no folder is left
+    assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
+
+
 def test_an_image_whose_size_differs_from_its_annotation_is_named_with_both_sizes(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.config import Layer, config_layers, config_paths, validate_layers
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, user_message
 
 COMMANDS = {
     "check-env": ("pipeline.commands.check_env", "report Python, torch, CPU and every backend"),
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as error:
         if options.debug:
             raise
-        log.error("%s", error)
+        log.error("%s", user_message(error))
         return 2
     except KeyboardInterrupt:
         log.error("interrupted")

@@ -33,3 +33,14 @@ class ResultsFileError(PipelineError):
 
 class OutputError(PipelineError):
     """An output could not be written: a full disk, a quota, no permission, a read-only mount."""
+
+
+def user_message(error: PipelineError) -> str:
+    """The error's own paragraph, also where a DataLoader worker raised it: torch re-raises it
+    in the main process with the worker's traceback as its message, which ends in
+    `<module>.<class>: <the paragraph>`."""
+    text = str(error)
+    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
+    if text.startswith("Caught ") and marker in text:
+        return text.rsplit(marker, 1)[1].strip()
+    return text

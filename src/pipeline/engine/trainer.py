@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from pipeline.engine.ema import WeightAverage
 from pipeline.engine.evaluator import Evaluator, size_bucket_text
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.trackers import open_trackers
-from pipeline.errors import CheckpointError, TrainingError
+from pipeline.errors import CheckpointError, DataError, TrainingError
 from pipeline.measured import PrecisionChoice
 from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
@@ -542,6 +543,7 @@ class Trainer:
             )
 
     def fit(self) -> dict[str, Any]:
+        created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temp_files()
         atomic.write_json(self.paths["config"], self.config)
@@ -549,6 +551,7 @@ class Trainer:
             self.paths["metrics"].unlink(missing_ok=True)
         self._session_start = time.perf_counter()
         self.trackers = open_trackers(self.train_cfg, self.run_dir, self.config)
+        bad_start = False
         log.info(
             "training %s (%d parameters, %d classes) on %s, %s, %d epochs x %d steps of %d images",
             self.config["model"]["name"],
@@ -584,11 +587,25 @@ class Trainer:
                 self._write_row(row)
                 self.epoch_rows.append(row)
                 checkpoint.save(self.paths["last"], self._state(), self._after_a_failed_write())
+        except DataError:  # found while decoding (data.cache=false)
+            bad_start = self.epoch == 0
+            raise
         finally:
             self.trackers.close()
+            if bad_start:
+                self._remove_unfinished_start(created)
         summary = self._summary()
         atomic.write_json(self.paths["train_summary"], summary)
         return summary
+
+    def _remove_unfinished_start(self, created: bool) -> None:
+        """Bad data found before the first epoch ended leaves no folder holding only
+        config.json and step rows: the folder goes if this run made it, else those files."""
+        if created:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        else:
+            for path in (self.paths["config"], self.paths["metrics"]):
+                path.unlink(missing_ok=True)
 
     def _remove_stale_temp_files(self) -> None:
         """A SIGKILL during an atomic write leaves its `.<name>.<random>.tmp` file behind."""
