@@ -379,6 +379,20 @@ def test_an_empty_split_names_its_annotation_file(
     )
 
 
+def test_a_validation_split_without_objects_is_refused_as_nothing_could_pick_the_checkpoint(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_val.json", lambda d: d.update(annotations=[]))
+    message = train_fails(capsys, here / "run", data)
+    assert message == (
+        f"The validation split {data / 'instances_val.json'} has no objects (8 image(s), none "
+        f"with an object of {CLASSES}): F1 and AP are undefined on it, so neither the best "
+        "checkpoint nor the score threshold could be picked. Give the validation split images "
+        "with objects."
+    )
+
+
 def test_a_missing_image_file_is_named_with_the_annotation_file_that_lists_it(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from pipeline import device as dev
-    from pipeline.data import has_test_split
+    from pipeline.data import has_test_split, require_objects
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
     from pipeline.engine.evaluator import Evaluator, size_bucket_text
@@ -86,7 +86,9 @@ def main(argv: list[str]) -> int:
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]
-    val = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
+    val = require_objects(
+        _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
+    )
     test = (
         _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "test")
         if has_test_split(config)

@@ -113,6 +113,24 @@ def load_split(
     return load_coco(annotation_file(config, which), images_dir(config, which), classes)
 
 
+def require_objects(split: SplitAnnotations) -> SplitAnnotations:
+    """A validation split without objects is refused: F1 and AP are undefined on it (0 at every
+    epoch), so the best checkpoint and the score threshold would be picked from nothing."""
+    if any(len(record.boxes) for record in split.records):
+        return split
+    others = (
+        f"; its {split.other_class_objects} object(s) are all of classes outside data.classes"
+        if split.other_class_objects
+        else ""
+    )
+    raise DataError(
+        f"The validation split {split.source} has no objects ({len(split.records)} image(s), "
+        f"none with an object of {split.class_names}{others}): F1 and AP are undefined on it, "
+        "so neither the best checkpoint nor the score threshold could be picked. Give the "
+        "validation split images with objects."
+    )
+
+
 def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotations]:
     """Train and val annotations with one class list, matched by name (per-split exports may
     number the same categories differently); different sets of names are an error.
@@ -122,8 +140,8 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
     """
     train = load_split(config, "train")
     if config["data"]["format"] == "voc":
-        return train, load_split(
-            config, "val", train.class_names, f"the training split {train.source}"
+        return train, require_objects(
+            load_split(config, "val", train.class_names, f"the training split {train.source}")
         )
     val = load_split(config, "val")
     if train.class_names != val.class_names and set(train.class_names) == set(val.class_names):
@@ -136,7 +154,7 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
             "data.classes to the list to use."
         )
     if config["data"]["classes"]:
-        return train, val
+        return train, require_objects(val)
     used = set(train.used_classes) | set(val.used_classes)
     kept = [name for name in train.class_names if name in used]
     if not kept:
@@ -155,7 +173,7 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
             kept,
         )
         train, val = with_classes(train, kept), with_classes(val, kept)
-    return train, val
+    return train, require_objects(val)
 
 
 def class_count(config: dict[str, Any]) -> int:
