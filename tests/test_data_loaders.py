@@ -738,6 +738,34 @@ def test_an_exif_rotated_photo_annotated_as_stored_is_an_error_that_names_the_or
     assert "EXIF orientation" in message
 
 
+XMP_ORIENTATION_6 = (
+    b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
+    b'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+    b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>'
+)
+
+
+def test_a_photo_turned_only_by_its_xmp_orientation_is_checked_as_it_is_decoded(
+    tmp_path: Path,
+) -> None:
+    """No EXIF block, only XMP's tiff:Orientation: the size check and the decoder agree."""
+    pixels = np.zeros((24, 48, 3), np.uint8)
+    pixels[:16, :16] = 255
+    Image.fromarray(pixels).save(tmp_path / "photo.jpg", quality=95, xmp=XMP_ORIENTATION_6)
+    assert "exif" not in Image.open(tmp_path / "photo.jpg").info
+    assert read_image(tmp_path / "photo.jpg").shape == (3, 48, 24)
+    upright = _coco_document(
+        {"photo.jpg": (24, 48)}, [{"image_id": 1, "category_id": 3, "bbox": [8, 0, 16, 16]}]
+    )
+    split = load_coco(_write_coco(tmp_path, "upright.json", upright), tmp_path)
+    image, target = DetectionDataset(split, 48, resize="letterbox")[0]
+    x0, y0, x1, y1 = (int(v) for v in target["boxes"][0].tolist())
+    assert (image[:, y0 + 1 : y1 - 1, x0 + 1 : x1 - 1] > 128).all()
+    stored = _coco_document({"photo.jpg": (48, 24)}, [])
+    with pytest.raises(DataError, match=r"photo\.jpg is annotated 48x24 but is 24x48"):
+        load_coco(_write_coco(tmp_path, "stored.json", stored), tmp_path)
+
+
 def test_mapped_detections_are_clipped_to_the_image(coco_root: Path) -> None:
     split = load_coco(coco_root / "instances_val.json", coco_root)
     index = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")

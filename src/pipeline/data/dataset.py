@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from pipeline.data.sources import ImageRecord, SplitAnnotations
+from pipeline.data.sources import ImageRecord, SplitAnnotations, upright
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
@@ -77,7 +77,7 @@ def read_image(path: os.PathLike | str) -> torch.Tensor:
     try:
         with Image.open(path) as img:
             img.load()
-            rgb = ImageOps.exif_transpose(img).convert("RGB")
+            rgb = upright(img).convert("RGB")
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
