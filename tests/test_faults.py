@@ -415,12 +415,15 @@ def test_a_truncated_image_is_named_when_the_cache_decodes_it_at_start_up(
     assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize(
+    ("image_name", "workers"),
+    [("train/000005.png", 0), ("train/000005.png", 1), ("val/000003.png", 0)],
+)
 def test_a_truncated_image_found_while_training_uncached_leaves_no_run_folder_behind(
-    here: Path, data_root: Path, capsys: pytest.CaptureFixture, workers: int
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture, image_name: str, workers: int
 ) -> None:
     data = copy_data(data_root, here)
-    image = data / "train" / "000005.png"
+    image = data / image_name
     image.write_bytes(image.read_bytes()[:200])
     settings = ("data.cache=false", f"data.num_workers={workers}")
     message = train_fails(capsys, here / "run", data, *settings)  # asserts no folder is left

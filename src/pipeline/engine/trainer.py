@@ -543,7 +543,7 @@ class Trainer:
             )
 
     def fit(self) -> dict[str, Any]:
-        created = not self.run_dir.exists()
+        created, fresh = not self.run_dir.exists(), self.epoch == 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temp_files()
         atomic.write_json(self.paths["config"], self.config)
@@ -588,7 +588,7 @@ class Trainer:
                 self.epoch_rows.append(row)
                 checkpoint.save(self.paths["last"], self._state(), self._after_a_failed_write())
         except DataError:  # found while decoding (data.cache=false)
-            bad_start = self.epoch == 0
+            bad_start = fresh and not self.epoch_rows
             raise
         finally:
             self.trackers.close()
