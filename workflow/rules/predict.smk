@@ -7,6 +7,7 @@ rule predict_run:
             "commands/predict.py",
             "data/image_files.py",
             "data/dataset.py",
+            "data/orientation.py",
         ),
     output:
         detections="results/predict/{run}/detections.json",

@@ -13,6 +13,7 @@ rule train_run:
             "models/loss.py",
             "data/__init__.py",
             "data/dataset.py",
+            "data/orientation.py",
             "data/sources.py",
             "device.py",
         ),

@@ -23,7 +23,8 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from pipeline.data.sources import ImageRecord, SplitAnnotations, upright
+from pipeline.data.orientation import upright
+from pipeline.data.sources import ImageRecord, SplitAnnotations
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
