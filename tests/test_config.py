@@ -315,6 +315,12 @@ def test_a_boolean_as_an_integer_from_snakemake_config_is_a_boolean(
     assert config["data"]["cache"] is expected
 
 
+def test_the_image_cache_decides_by_size_unless_set_to_true_or_false() -> None:
+    assert load_config(None)["data"]["cache"] == "auto"
+    assert load_config(None, ["data.cache=auto"])["data"]["cache"] == "auto"
+    assert load_config(None, ["data.cache=yes"])["data"]["cache"] is True
+
+
 def test_integer_strings_become_integers() -> None:
     config = validate(
         {"seed": "3", "train": {"epochs": "3", "batch_size": "16"}, "cpu_threads": "4"}
@@ -418,6 +424,8 @@ def test_an_unknown_key_in_a_config_file_names_the_file(tmp_path: Path) -> None:
         ("train.epochs=2.5", "train.epochs", "2.5"),
         ("train.lr=fast", "train.lr", "'fast'"),
         ("data.cache=maybe", "data.cache", "'maybe'"),
+        ("data.cache_budget=0", "data.cache_budget", "0"),
+        ("data.cache_budget=1.5", "data.cache_budget", "1.5"),
         ("data.classes=cat", "data.classes", "'cat'"),
         ("train.epochs=0", "train.epochs", "0"),
         ("train.epochs=-2", "train.epochs", "-2"),
@@ -488,7 +496,10 @@ def test_a_config_file_with_broken_yaml_is_named(tmp_path: Path) -> None:
 def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:
     config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
     result, speed = result_settings(config), speed_settings(config)
-    assert speed == {"data": {"num_workers": 3, "cache": True}, "eval": {"batch_size": 7}}
+    assert speed == {
+        "data": {"num_workers": 3, "cache": "auto", "cache_budget": 0.5},
+        "eval": {"batch_size": 7},
+    }
     assert set(result) == {
         "seed",
         "deterministic",

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,15 @@ from pipeline.data import (
     load_splits,
     split_files,
 )
+from pipeline.data.cache import Memory, available_memory
 from pipeline.data.dataset import (
     PAD_VALUE,
     Augment,
     DetectionDataset,
     EpochSampler,
     collate,
+    default_num_workers,
+    loader_for,
     make_loader,
     read_image,
 )
@@ -781,6 +785,107 @@ def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Pa
         (a, ta), (b, tb) = cached[index], lazy[index]
         assert torch.equal(a, b)
         assert torch.equal(ta["boxes"], tb["boxes"])
+
+
+def _memory(available: int | None) -> Callable[[], Memory]:
+    """A memory reader that reports `available` bytes: no test allocates what it decides on."""
+    return lambda: Memory(available, "available (test)")
+
+
+@pytest.mark.parametrize(("spare", "cached"), [(0, True), (-2, False)])
+def test_auto_cache_keeps_a_split_in_memory_only_while_it_fits_the_budget(
+    coco_root: Path, caplog: pytest.LogCaptureFixture, spare: int, cached: bool
+) -> None:
+    """5 images at 32 px decode to 5 x 3 x 32 x 32 bytes; budget 0.5 of twice that holds them
+    exactly, two bytes less does not."""
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    config = _coco_config(coco_root, "data.cache=auto", "data.cache_budget=0.5")
+    config["data"]["image_size"] = 32
+    need = 5 * 3 * 32 * 32
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        loader = loader_for(
+            split, config, train=False, pin_memory=False, memory=_memory(2 * need + spare)
+        )
+    assert loader.num_workers == default_num_workers(cached)
+    [line] = [r.getMessage() for r in caplog.records if "decoded images" in r.getMessage()]
+    assert "5 decoded images at 32 px (15.0 KiB)" in line
+    assert ("within" if cached else "over") + " data.cache_budget 0.5 x 30.0 KiB" in line
+    assert str(split.source) in line
+    # a cached split needs its files no more; an uncached one decodes each sample when loaded
+    split.records[0].path.unlink()
+    if cached:
+        assert loader.dataset[0][0].shape == (3, 32, 32)
+    else:
+        with pytest.raises(DataError, match=split.records[0].path.name):
+            loader.dataset[0]
+
+
+@pytest.mark.parametrize(("setting", "cached"), [(True, True), (False, False)])
+def test_a_cache_setting_of_true_or_false_is_obeyed_whatever_the_memory(
+    coco_root: Path, setting: bool, cached: bool
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    memory = _memory(0 if setting else 2**40)
+    dataset = DetectionDataset(split, 32, cache=setting, memory=memory)
+    assert dataset.cache_decision.cache is cached
+
+
+def test_auto_cache_decodes_on_access_where_the_available_memory_is_unknown(
+    coco_root: Path,
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32, cache="auto", memory=_memory(None))
+    assert not dataset.cache_decision.cache
+    assert "unknown" in dataset.cache_decision.reason
+
+
+def _fake_proc(tmp_path: Path, available_kb: int, cgroup_line: str) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(
+        f"MemTotal:       99999999 kB\nMemFree:  1 kB\nMemAvailable:   {available_kb} kB\n"
+    )
+    (proc / "self" / "cgroup").write_text(cgroup_line + "\n")
+    return proc
+
+
+def test_available_memory_is_memavailable_without_a_cgroup_limit(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, 4096, "0::/user.slice")
+    root = tmp_path / "cgroup"
+    (root / "user.slice").mkdir(parents=True)
+    (root / "user.slice" / "memory.max").write_text("max\n")
+    (root / "user.slice" / "memory.current").write_text("123\n")
+    assert available_memory(proc, root).available == 4096 * 1024
+
+
+def test_available_memory_is_what_an_ancestor_cgroup_limit_leaves(tmp_path: Path) -> None:
+    """A SLURM job's limit sits on job_7, its processes in job_7/step_0: page cache the kernel
+    can drop counts as free."""
+    proc = _fake_proc(tmp_path, 10_000_000, "0::/slurm/job_7/step_0")
+    root = tmp_path / "cgroup"
+    step = root / "slurm" / "job_7" / "step_0"
+    step.mkdir(parents=True)
+    (step / "memory.max").write_text("max\n")
+    (step / "memory.current").write_text("100\n")
+    job = step.parent
+    (job / "memory.max").write_text(f"{2**30}\n")
+    (job / "memory.current").write_text(f"{2**29}\n")
+    (job / "memory.stat").write_text("anon 1\ninactive_file 1000\n")
+    found = available_memory(proc, root)
+    assert found.available == 2**29 + 1000
+    assert "cgroup" in found.source
+
+
+def test_available_memory_reads_a_cgroup_v1_hierarchical_limit(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, 10_000_000, "4:memory:/docker/abc")
+    folder = tmp_path / "cgroup" / "memory" / "docker" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "memory.limit_in_bytes").write_text(f"{2**62}\n")  # its own: none
+    (folder / "memory.usage_in_bytes").write_text(f"{2**20}\n")
+    (folder / "memory.stat").write_text(
+        f"hierarchical_memory_limit {2**22}\ntotal_inactive_file 0\n"
+    )
+    assert available_memory(proc, tmp_path / "cgroup").available == 2**22 - 2**20
 
 
 def test_an_unknown_resize_mode_raises(coco_root: Path) -> None:

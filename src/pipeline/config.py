@@ -258,7 +258,7 @@ def check_relations(config: dict[str, Any], source: str) -> None:
 # What training reads that changes how fast it runs, never what it learns: data loading
 # (augmentation is seeded per sample, so workers and caching give the same batches) and
 # the batch size of validation passes.
-SPEED_SETTINGS = {"data": ("num_workers", "cache"), "eval": ("batch_size",)}
+SPEED_SETTINGS = {"data": ("num_workers", "cache", "cache_budget"), "eval": ("batch_size",)}
 # Top-level keys and whole sections that training's result depends on; of `eval`, the keys
 # that training's validation reads (it picks best.pth by them).
 RESULT_KEYS = ("seed", "deterministic", "precision", "data", "model", "train")

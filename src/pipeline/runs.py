@@ -221,7 +221,7 @@ def bench_matrix(config: dict[str, Any], env: dict[str, Any]) -> list[tuple[str,
 # timing: a new learning rate reruns training, not the benchmarks.
 BENCH_TRAIN_KEYS = ("batch_size", "channels_last", "grad_clip", "optimizer")
 # Data keys that only change how fast images load or how they are augmented, not the step.
-DATA_LOADING_KEYS = ("augment", "cache", "num_workers", "synthetic")
+DATA_LOADING_KEYS = ("augment", "cache", "cache_budget", "num_workers", "synthetic")
 
 
 def bench_settings(config: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
+from pipeline.data import cache as image_cache
 from pipeline.data.orientation import upright
 from pipeline.data.sources import ImageRecord, SplitAnnotations
 from pipeline.errors import DataError
@@ -192,9 +193,13 @@ class DetectionDataset(Dataset):
         image_size: int,
         resize: str = "letterbox",
         augment: Augment | None = None,
-        cache: bool = True,
+        cache: bool | str = True,
         seed: int = 0,
+        cache_budget: float = 0.5,
+        memory: Callable[[], image_cache.Memory] | None = None,
     ) -> None:
+        """`cache`: true, false or "auto" (cache when the decoded split fits `cache_budget`, a
+        fraction, of the memory `memory()` reports available; see pipeline.data.cache)."""
         if resize not in RESIZE_MODES:
             raise DataError(f"data.resize={resize!r} is not one of {', '.join(RESIZE_MODES)}.")
         self.records: list[ImageRecord] = split.records
@@ -205,7 +210,14 @@ class DetectionDataset(Dataset):
         self.library = self.augment.library_transforms(image_size) if self.augment else None
         self.seed = seed
         self._cache: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
-        if cache:
+        self.cache_decision = image_cache.decide(
+            cache,
+            len(self.records),
+            image_size,
+            cache_budget,
+            memory or image_cache.available_memory,
+        )
+        if self.cache_decision.cache:
             self._cache = [self._load(i) for i in range(len(self.records))]
 
     def __len__(self) -> int:
@@ -328,17 +340,36 @@ def make_loader(
     )
 
 
-def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool,
-               pin_memory: bool) -> DataLoader:  # fmt: skip
-    """The DataLoader a config asks for: training (augmented, shuffled) or evaluation."""
+def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool, pin_memory: bool,
+               memory: Callable[[], image_cache.Memory] | None = None) -> DataLoader:  # fmt: skip
+    """The DataLoader a config asks for: training (augmented, shuffled) or evaluation.
+
+    Logs whether the split's decoded images are cached, and why (`memory` reports the
+    available memory; by default pipeline.data.cache.available_memory)."""
     data = config["data"]
     augment = Augment(**data["augment"]) if train else None
     dataset = DetectionDataset(
-        split, data["image_size"], data["resize"], augment, data["cache"], config["seed"]
+        split,
+        data["image_size"],
+        data["resize"],
+        augment,
+        data["cache"],
+        config["seed"],
+        data["cache_budget"],
+        memory,
     )
+    cached = dataset.cache_decision.cache
     workers = data["num_workers"]
     if workers == "auto":
-        workers = default_num_workers(data["cache"])
+        workers = default_num_workers(cached)
+    loading = (
+        "samples come from memory"
+        if cached
+        else f"images are decoded as they are loaded, by {workers} DataLoader worker(s)"
+        if workers
+        else "images are decoded as they are loaded, in the training process"
+    )
+    log.info("%s: %s; %s", split.source, dataset.cache_decision.reason, loading)
     batch_size = config["train"]["batch_size"] if train else config["eval"]["batch_size"]
     return make_loader(dataset, batch_size, shuffle=train, seed=config["seed"], num_workers=workers,
                        pin_memory=pin_memory, drop_last=train)  # fmt: skip
