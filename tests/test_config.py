@@ -497,7 +497,7 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
     config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
     result, speed = result_settings(config), speed_settings(config)
     assert speed == {
-        "data": {"num_workers": 3, "cache": "auto", "cache_budget": 0.5},
+        "data": {"num_workers": 3, "cache": "auto", "cache_budget": 0.25},
         "eval": {"batch_size": 7},
     }
     assert set(result) == {

@@ -433,8 +433,9 @@ def test_bench_settings_are_what_a_benchmark_reads_and_not_what_it_ignores() -> 
     assert "epochs" not in settings["train"] and settings["train"]["batch_size"] == 16
     assert "num_workers" not in settings["data"] and "augment" not in settings["data"]
     assert settings["data"]["synthetic"] == {"classes": ["circle", "square", "triangle", "cross"]}
-    changed = bench_settings(_config("train.epochs=30", "eval.batch_size=7", "data.cache=false"))
-    assert changed == bench_settings(_config())
+    changed = _config("train.epochs=30", "eval.batch_size=7", "data.cache=false")
+    assert bench_settings(changed) == bench_settings(_config())
+    assert bench_settings(_config("data.cache_budget=0.1")) == bench_settings(_config())
 
 
 def test_run_config_is_the_workflow_config_with_the_runs_device_precision_and_sweep() -> None:

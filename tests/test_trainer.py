@@ -444,7 +444,10 @@ def test_resume_required_with_other_settings_names_the_differing_key(
     assert "another --out folder" in str(caught.value)
 
 
-@pytest.mark.parametrize("setting", ["eval.batch_size=3", "data.num_workers=1", "data.cache=false"])
+@pytest.mark.parametrize(
+    "setting",
+    ["eval.batch_size=3", "data.num_workers=1", "data.cache=false", "data.cache_budget=0.1"],
+)
 def test_resume_goes_on_when_only_settings_of_speed_differ(
     trained: Trainer, data_root: Path, tmp_path: Path, setting: str
 ) -> None:

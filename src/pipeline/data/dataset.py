@@ -195,7 +195,7 @@ class DetectionDataset(Dataset):
         augment: Augment | None = None,
         cache: bool | str = True,
         seed: int = 0,
-        cache_budget: float = 0.5,
+        cache_budget: float = 0.25,
         memory: Callable[[], image_cache.Memory] | None = None,
     ) -> None:
         """`cache`: true, false or "auto" (cache when the decoded split fits `cache_budget`, a
