@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--steps",
         type=int,
-        default=10,
+        default=20,
         help="training steps per row (0: a whole epoch); the record says how many of an epoch's",
     )
     parser.add_argument(
@@ -210,10 +210,13 @@ def measure_row(args: argparse.Namespace) -> dict[str, Any]:
         trainer.model.train()
         started = time.perf_counter()
         done = 0
+        rss_by_step: list[float] = []  # RSS sum after each step: does memory still grow?
         while done < steps:
             for batch_images, targets in loader:
                 trainer.tally.add(trainer.step(batch_images, targets))
                 done += 1
+                pids = [os.getpid(), *_children(os.getpid())]
+                rss_by_step.append(sum(_status_kb(p, "VmRSS") for p in pids) * 1024 / GB)
                 if done == steps:
                     break
             loader.sampler.set_epoch(loader.sampler.epoch + 1)
@@ -231,6 +234,7 @@ def measure_row(args: argparse.Namespace) -> dict[str, Any]:
             "steps_per_epoch": len(loader),
             "build_s": built_s,
             "train_s": train_s,
+            "rss_gb_by_step": rss_by_step,
             "torch_threads": torch.get_num_threads(),
         }
         del trainer, loader  # shuts the persistent workers down inside the sampled region
@@ -317,6 +321,14 @@ def main(argv: list[str]) -> int:
         + note
     )
     partial = auto["steps"] < auto["steps_per_epoch"]
+    trend = auto["rss_gb_by_step"]
+    half = len(trend) // 2
+    growth = max(trend[half:]) - max(trend[: half or 1])
+    print(
+        f"auto row, RSS sum after each step: {trend[0]:.2f} GB after the first, "
+        f"{trend[-1]:.2f} GB after the last; largest of the second half minus the first: "
+        f"{growth:+.3f} GB"
+    )
     if partial:
         print(f"NOTE: {auto['steps']} of the epoch's {auto['steps_per_epoch']} steps (--steps)")
     passed, line = harness.verdict(
@@ -352,6 +364,12 @@ def main(argv: list[str]) -> int:
         ),
         harness.figure(
             "auto.cached", "data.cache=auto cached the training split", auto["cached"], "boolean"
+        ),
+        harness.figure(
+            "auto.late_growth_gb",
+            "data.cache=auto: largest RSS sum after a step of the second half minus the first",
+            growth,
+            "GB",
         ),
         harness.figure(
             "true.peak_rss_gb",
