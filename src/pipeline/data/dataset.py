@@ -367,7 +367,7 @@ def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool, 
         if cached
         else f"images are decoded as they are loaded, by {workers} DataLoader worker(s)"
         if workers
-        else "images are decoded as they are loaded, in the training process"
+        else "images are decoded as they are loaded, in this process"
     )
     log.info("%s: %s; %s", split.source, dataset.cache_decision.reason, loading)
     batch_size = config["train"]["batch_size"] if train else config["eval"]["batch_size"]
