@@ -105,6 +105,15 @@ class Geometry:
         resized = (max(1, round(height * scale)), max(1, round(width * scale)))
         return cls(resized, (size - resized[1]) // 2, (size - resized[0]) // 2)
 
+    def region(self) -> list[float]:
+        """The image's own area in the input frame, xyxy: what a detection is clipped to."""
+        return [
+            float(self.left),
+            float(self.top),
+            float(self.left + self.resized[1]),
+            float(self.top + self.resized[0]),
+        ]
+
     def padding(self, size: int) -> list[int]:
         """[left, top, right, bottom] as torchvision's pad takes it."""
         return [
@@ -223,11 +232,14 @@ class DetectionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    def geometry(self, index: int) -> Geometry:
+        record = self.records[index]
+        return Geometry.of(record.height, record.width, self.image_size, self.resize)
+
     def to_original(self, index: int, boxes: np.ndarray) -> np.ndarray:
         """Map input-frame boxes of sample `index` back to its image's own pixels."""
         record = self.records[index]
-        geometry = Geometry.of(record.height, record.width, self.image_size, self.resize)
-        return geometry.to_original(boxes, record.height, record.width)
+        return self.geometry(index).to_original(boxes, record.height, record.width)
 
     def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input-frame image, boxes and ignore regions; the decoded image is the geometry."""
@@ -266,13 +278,18 @@ class DetectionDataset(Dataset):
             boxes, labels = both[:count][keep[:count]], labels[keep[:count]]
             ignore_boxes = both[count:][keep[count:]]
             ignore_labels = ignore_labels[keep[count:]]
-        return image, {
+        target = {
             "boxes": boxes,
             "labels": labels,
             "ignore_boxes": ignore_boxes,
             "ignore_labels": ignore_labels,
             "image_id": record.image_id,
         }
+        if self.augment is None:
+            # where the image lies in the letterboxed input: evaluation clips detections to it,
+            # so a box reaching into the padding is scored as it maps back to the image
+            target["region"] = torch.tensor(self.geometry(index).region())
+        return image, target
 
 
 class EpochSampler(Sampler):

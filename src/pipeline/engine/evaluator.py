@@ -898,6 +898,19 @@ def _record(image_id: int, tensors: Record, keys: Sequence[str]) -> dict[str, An
     return record
 
 
+def _clip(boxes: np.ndarray, region: Any) -> np.ndarray:
+    """Boxes clipped to the image's own area in the input frame (a target's `region`).
+
+    A letterboxed image fills only part of the square input; a detection reaching into the
+    padding is scored as it maps back to the image's own pixels (what the predictions file
+    holds): IoU is unchanged by the per-axis scaling between the two frames, not by padding.
+    """
+    x1, y1, x2, y2 = (float(v) for v in _numpy(region, torch.float32).reshape(4))
+    low = np.array([x1, y1, x1, y1], dtype=boxes.dtype)
+    high = np.array([x2, y2, x2, y2], dtype=boxes.dtype)
+    return np.clip(boxes, low, high)
+
+
 class Evaluator:
     """Runs a model over a loader and turns its detections into the metrics every stage reports."""
 
@@ -990,7 +1003,10 @@ class Evaluator:
                         )
                     for prediction, target in zip(decoded, targets, strict=True):
                         image_id = int(target["image_id"])
-                        dets.append(_record(image_id, prediction, ("boxes", "scores", "labels")))
+                        found = _record(image_id, prediction, ("boxes", "scores", "labels"))
+                        if "region" in target:
+                            found["boxes"] = _clip(found["boxes"], target["region"])
+                        dets.append(found)
                         ignore = tuple(key for key in IGNORE_KEYS if key in target)
                         gts.append(_record(image_id, target, ("boxes", "labels", *ignore)))
                     if self.label_mode == "multilabel":

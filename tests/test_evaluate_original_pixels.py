@@ -1,0 +1,186 @@
+"""Evaluation scores detections as they map back to each image's own pixels: on non-square
+images, `evaluate`'s AP equals pycocotools' on the predictions file (original pixels) against
+the original annotation file, although the model sees letterboxed inputs."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tiny_runs import global_torch_state, one_cpu_thread, pipeline_logger_restored, tiny_config
+
+from pipeline import cli
+from pipeline.data import load_split
+from pipeline.data.dataset import DetectionDataset
+from pipeline.engine import checkpoint
+from pipeline.engine.trainer import Trainer
+
+WIDTH, HEIGHT = 96, 56  # letterboxed to 64 x 64: the image fills rows 13 to 50
+CLASSES = ("a", "b")
+IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_flags_threads_and_logger() -> Iterator[None]:
+    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
+        yield
+
+
+def _objects(rng: np.random.Generator) -> list[list[int]]:
+    """Integer boxes, a third touching the top or bottom edge of the image."""
+    boxes = []
+    for _ in range(int(rng.integers(1, 4))):
+        w, h = int(rng.integers(8, 30)), int(rng.integers(6, 20))
+        x = int(rng.integers(0, WIDTH - w))
+        y = [0, HEIGHT - h, int(rng.integers(0, HEIGHT - h))][int(rng.integers(3))]
+        boxes.append([x, y, x + w, y + h])
+    return boxes
+
+
+def write_coco(root: Path, images_per_split: int = 12) -> Path:
+    rng = np.random.default_rng(3)
+    for split in ("train", "val", "test"):
+        (root / split).mkdir(parents=True)
+        images, annotations = [], []
+        for index in range(images_per_split):
+            pixels = rng.integers(0, 255, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+            name = f"{split}/{index:03d}.png"
+            Image.fromarray(pixels).save(root / name)
+            images.append({"id": index + 1, "file_name": name, "width": WIDTH, "height": HEIGHT})
+            for x1, y1, x2, y2 in _objects(rng):
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": index + 1,
+                        "category_id": int(rng.integers(1, 3)),
+                        "bbox": [x1, y1, x2 - x1, y2 - y1],
+                        "area": (x2 - x1) * (y2 - y1),
+                        "iscrowd": 0,
+                    }
+                )
+        categories = [{"id": i + 1, "name": name} for i, name in enumerate(CLASSES)]
+        document = {"images": images, "annotations": annotations, "categories": categories}
+        (root / f"instances_{split}.json").write_text(json.dumps(document))
+    return root
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    inter = np.prod(np.clip(np.minimum(a[2:], b[2:]) - np.maximum(a[:2], b[:2]), 0, None))
+    return float(inter / (np.prod(a[2:] - a[:2]) + np.prod(b[2:] - b[:2]) - inter))
+
+
+def _near(box: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """An integer box near `box` inside the image, keeping its edges on the image's border,
+    whose IoU with it is not within a hair of a threshold (rounding could decide those)."""
+    while True:
+        moved = box + rng.integers(-2, 3, 4)
+        moved[[0, 2]] = np.clip(moved[[0, 2]], 0, WIDTH)
+        moved[[1, 3]] = np.clip(moved[[1, 3]], 0, HEIGHT)
+        moved[1] = 0 if box[1] == 0 else moved[1]
+        moved[3] = HEIGHT if box[3] == HEIGHT else moved[3]
+        if (moved[2:] > moved[:2]).all():
+            iou = _iou(moved.astype(float), box.astype(float))
+            if np.abs(IOU_THRESHOLDS - iou).min() > 2e-3:
+                return moved
+
+
+class ReachesIntoThePadding(torch.nn.Module):
+    """Finds each object near where it is, and stretches every detection on the image's
+    border to the edge of the square input: into the letterbox padding."""
+
+    def __init__(self, splits: list[Any]) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        rng = np.random.default_rng(5)
+        self.found: dict[str, dict[str, torch.Tensor]] = {}
+        for split in splits:
+            dataset = DetectionDataset(split, 64, cache=False)
+            for index, record in enumerate(split.records):
+                image, _ = dataset[index]
+                boxes = [_near(box.astype(np.int64), rng) for box in record.boxes]
+                boxes.append(np.array([0, 0, 20, 12]))  # a false positive in the corner
+                labels = [*record.labels.tolist(), 0]
+                geometry = dataset.geometry(index)
+                scale = np.array([geometry.resized[1] / WIDTH, geometry.resized[0] / HEIGHT] * 2)
+                shift = np.array([geometry.left, geometry.top] * 2)
+                frame = np.stack(boxes).astype(np.float64) * scale + shift
+                on_border = np.stack(boxes) == np.array([0, 0, WIDTH, HEIGHT])
+                frame[on_border] = np.array([0.0, 0.0, 64.0, 64.0])[on_border.nonzero()[1]]
+                self.found[self._key(image)] = {
+                    "boxes": torch.tensor(frame, dtype=torch.float32),
+                    "scores": torch.tensor(rng.uniform(0.05, 1.0, len(boxes)), dtype=torch.float32),
+                    "labels": torch.tensor(labels),
+                }
+
+    @staticmethod
+    def _key(image: torch.Tensor) -> str:
+        return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images
+
+    def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, torch.Tensor]]:
+        return [self.found[self._key(image.to(torch.uint8))] for image in outputs]
+
+    def image_scores(self, outputs: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(outputs), len(CLASSES))
+
+
+def pycocotools_ap(annotation_file: Path, predictions: dict[str, Any]) -> tuple[float, float]:
+    """pycocotools' AP@[.5:.95] and AP@.5 of a predictions file against an annotation file."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO(str(annotation_file))
+        category = {c["name"]: c["id"] for c in truth.dataset["categories"]}
+        names = predictions["class_names"]
+        results = [
+            {
+                "image_id": image["image_id"],
+                "category_id": category[names[label]],
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+                "score": score,
+            }
+            for image in predictions["images"]
+            for (x1, y1, x2, y2), score, label in zip(
+                image["detections"]["boxes"],
+                image["detections"]["scores"],
+                image["detections"]["labels"],
+                strict=True,
+            )
+        ]
+        evaluation = COCOeval(truth, truth.loadRes(results), "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return float(evaluation.stats[0]), float(evaluation.stats[1])
+
+
+def test_evaluate_on_non_square_images_gives_pycocotools_ap_in_the_images_own_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = write_coco(tmp_path / "coco")
+    config = tiny_config(root, "data.format=coco", "train.epochs=1")
+    Trainer(config, tmp_path / "run").fit()
+    model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
+    monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
+    monkeypatch.chdir(tmp_path)  # away from the repository's config/config.yaml
+    out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
+    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
+    assert cli.main([*argv, "--out", str(out), "--predictions", str(predictions)]) == 0
+
+    metrics = json.loads(out.read_text())["metrics"]
+    ap, ap50 = pycocotools_ap(root / "instances_test.json", json.loads(predictions.read_text()))
+    assert ap50 > 0.5  # the objects were found: a figure that could differ
+    assert metrics["ap50"] == pytest.approx(ap50, abs=1e-4)
+    assert metrics["ap"] == pytest.approx(ap, abs=1e-4)
