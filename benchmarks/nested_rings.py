@@ -26,7 +26,7 @@ import harness
 import torch
 from torchvision.ops import box_area, box_iou
 
-from pipeline.engine.evaluator import SIZE_BUCKETS
+from pipeline.evaluation.coco import SIZE_BUCKETS
 
 MEDIUM_PX, LARGE_PX = SIZE_BUCKETS["medium"]  # the size buckets' edges (square root of the area)
 DOT_PX = 20.0

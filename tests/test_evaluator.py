@@ -10,18 +10,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.engine import evaluator as evaluator_module
-from pipeline.engine.evaluator import (
-    SIZE_BUCKETS,
-    TIMING_KEYS,
-    Evaluator,
-    coco_ap,
-    ignored_detections,
-    image_level_f1,
-    match_detections,
-    precision_recall_f1,
-)
 from pipeline.errors import ConfigError, DataError
+from pipeline.evaluation import intervals
+from pipeline.evaluation import loop as evaluator_module
+from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
+from pipeline.evaluation.image_level import image_level_f1
+from pipeline.evaluation.loop import TIMING_KEYS, Evaluator
+from pipeline.evaluation.matching import ignored_detections, match_detections, precision_recall_f1
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCO's 101 recall points
 
@@ -364,11 +359,12 @@ def test_ap_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> N
     """The intervals' resamples reuse pycocotools' matches with image weights: all ones must
     give back pycocotools' AP@.5, AP@[.5:.95] and AP@.75 exactly, classes without objects left
     out as it does."""
-    from pipeline.engine import evaluator
+    from pipeline.evaluation import coco
 
     gts, dets = noisy_scene(12, seed=3)
-    ones = lambda images: iter([np.ones((3, images), dtype=np.int64)])  # noqa: E731
-    monkeypatch.setattr(evaluator, "bootstrap_weights", ones)
+    ones = lambda images, resamples=3: iter([np.ones((3, images), dtype=np.int64)])  # noqa: E731
+    monkeypatch.setattr(intervals, "bootstrap_weights", ones)
+    monkeypatch.setattr(coco, "bootstrap_weights", ones)
     ap = coco_ap(gts, dets, 4, (128, 128), ["x", "y", "z", "none"], ap_intervals=True)
     assert 0.0 < ap["ap75"] < ap["ap"] < ap["ap50"] < 1.0  # every IoU threshold matters
     for name in ("ap", "ap50", "ap75"):
@@ -882,31 +878,27 @@ def test_evaluator_takes_ignore_regions_from_the_targets(loader: DataLoader) -> 
 def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself() -> None:
     """`ap50_matches` is what the report pairs two runs' AP@.5 by: read back, it must give
     pycocotools' AP@.5 with every image drawn once, and a run against itself changes by 0."""
-    from pipeline import stats
-
     gts, dets = noisy_scene(30, seed=5)
     ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)
-    image_ids, labels, classes = stats.read_ap50_matches(ap["ap50_matches"])
+    image_ids, labels, classes = intervals.read_ap50_matches(ap["ap50_matches"])
     assert sorted(image_ids) == sorted(g["image_id"] for g in gts) and labels == [0, 1, 2]
     ones = np.ones((1, len(image_ids)))
-    assert stats.class_mean(stats.weighted_class_ap(classes, ones))[0] == pytest.approx(
+    assert intervals.class_mean(intervals.weighted_class_ap(classes, ones))[0] == pytest.approx(
         ap["ap50"], abs=1e-12
     )
     shuffled = {**ap["ap50_matches"], "classes": ap["ap50_matches"]["classes"][::-1]}
-    same = stats.ap50_change(ap["ap50_matches"], shuffled, tolerance=0.01)
+    same = intervals.ap50_change(ap["ap50_matches"], shuffled, tolerance=0.01)
     assert (same.change, same.low, same.high, same.verdict) == (0.0, 0.0, 0.0, "held")
     relabelled = {
         **ap["ap50_matches"],
         "classes": [{**row, "label": row["label"] + 1} for row in ap["ap50_matches"]["classes"]],
     }
     with pytest.raises(ValueError, match="different classes"):
-        stats.ap50_change(ap["ap50_matches"], relabelled, tolerance=0.01)
+        intervals.ap50_change(ap["ap50_matches"], relabelled, tolerance=0.01)
     assert coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])["ap50_matches"] is None
 
 
 def test_a_paired_ap50_change_does_not_depend_on_the_order_each_file_lists_its_images() -> None:
-    from pipeline import stats
-
     gts, dets = noisy_scene(30, seed=5)
     _, worse = noisy_scene(30, seed=6)  # another scene's detections: mostly wrong here
     matches = [
@@ -926,6 +918,6 @@ def test_a_paired_ap50_change_does_not_depend_on_the_order_each_file_lists_its_i
             for row in matches[1]["classes"]
         ],
     }
-    as_written = stats.ap50_change(matches[0], matches[1], tolerance=0.01)
-    assert stats.ap50_change(matches[0], reversed_file, tolerance=0.01) == as_written
+    as_written = intervals.ap50_change(matches[0], matches[1], tolerance=0.01)
+    assert intervals.ap50_change(matches[0], reversed_file, tolerance=0.01) == as_written
     assert as_written.change != 0.0

@@ -17,8 +17,8 @@ from pycocotools.coco import COCO
 
 from pipeline.config import load_config, read_yaml
 from pipeline.data.synthetic import SHAPES, SyntheticSpec, generate, render_sample
-from pipeline.engine.evaluator import SIZE_BUCKETS
 from pipeline.errors import ConfigError
+from pipeline.evaluation.coco import SIZE_BUCKETS
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTO_PRESETS = ("photographs", "five-minutes-cpu")  # as the README layers them for own data

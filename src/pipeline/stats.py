@@ -1,8 +1,8 @@
 """Statistics without torch, which the report reads too: robust summaries of step times
 (median and IQR, as torch.utils.benchmark gives them), a drift check, the warm-up settling
 rule, speed-ups with a bootstrap interval, and bootstrap intervals over images of a detection
-run's F1, precision, recall and AP, and of its F1 and AP@.5 changes between two runs scored on
-the same images."""
+run's F1, precision and recall, and of its F1 change between two runs scored on the same images
+(AP's intervals, which resample the same way, are pipeline.evaluation.intervals')."""
 
 from __future__ import annotations
 
@@ -338,7 +338,7 @@ def f1_change(
 
     ValueError where the two were not scored on the same images.
     """
-    placed = _reference_positions(reference["image_ids"], candidate["image_ids"])
+    placed = reference_positions(reference["image_ids"], candidate["image_ids"])
     ref, cand = _per_image(reference), _per_image(candidate)[np.argsort(placed)]
     changes = np.concatenate(
         [
@@ -347,10 +347,10 @@ def f1_change(
         ]
     )
     change = float(f1_of_counts(*cand.sum(axis=0)) - f1_of_counts(*ref.sum(axis=0)))
-    return _paired(change, changes, len(ref), tolerance, confidence)
+    return paired_change(change, changes, len(ref), tolerance, confidence)
 
 
-def _reference_positions(reference_ids: Sequence[Any], candidate_ids: Sequence[Any]) -> np.ndarray:
+def reference_positions(reference_ids: Sequence[Any], candidate_ids: Sequence[Any]) -> np.ndarray:
     """Each candidate image's position among the reference's images, which pairs two
     evaluations image by image; ValueError where they did not score the same images."""
     reference_ids, candidate_ids = list(reference_ids), list(candidate_ids)
@@ -367,7 +367,7 @@ def _reference_positions(reference_ids: Sequence[Any], candidate_ids: Sequence[A
     return np.asarray([position[image_id] for image_id in candidate_ids], dtype=np.int64)
 
 
-def _paired(
+def paired_change(
     change: float, changes: np.ndarray, images: int, tolerance: float, confidence: float
 ) -> PairedChange:
     """The verdict on a change from its resampled values: 'held' where the whole interval lies
@@ -380,147 +380,3 @@ def _paired(
     else:
         verdict = "undecided"
     return PairedChange(change, low, high, verdict, images, tolerance, confidence)
-
-
-# ---- AP from pycocotools' matches, reweighed by image ----------------------------------------
-
-RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
-
-
-@dataclass(frozen=True)
-class ClassMatches:
-    """One class's detections as COCOeval matched them at one IoU in one area range (at most
-    maxDets[-1] per image), in the order COCOeval.accumulate ranks them, up to the last true
-    positive. Detections COCOeval ignores are left out (they move neither count), and the false
-    positives after the last true positive too: they lower precision at a recall already
-    reached, so no resample's AP depends on them (and most of a detector's top 100 are those)."""
-
-    image_index: np.ndarray  # int64 [D]: each detection's image, a position in the image list
-    is_tp: np.ndarray  # bool [D]; the others are false positives
-    gt_per_image: np.ndarray  # int64 [I]: objects that count (not crowd, not ignored)
-
-    def as_document(self, label: int) -> dict[str, Any]:
-        """The eval JSON's form (`metrics.ap50_matches.classes[]`): every object's image
-        position once, so an image with three objects is listed three times."""
-        return {
-            "label": label,
-            "detections": self.image_index.tolist(),
-            "true_positive": self.is_tp.astype(int).tolist(),
-            "objects": np.repeat(np.arange(self.gt_per_image.size), self.gt_per_image).tolist(),
-        }
-
-    @classmethod
-    def from_document(cls, found: Mapping[str, Any], images: int) -> ClassMatches:
-        image_index = np.asarray(found["detections"], dtype=np.int64)
-        is_tp = np.asarray(found["true_positive"], dtype=bool)
-        objects = np.asarray(found["objects"], dtype=np.int64)
-        if image_index.shape != is_tp.shape or ((image_index < 0) | (image_index >= images)).any():
-            raise ValueError(f"class {found.get('label')}'s matches do not fit {images} images")
-        if ((objects < 0) | (objects >= images)).any():
-            raise ValueError(f"class {found.get('label')}'s objects do not fit {images} images")
-        return cls(image_index, is_tp, np.bincount(objects, minlength=images))
-
-    def reordered(self, order: np.ndarray) -> ClassMatches:
-        """The same matches with images renumbered: image i becomes order[i]."""
-        placed = np.zeros_like(self.gt_per_image)
-        placed[order] = self.gt_per_image
-        return ClassMatches(order[self.image_index], self.is_tp, placed)
-
-
-def weighted_class_ap(
-    classes: Sequence[ClassMatches],
-    weights: np.ndarray,
-    recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
-) -> np.ndarray:
-    """AP [K, R] of each class, at the IoU its matches were made at, for each row of image
-    weights [R, I] (how often a resample drew each image), computed as COCOeval.accumulate
-    does: the precision envelope at 101 recall points; NaN where a resample drew none of the
-    class's objects. All-ones weights give pycocotools' per-class AP at that IoU."""
-    per_class = np.full((len(classes), len(weights)), np.nan)
-    for k, found in enumerate(classes):
-        objects = weights @ found.gt_per_image  # [R]
-        hits = np.flatnonzero(found.is_tp)
-        if hits.size == 0:
-            per_class[k] = np.where(objects > 0, 0.0, np.nan)
-            continue
-        # Recall rises only at true positives, so the first detection that reaches a recall
-        # threshold is one, and the envelope there is the highest precision at a true positive
-        # from there on (after a false positive precision only falls until the next one): the
-        # sums at the true positives give accumulate's AP exactly, in one pass over the detections.
-        misses = np.flatnonzero(~found.is_tp)
-        tp = np.cumsum(weights[:, found.image_index[hits]], axis=1, dtype=np.float64)
-        fp = np.zeros((len(weights), hits.size))
-        if misses.size:
-            fp_sums = np.cumsum(weights[:, found.image_index[misses]], axis=1, dtype=np.float64)
-            before = hits - np.arange(hits.size)  # false positives ranked above each hit
-            counted = before > 0
-            fp[:, counted] = fp_sums[:, before[counted] - 1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            recall = tp / objects[:, None]
-        precision = tp / (tp + fp + np.spacing(1))
-        envelope = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
-        for r in range(len(weights)):
-            if objects[r] == 0:
-                continue
-            at = np.searchsorted(recall[r], recall_thresholds, side="left")
-            reached = at < hits.size
-            per_class[k, r] = envelope[r, at[reached]].sum() / len(recall_thresholds)
-    return per_class
-
-
-def class_mean(per_class: np.ndarray) -> np.ndarray:
-    """The mean over the classes with objects [R] of per-class AP [K, R], as pycocotools
-    averages; NaN where a resample drew no objects at all."""
-    counted = np.isfinite(per_class).sum(axis=0)
-    totals = np.where(np.isfinite(per_class), per_class, 0.0).sum(axis=0)
-    return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
-
-
-def read_ap50_matches(
-    matches: Mapping[str, Any],
-) -> tuple[list[Any], list[int], list[ClassMatches]]:
-    """(image ids, class labels, their matches, in label order) from an eval JSON's
-    `metrics.ap50_matches`; ValueError where it is malformed."""
-    image_ids = list(matches["image_ids"])
-    found = sorted(matches["classes"], key=lambda row: int(row["label"]))
-    labels = [int(row["label"]) for row in found]
-    return image_ids, labels, [ClassMatches.from_document(row, len(image_ids)) for row in found]
-
-
-def ap50_change(
-    reference: Mapping[str, Any],
-    candidate: Mapping[str, Any],
-    *,
-    tolerance: float,
-    confidence: float = CONFIDENCE,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
-) -> PairedChange:
-    """The AP@.5 change from `reference` to `candidate`, each an eval JSON's
-    `metrics.ap50_matches`, resampling images in pairs as `f1_change` does: each resample
-    reweighs both runs' own matches at the same images.
-
-    ValueError where the two were not scored on the same images and classes.
-    """
-    ref_ids, ref_labels, ref = read_ap50_matches(reference)
-    cand_ids, cand_labels, cand = read_ap50_matches(candidate)
-    placed = _reference_positions(ref_ids, cand_ids)
-    if ref_labels != cand_labels:
-        raise ValueError(
-            f"the two evaluations scored different classes ({ref_labels}, {cand_labels})"
-        )
-    cand = [found.reordered(placed) for found in cand]
-
-    def difference(weights: np.ndarray) -> np.ndarray:
-        return class_mean(weighted_class_ap(cand, weights)) - class_mean(
-            weighted_class_ap(ref, weights)
-        )
-
-    change = float(difference(np.ones((1, len(ref_ids))))[0])
-    changes = np.concatenate(
-        [difference(weights) for weights in bootstrap_weights(len(ref_ids), resamples, seed)]
-    )
-    changes = changes[np.isfinite(changes)]
-    if changes.size == 0:
-        raise ValueError("the evaluations hold no objects to compare AP@.5 on")
-    return _paired(change, changes, len(ref_ids), tolerance, confidence)

@@ -10,6 +10,7 @@ rule summarize:
             "config.py",
             "measured.py",
             "stats.py",
+            "evaluation/intervals.py",
             "report/formatting.py",
             *package_files("summary"),
         ),

@@ -7,7 +7,7 @@ rule train_run:
             "engine/trainer.py",
             "engine/step.py",
             "engine/checkpoint.py",
-            "engine/evaluator.py",
+            *package_files("evaluation"),
             "models/__init__.py",
             "models/centernet.py",
             "models/loss.py",

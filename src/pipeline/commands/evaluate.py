@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
     from pipeline.data import has_test_split, require_objects
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
-    from pipeline.engine.evaluator import Evaluator, size_bucket_text
+    from pipeline.evaluation.coco import size_bucket_text
+    from pipeline.evaluation.loop import Evaluator
     from pipeline.models import memory_format
     from pipeline.stats import interval_text
 

@@ -34,10 +34,11 @@ from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.engine.ema import WeightAverage
-from pipeline.engine.evaluator import Evaluator, size_bucket_text
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, DataError, TrainingError
+from pipeline.evaluation.coco import size_bucket_text
+from pipeline.evaluation.loop import Evaluator
 from pipeline.measured import PrecisionChoice
 from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.errors import PipelineError
+from pipeline.evaluation.intervals import ap50_change
 from pipeline.measured import PrecisionChoice, choose_precision
 from pipeline.report.formatting import (
     backend_label,
@@ -23,7 +24,7 @@ from pipeline.report.formatting import (
     setting_label,
 )
 from pipeline.runs import parse_run
-from pipeline.stats import PairedChange, Speedup, ap50_change, f1_change, quality_words, speedup
+from pipeline.stats import PairedChange, Speedup, f1_change, quality_words, speedup
 from pipeline.summary.load import PRECISIONS, RunResults
 
 # ---- the recommended training setting ----------------------------------------------------

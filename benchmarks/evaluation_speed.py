@@ -1,0 +1,332 @@
+"""Evaluation speed: what evaluation costs per image as the work grows, and beside the model.
+
+Two parts, one run.
+
+COCO scale, no model: 80 classes; images of 1 to 15 objects (COCO's mean is about 7) from
+4 to 400 px in a 640-px input; 100 detections per image, each a ground-truth box of its image
+moved by noise (most far off: false positives; some of another class), scored higher the
+nearer they are. Timed: what `evaluate` computes from detections (matching and P/R/F1 with
+their intervals, pycocotools with the size buckets, every AP interval), at --small and
+--large images (default 1,000 and 5,000). Target: time per image at the larger size at most
+1.5 x that at the smaller (evaluation linear in its work).
+
+Default size: the generated data set's validation and test splits (2,304 images of 128 px
+by default) through `Evaluator.evaluate` as `python -m pipeline evaluate` runs it (validation
+first, its best-F1 threshold applied to test, AP intervals on both), the default model's
+forward pass timed apart from everything else: decoding the images, the model's own decoding
+of its outputs, matching, pycocotools and the intervals. The model is untrained, so its
+detections are replaced, after its decoding ran, by detections made from the ground truth as
+above: a trained model's number of detections and matches, without training one here.
+Target: everything else at most as long as the forward pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import harness
+import numpy as np
+import torch
+
+from pipeline import timing
+from pipeline.config import load_config
+from pipeline.data import load_split
+from pipeline.data.dataset import loader_for
+from pipeline.evaluation.coco import coco_ap
+from pipeline.evaluation.loop import Evaluator
+from pipeline.evaluation.matching import precision_recall_f1
+from pipeline.models import build_from_config
+
+NAME = "evaluation_speed"
+SCALE_TARGET = 1.5  # time per image, larger / smaller set
+ELSE_TARGET = 1.0  # everything but the forward pass / the forward pass
+COCO_CLASSES = 80
+COCO_INPUT = 640
+DETECTIONS = 100
+
+
+def parse_args(argv: list[str]):
+    parser = harness.parser(NAME, __doc__)
+    harness.add_torch_options(parser)
+    parser.add_argument("--small", type=int, default=1000, help="images, smaller COCO-scale set")
+    parser.add_argument("--large", type=int, default=5000, help="images, larger COCO-scale set")
+    parser.add_argument(
+        "--data-root", default=str(harness.DEFAULT_DATA_ROOT), help="the generated data set"
+    )
+    parser.add_argument(
+        "settings", nargs="*", metavar="key=value", help="config overrides (default size part)"
+    )
+    args = parser.parse_args(argv)
+    harness.check_positive(parser, args, "small", "large")
+    return args
+
+
+def noisy_detections(
+    boxes: np.ndarray, labels: np.ndarray, classes: int, size: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """DETECTIONS boxes made from an image's objects: each a copy of one of them moved by
+    noise of a random scale (up to its own size: mostly false positives), of another class one
+    time in five, scored higher the smaller the noise. Without objects: boxes anywhere."""
+    if len(boxes) == 0:
+        corners = rng.uniform(0, size * 0.8, (DETECTIONS, 2))
+        found = np.concatenate([corners, corners + rng.uniform(4, size * 0.2, (DETECTIONS, 2))], 1)
+        return {
+            "boxes": found.astype(np.float32),
+            "scores": rng.uniform(0, 0.5, DETECTIONS).astype(np.float32),
+            "labels": rng.integers(0, classes, DETECTIONS),
+        }
+    pick = rng.integers(0, len(boxes), DETECTIONS)
+    sides = np.repeat(boxes[pick, 2:] - boxes[pick, :2], 2, axis=0).reshape(-1, 4)
+    noise = rng.exponential(0.25, (DETECTIONS, 1))
+    moved = boxes[pick] + rng.normal(0, 1, (DETECTIONS, 4)) * noise * sides
+    moved[:, 2:] = np.maximum(moved[:, 2:], moved[:, :2] + 1)
+    other = rng.random(DETECTIONS) < 0.2
+    found_labels = np.where(other, rng.integers(0, classes, DETECTIONS), labels[pick])
+    scores = np.clip(1 - noise[:, 0] + rng.normal(0, 0.1, DETECTIONS), 0.01, 1)
+    return {
+        "boxes": np.clip(moved, 0, size).astype(np.float32),
+        "scores": scores.astype(np.float32),
+        "labels": found_labels,
+    }
+
+
+def coco_scale(images: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rng = np.random.default_rng(seed)
+    gts, dets = [], []
+    for image_id in range(1, images + 1):
+        count = int(rng.integers(1, 16))
+        sides = np.exp(rng.uniform(np.log(4), np.log(400), (count, 1))) * rng.uniform(
+            0.6, 1.4, (count, 2)
+        )
+        sides = np.minimum(sides, COCO_INPUT - 1)
+        corners = rng.uniform(0, COCO_INPUT - sides)
+        boxes = np.concatenate([corners, corners + sides], axis=1)
+        labels = rng.integers(0, COCO_CLASSES, count)
+        gts.append({"image_id": image_id, "boxes": boxes.astype(np.float32), "labels": labels})
+        found = noisy_detections(boxes, labels, COCO_CLASSES, COCO_INPUT, rng)
+        dets.append({"image_id": image_id, **found})
+    return gts, dets
+
+
+def time_coco_scale(images: int) -> dict[str, Any]:
+    """What evaluation computes from detections, at COCO scale, timed in its two halves."""
+    gts, dets = coco_scale(images, seed=images)
+    names = [f"class{c}" for c in range(COCO_CLASSES)]
+    conditions = timing.RunConditions()
+    start = time.perf_counter()
+    counts = precision_recall_f1(gts, dets, COCO_CLASSES, None)
+    matched = time.perf_counter()
+    ap = coco_ap(
+        gts,
+        dets,
+        COCO_CLASSES,
+        (COCO_INPUT, COCO_INPUT),
+        names,
+        counts["score_threshold"],
+        ap_intervals=True,
+    )
+    done = time.perf_counter()
+    return {
+        "images": images,
+        "p_r_f1_s": matched - start,
+        "coco_ap_s": done - matched,
+        "total_s": done - start,
+        "ms_per_image": 1000 * (done - start) / images,
+        "ap50": ap["ap50"],
+        "ap50_interval": ap["ap50_interval"],
+        "conditions": conditions.finish(),
+    }
+
+
+class GroundTruthDetections(torch.nn.Module):
+    """The model's forward pass and its own decoding, its detections then replaced by ones made
+    from the ground truth of the images, in the loader's order."""
+
+    def __init__(self, model: torch.nn.Module, detections: list[dict[str, np.ndarray]]) -> None:
+        super().__init__()
+        self.model = model
+        self.queue = list(detections)
+
+    def forward(self, images: torch.Tensor) -> Any:
+        return self.model(images)
+
+    def decode(self, outputs: Any, max_detections: int) -> list[dict[str, torch.Tensor]]:
+        decoded = self.model.decode(outputs, max_detections=max_detections)
+        taken, self.queue = self.queue[: len(decoded)], self.queue[len(decoded) :]
+        return [{key: torch.from_numpy(value) for key, value in found.items()} for found in taken]
+
+    def image_scores(self, outputs: Any) -> torch.Tensor:
+        return self.model.image_scores(outputs)
+
+
+def time_default_size(args, device: torch.device) -> dict[str, Any]:
+    """`evaluate`'s work on validation then test: decoding, forward, the rest."""
+    config = load_config(None, [f"data.root={args.data_root}", *args.settings])
+    rng = np.random.default_rng(args.seed)
+    conditions = timing.RunConditions()
+    start = time.perf_counter()
+    decode_s = forward_s = 0.0
+    threshold = None
+    model = None
+    evaluator = None
+    images = 0
+    for which in ("val", "test"):
+        began = time.perf_counter()
+        split = load_split(config, which)
+        loader = loader_for(split, config, train=False, pin_memory=False)
+        decode_s += time.perf_counter() - began
+        if model is None:
+            model = build_from_config(config["model"], len(split.class_names)).to(device).eval()
+            evaluator = Evaluator.from_config(config, split.class_names)
+        size = config["data"]["image_size"]
+        made = [
+            noisy_detections(
+                loader.dataset[i][1]["boxes"].numpy(),
+                record.labels,
+                len(split.class_names),
+                size,
+                rng,
+            )
+            for i, record in enumerate(split.records)
+        ]
+        metrics, _ = evaluator.evaluate(
+            GroundTruthDetections(model, made),
+            loader,
+            device,
+            chosen_threshold=threshold,
+            ap_intervals=True,
+        )
+        threshold = metrics["best_f1_threshold"]
+        forward_s += metrics["timing"]["model_s"]
+        images += metrics["num_images"]
+    total_s = time.perf_counter() - start
+    return {
+        "images": images,
+        "image_size": config["data"]["image_size"],
+        "model": config["model"]["name"],
+        "total_s": total_s,
+        "forward_s": forward_s,
+        "decode_images_s": decode_s,
+        "else_s": total_s - forward_s,
+        "ratio": (total_s - forward_s) / forward_s,
+        "conditions": conditions.finish(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    device = harness.setup_torch(args)
+    started = time.perf_counter()
+    coco = [time_coco_scale(images) for images in (args.small, args.large)]
+    scale_ratio = coco[1]["ms_per_image"] / coco[0]["ms_per_image"]
+    default = time_default_size(args, device)
+
+    print(
+        harness.table(
+            ("COCO scale, no model", "images", "P/R/F1 s", "COCO AP + intervals s", "ms/image"),
+            [
+                [
+                    f"{COCO_CLASSES} classes",
+                    r["images"],
+                    r["p_r_f1_s"],
+                    r["coco_ap_s"],
+                    harness.ms(r["ms_per_image"]),
+                ]
+                for r in coco
+            ],
+        )
+    )
+    passed_scale, line = harness.verdict(
+        f"ms per image, {args.large} / {args.small} images", scale_ratio, SCALE_TARGET
+    )
+    print(line)
+    print(
+        harness.table(
+            ("default size", "images", "forward s", "decoding images s", "else s", "total s"),
+            [
+                [
+                    f"{default['model']} at {default['image_size']} px",
+                    default["images"],
+                    default["forward_s"],
+                    default["decode_images_s"],
+                    default["else_s"],
+                    default["total_s"],
+                ]
+            ],
+        )
+    )
+    passed_else, line = harness.verdict(
+        "everything but the forward pass / the forward pass", default["ratio"], ELSE_TARGET
+    )
+    print(line)
+    print(f"took {time.perf_counter() - started:.0f} s")
+
+    flags = []
+    for row in coco:
+        flags += harness.condition_flags(row["conditions"], f"the {row['images']}-image set")
+    flags += harness.condition_flags(default["conditions"], "the default-size evaluation")
+    for row in (*coco, default):
+        harness.warn_if_loaded(row["conditions"], "a part of this run")
+    figures = [
+        *(
+            harness.figure(
+                f"coco_{row['images']}.ms_per_image",
+                f"COCO scale, {row['images']} images: evaluation ms per image",
+                row["ms_per_image"],
+                "ms",
+            )
+            for row in coco
+        ),
+        harness.figure(
+            "coco.scale_ratio",
+            f"ms per image, {args.large} / {args.small} images",
+            scale_ratio,
+            "ratio",
+            target=("<=", SCALE_TARGET),
+        ),
+        harness.figure(
+            "default.forward_s", "default size: forward pass", default["forward_s"], "s"
+        ),
+        harness.figure(
+            "default.else_s",
+            "default size: everything but the forward pass",
+            default["else_s"],
+            "s",
+        ),
+        harness.figure(
+            "default.decode_images_s",
+            "default size: decoding the images (part of everything else)",
+            default["decode_images_s"],
+            "s",
+        ),
+        harness.figure(
+            "default.ratio",
+            "default size: everything but the forward pass / the forward pass",
+            default["ratio"],
+            "ratio",
+            target=("<=", ELSE_TARGET),
+        ),
+    ]
+    settings = {
+        "small": args.small,
+        "large": args.large,
+        "classes": COCO_CLASSES,
+        "detections_per_image": DETECTIONS,
+        "data_root": args.data_root,
+        "overrides": args.settings,
+        "cpu_threads": args.cpu_threads,
+    }
+    harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
+    record = {
+        "benchmark": NAME,
+        "coco_scale": coco,
+        "default_size": default,
+        "settings": settings,
+        "environment": harness.environment(device),
+    }
+    return harness.finish(args.out, record, passed_scale and passed_else, args.check)
+
+
+if __name__ == "__main__":
+    harness.run(main)

@@ -1,0 +1,476 @@
+"""COCO AP through pycocotools itself, with object size buckets in input pixels, and the
+intervals of every AP figure from pycocotools' own matches (pipeline.evaluation.intervals).
+
+pycocotools' figures are taken as it computes them; what it keeps per image (`evalImgs`) is
+read in one walk, for the recall by size bucket and for the matches the intervals reweigh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.evaluation.intervals import ClassRanking, interval_of, resampled_ap
+from pipeline.evaluation.matching import (
+    Record,
+    as_boxes,
+    as_vector,
+    check_labels,
+    index_by_image,
+    ratio,
+)
+from pipeline.stats import bootstrap_weights
+
+# Object size buckets by the square root of the box area in the model's input pixels (after
+# resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
+# px) and put nearly every object of a 128-px input in one bucket; what the model sees is the
+# size at its input, which is what these measure. Half-open, unlike pycocotools' inclusive
+# bounds: integer boxes of exactly 16 x 16 px are common and must count once.
+SIZE_BUCKETS: dict[str, tuple[float, float | None]] = {
+    "small": (0.0, 16.0),
+    "medium": (16.0, 64.0),
+    "large": (64.0, None),
+}
+_NO_LIMIT = 1e5  # pycocotools' own "no upper limit" side length
+
+
+def _xywh(box: np.ndarray) -> list[float]:
+    x1, y1, x2, y2 = (float(v) for v in box)
+    return [x1, y1, x2 - x1, y2 - y1]
+
+
+def _area_ranges() -> tuple[list[list[float]], list[str]]:
+    """pycocotools' areaRng and areaRngLbl for "all" and SIZE_BUCKETS.
+
+    pycocotools keeps areas with lower <= area <= upper; an upper bound one float below
+    upper**2 makes each bucket [lower**2, upper**2).
+    """
+    ranges = [[0.0, _NO_LIMIT**2]]
+    for lower, upper in SIZE_BUCKETS.values():
+        top = _NO_LIMIT**2 if upper is None else float(np.nextafter(upper**2, 0.0))
+        ranges.append([lower**2, top])
+    return ranges, ["all", *SIZE_BUCKETS]
+
+
+def _bucket_counts(areas: np.ndarray) -> dict[str, int]:
+    """Ground truth per size bucket, with the bounds pycocotools is given."""
+    ranges, labels = _area_ranges()
+    return {
+        label: int(((areas >= lower) & (areas <= upper)).sum())
+        for (lower, upper), label in zip(ranges[1:], labels[1:], strict=True)
+    }
+
+
+def _bucket_rows(
+    counts: Mapping[str, int],
+    ap50: Mapping[str, float | None],
+    ap: Mapping[str, float | None],
+    recall: Mapping[str, float | None],
+    class_counts: Sequence[Mapping[str, int]],
+    class_ap50: Mapping[str, Sequence[float | None]],
+    class_names: Sequence[str],
+    intervals: _APIntervals,
+) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "range_px": [lower, upper],
+            "num_gt": counts[name],
+            "ap50": ap50[name],
+            "ap": ap[name],
+            "recall": recall[name],
+            **intervals.of_bucket(name),
+            "per_class": [
+                {
+                    "label": c,
+                    "name": class_name,
+                    "num_gt": class_counts[c][name],
+                    "ap50": class_ap50[name][c],
+                }
+                for c, class_name in enumerate(class_names)
+            ],
+        }
+        for name, (lower, upper) in SIZE_BUCKETS.items()
+    }
+
+
+def size_bucket_text(buckets: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line for logs: 'small 0.812 (95% 0.790-0.833, n=310), medium 0.954 (n=402), large -
+    (n=0)': the interval where the figures have one."""
+
+    def text(row: Mapping[str, Any]) -> str:
+        if row["ap50"] is None:
+            return f"- (n={row['num_gt']})"
+        found = row.get("ap50_interval")
+        spread = f"95% {found['low']:.3f}-{found['high']:.3f}, " if found else ""
+        return f"{row['ap50']:.3f} ({spread}n={row['num_gt']})"
+
+    return ", ".join(f"{name} {text(row)}" for name, row in buckets.items())
+
+
+@dataclass(frozen=True)
+class _Walked:
+    """What one walk over COCOeval's evalImgs gives: per area range and image, the objects
+    found at IoU 0.5 by detections scoring >= the threshold and the objects that count
+    ([A, I] each); and each class's ranking, where asked for."""
+
+    found: np.ndarray
+    total: np.ndarray
+    rankings: list[ClassRanking]
+
+    def recall(self, area: int) -> float:
+        return ratio(int(self.found[area].sum()), int(self.total[area].sum()))
+
+
+def _walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) -> _Walked:
+    """Read COCOeval's per-image results once. evalImgs is laid out [class][area][image], None
+    where an image has neither objects nor detections of the class (in every area alike: the
+    same detections, sorted and cut to maxDets[-1] alike, are matched in each).
+
+    Recall counts the matches of the detections scoring >= the threshold: COCOeval matches
+    greedily in descending score, so a detection's match never depends on lower-scored ones,
+    and the matches of the kept detections are those of the full matching.
+    """
+    params = evaluation.params
+    classes, areas, images = len(params.catIds), len(params.areaRng), len(params.imgIds)
+    max_det = params.maxDets[-1]
+    found = np.zeros((areas, images), dtype=np.int64)
+    total = np.zeros((areas, images), dtype=np.int64)
+    ranked: list[ClassRanking] = []
+    for k in range(classes):
+        scores, image_index, matched, ignored = [], [], [], []
+        gt_counts = np.zeros((areas, images), dtype=np.int64)
+        for i in range(images):
+            entries = [evaluation.evalImgs[(k * areas + a) * images + i] for a in range(areas)]
+            if entries[0] is None:
+                continue
+            kept_ids = np.asarray(entries[0]["dtIds"])[
+                np.asarray(entries[0]["dtScores"]) >= score_threshold
+            ]
+            for a, entry in enumerate(entries):
+                wanted = ~np.asarray(entry["gtIgnore"], dtype=bool)
+                gt_counts[a, i] = int(wanted.sum())
+                if wanted.any():
+                    hit = np.isin(np.asarray(entry["gtMatches"])[at_50], kept_ids)
+                    found[a, i] += int((hit & wanted).sum())
+            if rankings and len(entries[0]["dtScores"]):
+                image_scores = np.asarray(entries[0]["dtScores"][:max_det], dtype=np.float64)
+                scores.append(image_scores)
+                image_index.append(np.full(image_scores.size, i, dtype=np.int64))
+                matched.append(np.stack([np.asarray(e["dtMatches"])[:, :max_det] for e in entries]))
+                ignored.append(np.stack([np.asarray(e["dtIgnore"])[:, :max_det] for e in entries]))
+        total += gt_counts
+        if not rankings:
+            continue
+        if not scores:
+            nothing = np.zeros((areas, len(params.iouThrs), 0), dtype=bool)
+            ranked.append(ClassRanking(np.zeros(0, np.int64), nothing, nothing, gt_counts))
+            continue
+        order = np.argsort(-np.concatenate(scores), kind="mergesort")  # as accumulate sorts
+        counted = ~np.concatenate(ignored, axis=2)[:, :, order].astype(bool)
+        is_tp = (np.concatenate(matched, axis=2)[:, :, order] > 0) & counted
+        end = int(np.flatnonzero(is_tp.any(axis=(0, 1)))[-1]) + 1 if is_tp.any() else 0
+        ranked.append(
+            ClassRanking(
+                np.concatenate(image_index)[order][:end],
+                is_tp[:, :, :end],
+                counted[:, :, :end],
+                gt_counts,
+            )
+        )
+    return _Walked(found, total, ranked)
+
+
+_CLASS_INTERVALS = ("ap50_interval", "ap_interval")  # each class's, keyed as the eval JSON
+_BUCKET_INTERVALS = ("ap50_interval", "ap_interval", "recall_interval")  # each size bucket's
+
+
+@dataclass(frozen=True)
+class _APIntervals:
+    """95% intervals over the images: of AP@.5 and AP@[.5:.95] (the whole split's, each
+    class's and each size bucket's), AP@.75, and each size bucket's recall at the score
+    threshold; None where no resample drew an object of what it measures. `matches` is
+    pycocotools' matches at IoU 0.5, as the eval JSON keeps them (`metrics.ap50_matches`),
+    so that the report can pair two runs' AP@.5 image by image."""
+
+    ap50: dict[str, Any] | None
+    ap: dict[str, Any] | None
+    ap75: dict[str, Any] | None
+    per_class: list[dict[str, dict[str, Any] | None]]  # by class label, _CLASS_INTERVALS
+    size_buckets: dict[str, dict[str, dict[str, Any] | None]]  # by bucket, _BUCKET_INTERVALS
+    matches: dict[str, Any] | None
+
+    def of_class(self, label: int) -> dict[str, dict[str, Any] | None]:
+        return self.per_class[label] if self.per_class else dict.fromkeys(_CLASS_INTERVALS)
+
+    def of_bucket(self, name: str) -> dict[str, dict[str, Any] | None]:
+        return self.size_buckets.get(name) or dict.fromkeys(_BUCKET_INTERVALS)
+
+
+_NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
+
+
+def _ap_intervals(
+    walked: _Walked, params: Any, at_50: int, at_75: int, with_recall: Sequence[str]
+) -> _APIntervals:
+    """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
+    matches kept: a resample reweighs images, it does not match again. Every figure is read
+    from the same resamples. A class's or a bucket's interval is over the resamples that drew
+    objects of it: with a handful of objects it is wide, which is the point. AP@[.5:.95] is,
+    as pycocotools averages it, the mean over classes of each class's mean over the IoUs."""
+    labels, category_ids = list(params.areaRngLbl), list(params.catIds)
+    images = len(params.imgIds)
+    samples = resampled_ap(walked.rankings, images)
+    everything = labels.index("all")
+    by_class = samples.by_class[everything]  # [T, K, R]
+    per_class: list[dict[str, dict[str, Any] | None]] = [{}] * len(category_ids)
+    for k, category_id in enumerate(category_ids):
+        per_class[category_id - 1] = {
+            "ap50_interval": interval_of(by_class[at_50, k], images),
+            "ap_interval": interval_of(by_class[:, k].mean(axis=0), images),
+        }
+    buckets = {}
+    for name in SIZE_BUCKETS:
+        area = labels.index(name)
+        buckets[name] = {
+            "ap50_interval": interval_of(samples.mean_at(area, at_50), images),
+            "ap_interval": interval_of(samples.mean_over_ious(area), images),
+            "recall_interval": _recall_interval(walked, area, images)
+            if name in with_recall
+            else None,
+        }
+    return _APIntervals(
+        ap50=interval_of(samples.mean_at(everything, at_50), images),
+        ap=interval_of(samples.mean_over_ious(everything), images),
+        ap75=interval_of(samples.mean_at(everything, at_75), images),
+        per_class=per_class,
+        size_buckets=buckets,
+        matches={
+            "image_ids": [int(image_id) for image_id in params.imgIds],
+            "classes": [
+                ranking.matches(everything, at_50).as_document(category_id - 1)
+                for category_id, ranking in zip(category_ids, walked.rankings, strict=True)
+            ],
+        },
+    )
+
+
+def _recall_interval(walked: _Walked, area: int, images: int) -> dict[str, Any] | None:
+    samples = []
+    for weights in bootstrap_weights(images):
+        found, total = (weights @ walked.found[area]).astype(float), weights @ walked.total[area]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            samples.append(np.where(total > 0, found / total, np.nan))
+    return interval_of(np.concatenate(samples), images)
+
+
+def coco_ap(
+    gts: Iterable[Record],
+    dets: Iterable[Record],
+    num_classes: int,
+    image_size: tuple[int, int],
+    class_names: Sequence[str],
+    score_threshold: float = 0.0,
+    ap_intervals: bool = False,
+) -> dict[str, Any]:
+    """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
+
+    `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
+    and class). With `ap_intervals`, `ap_interval`, `ap50_interval` and `ap75_interval` are
+    their 95% intervals over the images, each class and size bucket has its AP@.5's and
+    AP@[.5:.95]'s intervals too, and each size bucket its recall's, from the same resamples
+    (seconds per 500 images on a CPU, so the evaluate stage asks for them and validation
+    during training does not), and `ap50_matches` holds pycocotools' matches at IoU 0.5
+    (`intervals.ClassMatches`); else they are None. Per-class AP is None for a class without
+    ground truth (pycocotools' -1).
+    Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
+    lets a detection on them count against.
+    With no detections every AP is 0; with no ground truth at all AP is undefined and
+    reported as 0 (per-class None).
+
+    `size_buckets` holds, per SIZE_BUCKETS entry (sizes in input pixels), the ground-truth
+    count, AP@.5 and AP (pycocotools with its area ranges set to the buckets) and the recall
+    at IoU 0.5 of the detections scoring >= `score_threshold`; all None for a bucket
+    without ground truth. A bucket's AP is pycocotools' mean over the classes with ground
+    truth in it, so a class with two objects there weighs as much as one with hundreds:
+    `per_class` gives each class's count and AP@.5 in the bucket, which shows when that is so.
+    """
+    if len(class_names) != num_classes:
+        raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
+    truth = index_by_image(gts, "ground truth")
+    found = index_by_image(dets, "detections")
+    unknown = sorted(set(found) - set(truth))
+    if unknown:
+        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    height, width = (int(v) for v in image_size)
+    images, annotations, results = [], [], []
+    gt_per_class = np.zeros(num_classes, dtype=np.int64)
+    for image_id, gt in truth.items():
+        images.append({"id": image_id, "height": height, "width": width})
+        labels = as_vector(gt["labels"], np.int64)
+        check_labels(labels, num_classes, image_id, "Ground truth")
+        gt_per_class += np.bincount(labels, minlength=num_classes)
+        ignore_labels = as_vector(gt.get("ignore_labels", ()), np.int64)
+        check_labels(ignore_labels, num_classes, image_id, "Ground truth")
+        for crowd, boxes, box_labels in (
+            (0, gt["boxes"], labels),
+            (1, gt.get("ignore_boxes", ()), ignore_labels),
+        ):
+            for box, label in zip(as_boxes(boxes), box_labels, strict=True):
+                xywh = _xywh(box)
+                annotations.append(
+                    {
+                        # ids start at 1: COCOeval stores matched ids and reads 0 as "unmatched"
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label) + 1,
+                        "bbox": xywh,
+                        "area": xywh[2] * xywh[3],
+                        "iscrowd": crowd,
+                    }
+                )
+    for image_id, det in found.items():
+        labels = as_vector(det["labels"], np.int64)
+        check_labels(labels, num_classes, image_id, "Detections")
+        for box, score, label in zip(
+            as_boxes(det["boxes"]), as_vector(det["scores"], np.float64), labels, strict=True
+        ):
+            results.append(
+                {
+                    "image_id": image_id,
+                    "category_id": int(label) + 1,
+                    "bbox": _xywh(box),
+                    "score": float(score),
+                }
+            )
+
+    def per_class(
+        ap: Sequence[float | None], ap50: Sequence[float | None], intervals: _APIntervals
+    ) -> list[dict[str, Any]]:
+        return [
+            {
+                "label": c,
+                "name": class_names[c],
+                "num_gt": int(gt_per_class[c]),
+                "ap": ap[c],
+                "ap50": ap50[c],
+                **intervals.of_class(c),
+            }
+            for c in range(num_classes)
+        ]
+
+    objects = [a for a in annotations if not a["iscrowd"]]  # ignore regions not counted
+    areas = np.asarray([a["area"] for a in objects], dtype=np.float64)
+    labels = np.asarray([a["category_id"] - 1 for a in objects], dtype=np.int64)
+    counts = _bucket_counts(areas)
+    class_counts = [_bucket_counts(areas[labels == c]) for c in range(num_classes)]
+
+    def buckets(
+        ap50: Mapping[str, float | None],
+        ap: Mapping[str, float | None],
+        recall: Mapping[str, float | None],
+        class_ap50: Mapping[str, Sequence[float | None]],
+        intervals: _APIntervals,
+    ) -> dict[str, dict[str, Any]]:
+        return _bucket_rows(
+            counts, ap50, ap, recall, class_counts, class_ap50, class_names, intervals
+        )
+
+    # loadRes([]) raises; without objects (ignore regions alone) the stats stay at -1
+    if not results or not gt_per_class.any():
+        zeros = [0.0 if n else None for n in gt_per_class]
+        empty = {name: 0.0 if n else None for name, n in counts.items()}
+        empty_per_class = {
+            name: [0.0 if row[name] else None for row in class_counts] for name in SIZE_BUCKETS
+        }
+        return {
+            "ap": 0.0,
+            "ap_interval": None,
+            "ap50": 0.0,
+            "ap50_interval": None,
+            "ap50_matches": None,
+            "ap75": 0.0,
+            "ap75_interval": None,
+            "per_class": per_class(zeros, zeros, _NO_AP_INTERVALS),
+            "size_buckets": buckets(empty, empty, empty, empty_per_class, _NO_AP_INTERVALS),
+        }
+
+    from pycocotools.coco import COCO  # imported here: only evaluation needs it
+    from pycocotools.cocoeval import COCOeval
+
+    dataset = {
+        "info": {},
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": c + 1, "name": class_names[c]} for c in range(num_classes)],
+    }
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_gt = COCO()
+        coco_gt.dataset = dataset
+        coco_gt.createIndex()
+        coco_dt = coco_gt.loadRes(results)
+        evaluation = COCOeval(coco_gt, coco_dt, "bbox")
+        evaluation.params.areaRng, evaluation.params.areaRngLbl = _area_ranges()
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    params = evaluation.params
+    # precision: [IoU thresholds T, recall thresholds R, classes K, area ranges A, maxDets M]
+    precision = evaluation.eval["precision"][:, :, :, params.areaRngLbl.index("all"), -1]
+    at_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
+
+    def by_class(values: np.ndarray) -> tuple[list[float | None], list[float | None]]:
+        """AP and AP@.5 per class label from one area range's precision [T, R, K]; None for
+        a class without ground truth there (pycocotools' -1)."""
+        class_ap: list[float | None] = [None] * num_classes
+        class_ap50: list[float | None] = [None] * num_classes
+        for k, category_id in enumerate(params.catIds):
+            found = values[:, :, k]
+            if (found > -1).any():
+                class_ap[category_id - 1] = float(found[found > -1].mean())
+                class_ap50[category_id - 1] = float(found[at_50].mean())
+        return class_ap, class_ap50
+
+    ap, ap50 = by_class(precision)
+    bucket_ap50: dict[str, float | None] = {}
+    bucket_ap: dict[str, float | None] = {}
+    bucket_recall: dict[str, float | None] = {}
+    walked = _walk(evaluation, at_50, score_threshold, rankings=ap_intervals)
+    bucket_class_ap50: dict[str, list[float | None]] = {}
+    for name in SIZE_BUCKETS:
+        area = params.areaRngLbl.index(name)
+        values = evaluation.eval["precision"][:, :, :, area, -1]  # [T, R, K]
+        present = (values > -1).any(axis=(0, 1))  # classes with ground truth in this bucket
+        _, bucket_class_ap50[name] = by_class(values)
+        if counts[name] == 0 or not present.any():
+            bucket_ap50[name] = bucket_ap[name] = bucket_recall[name] = None
+            continue
+        bucket_ap50[name] = float(values[at_50][:, present].mean())
+        bucket_ap[name] = float(values[:, :, present].mean())
+        bucket_recall[name] = walked.recall(area)
+    stats = evaluation.stats
+    at_75 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.75)))
+    intervals = (
+        _ap_intervals(
+            walked, params, at_50, at_75, [b for b, r in bucket_recall.items() if r is not None]
+        )
+        if ap_intervals
+        else _NO_AP_INTERVALS
+    )
+    return {
+        "ap": float(stats[0]),
+        "ap_interval": intervals.ap,
+        "ap50": float(stats[1]),
+        "ap50_interval": intervals.ap50,
+        "ap50_matches": intervals.matches,
+        "ap75": float(stats[2]),
+        "ap75_interval": intervals.ap75,
+        "per_class": per_class(ap, ap50, intervals),
+        "size_buckets": buckets(
+            bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals
+        ),
+    }

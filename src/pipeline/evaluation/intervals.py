@@ -1,0 +1,314 @@
+"""AP's intervals over images: pycocotools' own matches reweighed by image, every resample at
+once (an array dimension), and the paired AP@.5 change of two runs scored on the same images.
+
+A resample reweighs images, it never matches again: a detection's fate is the one pycocotools
+gave it. One class's detections are ranked once, as COCOeval.accumulate ranks them; that order
+holds in every area range and at every IoU threshold, so each resample's image weights are
+gathered and summed along it once per class, and each (area range, IoU) reads its true and
+false positives off those sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.stats import (
+    BOOTSTRAP_RESAMPLES,
+    CONFIDENCE,
+    IMAGES_METHOD,
+    PairedChange,
+    bootstrap_interval,
+    bootstrap_weights,
+    paired_change,
+    reference_positions,
+)
+
+RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
+AP_METHOD = IMAGES_METHOD + ", pycocotools' matches reweighed"
+_BLOCK_ELEMENTS = 1 << 22  # resamples x detections summed at once: 32 MiB of int64 weights
+
+
+@dataclass(frozen=True)
+class ClassMatches:
+    """One class's detections as COCOeval matched them at one IoU in one area range (at most
+    maxDets[-1] per image), in the order COCOeval.accumulate ranks them, up to the last true
+    positive. Detections COCOeval ignores are left out (they move neither count), and the false
+    positives after the last true positive too: they lower precision at a recall already
+    reached, so no resample's AP depends on them (and most of a detector's top 100 are those)."""
+
+    image_index: np.ndarray  # int64 [D]: each detection's image, a position in the image list
+    is_tp: np.ndarray  # bool [D]; the others are false positives
+    gt_per_image: np.ndarray  # int64 [I]: objects that count (not crowd, not ignored)
+
+    def as_document(self, label: int) -> dict[str, Any]:
+        """The eval JSON's form (`metrics.ap50_matches.classes[]`): every object's image
+        position once, so an image with three objects is listed three times."""
+        return {
+            "label": label,
+            "detections": self.image_index.tolist(),
+            "true_positive": self.is_tp.astype(int).tolist(),
+            "objects": np.repeat(np.arange(self.gt_per_image.size), self.gt_per_image).tolist(),
+        }
+
+    @classmethod
+    def from_document(cls, found: Mapping[str, Any], images: int) -> ClassMatches:
+        image_index = np.asarray(found["detections"], dtype=np.int64)
+        is_tp = np.asarray(found["true_positive"], dtype=bool)
+        objects = np.asarray(found["objects"], dtype=np.int64)
+        if image_index.shape != is_tp.shape or ((image_index < 0) | (image_index >= images)).any():
+            raise ValueError(f"class {found.get('label')}'s matches do not fit {images} images")
+        if ((objects < 0) | (objects >= images)).any():
+            raise ValueError(f"class {found.get('label')}'s objects do not fit {images} images")
+        return cls(image_index, is_tp, np.bincount(objects, minlength=images))
+
+    def reordered(self, order: np.ndarray) -> ClassMatches:
+        """The same matches with images renumbered: image i becomes order[i]."""
+        placed = np.zeros_like(self.gt_per_image)
+        placed[order] = self.gt_per_image
+        return ClassMatches(order[self.image_index], self.is_tp, placed)
+
+    def ranking(self) -> ClassRanking:
+        """These matches as a ranking of one area range at one IoU."""
+        return ClassRanking(
+            self.image_index,
+            self.is_tp[None, None],
+            np.ones((1, 1, self.is_tp.size), dtype=bool),
+            self.gt_per_image[None],
+        )
+
+
+@dataclass(frozen=True)
+class ClassRanking:
+    """One class's detections ranked once, as COCOeval.accumulate ranks them (the same order in
+    every area range and at every IoU threshold), with what each one is in each area range [A]
+    at each IoU threshold [T]; cut after the last true positive of any of them."""
+
+    image_index: np.ndarray  # int64 [D]: each detection's image, a position in the image list
+    is_tp: np.ndarray  # bool [A, T, D]: matched an object that counts there
+    counted: np.ndarray  # bool [A, T, D]: not ignored by COCOeval there (true positives are)
+    gt_per_image: np.ndarray  # int64 [A, I]: objects that count in each area range
+
+    def matches(self, area: int, iou: int) -> ClassMatches:
+        """The matches of one area range at one IoU, as the eval JSON keeps them."""
+        counted = self.counted[area, iou]
+        is_tp = self.is_tp[area, iou][counted]
+        end = int(np.flatnonzero(is_tp)[-1]) + 1 if is_tp.any() else 0
+        return ClassMatches(self.image_index[counted][:end], is_tp[:end], self.gt_per_image[area])
+
+
+def _average_precision(
+    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, thresholds: np.ndarray
+) -> np.ndarray:
+    """AP [R] from the true positives and the counted detections ranked at or above each true
+    positive [H, R], as accumulate computes it: the precision envelope read at each recall
+    threshold; NaN where a resample drew no objects.
+
+    Recall rises only at true positives, so the first detection that reaches a recall
+    threshold is one, and the envelope there is the highest precision at a true positive from
+    there on (after a false positive precision only falls until the next one). Each true
+    positive stands for the thresholds its recall reaches first: those it reaches, less those
+    the one before it reached.
+    """
+    precision = tp / (seen + np.spacing(1))  # accumulate's tp / (tp + fp + eps), in float64
+    envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
+    recall = tp / np.maximum(objects, 1)[None, :]  # in float64, as accumulate divides
+    first = np.diff(_thresholds_reached(recall, thresholds), axis=0, prepend=0)
+    ap = (envelope * first).sum(axis=0) / len(thresholds)
+    return np.where(objects > 0, ap, np.nan)
+
+
+def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """How many of the (ascending) thresholds each recall reaches (threshold <= recall).
+
+    COCO's 101 evenly spaced points are found by arithmetic, then put right where rounding
+    put a point a hair off its place (a binary search for every value costs several times
+    as much); other thresholds by a search."""
+    if thresholds is not RECALL_THRESHOLDS:
+        return np.searchsorted(thresholds, recall, side="right")
+    last = thresholds.size - 1
+    guess = np.minimum((recall * last).astype(np.int64), last)  # floor: recall >= 0
+    reached = guess + 1 - (thresholds[guess] > recall)
+    above = np.minimum(guess + 1, last)
+    return reached + ((guess < last) & (thresholds[above] <= recall))
+
+
+def _sums_at(drawn: np.ndarray, members: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """[P, R] each resample's weight of the `members` (ranks, ascending) ranked at or above
+    each of `positions` (ascending), from each detection's weights `drawn` [D, R]."""
+    result = np.zeros((positions.size, drawn.shape[1]), dtype=np.int64)
+    members = members[: np.searchsorted(members, positions[-1], side="right")]
+    if members.size == 0:
+        return result
+    segment = np.searchsorted(positions, members, side="left")  # the first position at or below
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+    # every detection up to the last position (area "all" without crowds): no copy to make
+    every = members.size == members[-1] + 1
+    rows = drawn[: members.size] if every else drawn[members]
+    result[segment[starts]] = np.add.reduceat(rows, starts, axis=0)
+    return np.cumsum(result, axis=0, out=result)
+
+
+def ranked_ap(
+    ranking: ClassRanking, by_image: np.ndarray, thresholds: np.ndarray = RECALL_THRESHOLDS
+) -> np.ndarray:
+    """AP [A, T, R] of one class in each area range at each IoU threshold, for each column of
+    image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
+    of the class's objects there. All-ones weights give pycocotools' per-class AP."""
+    areas, ious, _ = ranking.is_tp.shape
+    objects = ranking.gt_per_image @ by_image  # [A, R]
+    result = np.full((areas, ious, by_image.shape[1]), np.nan)
+    drawn = by_image[ranking.image_index]  # [D, R]: each detection's image's weight
+    for a in range(areas):
+        # the true positives at any IoU, and what is counted at every IoU, summed up to each of
+        # them once; an IoU counts more only where a match to an ignored object came or went
+        union = np.flatnonzero(ranking.is_tp[a].any(axis=0))
+        if union.size == 0:
+            result[a] = np.where(objects[a] > 0, 0.0, np.nan)
+            continue
+        always = ranking.counted[a].all(axis=0)
+        seen_always = _sums_at(drawn, np.flatnonzero(always), union)
+        for t in range(ious):
+            at = np.flatnonzero(ranking.is_tp[a, t, union])
+            if at.size == 0:
+                result[a, t] = np.where(objects[a] > 0, 0.0, np.nan)
+                continue
+            hits = union[at]
+            tp = np.cumsum(drawn[hits], axis=0)
+            seen = seen_always[at]
+            more = np.flatnonzero(ranking.counted[a, t] & ~always)
+            if more.size:
+                seen += _sums_at(drawn, more, hits)
+            result[a, t] = _average_precision(tp, seen, objects[a], thresholds)
+    return result
+
+
+def weighted_class_ap(
+    classes: Sequence[ClassMatches],
+    weights: np.ndarray,
+    recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
+) -> np.ndarray:
+    """AP [K, R] of each class at the IoU its matches were made at, for each row of image
+    weights [R, I]; NaN where a resample drew none of the class's objects."""
+    if not classes:
+        return np.full((0, len(weights)), np.nan)
+    by_image = np.ascontiguousarray(np.asarray(weights).T)
+    return np.stack(
+        [ranked_ap(found.ranking(), by_image, recall_thresholds)[0, 0] for found in classes]
+    )
+
+
+def class_mean(per_class: np.ndarray) -> np.ndarray:
+    """The mean over the classes with objects [R] of per-class AP [K, R], as pycocotools
+    averages; NaN where a resample drew no objects at all."""
+    counted = np.isfinite(per_class).sum(axis=0)
+    totals = np.where(np.isfinite(per_class), per_class, 0.0).sum(axis=0)
+    return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
+
+
+def interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
+    """The interval of the finite samples (a resample may draw none of what a figure
+    measures); None without any."""
+    finite = samples[np.isfinite(samples)]
+    if finite.size == 0:
+        return None
+    return bootstrap_interval(finite, images, AP_METHOD)
+
+
+@dataclass(frozen=True)
+class APSamples:
+    """Resampled AP of one evaluation, `by_class` [A, T, K, R]: each class's in each area range
+    at each IoU threshold, NaN where a resample drew none of its objects there."""
+
+    by_class: np.ndarray
+
+    def mean_at(self, area: int, iou: int) -> np.ndarray:
+        """[R] the class mean at one IoU (AP@.5, AP@.75)."""
+        return class_mean(self.by_class[area, iou])
+
+    def mean_over_ious(self, area: int) -> np.ndarray:
+        """[R] AP@[.5:.95] as pycocotools averages it: over classes of each class's mean
+        over the IoUs."""
+        return class_mean(self.by_class[area].mean(axis=0))
+
+
+def resampled_ap(
+    rankings: Sequence[ClassRanking], images: int, resamples: int = BOOTSTRAP_RESAMPLES
+) -> APSamples:
+    """Every class's AP in every area range at every IoU for each resample of the images: the
+    same resamples (`stats.bootstrap_weights`, seeded) as the F1 intervals draw."""
+    if not rankings:
+        return APSamples(np.full((0, 0, 0, resamples), np.nan))
+    width = max(images, *(ranking.image_index.size for ranking in rankings))
+    chunks = [
+        np.stack([ranked_ap(ranking, by_image) for ranking in rankings], axis=2)  # [A, T, K, r]
+        for by_image in _blocks(bootstrap_weights(images, resamples), width)
+    ]
+    return APSamples(np.concatenate(chunks, axis=3))
+
+
+def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
+    """The resamples in blocks, each as image weights [I, rows] with as many rows as keep a
+    block's [width, rows] arrays within _BLOCK_ELEMENTS: few blocks (Python's overhead is per
+    block), bounded memory."""
+    rows, pending = max(1, _BLOCK_ELEMENTS // max(width, 1)), []
+    for chunk in weights:
+        pending.append(chunk)
+        if sum(len(part) for part in pending) >= rows:
+            yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
+            pending = []
+    if pending:
+        yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
+
+
+def read_ap50_matches(
+    matches: Mapping[str, Any],
+) -> tuple[list[Any], list[int], list[ClassMatches]]:
+    """(image ids, class labels, their matches, in label order) from an eval JSON's
+    `metrics.ap50_matches`; ValueError where it is malformed."""
+    image_ids = list(matches["image_ids"])
+    found = sorted(matches["classes"], key=lambda row: int(row["label"]))
+    labels = [int(row["label"]) for row in found]
+    return image_ids, labels, [ClassMatches.from_document(row, len(image_ids)) for row in found]
+
+
+def ap50_change(
+    reference: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    tolerance: float,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> PairedChange:
+    """The AP@.5 change from `reference` to `candidate`, each an eval JSON's
+    `metrics.ap50_matches`, resampling images in pairs as `stats.f1_change` does: each
+    resample reweighs both runs' own matches at the same images.
+
+    ValueError where the two were not scored on the same images and classes.
+    """
+    ref_ids, ref_labels, ref = read_ap50_matches(reference)
+    cand_ids, cand_labels, cand = read_ap50_matches(candidate)
+    placed = reference_positions(ref_ids, cand_ids)
+    if ref_labels != cand_labels:
+        raise ValueError(
+            f"the two evaluations scored different classes ({ref_labels}, {cand_labels})"
+        )
+    cand = [found.reordered(placed) for found in cand]
+
+    def difference(weights: np.ndarray) -> np.ndarray:
+        return class_mean(weighted_class_ap(cand, weights)) - class_mean(
+            weighted_class_ap(ref, weights)
+        )
+
+    change = float(difference(np.ones((1, len(ref_ids)), dtype=np.int64))[0])
+    changes = np.concatenate(
+        [difference(weights) for weights in bootstrap_weights(len(ref_ids), resamples, seed)]
+    )
+    changes = changes[np.isfinite(changes)]
+    if changes.size == 0:
+        raise ValueError("the evaluations hold no objects to compare AP@.5 on")
+    return paired_change(change, changes, len(ref_ids), tolerance, confidence)

@@ -1,0 +1,269 @@
+"""The evaluation loop: a model over a loader, timed apart from everything else, and its
+detections turned into the metrics every stage reports (training's validation, `evaluate`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.device import DeviceLike, autocast, synchronize
+from pipeline.errors import ConfigError
+from pipeline.evaluation.coco import coco_ap
+from pipeline.evaluation.image_level import image_level_f1
+from pipeline.evaluation.matching import Record, precision_recall_f1, ratio
+
+LABEL_MODES = ("multilabel", "single")
+TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
+
+
+def _numpy(tensor: Any, dtype: torch.dtype) -> np.ndarray:
+    # through the CPU in float32/int64 first: MPS has no float64, and metrics must not care
+    return torch.as_tensor(tensor).detach().to(device="cpu", dtype=dtype).numpy()
+
+
+_FIELDS = {
+    "boxes": (torch.float32, (-1, 4)),
+    "scores": (torch.float32, (-1,)),
+    "labels": (torch.int64, (-1,)),
+    "ignore_boxes": (torch.float32, (-1, 4)),
+    "ignore_labels": (torch.int64, (-1,)),
+}
+IGNORE_KEYS = ("ignore_boxes", "ignore_labels")
+
+
+def _record(image_id: int, tensors: Record, keys: Sequence[str]) -> dict[str, Any]:
+    """One image's tensors as the numpy record the metric functions take."""
+    record: dict[str, Any] = {"image_id": image_id}
+    for key in keys:
+        dtype, shape = _FIELDS[key]
+        record[key] = _numpy(tensors[key], dtype).reshape(shape)
+    return record
+
+
+def _clip(boxes: np.ndarray, region: Any) -> np.ndarray:
+    """Boxes clipped to the image's own area in the input frame (a target's `region`).
+
+    A letterboxed image fills only part of the square input; a detection reaching into the
+    padding is scored as it maps back to the image's own pixels (what the predictions file
+    holds): IoU is unchanged by the per-axis scaling between the two frames, not by padding.
+    """
+    x1, y1, x2, y2 = (float(v) for v in _numpy(region, torch.float32).reshape(4))
+    low = np.array([x1, y1, x1, y1], dtype=boxes.dtype)
+    high = np.array([x2, y2, x2, y2], dtype=boxes.dtype)
+    return np.clip(boxes, low, high)
+
+
+class Evaluator:
+    """Runs a model over a loader and turns its detections into the metrics every stage reports."""
+
+    def __init__(
+        self,
+        class_names: Sequence[str],
+        *,
+        label_mode: str,
+        image_size: int,
+        score_threshold: float | None = 0.3,
+        iou_threshold: float = 0.5,
+        max_detections: int = 100,
+        image_threshold: float = 0.5,
+    ) -> None:
+        if label_mode not in LABEL_MODES:
+            raise ConfigError(
+                f"label_mode={label_mode!r} is not understood: use one of {LABEL_MODES}."
+            )
+        if not class_names:
+            raise ConfigError("The evaluator needs at least one class name.")
+        self.class_names = list(class_names)
+        self.label_mode = label_mode
+        self.image_size = int(image_size)
+        # None: each pass picks its own best-F1 threshold (see precision_recall_f1)
+        self.score_threshold = None if score_threshold is None else float(score_threshold)
+        self.iou_threshold = float(iou_threshold)
+        self.max_detections = int(max_detections)
+        self.image_threshold = float(image_threshold)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
+        """The evaluator a resolved config describes (training's validation and `eval` agree)."""
+        settings = config["eval"]
+        return cls(
+            class_names,
+            label_mode=config["model"]["label_mode"],
+            image_size=config["data"]["image_size"],
+            score_threshold=settings["score_threshold"],
+            iou_threshold=settings["iou_threshold"],
+            max_detections=settings["max_detections"],
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def evaluate(
+        self,
+        model: torch.nn.Module,
+        loader: Iterable[tuple[torch.Tensor, Sequence[Record]]],
+        device: DeviceLike,
+        precision: str = "fp32",
+        chosen_threshold: float | None = None,
+        ap_intervals: bool = False,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Metrics and JSON-ready detections for one pass over `loader`.
+
+        `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
+        included); `images_per_s` and `ms_per_image` derive from it. Decoding and the copy
+        to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
+        `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
+        adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
+        picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
+        intervals over the images (see `coco_ap`).
+        """
+        device = torch.device(device)
+        gts: list[dict[str, Any]] = []
+        dets: list[dict[str, Any]] = []
+        score_rows: list[np.ndarray] = []
+        model_s = postprocess_s = 0.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for images, targets in loader:
+                    images = images.to(device, non_blocking=True)
+                    synchronize(device)
+                    start = time.perf_counter()
+                    with autocast(device, precision):
+                        outputs = model(images)
+                    synchronize(device)
+                    model_s += time.perf_counter() - start
+
+                    start = time.perf_counter()
+                    decoded = model.decode(outputs, max_detections=self.max_detections)
+                    if len(decoded) != len(targets) or len(targets) != images.shape[0]:
+                        raise ValueError(
+                            f"A batch of {images.shape[0]} images came with {len(targets)} targets "
+                            f"and {len(decoded)} decoded predictions; they must match one to one."
+                        )
+                    for prediction, target in zip(decoded, targets, strict=True):
+                        image_id = int(target["image_id"])
+                        found = _record(image_id, prediction, ("boxes", "scores", "labels"))
+                        if "region" in target:
+                            found["boxes"] = _clip(found["boxes"], target["region"])
+                        dets.append(found)
+                        ignore = tuple(key for key in IGNORE_KEYS if key in target)
+                        gts.append(_record(image_id, target, ("boxes", "labels", *ignore)))
+                    if self.label_mode == "multilabel":
+                        score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
+                    postprocess_s += time.perf_counter() - start
+        finally:
+            model.train(was_training)
+        metrics = self._metrics(
+            gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap_intervals
+        )
+        return metrics, [
+            {
+                "image_id": det["image_id"],
+                "boxes": det["boxes"].tolist(),
+                "scores": det["scores"].tolist(),
+                "labels": det["labels"].tolist(),
+            }
+            for det in dets
+        ]
+
+    def _metrics(
+        self,
+        gts: list[dict[str, Any]],
+        dets: list[dict[str, Any]],
+        score_rows: list[np.ndarray],
+        model_s: float,
+        postprocess_s: float,
+        chosen_threshold: float | None = None,
+        ap_intervals: bool = False,
+    ) -> dict[str, Any]:
+        counts = precision_recall_f1(
+            gts,
+            dets,
+            self.num_classes,
+            self.score_threshold,
+            self.iou_threshold,
+            chosen_threshold,
+        )
+        coco = coco_ap(
+            gts,
+            dets,
+            self.num_classes,
+            (self.image_size, self.image_size),
+            self.class_names,
+            counts["score_threshold"],
+            ap_intervals,
+        )
+        image_level = None
+        if self.label_mode == "multilabel":
+            present = np.zeros((len(gts), self.num_classes), dtype=bool)
+            for row, gt in enumerate(gts):
+                present[row, gt["labels"]] = True
+            scores = (
+                np.concatenate(score_rows)
+                if score_rows
+                else np.zeros((0, self.num_classes), dtype=np.float32)
+            )
+            image_level = image_level_f1(scores, present, self.image_threshold)
+        num_images = len(gts)
+        per_class = [
+            {
+                "name": self.class_names[c],
+                "num_gt": counts["per_class"][c]["num_gt"],
+                "ap": coco["per_class"][c]["ap"],
+                "ap_interval": coco["per_class"][c]["ap_interval"],
+                "ap50": coco["per_class"][c]["ap50"],
+                "ap50_interval": coco["per_class"][c]["ap50_interval"],
+                "precision": counts["per_class"][c]["precision"],
+                "recall": counts["per_class"][c]["recall"],
+                "f1": counts["per_class"][c]["f1"],
+                "tp": counts["per_class"][c]["tp"],
+                "fp": counts["per_class"][c]["fp"],
+                "fn": counts["per_class"][c]["fn"],
+            }
+            for c in range(self.num_classes)
+        ]
+        return {
+            "f1": counts["micro"]["f1"],
+            "f1_interval": counts["f1_interval"],
+            "precision": counts["micro"]["precision"],
+            "precision_interval": counts["precision_interval"],
+            "recall": counts["micro"]["recall"],
+            "recall_interval": counts["recall_interval"],
+            "f1_macro": counts["macro"]["f1"],
+            "best_f1": counts["best"]["f1"],
+            "best_f1_threshold": counts["best"]["threshold"],
+            "ap": coco["ap"],
+            "ap_interval": coco["ap_interval"],
+            "ap50": coco["ap50"],
+            "ap50_interval": coco["ap50_interval"],
+            "ap50_matches": coco["ap50_matches"],
+            "ap75": coco["ap75"],
+            "ap75_interval": coco["ap75_interval"],
+            "per_class": per_class,
+            "size_buckets": coco["size_buckets"],
+            "micro": counts["micro"],
+            "macro": counts["macro"],
+            "best": counts["best"],
+            "chosen_threshold": counts["chosen_threshold"],
+            "image_level": image_level,
+            "num_images": num_images,
+            "num_ground_truth": counts["num_ground_truth"],
+            "num_detections": counts["num_detections"],
+            "num_ignored_detections": counts["num_ignored_detections"],
+            "per_image": counts["per_image"],
+            "score_threshold": counts["score_threshold"],
+            "iou_threshold": self.iou_threshold,
+            "timing": {
+                "model_s": model_s,
+                "postprocess_s": postprocess_s,
+                "images_per_s": ratio(num_images, model_s),
+                "ms_per_image": 1000.0 * ratio(model_s, num_images),
+            },
+        }

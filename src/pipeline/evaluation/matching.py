@@ -1,0 +1,346 @@
+"""Matching detections to objects, and P/R/F1 from the matches: the one matcher, whose rules
+for ties and ignore regions (crowds, difficult objects) hold for every figure computed from it.
+
+Conventions: boxes are xyxy pixels in the model's input frame, labels are 0-based class
+indices; ground truth and detections are per-image dicts of numpy arrays keyed by
+`image_id`. Ratios whose denominator is zero (0/0) are defined as 0, never NaN.
+
+Ground truth may carry ignore regions (`ignore_boxes`, `ignore_labels`: COCO crowd
+regions, VOC difficult objects). A detection that matches no object but covers an
+ignore region of its class is neither a true nor a false positive: it is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+from pipeline.errors import DataError
+from pipeline.stats import f1_of_counts, micro_intervals
+
+# The operating point of a pass without detections: nothing is kept at any threshold.
+NO_DETECTIONS_THRESHOLD = 1.0
+
+Record = Mapping[str, Any]
+
+
+def as_boxes(value: Any) -> np.ndarray:
+    # float64 so that IoU at the threshold is decided as pycocotools (double precision) decides it
+    return np.asarray(value, dtype=np.float64).reshape(-1, 4)
+
+
+def as_vector(value: Any, dtype: type) -> np.ndarray:
+    return np.asarray(value, dtype=dtype).reshape(-1)
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return float(numerator) / float(denominator) if denominator else 0.0
+
+
+def count_figures(tp: int, fp: int, fn: int) -> dict[str, float | int]:
+    """P/R/F1 from counts; F1 = 2TP / (2TP + FP + FN), which is 0 rather than NaN when P = R = 0."""
+    return {
+        "precision": ratio(tp, tp + fp),
+        "recall": ratio(tp, tp + fn),
+        "f1": float(f1_of_counts(tp, fp, fn)),
+        "tp": int(tp),
+        "fp": int(fp),
+        "fn": int(fn),
+    }
+
+
+def macro_figures(rows: Sequence[Mapping[str, Any]], active: np.ndarray) -> dict[str, float | int]:
+    """Unweighted mean over the active classes; F1 is the mean of per-class F1s (as sklearn's)."""
+    chosen = [row for row, keep in zip(rows, active, strict=True) if keep]
+    if not chosen:
+        return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "num_classes": 0}
+    return {
+        "precision": float(np.mean([row["precision"] for row in chosen])),
+        "recall": float(np.mean([row["recall"] for row in chosen])),
+        "f1": float(np.mean([row["f1"] for row in chosen])),
+        "num_classes": len(chosen),
+    }
+
+
+def match_detections(
+    det_boxes: Any,
+    det_scores: Any,
+    det_labels: Any,
+    gt_boxes: Any,
+    gt_labels: Any,
+    iou_threshold: float = 0.5,
+) -> np.ndarray:
+    """True-positive flag for each detection of one image, in the detections' original order.
+
+    Greedy in descending score (stable for ties), each detection takes the unmatched ground
+    truth of its class with the highest IoU >= threshold. Because a detection's fate never
+    depends on lower-scored ones, matching once and then dropping detections below a score
+    threshold gives the same flags as matching only those above it: one pass serves every
+    threshold.
+    """
+    boxes, scores = as_boxes(det_boxes), as_vector(det_scores, np.float64)
+    labels = as_vector(det_labels, np.int64)
+    truth_boxes, truth_labels = as_boxes(gt_boxes), as_vector(gt_labels, np.int64)
+    if not len(boxes) == len(scores) == len(labels):
+        raise ValueError(
+            f"Detections disagree in length: {len(boxes)} boxes, {len(scores)} scores, "
+            f"{len(labels)} labels."
+        )
+    if len(truth_boxes) != len(truth_labels):
+        raise ValueError(
+            f"Ground truth disagrees in length: {len(truth_boxes)} boxes, {len(truth_labels)} labels."
+        )
+    is_tp = np.zeros(len(scores), dtype=bool)
+    if len(scores) == 0 or len(truth_labels) == 0:
+        return is_tp
+    iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth_boxes)).numpy()
+    iou[labels[:, None] != truth_labels[None, :]] = -1.0
+    free = np.ones(len(truth_labels), dtype=bool)
+    for index in np.argsort(-scores, kind="stable"):
+        candidates = np.where(free, iou[index], -1.0)
+        best = int(np.argmax(candidates))
+        if candidates[best] >= iou_threshold:
+            free[best] = False
+            is_tp[index] = True
+    return is_tp
+
+
+def _intersection_over_detection(boxes: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """[D, K] intersection area over each detection's own area (0 for an empty detection)."""
+    top_left = np.maximum(boxes[:, None, :2], regions[None, :, :2])
+    bottom_right = np.minimum(boxes[:, None, 2:], regions[None, :, 2:])
+    intersection = np.prod(np.clip(bottom_right - top_left, 0, None), axis=2)
+    area = np.prod(np.clip(boxes[:, 2:] - boxes[:, :2], 0, None), axis=1)
+    return np.divide(
+        intersection, area[:, None], out=np.zeros_like(intersection), where=area[:, None] > 0
+    )
+
+
+def ignored_detections(
+    det_boxes: Any,
+    det_labels: Any,
+    is_tp: np.ndarray,
+    ignore_boxes: Any,
+    ignore_labels: Any,
+    threshold: float = 0.5,
+) -> np.ndarray:
+    """Which detections of one image fall on an ignore region: neither true nor false positives.
+
+    COCO's crowd rule, as pycocotools applies it to `iscrowd=1` regions: a detection that
+    matched no object is ignored when the intersection with an ignore region of its class
+    covers at least `threshold` of the detection's own area; one region may absorb many
+    detections. The VOC devkit matches difficult objects by IoU instead; an IoU of at least
+    the threshold implies this ratio is too, so this rule ignores those detections and
+    also smaller ones lying inside a difficult object. One rule keeps F1 and COCO AP
+    (which only knows the crowd rule) consistent.
+    """
+    boxes, labels = as_boxes(det_boxes), as_vector(det_labels, np.int64)
+    regions, region_labels = as_boxes(ignore_boxes), as_vector(ignore_labels, np.int64)
+    if len(regions) != len(region_labels):
+        raise ValueError(
+            f"Ignore regions disagree in length: {len(regions)} boxes, {len(region_labels)} labels."
+        )
+    if len(boxes) == 0 or len(regions) == 0:
+        return np.zeros(len(boxes), dtype=bool)
+    overlap = _intersection_over_detection(boxes, regions)
+    overlap[labels[:, None] != region_labels[None, :]] = -1.0
+    return ~np.asarray(is_tp, dtype=bool) & (overlap.max(axis=1) >= threshold)
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """Every detection of every image after one matching pass, plus ground-truth counts."""
+
+    scores: np.ndarray  # float64 [D]
+    labels: np.ndarray  # int64 [D]
+    is_tp: np.ndarray  # bool [D]
+    image_index: np.ndarray  # int64 [D]: the detection's image, a position in `image_ids`
+    image_ids: list[int]  # [N], in ground-truth order
+    gt_per_image: np.ndarray  # int64 [N]
+    gt_per_class: np.ndarray  # int64 [C]
+    ignored: int  # detections left out for falling on an ignore region
+
+    def per_image(self, threshold: float) -> dict[str, list[int]]:
+        """TP, FP and FN of each image at one score threshold: what a bootstrap over images
+        resamples, and what finds the images a model gets wrong."""
+        kept = self.scores >= threshold
+        images = len(self.image_ids)
+        tp = np.bincount(self.image_index[kept & self.is_tp], minlength=images)
+        detected = np.bincount(self.image_index[kept], minlength=images)
+        return {
+            "image_ids": list(self.image_ids),
+            "tp": tp.tolist(),
+            "fp": (detected - tp).tolist(),
+            "fn": (self.gt_per_image - tp).tolist(),
+        }
+
+
+def index_by_image(records: Iterable[Record], what: str) -> dict[int, Record]:
+    indexed: dict[int, Record] = {}
+    for record in records:
+        image_id = int(record["image_id"])
+        if image_id in indexed:
+            raise DataError(
+                f"The {what} list holds image_id {image_id} twice; image ids must be unique."
+            )
+        indexed[image_id] = record
+    return indexed
+
+
+def check_labels(labels: np.ndarray, num_classes: int, image_id: int, what: str) -> None:
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = labels[(labels < 0) | (labels >= num_classes)][0]
+        message = (
+            f"{what} of image {image_id} has label {int(bad)}, outside [0, {num_classes}): "
+            "labels are 0-based class indices, so check the class list against the data."
+        )
+        raise DataError(message) if what == "Ground truth" else ValueError(message)
+
+
+def _pool(
+    gts: Iterable[Record], dets: Iterable[Record], num_classes: int, iou_threshold: float
+) -> _Pooled:
+    truth = index_by_image(gts, "ground truth")
+    found = index_by_image(dets, "detections")
+    unknown = sorted(set(found) - set(truth))
+    if unknown:
+        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    scores, labels, flags, image_index = [], [], [], []
+    ignored = 0
+    gt_per_class = np.zeros(num_classes, dtype=np.int64)
+    gt_per_image = np.zeros(len(truth), dtype=np.int64)
+    for position, (image_id, gt) in enumerate(truth.items()):
+        gt_labels = as_vector(gt["labels"], np.int64)
+        check_labels(gt_labels, num_classes, image_id, "Ground truth")
+        gt_per_class += np.bincount(gt_labels, minlength=num_classes)
+        gt_per_image[position] = gt_labels.size
+        det = found.get(image_id)
+        if det is None:
+            continue
+        det_labels = as_vector(det["labels"], np.int64)
+        check_labels(det_labels, num_classes, image_id, "Detections")
+        det_scores = as_vector(det["scores"], np.float64)
+        is_tp = match_detections(
+            det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
+        )
+        counted = ~ignored_detections(
+            det["boxes"],
+            det_labels,
+            is_tp,
+            gt.get("ignore_boxes", ()),
+            gt.get("ignore_labels", ()),
+            iou_threshold,
+        )
+        ignored += int((~counted).sum())
+        flags.append(is_tp[counted])
+        scores.append(det_scores[counted])
+        labels.append(det_labels[counted])
+        image_index.append(np.full(int(counted.sum()), position, dtype=np.int64))
+    return _Pooled(
+        scores=np.concatenate(scores) if scores else np.zeros(0, dtype=np.float64),
+        labels=np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64),
+        is_tp=np.concatenate(flags) if flags else np.zeros(0, dtype=bool),
+        image_index=np.concatenate(image_index) if image_index else np.zeros(0, dtype=np.int64),
+        image_ids=list(truth),
+        gt_per_image=gt_per_image,
+        gt_per_class=gt_per_class,
+        ignored=ignored,
+    )
+
+
+def _best_f1(pooled: _Pooled, fallback_threshold: float) -> dict[str, float]:
+    """Sweep every distinct detection score as a threshold (keep score >= t) for the best micro F1.
+
+    Tied scores stay together: a threshold cannot split them. Among equal F1s the highest
+    threshold wins (fewer detections). With no detections there is nothing to sweep: F1 is 0
+    and the threshold reported is the configured one.
+    """
+    num_gt = int(pooled.gt_per_class.sum())
+    if pooled.scores.size == 0:
+        return {"threshold": float(fallback_threshold), "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    order = np.argsort(-pooled.scores, kind="stable")
+    sorted_scores = pooled.scores[order]
+    cum_tp = np.cumsum(pooled.is_tp[order])
+    kept = np.arange(1, len(order) + 1)
+    group_ends = np.flatnonzero(np.r_[sorted_scores[1:] != sorted_scores[:-1], True])
+    f1 = 2 * cum_tp[group_ends] / (kept[group_ends] + num_gt)
+    end = int(group_ends[int(np.argmax(f1))])
+    return {
+        "threshold": float(sorted_scores[end]),
+        "precision": ratio(cum_tp[end], kept[end]),
+        "recall": ratio(cum_tp[end], num_gt),
+        "f1": float(f1.max()),
+    }
+
+
+def _micro_at(pooled: _Pooled, threshold: float) -> dict[str, Any]:
+    """Micro P/R/F1 of the detections scoring >= `threshold`, from one matching pass, with the
+    F1's interval over the images."""
+    kept = pooled.scores >= threshold
+    tp = int((kept & pooled.is_tp).sum())
+    return {
+        "threshold": float(threshold),
+        **count_figures(tp, int(kept.sum()) - tp, int(pooled.gt_per_class.sum()) - tp),
+        "f1_interval": micro_intervals(pooled.per_image(threshold))["f1"],
+    }
+
+
+def precision_recall_f1(
+    gts: Iterable[Record],
+    dets: Iterable[Record],
+    num_classes: int,
+    score_threshold: float | None,
+    iou_threshold: float = 0.5,
+    chosen_threshold: float | None = None,
+) -> dict[str, Any]:
+    """Micro, macro and per-class P/R/F1 at one score threshold, plus the best-F1 operating point.
+
+    Detections with score >= score_threshold count; None takes the best-F1 threshold of these
+    detections (what training's validation picks as the model's operating point; with no
+    detections, 1.0). Micro pools TP/FP/FN over classes.
+    Macro is the unweighted mean over classes that have ground truth or kept detections: a
+    class absent from both has no defined P/R and would only drag the mean to 0, while a
+    class with detections but no ground truth is all false positives and must count.
+    0/0 is 0. With no ground truth at all, recall is 0/0 and precision is 0 (or 0/0), so every
+    figure is 0 even for a model that rightly predicts nothing: check `num_ground_truth`.
+    Detections on ignore regions count nowhere (`num_ignored_detections`).
+    `chosen_threshold` adds the micro figures at that threshold too (`chosen_threshold`),
+    from the same matching. `per_image` holds each image's TP/FP/FN at `score_threshold`, and
+    `f1_interval`, `precision_interval` and `recall_interval` the 95% intervals of the micro
+    figures over these images (None without images).
+    """
+    pooled = _pool(gts, dets, num_classes, iou_threshold)
+    if score_threshold is None:
+        score_threshold = _best_f1(pooled, NO_DETECTIONS_THRESHOLD)["threshold"]
+    kept = pooled.scores >= score_threshold
+    tp = np.bincount(pooled.labels[kept & pooled.is_tp], minlength=num_classes)
+    detected = np.bincount(pooled.labels[kept], minlength=num_classes)
+    fp = detected - tp
+    fn = pooled.gt_per_class - tp
+    per_image = pooled.per_image(score_threshold)
+    intervals = micro_intervals(per_image)
+    per_class = [
+        {"label": c, "num_gt": int(pooled.gt_per_class[c]), **count_figures(tp[c], fp[c], fn[c])}
+        for c in range(num_classes)
+    ]
+    return {
+        "score_threshold": float(score_threshold),
+        "iou_threshold": float(iou_threshold),
+        "micro": count_figures(tp.sum(), fp.sum(), fn.sum()),
+        "macro": macro_figures(per_class, (pooled.gt_per_class > 0) | (detected > 0)),
+        "per_class": per_class,
+        "best": _best_f1(pooled, score_threshold),
+        "chosen_threshold": None
+        if chosen_threshold is None
+        else _micro_at(pooled, chosen_threshold),
+        "num_ground_truth": int(pooled.gt_per_class.sum()),
+        "num_detections": int(pooled.scores.size),
+        "num_ignored_detections": pooled.ignored,
+        "per_image": per_image,
+        **{f"{name}_interval": interval for name, interval in intervals.items()},
+    }
