@@ -174,7 +174,8 @@ def main(argv: list[str]) -> int:
     atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f (%s); at validation's "
-        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s), AP %.3f (%s); AP@.5 by size %s -> %s",
+        "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s; %s protocol), AP %.3f (%s; COCO); "
+        "AP@.5 by size %s -> %s",
         args.checkpoint,
         split.source,
         role,
@@ -189,6 +190,7 @@ def main(argv: list[str]) -> int:
         at_val_threshold["f1"],
         metrics["ap50"],
         interval_text(metrics["ap50_interval"]),
+        metrics["protocol"].upper(),
         metrics["ap"],
         interval_text(metrics["ap_interval"]),
         size_bucket_text(metrics["size_buckets"]),

@@ -101,7 +101,7 @@ class ClassRanking:
 
 
 def _average_precision(
-    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, thresholds: np.ndarray
+    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, thresholds: np.ndarray | None
 ) -> np.ndarray:
     """AP [R] from the true positives and the counted detections ranked at or above each true
     positive [H, R], as accumulate computes it: the precision envelope read at each recall
@@ -112,7 +112,15 @@ def _average_precision(
     there on (after a false positive precision only falls until the next one). Each true
     positive stands for the thresholds its recall reaches first: those it reaches, less those
     the one before it reached.
+
+    `thresholds` None: all-point AP, as the VOC devkit computes it (VOC2010 and later): the
+    envelope summed over the recall each true positive adds.
     """
+    if thresholds is None:
+        precision = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
+        envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
+        added = np.diff(tp, axis=0, prepend=0) / np.maximum(objects, 1)[None, :]
+        return np.where(objects > 0, (envelope * added).sum(axis=0), np.nan)
     precision = tp / (seen + np.spacing(1))  # accumulate's tp / (tp + fp + eps), in float64
     envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
     recall = tp / np.maximum(objects, 1)[None, :]  # in float64, as accumulate divides
@@ -153,11 +161,14 @@ def _sums_at(drawn: np.ndarray, members: np.ndarray, positions: np.ndarray) -> n
 
 
 def ranked_ap(
-    ranking: ClassRanking, by_image: np.ndarray, thresholds: np.ndarray = RECALL_THRESHOLDS
+    ranking: ClassRanking,
+    by_image: np.ndarray,
+    thresholds: np.ndarray | None = RECALL_THRESHOLDS,
 ) -> np.ndarray:
     """AP [A, T, R] of one class in each area range at each IoU threshold, for each column of
     image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
-    of the class's objects there. All-ones weights give pycocotools' per-class AP."""
+    of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
+    None: the VOC devkit's all-point AP)."""
     areas, ious, _ = ranking.is_tp.shape
     objects = ranking.gt_per_image @ by_image  # [A, R]
     result = np.full((areas, ious, by_image.shape[1]), np.nan)
@@ -189,10 +200,11 @@ def ranked_ap(
 def weighted_class_ap(
     classes: Sequence[ClassMatches],
     weights: np.ndarray,
-    recall_thresholds: np.ndarray = RECALL_THRESHOLDS,
+    recall_thresholds: np.ndarray | None = RECALL_THRESHOLDS,
 ) -> np.ndarray:
     """AP [K, R] of each class at the IoU its matches were made at, for each row of image
-    weights [R, I]; NaN where a resample drew none of the class's objects."""
+    weights [R, I]; NaN where a resample drew none of the class's objects. Recall thresholds
+    None: all-point AP (VOC)."""
     if not classes:
         return np.full((0, len(weights)), np.nan)
     by_image = np.ascontiguousarray(np.asarray(weights).T)
@@ -262,6 +274,26 @@ def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
             pending = []
     if pending:
         yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
+
+
+def resampled_class_ap(
+    classes: Sequence[ClassMatches],
+    images: int,
+    recall_thresholds: np.ndarray | None = RECALL_THRESHOLDS,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> np.ndarray:
+    """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
+    as every other interval draws)."""
+    width = max(images, *(found.image_index.size for found in classes))
+    return np.concatenate(
+        [
+            np.stack(
+                [ranked_ap(found.ranking(), by_image, recall_thresholds)[0, 0] for found in classes]
+            )
+            for by_image in _blocks(bootstrap_weights(images, resamples), width)
+        ],
+        axis=1,
+    )
 
 
 def read_ap50_matches(

@@ -14,7 +14,15 @@ from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError
 from pipeline.evaluation.coco import coco_ap
 from pipeline.evaluation.image_level import image_level_f1
-from pipeline.evaluation.matching import Record, precision_recall_f1, ratio
+from pipeline.evaluation.matching import (
+    FIGURE_PROTOCOLS,
+    PROTOCOLS,
+    Record,
+    precision_recall_f1,
+    ratio,
+    resolve_protocol,
+)
+from pipeline.evaluation.voc import voc_ap
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
@@ -70,11 +78,14 @@ class Evaluator:
         iou_threshold: float = 0.5,
         max_detections: int = 100,
         image_threshold: float = 0.5,
+        protocol: str = "coco",
     ) -> None:
         if label_mode not in LABEL_MODES:
             raise ConfigError(
                 f"label_mode={label_mode!r} is not understood: use one of {LABEL_MODES}."
             )
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"eval.protocol={protocol!r} is not one of {PROTOCOLS}.")
         if not class_names:
             raise ConfigError("The evaluator needs at least one class name.")
         self.class_names = list(class_names)
@@ -85,6 +96,7 @@ class Evaluator:
         self.iou_threshold = float(iou_threshold)
         self.max_detections = int(max_detections)
         self.image_threshold = float(image_threshold)
+        self.protocol = protocol
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
@@ -97,6 +109,7 @@ class Evaluator:
             score_threshold=settings["score_threshold"],
             iou_threshold=settings["iou_threshold"],
             max_detections=settings["max_detections"],
+            protocol=resolve_protocol(settings["protocol"], config["data"]["format"]),
         )
 
     @property
@@ -190,6 +203,7 @@ class Evaluator:
             self.score_threshold,
             self.iou_threshold,
             chosen_threshold,
+            protocol=self.protocol,
         )
         coco = coco_ap(
             gts,
@@ -200,6 +214,17 @@ class Evaluator:
             counts["score_threshold"],
             ap_intervals,
         )
+        if FIGURE_PROTOCOLS[self.protocol]["ap50"] == "voc":
+            found = voc_ap(gts, dets, self.num_classes, self.iou_threshold, ap_intervals)
+            coco = {
+                **coco,
+                "ap50": found["ap50"],
+                "ap50_interval": found["ap50_interval"],
+                "per_class": [
+                    {**row, **mine}
+                    for row, mine in zip(coco["per_class"], found["per_class"], strict=True)
+                ],
+            }
         image_level = None
         if self.label_mode == "multilabel":
             present = np.zeros((len(gts), self.num_classes), dtype=bool)
@@ -260,6 +285,8 @@ class Evaluator:
             "per_image": counts["per_image"],
             "score_threshold": counts["score_threshold"],
             "iou_threshold": self.iou_threshold,
+            "protocol": self.protocol,
+            "figure_protocols": FIGURE_PROTOCOLS[self.protocol],
             "timing": {
                 "model_s": model_s,
                 "postprocess_s": postprocess_s,

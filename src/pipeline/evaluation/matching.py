@@ -25,6 +25,33 @@ from pipeline.stats import f1_of_counts, micro_intervals
 
 # The operating point of a pass without detections: nothing is kept at any threshold.
 NO_DETECTIONS_THRESHOLD = 1.0
+# The matching rules a figure follows (config eval.protocol; auto: the data set's own format).
+PROTOCOLS = ("coco", "voc")
+PROTOCOL_NAMES = {
+    "coco": "COCO (pycocotools): greedy in descending score, the best unmatched object at "
+    "IoU >= 0.5, crowd regions ignored by the share of the detection they cover, 101-point AP",
+    "voc": "VOC devkit (VOC2010 and later): the highest-IoU object without fallback, IoU > 0.5, "
+    "detections on difficult objects neither true nor false positives, all-point AP",
+}
+# Which protocol each figure of an evaluation follows under each eval.protocol: AP@[.5:.95],
+# AP@.75, the size buckets and the matches kept for pairing two runs exist only as COCO's.
+FIGURE_PROTOCOLS = {
+    "coco": dict.fromkeys(("f1", "ap50", "ap", "ap75", "size_buckets", "ap50_matches"), "coco"),
+    "voc": {
+        **dict.fromkeys(("f1", "ap50"), "voc"),
+        **dict.fromkeys(("ap", "ap75", "size_buckets", "ap50_matches"), "coco"),
+    },
+}
+
+
+def resolve_protocol(protocol: str, data_format: str) -> str:
+    """eval.protocol as it applies: auto is the data set's own (VOC's for VOC data, else COCO's)."""
+    if protocol == "auto":
+        return "voc" if data_format == "voc" else "coco"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"eval.protocol {protocol!r} is not one of auto, {', '.join(PROTOCOLS)}")
+    return protocol
+
 
 Record = Mapping[str, Any]
 
@@ -152,6 +179,47 @@ def ignored_detections(
     return ~np.asarray(is_tp, dtype=bool) & (overlap.max(axis=1) >= threshold)
 
 
+def match_voc(
+    det_boxes: Any,
+    det_scores: Any,
+    det_labels: Any,
+    gt_boxes: Any,
+    gt_labels: Any,
+    difficult_boxes: Any,
+    difficult_labels: Any,
+    iou_threshold: float = 0.5,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(true positive, ignored) flags for each detection of one image, as the VOC devkit
+    matches: in descending score (stable for ties), each detection looks only at the object of
+    its class with the highest IoU, difficult objects included. Above the threshold (strictly),
+    a difficult object makes it neither true nor false positive, a free object a true positive,
+    an object already taken a false positive: no fallback to the next best. Else a false
+    positive. IoU over continuous xyxy boxes equals the devkit's +1-pixel areas of the VOC
+    files' inclusive pixel boxes, which the loader turns into these."""
+    boxes, scores = as_boxes(det_boxes), as_vector(det_scores, np.float64)
+    labels = as_vector(det_labels, np.int64)
+    truth = np.concatenate([as_boxes(gt_boxes), as_boxes(difficult_boxes)])
+    truth_labels = np.concatenate(
+        [as_vector(gt_labels, np.int64), as_vector(difficult_labels, np.int64)]
+    )
+    difficult = np.arange(truth_labels.size) >= as_vector(gt_labels, np.int64).size
+    is_tp = np.zeros(len(scores), dtype=bool)
+    ignored = np.zeros(len(scores), dtype=bool)
+    if len(scores) == 0 or truth_labels.size == 0:
+        return is_tp, ignored
+    iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth)).numpy()
+    iou[labels[:, None] != truth_labels[None, :]] = -1.0
+    taken = np.zeros(truth_labels.size, dtype=bool)
+    for index in np.argsort(-scores, kind="stable"):
+        best = int(np.argmax(iou[index]))
+        if iou[index, best] > iou_threshold:
+            if difficult[best]:
+                ignored[index] = True
+            elif not taken[best]:
+                taken[best] = is_tp[index] = True
+    return is_tp, ignored
+
+
 @dataclass(frozen=True)
 class _Pooled:
     """Every detection of every image after one matching pass, plus ground-truth counts."""
@@ -163,6 +231,7 @@ class _Pooled:
     image_ids: list[int]  # [N], in ground-truth order
     gt_per_image: np.ndarray  # int64 [N]
     gt_per_class: np.ndarray  # int64 [C]
+    gt_by_class: np.ndarray  # int64 [C, N]: each image's objects of each class
     ignored: int  # detections left out for falling on an ignore region
 
     def per_image(self, threshold: float) -> dict[str, list[int]]:
@@ -202,9 +271,18 @@ def check_labels(labels: np.ndarray, num_classes: int, image_id: int, what: str)
         raise DataError(message) if what == "Ground truth" else ValueError(message)
 
 
-def _pool(
-    gts: Iterable[Record], dets: Iterable[Record], num_classes: int, iou_threshold: float
+def pool(
+    gts: Iterable[Record],
+    dets: Iterable[Record],
+    num_classes: int,
+    iou_threshold: float,
+    protocol: str = "coco",
 ) -> _Pooled:
+    """Match every image's detections by `protocol`'s rules, once: COCO's (greedy, the best
+    unmatched object at IoU >= threshold, then the crowd rule on ignore regions) or VOC's
+    (`match_voc`, ignore regions as difficult objects)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
     truth = index_by_image(gts, "ground truth")
     found = index_by_image(dets, "detections")
     unknown = sorted(set(found) - set(truth))
@@ -214,10 +292,12 @@ def _pool(
     ignored = 0
     gt_per_class = np.zeros(num_classes, dtype=np.int64)
     gt_per_image = np.zeros(len(truth), dtype=np.int64)
+    gt_by_class = np.zeros((num_classes, len(truth)), dtype=np.int64)
     for position, (image_id, gt) in enumerate(truth.items()):
         gt_labels = as_vector(gt["labels"], np.int64)
         check_labels(gt_labels, num_classes, image_id, "Ground truth")
-        gt_per_class += np.bincount(gt_labels, minlength=num_classes)
+        gt_by_class[:, position] = np.bincount(gt_labels, minlength=num_classes)
+        gt_per_class += gt_by_class[:, position]
         gt_per_image[position] = gt_labels.size
         det = found.get(image_id)
         if det is None:
@@ -225,17 +305,18 @@ def _pool(
         det_labels = as_vector(det["labels"], np.int64)
         check_labels(det_labels, num_classes, image_id, "Detections")
         det_scores = as_vector(det["scores"], np.float64)
-        is_tp = match_detections(
-            det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
-        )
-        counted = ~ignored_detections(
-            det["boxes"],
-            det_labels,
-            is_tp,
-            gt.get("ignore_boxes", ()),
-            gt.get("ignore_labels", ()),
-            iou_threshold,
-        )
+        regions = (gt.get("ignore_boxes", ()), gt.get("ignore_labels", ()))
+        if protocol == "voc":
+            is_tp, on_difficult = match_voc(
+                det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, *regions,
+                iou_threshold,
+            )  # fmt: skip
+            counted = ~on_difficult
+        else:
+            is_tp = match_detections(
+                det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
+            )
+            counted = ~ignored_detections(det["boxes"], det_labels, is_tp, *regions, iou_threshold)
         ignored += int((~counted).sum())
         flags.append(is_tp[counted])
         scores.append(det_scores[counted])
@@ -249,6 +330,7 @@ def _pool(
         image_ids=list(truth),
         gt_per_image=gt_per_image,
         gt_per_class=gt_per_class,
+        gt_by_class=gt_by_class,
         ignored=ignored,
     )
 
@@ -297,6 +379,7 @@ def precision_recall_f1(
     score_threshold: float | None,
     iou_threshold: float = 0.5,
     chosen_threshold: float | None = None,
+    protocol: str = "coco",
 ) -> dict[str, Any]:
     """Micro, macro and per-class P/R/F1 at one score threshold, plus the best-F1 operating point.
 
@@ -312,9 +395,10 @@ def precision_recall_f1(
     `chosen_threshold` adds the micro figures at that threshold too (`chosen_threshold`),
     from the same matching. `per_image` holds each image's TP/FP/FN at `score_threshold`, and
     `f1_interval`, `precision_interval` and `recall_interval` the 95% intervals of the micro
-    figures over these images (None without images).
+    figures over these images (None without images). `protocol` names the matching rules
+    (`pool`): COCO's, or the VOC devkit's.
     """
-    pooled = _pool(gts, dets, num_classes, iou_threshold)
+    pooled = pool(gts, dets, num_classes, iou_threshold, protocol)
     if score_threshold is None:
         score_threshold = _best_f1(pooled, NO_DETECTIONS_THRESHOLD)["threshold"]
     kept = pooled.scores >= score_threshold

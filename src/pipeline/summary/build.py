@@ -453,6 +453,9 @@ def evaluation(run: RunResults) -> dict[str, Any] | None:
         "ap_interval": interval("ap_interval"),
         "ap75": number(metrics.get("ap75")),
         "ap75_interval": interval("ap75_interval"),
+        # which rules each figure follows (None: a file from before protocols were named)
+        "protocol": metrics.get("protocol"),
+        "figure_protocols": metrics.get("figure_protocols"),
         "num_images": metrics.get("num_images"),
         "num_ground_truth": metrics.get("num_ground_truth"),
         "num_detections": metrics.get("num_detections"),
