@@ -102,6 +102,17 @@ def test_voc_ap_is_the_all_point_area_under_the_precision_envelope() -> None:
     assert coco["ap50"] == pytest.approx((34 + 33 * 2 / 3) / 101, abs=1e-6)
 
 
+def test_voc2007_interpolates_at_eleven_recall_points() -> None:
+    # recall 1/3 at precision 1 reaches 0, .1, .2, .3; recall 2/3 at 2/3 reaches .4, .5, .6
+    found = voc_ap(RANKED_GTS, RANKED_DETS, 1, eleven_points=True)
+    assert found["ap50"] == pytest.approx((4 + 3 * 2 / 3) / 11, abs=1e-12)
+    evaluator = Evaluator(["a"], label_mode="single", image_size=64, protocol="voc2007")
+    metrics = evaluator._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0)
+    assert metrics["figure_protocols"]["ap50"] == "voc2007"
+    assert metrics["figure_protocols"]["f1"] == "voc"
+    assert metrics["ap50"] == pytest.approx((4 + 3 * 2 / 3) / 11, abs=1e-12)
+
+
 def test_a_class_without_objects_has_no_voc_ap_and_the_mean_leaves_it_out() -> None:
     found = voc_ap(RANKED_GTS, [*RANKED_DETS[:1], det(2, [[0, 0, 5, 5]], [0.5], [1])], 2)
     assert found["per_class"][1]["ap50"] is None
@@ -132,6 +143,7 @@ def test_the_evaluator_names_the_protocol_of_each_figure() -> None:
         ([], "coco"),  # the synthetic set is COCO-format
         (["data.format=voc", "eval.protocol=coco"], "coco"),
         (["eval.protocol=voc"], "voc"),
+        (["eval.protocol=voc2007"], "voc2007"),
     ],
 )
 def test_eval_protocol_auto_is_the_data_sets_own_format(settings, expected, tmp_path) -> None:

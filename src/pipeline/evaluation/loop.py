@@ -214,8 +214,15 @@ class Evaluator:
             counts["score_threshold"],
             ap_intervals,
         )
-        if FIGURE_PROTOCOLS[self.protocol]["ap50"] == "voc":
-            found = voc_ap(gts, dets, self.num_classes, self.iou_threshold, ap_intervals)
+        if self.protocol != "coco":
+            found = voc_ap(
+                gts,
+                dets,
+                self.num_classes,
+                self.iou_threshold,
+                ap_intervals,
+                eleven_points=self.protocol == "voc2007",
+            )
             coco = {
                 **coco,
                 "ap50": found["ap50"],

@@ -26,20 +26,25 @@ from pipeline.stats import f1_of_counts, micro_intervals
 # The operating point of a pass without detections: nothing is kept at any threshold.
 NO_DETECTIONS_THRESHOLD = 1.0
 # The matching rules a figure follows (config eval.protocol; auto: the data set's own format).
-PROTOCOLS = ("coco", "voc")
+PROTOCOLS = ("coco", "voc", "voc2007")
 PROTOCOL_NAMES = {
     "coco": "COCO (pycocotools): greedy in descending score, the best unmatched object at "
     "IoU >= 0.5, crowd regions ignored by the share of the detection they cover, 101-point AP",
     "voc": "VOC devkit (VOC2010 and later): the highest-IoU object without fallback, IoU > 0.5, "
     "detections on difficult objects neither true nor false positives, all-point AP",
+    "voc2007": "VOC2007 devkit: matched as VOC's, AP interpolated at 11 recall points",
 }
 # Which protocol each figure of an evaluation follows under each eval.protocol: AP@[.5:.95],
 # AP@.75, the size buckets and the matches kept for pairing two runs exist only as COCO's.
 FIGURE_PROTOCOLS = {
     "coco": dict.fromkeys(("f1", "ap50", "ap", "ap75", "size_buckets", "ap50_matches"), "coco"),
-    "voc": {
-        **dict.fromkeys(("f1", "ap50"), "voc"),
-        **dict.fromkeys(("ap", "ap75", "size_buckets", "ap50_matches"), "coco"),
+    **{
+        voc: {
+            "f1": "voc",  # VOC2007 matches as later VOC does
+            "ap50": voc,
+            **dict.fromkeys(("ap", "ap75", "size_buckets", "ap50_matches"), "coco"),
+        }
+        for voc in ("voc", "voc2007")
     },
 }
 
@@ -280,7 +285,7 @@ def pool(
 ) -> _Pooled:
     """Match every image's detections by `protocol`'s rules, once: COCO's (greedy, the best
     unmatched object at IoU >= threshold, then the crowd rule on ignore regions) or VOC's
-    (`match_voc`, ignore regions as difficult objects)."""
+    (`match_voc`, ignore regions as difficult objects; VOC2007 matches alike)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
     truth = index_by_image(gts, "ground truth")
@@ -306,7 +311,7 @@ def pool(
         check_labels(det_labels, num_classes, image_id, "Detections")
         det_scores = as_vector(det["scores"], np.float64)
         regions = (gt.get("ignore_boxes", ()), gt.get("ignore_labels", ()))
-        if protocol == "voc":
+        if FIGURE_PROTOCOLS[protocol]["f1"] == "voc":
             is_tp, on_difficult = match_voc(
                 det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, *regions,
                 iou_threshold,

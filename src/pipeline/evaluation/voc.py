@@ -1,6 +1,7 @@
-"""AP@.5 as the VOC devkit computes it (VOC2010 and later): detections matched by the VOC
-rules (`matching.match_voc`), all-point interpolated AP per class, the mean over the classes
-with objects; with its intervals over images from the same resamples as every other figure."""
+"""AP@.5 as the VOC devkit computes it: detections matched by the VOC rules
+(`matching.match_voc`), all-point interpolated AP per class (VOC2010 and later; VOC2007: 11
+recall points), the mean over the classes with objects; with its intervals over images from the
+same resamples as every other figure."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from pipeline.evaluation.intervals import (
     weighted_class_ap,
 )
 from pipeline.evaluation.matching import Record, pool
+
+# the VOC2007 devkit's recall points, np.arange(0, 1.1, 0.1) as it writes them (0.30000000000000004)
+VOC2007_RECALL_POINTS = np.arange(0.0, 1.1, 0.1)
 
 
 def class_matches(
@@ -41,14 +45,17 @@ def voc_ap(
     num_classes: int,
     iou_threshold: float = 0.5,
     intervals: bool = False,
+    eleven_points: bool = False,
 ) -> dict[str, Any]:
     """`ap50` (the mean over classes with objects; 0 without any) and `per_class` AP (None for
-    a class without objects), with their intervals over images where asked (else None)."""
+    a class without objects), with their intervals over images where asked (else None);
+    `eleven_points`: VOC2007's interpolation."""
     classes, images = class_matches(gts, dets, num_classes, iou_threshold)
+    points = VOC2007_RECALL_POINTS if eleven_points else None
     ones = np.ones((1, images), dtype=np.int64)
-    per_class = weighted_class_ap(classes, ones, None)[:, 0] if classes else np.zeros(0)
+    per_class = weighted_class_ap(classes, ones, points)[:, 0] if classes else np.zeros(0)
     mean = class_mean(per_class[:, None])[0] if per_class.size else np.nan
-    samples = resampled_class_ap(classes, images, None) if intervals and images else None
+    samples = resampled_class_ap(classes, images, points) if intervals and images else None
     return {
         "ap50": float(mean) if np.isfinite(mean) else 0.0,
         "ap50_interval": interval_of(class_mean(samples), images) if samples is not None else None,
