@@ -336,17 +336,17 @@ def coco_ap(
     for image_id, det in found.items():
         labels = as_vector(det["labels"], np.int64)
         check_labels(labels, num_classes, image_id, "Detections")
-        for box, score, label in zip(
-            as_boxes(det["boxes"]), as_vector(det["scores"], np.float64), labels, strict=True
-        ):
-            results.append(
-                {
-                    "image_id": image_id,
-                    "category_id": int(label) + 1,
-                    "bbox": _xywh(box),
-                    "score": float(score),
-                }
+        boxes = as_boxes(det["boxes"])
+        xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+        results.extend(
+            {"image_id": image_id, "category_id": category, "bbox": box, "score": score}
+            for box, score, category in zip(
+                xywh.tolist(),
+                as_vector(det["scores"], np.float64).tolist(),
+                (labels + 1).tolist(),
+                strict=True,
             )
+        )
 
     def per_class(
         ap: Sequence[float | None], ap50: Sequence[float | None], intervals: _APIntervals

@@ -100,8 +100,27 @@ class ClassRanking:
         return ClassMatches(self.image_index[counted][:end], is_tp[:end], self.gt_per_image[area])
 
 
+class _RecallPoints:
+    """How many recall thresholds n true positives reach, for every n up to each resample's
+    object count [R]: one table per area range and block, read at every IoU threshold. The
+    recall is n / objects in float64, as accumulate divides."""
+
+    def __init__(self, objects: np.ndarray, thresholds: np.ndarray) -> None:
+        span = objects + 1
+        self.offsets = np.cumsum(span) - span
+        found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
+        self.table = _thresholds_reached(
+            found / np.repeat(np.maximum(objects, 1), span), thresholds
+        )
+        self.count = thresholds.size
+
+    def __call__(self, tp: np.ndarray) -> np.ndarray:
+        """[H, R] the thresholds reached by the true positives [H, R] (at most `objects`)."""
+        return self.table[tp + self.offsets[None, :]]
+
+
 def _average_precision(
-    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, thresholds: np.ndarray | None
+    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, points: _RecallPoints | None
 ) -> np.ndarray:
     """AP [R] from the true positives and the counted detections ranked at or above each true
     positive [H, R], as accumulate computes it: the precision envelope read at each recall
@@ -113,19 +132,18 @@ def _average_precision(
     positive stands for the thresholds its recall reaches first: those it reaches, less those
     the one before it reached.
 
-    `thresholds` None: all-point AP, as the VOC devkit computes it (VOC2010 and later): the
+    `points` None: all-point AP, as the VOC devkit computes it (VOC2010 and later): the
     envelope summed over the recall each true positive adds.
     """
-    if thresholds is None:
+    if points is None:
         precision = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
         envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
         added = np.diff(tp, axis=0, prepend=0) / np.maximum(objects, 1)[None, :]
         return np.where(objects > 0, (envelope * added).sum(axis=0), np.nan)
     precision = tp / (seen + np.spacing(1))  # accumulate's tp / (tp + fp + eps), in float64
     envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
-    recall = tp / np.maximum(objects, 1)[None, :]  # in float64, as accumulate divides
-    first = np.diff(_thresholds_reached(recall, thresholds), axis=0, prepend=0)
-    ap = (envelope * first).sum(axis=0) / len(thresholds)
+    first = np.diff(points(tp), axis=0, prepend=0)
+    ap = (envelope * first).sum(axis=0) / points.count
     return np.where(objects > 0, ap, np.nan)
 
 
@@ -182,6 +200,7 @@ def ranked_ap(
             continue
         always = ranking.counted[a].all(axis=0)
         seen_always = _sums_at(drawn, np.flatnonzero(always), union)
+        points = None if thresholds is None else _RecallPoints(objects[a], thresholds)
         for t in range(ious):
             at = np.flatnonzero(ranking.is_tp[a, t, union])
             if at.size == 0:
@@ -193,7 +212,7 @@ def ranked_ap(
             more = np.flatnonzero(ranking.counted[a, t] & ~always)
             if more.size:
                 seen += _sums_at(drawn, more, hits)
-            result[a, t] = _average_precision(tp, seen, objects[a], thresholds)
+            result[a, t] = _average_precision(tp, seen, objects[a], points)
     return result
 
 
@@ -207,7 +226,7 @@ def weighted_class_ap(
     None: all-point AP (VOC)."""
     if not classes:
         return np.full((0, len(weights)), np.nan)
-    by_image = np.ascontiguousarray(np.asarray(weights).T)
+    by_image = np.ascontiguousarray(np.asarray(weights).T, dtype=np.int64)  # draw counts
     return np.stack(
         [ranked_ap(found.ranking(), by_image, recall_thresholds)[0, 0] for found in classes]
     )
