@@ -8,8 +8,9 @@ read in one walk, for the recall by size bucket and for the matches the interval
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,6 +269,20 @@ def _recall_interval(walked: _Walked, area: int, images: int) -> dict[str, Any] 
     return interval_of(np.concatenate(samples), images)
 
 
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """pycocotools makes a dict per detection and per image, class and area range: the cyclic
+    collector would walk them all again at every full collection, and none forms a cycle."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_without_cyclic_gc()
 def coco_ap(
     gts: Iterable[Record],
     dets: Iterable[Record],
