@@ -27,13 +27,6 @@ from pipeline.stats import f1_of_counts, micro_intervals
 NO_DETECTIONS_THRESHOLD = 1.0
 # The matching rules a figure follows (config eval.protocol; auto: the data set's own format).
 PROTOCOLS = ("coco", "voc", "voc2007")
-PROTOCOL_NAMES = {
-    "coco": "COCO (pycocotools): greedy in descending score, the best unmatched object at "
-    "IoU >= 0.5, crowd regions ignored by the share of the detection they cover, 101-point AP",
-    "voc": "VOC devkit (VOC2010 and later): the highest-IoU object without fallback, IoU > 0.5, "
-    "detections on difficult objects neither true nor false positives, all-point AP",
-    "voc2007": "VOC2007 devkit: matched as VOC's, AP interpolated at 11 recall points",
-}
 # Which protocol each figure of an evaluation follows under each eval.protocol: AP@[.5:.95],
 # AP@.75, the size buckets and the matches kept for pairing two runs exist only as COCO's.
 FIGURE_PROTOCOLS = {
