@@ -4,12 +4,24 @@ pycocotools'; the metrics name which protocol each figure follows. Cases compute
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tiny_runs import (
+    global_torch_state,
+    make_data,
+    one_cpu_thread,
+    pipeline_logger_restored,
+    tiny_config,
+)
 
+from pipeline import cli, formats
 from pipeline.config import load_config
+from pipeline.engine.trainer import Trainer
 from pipeline.errors import ConfigError
 from pipeline.evaluation.coco import coco_ap
 from pipeline.evaluation.loop import Evaluator
@@ -154,3 +166,61 @@ def test_eval_protocol_auto_is_the_data_sets_own_format(settings, expected, tmp_
 def test_an_unknown_protocol_is_refused_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="protocol"):
         load_config(None, ["eval.protocol=kitti"])
+
+
+def voc_copy(coco_root: Path, folder: Path) -> Path:
+    """The tiny synthetic set as Pascal VOC (1-based inclusive pixel boxes), every third object
+    of the test split marked difficult."""
+    (folder / "JPEGImages").mkdir(parents=True)
+    (folder / "Annotations").mkdir()
+    (folder / "ImageSets" / "Main").mkdir(parents=True)
+    for split in ("train", "val", "test"):
+        document = json.loads((coco_root / f"instances_{split}.json").read_text())
+        names = {c["id"]: c["name"] for c in document["categories"]}
+        listed = []
+        for image in document["images"]:
+            name = f"{split}_{image['id']:04d}"
+            listed.append(name)
+            shutil.copy(coco_root / image["file_name"], folder / "JPEGImages" / f"{name}.png")
+            objects = [a for a in document["annotations"] if a["image_id"] == image["id"]]
+            xml = "".join(
+                f"<object><name>{names[a['category_id']]}</name>"
+                f"<difficult>{int(split == 'test' and index % 3 == 2)}</difficult><bndbox>"
+                f"<xmin>{a['bbox'][0] + 1}</xmin><ymin>{a['bbox'][1] + 1}</ymin>"
+                f"<xmax>{a['bbox'][0] + a['bbox'][2]}</xmax>"
+                f"<ymax>{a['bbox'][1] + a['bbox'][3]}</ymax></bndbox></object>"
+                for index, a in enumerate(objects)
+            )
+            (folder / "Annotations" / f"{name}.xml").write_text(
+                f"<annotation><filename>{name}.png</filename><size><width>{image['width']}"
+                f"</width><height>{image['height']}</height></size>{xml}</annotation>"
+            )
+        (folder / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(listed) + "\n")
+    return folder
+
+
+def test_evaluate_on_voc_data_follows_the_voc_protocol_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_pipeline_logger
+) -> None:
+    root = voc_copy(make_data(tmp_path / "shapes"), tmp_path / "voc")
+    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
+        Trainer(tiny_config(root, "data.format=voc", "train.epochs=1"), tmp_path / "run").fit()
+        monkeypatch.chdir(tmp_path)  # away from the repository's config/config.yaml
+        found = {}
+        for protocol in ("auto", "coco"):
+            out = tmp_path / f"{protocol}.json"
+            argv = [
+                "--cpu-threads",
+                "1",
+                "evaluate",
+                "--checkpoint",
+                str(tmp_path / "run/best.pth"),
+            ]
+            assert cli.main([*argv, "--out", str(out), f"eval.protocol={protocol}"]) == 0
+            found[protocol] = json.loads(out.read_text())
+    voc, coco = found["auto"], found["coco"]
+    assert formats.problem(voc, "eval") is None and formats.problem(coco, "eval") is None
+    assert voc["metrics"]["protocol"] == "voc" and coco["metrics"]["protocol"] == "coco"
+    assert voc["metrics"]["figure_protocols"]["ap50"] == "voc"
+    assert voc["metrics"]["figure_protocols"]["ap"] == "coco"
+    assert voc["metrics"]["ap"] == coco["metrics"]["ap"]  # COCO's AP@[.5:.95] under either
