@@ -29,6 +29,7 @@ STRIDE = 4
 _MEAN = (0.5, 0.5, 0.5)
 _STD = (0.25, 0.25, 0.25)
 _STRIDE_16_LEVEL = 2  # every backbone's features are at strides 4, 8, 16 (and 32)
+BOX_WINDOW = 1  # cells: decode reads each box at its peak cell alone
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
@@ -199,9 +200,19 @@ class CenterNet(nn.Module):
 
     @torch.no_grad()
     def decode(
-        self, outputs: dict[str, torch.Tensor], max_detections: int = 100
+        self,
+        outputs: dict[str, torch.Tensor],
+        max_detections: int = 100,
+        box_window: int = BOX_WINDOW,
     ) -> list[dict[str, torch.Tensor]]:
-        """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells, with their boxes."""
+        """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells, with their boxes.
+
+        Each detection's box is the average of the boxes its class reads at the cells of a
+        `box_window` x `box_window` window around the peak, weighted by the class's score at
+        each cell (1: the peak cell's box alone); cells outside the map weigh nothing.
+        """
+        if box_window < 1 or box_window % 2 == 0:
+            raise ValueError(f"box_window must be an odd number >= 1, got {box_window!r}")
         probs = self.class_probs(outputs)
         batch, classes, h, w = probs.shape
         peaks = probs * (F.max_pool2d(probs, 3, stride=1, padding=1) == probs)
@@ -211,15 +222,25 @@ class CenterNet(nn.Module):
         cells = flat % (h * w)
         regression = outputs["box"]
         coords = torch.arange(4, device=regression.device)
+        reach = torch.arange(box_window, device=probs.device) - box_window // 2
+        rows_off, cols_off = (v.reshape(1, -1) for v in torch.meshgrid(reach, reach, indexing="ij"))
         size = torch.tensor([w, h, w, h], device=probs.device, dtype=probs.dtype) * self.stride
         results = []
         for i in range(batch):
             keep = scores[i] > 0
             label, cell = labels[i][keep], cells[i][keep]
-            row, col = cell // w, cell % w
-            # each detection's box from its own class's box channels at its cell
-            values = regression[i][label[:, None] * 4 + coords, row[:, None], col[:, None]]
-            picked = _xyxy(values, col, row, self.stride)
+            # the window's cells [K, window**2], the peak's among them
+            row = (cell // w)[:, None] + rows_off
+            col = (cell % w)[:, None] + cols_off
+            inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
+            row, col = row.clamp(0, h - 1), col.clamp(0, w - 1)
+            weight = probs[i][label[:, None], row, col] * inside
+            # each cell's box from the detection's own class's box channels
+            values = regression[i][
+                label[:, None, None] * 4 + coords, row[..., None], col[..., None]
+            ]
+            boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [K, window**2, 4]
+            picked = (boxes * weight[..., None]).sum(1) / weight.sum(1, keepdim=True)
             picked = torch.minimum(picked.clamp(min=0), size)
             results.append({"boxes": picked, "scores": scores[i][keep], "labels": label})
         return results

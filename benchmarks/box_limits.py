@@ -1,0 +1,250 @@
+"""What limits AP@[.5:.95] of a trained detector: its boxes read several ways, and corrected
+by the ground truth, on one split, all scored by the evaluation's own COCO AP.
+
+  python benchmarks/box_limits.py --checkpoint RUN/best.pth --set NAME [--split test]
+
+One forward pass over the split (in input pixels, as evaluation sees it), then:
+  window1, window3     decode reading each box at the peak cell alone, or as the average of the
+                       boxes of the peak's 3x3 neighbours weighted by their class scores
+  oracle_size          (window1) each detection matched to an object (IoU >= 0.5, greedy by
+                       score, as COCO matches) keeps its centre and takes the object's size
+  oracle_centre        keeps its size and takes the object's centre
+  oracle_box           takes the object's box: what is left are scores, misses and duplicates
+An oracle that closes most of the gap to oracle_box names the error that limits AP@[.5:.95].
+Beside them: AP@[.5:.95] per size bucket, the matched boxes' median centre error and size
+error (relative to the object) and their size bias, the share of found objects with a second
+detection above the checkpoint's score threshold (double peaks), and the decode time per
+image of each window, alternated side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import harness
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+from pipeline.commands.evaluate import _split_with_the_checkpoints_classes
+from pipeline.data import has_test_split
+from pipeline.data.dataset import loader_for
+from pipeline.engine import checkpoint
+from pipeline.engine.evaluator import SIZE_BUCKETS, coco_ap
+from pipeline.models import memory_format
+
+NAME = "box_limits"
+WINDOWS = (1, 3)
+ORACLES = ("oracle_size", "oracle_centre", "oracle_box")
+
+
+def forward_pass(model, loader) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, Any]]]:
+    """The model's raw outputs per batch and the ground truth per image, in input pixels."""
+    outputs, truth = [], []
+    with torch.inference_mode():
+        for images, targets in loader:
+            outputs.append({k: v.float() for k, v in model(images).items()})
+            truth += [
+                {
+                    "image_id": int(t["image_id"]),
+                    "boxes": t["boxes"].numpy(),
+                    "labels": t["labels"].numpy(),
+                    "ignore_boxes": t["ignore_boxes"].numpy(),
+                    "ignore_labels": t["ignore_labels"].numpy(),
+                }
+                for t in targets
+            ]
+    return outputs, truth
+
+
+def decoded(model, outputs, truth, window: int, max_detections: int) -> list[dict[str, Any]]:
+    found = [d for batch in outputs for d in model.decode(batch, max_detections, window)]
+    return [
+        {"image_id": gt["image_id"], **{k: v.numpy() for k, v in d.items()}}
+        for gt, d in zip(truth, found, strict=True)
+    ]
+
+
+def matches(det: dict[str, Any], gt: dict[str, Any], iou_threshold: float = 0.5) -> np.ndarray:
+    """Per detection, the index of the object it matches (-1: none), greedy in descending score
+    over the same class's unmatched objects, as COCO and the evaluator match."""
+    matched = np.full(len(det["scores"]), -1)
+    if not len(det["scores"]) or not len(gt["labels"]):
+        return matched
+    iou = box_iou(torch.as_tensor(det["boxes"]), torch.as_tensor(gt["boxes"])).numpy()
+    iou[det["labels"][:, None] != gt["labels"][None, :]] = -1.0
+    free = np.ones(len(gt["labels"]), dtype=bool)
+    for index in np.argsort(-det["scores"], kind="stable"):
+        candidates = np.where(free, iou[index], -1.0)
+        best = int(np.argmax(candidates))
+        if candidates[best] >= iou_threshold:
+            free[best] = False
+            matched[index] = best
+    return matched
+
+
+def _centre_size(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return (boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]
+
+
+def oracle(dets: list[dict[str, Any]], truth: list[dict[str, Any]], kind: str) -> list[dict]:
+    """Detections with the matched ones' centre, size or box replaced by their object's."""
+    fixed = []
+    for det, gt in zip(dets, truth, strict=True):
+        boxes, matched = det["boxes"].copy(), matches(det, gt)
+        hit = matched >= 0
+        if hit.any():
+            own_centre, own_size = _centre_size(boxes[hit])
+            true_centre, true_size = _centre_size(gt["boxes"][matched[hit]])
+            centre = true_centre if kind in ("oracle_centre", "oracle_box") else own_centre
+            size = true_size if kind in ("oracle_size", "oracle_box") else own_size
+            boxes[hit] = np.concatenate([centre - size / 2, centre + size / 2], axis=1)
+        fixed.append({**det, "boxes": boxes})
+    return fixed
+
+
+def errors(dets: list[dict[str, Any]], truth: list[dict[str, Any]], threshold: float) -> dict:
+    """Matched boxes' errors relative to their object, and double peaks above `threshold`."""
+    centre_err, size_err, size_bias, ious = [], [], [], []
+    found = doubled = 0
+    for det, gt in zip(dets, truth, strict=True):
+        matched = matches(det, gt)
+        hit = matched >= 0
+        if hit.any():
+            own_centre, own_size = _centre_size(det["boxes"][hit])
+            true_centre, true_size = _centre_size(gt["boxes"][matched[hit]])
+            true_size = np.maximum(true_size, 1e-3)
+            centre_err.append(np.abs(own_centre - true_centre) / true_size)
+            ratio = np.log(np.maximum(own_size, 1e-3) / true_size)
+            size_err.append(np.abs(ratio))
+            size_bias.append(ratio)
+            pairs = box_iou(torch.as_tensor(det["boxes"][hit]), torch.as_tensor(gt["boxes"]))
+            ious.append(pairs[np.arange(hit.sum()), matched[hit]].numpy())
+        confident = det["scores"] >= threshold
+        if confident.any() and len(gt["labels"]):
+            iou = box_iou(torch.as_tensor(det["boxes"][confident]), torch.as_tensor(gt["boxes"]))
+            same = det["labels"][confident][:, None] == gt["labels"][None, :]
+            per_object = ((iou.numpy() >= 0.5) & same).sum(axis=0)
+            found += int((per_object >= 1).sum())
+            doubled += int((per_object >= 2).sum())
+
+    def median(parts: list[np.ndarray]) -> float | None:
+        return float(np.median(np.concatenate(parts))) if parts else None
+
+    return {
+        "centre_error": median(centre_err),
+        "size_error": median(size_err),
+        "size_bias": median(size_bias),
+        "iou": median(ious),
+        "double_peaks": doubled / found if found else None,
+    }
+
+
+def decode_times(model, outputs, max_detections: int, rounds: int) -> dict[int, float]:
+    """Median decode time per image of each window, the windows alternated (ABBA)."""
+    images = sum(len(batch["heatmap"]) for batch in outputs)
+    sides = {
+        str(window): (
+            lambda window=window: [model.decode(b, max_detections, window) for b in outputs]
+        )
+        for window in WINDOWS
+    }
+    cpu = torch.device("cpu")
+    harness.warm_up(sides, cpu, 2)
+    blocks = harness.alternate(sides, cpu, rounds=rounds, block=3)
+    return {int(name): harness.median_s(harness.counted(blocks, name)) / images for name in sides}
+
+
+def main(argv: list[str]) -> int:
+    parser = harness.parser(NAME, __doc__)
+    harness.add_torch_options(parser)
+    parser.add_argument("--checkpoint", required=True, help="best.pth of a trained run")
+    parser.add_argument("--set", required=True, help="the data set's name, for the record")
+    parser.add_argument("--split", choices=("val", "test"), default="test")
+    parser.add_argument("--rounds", type=int, default=10, help="decode-time rounds (ABBA)")
+    args = parser.parse_args(argv)
+    harness.setup_torch(args)
+
+    state = checkpoint.load(args.checkpoint)
+    config, class_names = state["config"], state["class_names"]
+    split = args.split if args.split == "val" or has_test_split(config) else "val"
+    annotations = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, split)
+    model = checkpoint.restore_model(
+        state, torch.device("cpu"), memory_format(config["train"]["channels_last"]), args.checkpoint
+    )
+    threshold = checkpoint.score_threshold(config, state)[0]
+    threshold = 0.4 if threshold is None else threshold  # a checkpoint without an operating point
+    max_detections = config["eval"]["max_detections"]
+    image_size = config["data"]["image_size"]
+    outputs, truth = forward_pass(
+        model, loader_for(annotations, config, train=False, pin_memory=False)
+    )
+
+    def ap(dets: list[dict[str, Any]]) -> dict[str, Any]:
+        return coco_ap(truth, dets, len(class_names), (image_size, image_size), class_names)
+
+    figures, rows = [], []
+    variants: dict[str, list[dict[str, Any]]] = {
+        f"window{w}": decoded(model, outputs, truth, w, max_detections) for w in WINDOWS
+    }
+    for kind in ORACLES:
+        variants[kind] = oracle(variants["window1"], truth, kind)
+    for name, dets in variants.items():
+        found = ap(dets)
+        buckets = {b: found["size_buckets"][b]["ap"] for b in SIZE_BUCKETS}
+        figures += [
+            harness.figure(f"{name}.ap", f"{name}: AP@[.5:.95]", found["ap"], "AP"),
+            harness.figure(f"{name}.ap75", f"{name}: AP@.75", found["ap75"], "AP"),
+            harness.figure(f"{name}.ap50", f"{name}: AP@.5", found["ap50"], "AP"),
+        ]
+        figures += [
+            harness.figure(f"{name}.ap_{b}", f"{name}: AP@[.5:.95], {b} objects", v, "AP")
+            for b, v in buckets.items()
+            if v is not None
+        ]
+        rows.append([name, found["ap"], found["ap75"], found["ap50"], *buckets.values()])
+        if not name.startswith("oracle"):
+            err = errors(dets, truth, threshold)
+            figures += [
+                harness.figure(
+                    f"{name}.{key}",
+                    f"{name}: {label}",
+                    err[key],
+                    {"iou": "IoU", "double_peaks": "fraction"}.get(key, "ratio"),
+                )
+                for key, label in (
+                    ("centre_error", "median |centre error| / object size (matched at IoU .5)"),
+                    ("size_error", "median |log(size / object size)| (matched)"),
+                    ("size_bias", "median log(size / object size) (matched)"),
+                    ("iou", "median IoU with the matched object"),
+                    ("double_peaks", "share of found objects with a second detection"),
+                )
+            ]
+            print(name, {k: None if v is None else round(v, 4) for k, v in err.items()})
+    times = decode_times(model, outputs, max_detections, args.rounds)
+    figures += [
+        harness.figure(f"window{w}.decode_ms", f"decode per image, window {w}", t * 1000, "ms")
+        for w, t in times.items()
+    ]
+    figures.append(
+        harness.figure(
+            "decode_ratio", "decode time, window 3 / window 1", times[3] / times[1], "ratio"
+        )
+    )
+    print(harness.table(["variant", "AP", "AP75", "AP50", *SIZE_BUCKETS], rows))
+    print({f"window{w}": f"{t * 1000:.3f} ms/image" for w, t in times.items()})
+    settings = {
+        "set": args.set,
+        "split": split,
+        "checkpoint": str(args.checkpoint),
+        "epoch": state["epoch"],
+        "image_size": image_size,
+        "score_threshold": threshold,
+        "images": len(truth),
+    }
+    harness.write_record(args, harness.record(NAME, figures, settings=settings))
+    return 0
+
+
+if __name__ == "__main__":
+    harness.run(main)
