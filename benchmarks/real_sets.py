@@ -5,7 +5,7 @@
       JPEGImages/, ImageSets/Main/{train,val,test}.txt; COCO: one folder per split with its
       _annotations.coco.json), reading a bare git mirror at HEAD or an ordinary folder, then
       loads it through pipeline.data as a user's data set is loaded and prints its object sizes.
-  measure NAME --data DIR [--epochs N] [--precision fp32|bf16] --record PATH
+  measure NAME --data DIR [--epochs N] [--precision fp32|bf16] [--image-size PX] --record PATH
       trains as the README's "Your own data" says (a user file with format, paths and
       image_size, layered over config/presets/photographs.yaml and five-minutes-cpu.yaml) but
       for a fixed number of epochs
@@ -117,9 +117,11 @@ SETS = {
 }
 
 
-def user_data(real: RealSet, root: Path) -> dict[str, Any]:
-    """What a user's own config file says about this set: format, paths, image_size."""
-    return {"data": {**real.data(root.resolve()), "image_size": real.image_size}}
+def user_data(real: RealSet, root: Path, image_size: int | None = None) -> dict[str, Any]:
+    """What a user's own config file says about this set: format, paths, image_size (the
+    set's own unless another is given)."""
+    size = real.image_size if image_size is None else image_size
+    return {"data": {**real.data(root.resolve()), "image_size": size}}
 
 
 # ---- prepare ---------------------------------------------------------------------------
@@ -217,12 +219,18 @@ def figures(evaluation: dict[str, Any]) -> dict[str, Any]:
 
 
 def commands(
-    real: RealSet, data: Path, epochs: int, precision: str, work: Path, threads: str = "auto"
+    real: RealSet,
+    data: Path,
+    epochs: int,
+    precision: str,
+    work: Path,
+    threads: str = "auto",
+    image_size: int | None = None,
 ) -> list[list[str]]:
     """The README's "Your own data" commands at fixed epochs; writes the user's config file."""
     user_file, run = work / f"{real.name}.yaml", work / "run"
     work.mkdir(parents=True, exist_ok=True)
-    user_file.write_text(yaml.safe_dump(user_data(real, data)), encoding="utf-8")
+    user_file.write_text(yaml.safe_dump(user_data(real, data, image_size)), encoding="utf-8")
     python = [sys.executable, "-m", "pipeline", "--cpu-threads", threads]
     return [
         [
@@ -242,9 +250,16 @@ def commands(
 
 
 def measure(
-    real: RealSet, data: Path, epochs: int, precision: str, work: Path, threads: str
+    real: RealSet,
+    data: Path,
+    epochs: int,
+    precision: str,
+    work: Path,
+    threads: str,
+    image_size: int | None = None,
 ) -> dict[str, Any]:
-    train, evaluate = commands(real, data, epochs, precision, work, threads)
+    train, evaluate = commands(real, data, epochs, precision, work, threads, image_size)
+    user = user_data(real, data, image_size)
     log = work / "commands.log"
     conditions = timing.RunConditions()
     harness.run_logged(train, log)
@@ -257,10 +272,10 @@ def measure(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "set": real.name,
         "origin": real.origin,
-        "user_config": user_data(real, data),
+        "user_config": user,
         "epochs": epochs,
         "precision": summary["precision"],
-        "image_size": real.image_size,
+        "image_size": user["data"]["image_size"],
         "batch_size": summary["batch_size"],
         "figures": figures(evaluation),
         "training": {
@@ -341,6 +356,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--data", type=Path, help="the prepared set (default: resources/real/NAME)")
     run.add_argument("--epochs", type=int, help="default: the set's fixed epochs")
     run.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    run.add_argument(
+        "--image-size",
+        type=int,
+        help="data.image_size (default: the set's own, by the README's rule)",
+    )
     run.add_argument("--record", type=Path, required=True, metavar="PATH.json")
     run.add_argument(
         "--cpu-threads",
@@ -374,7 +394,7 @@ def main(argv: list[str]) -> int:
         raise DataError(f"--data {data} does not exist: run 'prepare {real.name}' first.")
     epochs = args.epochs or real.epochs
     work = args.work or harness.OUT_DIR / "real" / f"{real.name}-{args.precision}-{epochs}ep"
-    record = measure(real, data, epochs, args.precision, work, args.cpu_threads)
+    record = measure(real, data, epochs, args.precision, work, args.cpu_threads, args.image_size)
     harness.warn_if_loaded(
         record["conditions"],
         f"training {real.name}",
