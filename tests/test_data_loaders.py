@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from pipeline.data.dataset import (
     Augment,
     DetectionDataset,
     EpochSampler,
+    augment_sample,
     collate,
     default_num_workers,
     loader_for,
@@ -1303,6 +1305,49 @@ def test_the_photographs_preset_switches_flips_off_and_jitter_on() -> None:
     assert (augment.vflip, augment.transpose, augment.channel_shuffle) == (0, 0, 0)
     assert augment.hflip > 0 and augment.scales and augment.photometric > 0
     assert Augment(**load_config(None)["data"]["augment"]).library_transforms(32) is None
+
+
+# Colours a class may be told apart by: mid-range, so that no distortion of the preset clips them.
+PALETTE = [(0.65, 0.35, 0.35), (0.35, 0.62, 0.38), (0.38, 0.42, 0.66), (0.62, 0.58, 0.34)]
+DARK, LIGHT = (0.36, 0.36, 0.40), (0.64, 0.62, 0.62)
+
+
+def _hues_and_lumas(image: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Each 8-px-wide patch's hue (degrees) and luma, from its mean colour."""
+    rgb = image.float().view(3, 8, -1, 8).mean(dim=(1, 3)).T.numpy() / 255  # [patch, 3]
+    r, g, b = rgb.T
+    hue = np.degrees(np.arctan2(np.sqrt(3) * (g - b), 2 * r - g - b)) % 360
+    return hue, rgb @ np.array([0.299, 0.587, 0.114])
+
+
+def test_the_photographs_presets_colour_distortion_keeps_hues_and_light_above_dark() -> None:
+    """Colour may tell classes apart (a red part from a green one, a white piece from a black
+    one): the preset's distortion changes light and camera, never a colour's hue or which of
+    two objects is the lighter."""
+    preset = load_config(Path(__file__).parents[1] / "config" / "presets" / "photographs.yaml")
+    colour_only = dataclasses.replace(
+        Augment(**preset["data"]["augment"]),
+        hflip=0.0,
+        scale_min=1.0,
+        scale_max=1.0,
+        photometric=1.0,
+    )
+    patches = torch.tensor([*PALETTE, DARK, LIGHT]).T[:, None, :, None].expand(3, 8, -1, 8)
+    image = (patches.reshape(3, 8, -1) * 255).round().to(torch.uint8)
+    hue, _ = _hues_and_lumas(image)
+    for seed in range(40):
+        out, _ = augment_sample(
+            image,
+            torch.zeros(0, 4),
+            colour_only,
+            np.random.default_rng(seed),
+            colour_only.library_transforms(image.shape[-1]),
+        )
+        assert not torch.equal(out, image)
+        shifted, luma = _hues_and_lumas(out)
+        turn = np.abs((shifted - hue + 180) % 360 - 180)[: len(PALETTE)]
+        assert turn.max() < 5.0, (seed, turn)  # uint8 rounding alone
+        assert luma[-2] < luma[-1], seed
 
 
 def test_scale_min_above_scale_max_is_a_config_error() -> None:
