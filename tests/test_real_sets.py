@@ -287,6 +287,18 @@ def test_measure_trains_the_users_file_over_the_photographs_presets_at_fixed_epo
     )
 
 
+def test_measure_at_another_image_size_trains_the_users_file_at_that_size(
+    tmp_path: Path,
+) -> None:
+    train, _ = real_sets.commands(
+        real_sets.SETS["eggs"], tmp_path / "eggs", 3, "fp32", tmp_path / "work", image_size=128
+    )
+    files = train[train.index("--configfile") + 1 : train.index("--out")]
+    config = load_config(files, [arg for arg in train if "=" in arg])
+    assert real_sets.SETS["eggs"].image_size != 128
+    assert config["data"]["image_size"] == 128
+
+
 def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
     interval = {"low": 0.5, "high": 0.75}
     record = {

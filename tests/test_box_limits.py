@@ -1,0 +1,55 @@
+"""benchmarks/box_limits.py: the ground-truth oracles that tell centre error from size error."""
+
+from __future__ import annotations
+
+import numpy as np
+from benchmark_modules import load
+
+box_limits = load("box_limits")
+
+
+def image(boxes, scores, labels) -> dict:
+    return {
+        "image_id": 1,
+        "boxes": np.asarray(boxes, np.float32).reshape(-1, 4),
+        "scores": np.asarray(scores, np.float32),
+        "labels": np.asarray(labels, np.int64),
+    }
+
+
+TRUTH = [image([[10, 10, 30, 20], [50, 50, 90, 90]], [1, 1], [0, 1])]
+# the first object found 2 px right and 20% too wide; a second, weaker detection of it; a
+# detection of the second object of the wrong class; a miss far away
+DETS = [
+    image(
+        [[10, 10, 34, 20], [11, 10, 31, 20], [50, 50, 90, 90], [0, 0, 5, 5]],
+        [0.9, 0.5, 0.8, 0.7],
+        [0, 0, 0, 0],
+    )
+]
+
+
+def test_matches_are_greedy_by_score_within_a_class_at_iou_one_half() -> None:
+    assert box_limits.matches(DETS[0], TRUTH[0]).tolist() == [0, -1, -1, -1]
+
+
+def test_each_oracle_replaces_only_what_it_names_and_only_for_matched_detections() -> None:
+    (size,) = box_limits.oracle(DETS, TRUTH, "oracle_size")
+    (centre,) = box_limits.oracle(DETS, TRUTH, "oracle_centre")
+    (box,) = box_limits.oracle(DETS, TRUTH, "oracle_box")
+    # the matched detection: centre (22, 15), 24 x 10; its object: centre (20, 15), 20 x 10
+    np.testing.assert_allclose(size["boxes"][0], [12, 10, 32, 20])
+    np.testing.assert_allclose(centre["boxes"][0], [8, 10, 32, 20])
+    np.testing.assert_allclose(box["boxes"][0], TRUTH[0]["boxes"][0])
+    for fixed in (size, centre, box):
+        np.testing.assert_array_equal(fixed["boxes"][1:], DETS[0]["boxes"][1:])
+        np.testing.assert_array_equal(fixed["scores"], DETS[0]["scores"])
+
+
+def test_errors_measure_the_matched_boxes_bias_and_the_double_peaks_above_the_threshold() -> None:
+    found = box_limits.errors(DETS, TRUTH, threshold=0.4)
+    # one match: centre off by 2 px of a 20-px width (0.1) and 0 of 10 px; width log(1.2)
+    np.testing.assert_allclose(found["centre_error"], 0.05, rtol=1e-5)
+    np.testing.assert_allclose(found["size_bias"], np.log(1.2) / 2, rtol=1e-5)
+    assert found["double_peaks"] == 1.0  # the one object found is found twice above 0.4
+    assert box_limits.errors(DETS, TRUTH, threshold=0.6)["double_peaks"] == 0.0
