@@ -4,10 +4,11 @@ by the ground truth, on one split, all scored by the evaluation's own COCO AP.
   python benchmarks/box_limits.py --checkpoint RUN/best.pth --set NAME [--split test]
 
 One forward pass over the split (in input pixels, as evaluation sees it), then:
-  window1, window3     decode reading each box at the peak cell alone, or as the average of the
-                       boxes of the peak's 3x3 neighbours weighted by their class scores
-  oracle_size          (window1) each detection matched to an object (IoU >= 0.5, greedy by
-                       score, as COCO matches) keeps its centre and takes the object's size
+  centre1, centre3     decode reading each box at the peak cell alone (centre_window 1), or
+                       with its centre averaged over the peak's 3x3 window, weighted by the
+                       class's scores there, and its size the peak's (3, the default)
+  oracle_size          (on the default decode) each detection matched to an object (IoU >= 0.5,
+                       greedy by score, as COCO matches) keeps its centre, takes its object's size
   oracle_centre        keeps its size and takes the object's centre
   oracle_box           takes the object's box: what is left are scores, misses and duplicates
   oracle_bias          every box resized by the median size bias of its size bucket on these
@@ -16,7 +17,7 @@ An oracle that closes most of the gap to oracle_box names the error that limits 
 Beside them: AP@[.5:.95] per size bucket, the matched boxes' median centre error and size
 error (relative to the object) and their size bias, the share of found objects with a second
 detection above the checkpoint's score threshold (double peaks), and the decode time per
-image of each window, alternated side by side.
+image of centre windows 1 and 3, alternated side by side.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.engine.evaluator import SIZE_BUCKETS, coco_ap
 from pipeline.models import memory_format
+from pipeline.models.centernet import CENTRE_WINDOW
 
 NAME = "box_limits"
-WINDOWS = (1, 3)
+WINDOWS = (1, 3)  # decode's centre_window
 ORACLES = ("oracle_size", "oracle_centre", "oracle_box")
 
 
@@ -61,6 +63,10 @@ def forward_pass(model, loader) -> tuple[list[dict[str, torch.Tensor]], list[dic
 
 def decoded(model, outputs, truth, window: int, max_detections: int) -> list[dict[str, Any]]:
     found = [d for batch in outputs for d in model.decode(batch, max_detections, window)]
+    return _numpy(found, truth)
+
+
+def _numpy(found: list[dict[str, torch.Tensor]], truth: list[dict[str, Any]]) -> list[dict]:
     return [
         {"image_id": gt["image_id"], **{k: v.numpy() for k, v in d.items()}}
         for gt, d in zip(truth, found, strict=True)
@@ -170,7 +176,7 @@ def unbiased(dets: list[dict[str, Any]], err: dict[str, Any]) -> list[dict[str, 
 
 
 def decode_times(model, outputs, max_detections: int, rounds: int) -> dict[int, float]:
-    """Median decode time per image of each window, the windows alternated (ABBA)."""
+    """Median decode time per image of each centre window, alternated (ABBA)."""
     images = sum(len(batch["heatmap"]) for batch in outputs)
     sides = {
         str(window): (
@@ -214,11 +220,12 @@ def main(argv: list[str]) -> int:
 
     figures, rows = [], []
     variants: dict[str, list[dict[str, Any]]] = {
-        f"window{w}": decoded(model, outputs, truth, w, max_detections) for w in WINDOWS
+        f"centre{w}": decoded(model, outputs, truth, w, max_detections) for w in WINDOWS
     }
+    default = variants[f"centre{CENTRE_WINDOW}"]
     for kind in ORACLES:
-        variants[kind] = oracle(variants["window1"], truth, kind)
-    variants["oracle_bias"] = unbiased(variants["window1"], errors(variants["window1"], truth, 1.0))
+        variants[kind] = oracle(default, truth, kind)
+    variants["oracle_bias"] = unbiased(default, errors(default, truth, 1.0))
     for name, dets in variants.items():
         found = ap(dets)
         buckets = {b: found["size_buckets"][b]["ap"] for b in SIZE_BUCKETS}
@@ -258,16 +265,18 @@ def main(argv: list[str]) -> int:
             print(name, {k: None if v is None else round(v, 4) for k, v in err.items()})
     times = decode_times(model, outputs, max_detections, args.rounds)
     figures += [
-        harness.figure(f"window{w}.decode_ms", f"decode per image, window {w}", t * 1000, "ms")
+        harness.figure(
+            f"centre{w}.decode_ms", f"decode per image, centre window {w}", t * 1000, "ms"
+        )
         for w, t in times.items()
     ]
     figures.append(
         harness.figure(
-            "decode_ratio", "decode time, window 3 / window 1", times[3] / times[1], "ratio"
+            "decode_ratio", "decode time, centre window 3 / 1", times[3] / times[1], "ratio"
         )
     )
     print(harness.table(["variant", "AP", "AP75", "AP50", *SIZE_BUCKETS], rows))
-    print({f"window{w}": f"{t * 1000:.3f} ms/image" for w, t in times.items()})
+    print({f"centre{w}": f"{t * 1000:.3f} ms/image" for w, t in times.items()})
     settings = {
         "set": args.set,
         "split": split,

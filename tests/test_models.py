@@ -203,33 +203,40 @@ def test_two_classes_peaking_at_one_cell_decode_each_to_its_own_classs_box() -> 
 
 def window_outputs() -> dict[str, torch.Tensor]:
     """One object of class 2, 12 x 8 px with its centre at (31.5, 21): the peak cell (5, 7)
-    reads it 2 px too far right, its right neighbour (5, 8), at half the peak's probability,
-    4 px too far left; every other cell of class 2 reads a far-off box at probability 0 (logit
-    -1000), and class 1 peaks beside it with a box of its own."""
+    reads its size exactly but its centre 2 px too far right; its right neighbour (5, 8), at
+    half the peak's probability, reads the centre 4 px too far left and a box too small (8 x
+    4 px); every other cell of class 2 reads a far-off 36-px box at probability 0 (logit -1000),
+    and class 1 peaks beside it with a box of its own."""
     outputs = one_peak_outputs("multilabel")
     heatmap, box = outputs["heatmap"], outputs["box"].view(1, NUM_CLASSES, 4, 16, 16)
     heatmap[0, 2, 5, 7] = 0.0  # probability 1/2
     heatmap[0, 2, 5, 8] = -math.log(3.0)  # probability 1/4
-    box[0, 2, 2:] = torch.tensor([math.log(9.0), math.log(9.0)]).view(2, 1, 1)  # 36 px elsewhere
+    box[0, 2, 2:] = torch.tensor([math.log(9.0), math.log(9.0)]).view(2, 1, 1)
     # offsets from each cell's centre, in cells: peak (7.5, 5.5) -> (7.875 + 0.5, 5.25)
     box[0, 2, :, 5, 7] = torch.tensor([0.875, -0.25, math.log(3.0), math.log(2.0)])
-    # right neighbour (8.5, 5.5) -> (7.875 - 1, 5.25): the same size
-    box[0, 2, :, 5, 8] = torch.tensor([-1.625, -0.25, math.log(3.0), math.log(2.0)])
+    # right neighbour (8.5, 5.5) -> (7.875 - 1, 5.25)
+    box[0, 2, :, 5, 8] = torch.tensor([-1.625, -0.25, math.log(2.0), math.log(1.0)])
     heatmap[0, 1, 4, 8] = 0.0  # another class beside the peak: its box must not count
     box[0, 1, :, 4, 8] = torch.tensor([0.0, 0.0, math.log(20.0), math.log(20.0)])
     return outputs
 
 
-def test_a_3x3_window_averages_the_boxes_by_score_and_recovers_a_sub_cell_box_exactly() -> None:
+def test_a_3x3_window_averages_centres_by_score_to_a_sub_cell_centre_and_keeps_the_peaks_size() -> (
+    None
+):
     model = tiny("multilabel")
-    (peak,) = model.decode(window_outputs(), max_detections=100, box_window=1)
-    (window,) = model.decode(window_outputs(), max_detections=100, box_window=3)
+    (peak,) = model.decode(window_outputs(), max_detections=100, centre_window=1)
+    (window,) = model.decode(window_outputs(), max_detections=100, centre_window=3)
     assert peak["labels"].tolist() == window["labels"].tolist() == [2, 1]
     torch.testing.assert_close(peak["scores"], window["scores"])
     # the peak cell alone: centre x (7.5 + 0.875) * 4 = 33.5, 2 px right of the object's 31.5
     torch.testing.assert_close(peak["boxes"][0], torch.tensor([27.5, 17.0, 39.5, 25.0]))
-    # weighted: (1/2 * 33.5 + 1/4 * 27.5) / (3/4) = 31.5, the object's own centre
+    # weighted: (1/2 * 33.5 + 1/4 * 27.5) / (3/4) = 31.5, the object's own centre, at the
+    # peak's size (12 x 8), not the neighbour's
     torch.testing.assert_close(window["boxes"][0], torch.tensor([25.5, 17.0, 37.5, 25.0]))
+    # the default decode is the window's
+    (default,) = model.decode(window_outputs(), max_detections=100)
+    torch.testing.assert_close(default["boxes"], window["boxes"])
 
 
 def test_a_window_at_the_maps_corner_weighs_only_the_cells_inside_it() -> None:
@@ -237,21 +244,21 @@ def test_a_window_at_the_maps_corner_weighs_only_the_cells_inside_it() -> None:
     outputs = {key: value.clone() for key, value in one_peak_outputs("multilabel").items()}
     heatmap, box = outputs["heatmap"], outputs["box"].view(1, NUM_CLASSES, 4, 16, 16)
     heatmap[0, 2, 5, 7] = -1000.0  # only the corner's object
-    heatmap[0, 2, 0, 0] = 0.0  # probability 1/2, 8 x 8 px, centre (6, 2): x from 2 to 10
+    heatmap[0, 2, 0, 0] = 0.0  # probability 1/2, 8 x 8 px, centre (6, 2)
     box[0, 2, :, 0, 0] = torch.tensor([1.0, 0.0, math.log(2.0), math.log(2.0)])
-    heatmap[0, 2, 0, 1] = -math.log(3.0)  # probability 1/4, centre (0, 2): x from -4 to 4
+    heatmap[0, 2, 0, 1] = -math.log(3.0)  # probability 1/4, centre (0, 2)
     box[0, 2, :, 0, 1] = torch.tensor([-1.5, 0.0, math.log(2.0), math.log(2.0)])
-    (found,) = model.decode(outputs, max_detections=100, box_window=3)
+    (found,) = model.decode(outputs, max_detections=100, centre_window=3)
     assert found["labels"].tolist() == [2]
-    # x: (1/2 * 2 + 1/4 * -4) / (3/4) = 0 and (1/2 * 10 + 1/4 * 4) / (3/4) = 8; cells outside
-    # the map, read at the nearest cell inside, would count the corner 4 times (0.8 and 8.8)
+    # centre x (1/2 * 6 + 1/4 * 0) / (3/4) = 4, 8 px wide: 0 to 8; cells outside the map, read
+    # at the nearest cell inside, would count the corner 4 times (centre x 4.8)
     torch.testing.assert_close(found["boxes"], torch.tensor([[0.0, 0.0, 8.0, 6.0]]))
 
 
 @pytest.mark.parametrize("window", [0, 2, -1])
-def test_decode_refuses_a_box_window_that_is_not_an_odd_positive_number(window: int) -> None:
-    with pytest.raises(ValueError, match="box_window"):
-        tiny().decode(one_peak_outputs("multilabel"), box_window=window)
+def test_decode_refuses_a_centre_window_that_is_not_an_odd_positive_number(window: int) -> None:
+    with pytest.raises(ValueError, match="centre_window"):
+        tiny().decode(one_peak_outputs("multilabel"), centre_window=window)
 
 
 def test_image_scores_are_the_highest_class_probability_per_image() -> None:

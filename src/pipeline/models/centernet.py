@@ -13,7 +13,10 @@ dominated by what lies there (a dot in a ring's hole made the ring's box the hol
 stride-16 cell sees the object whole, for a small share of tiny_conv's training FLOPs
 (docs/detector.md).
 
-Decoding keeps heatmap peaks (3x3 max-pool test) and the top K: no NMS. The box branch is
+Decoding keeps heatmap peaks (3x3 max-pool test) and the top K: no NMS. Each peak's size is
+read at its cell, its centre averaged over the cells around it, weighted by their scores: the
+neighbours' centres agree with the peak's and average its error down, while their sizes come
+out smaller than the peak's (benchmarks/box_limits.py measures both). The box branch is
 trained densely around each centre (TTFNet-style), which converges far faster than
 supervising the centre cell alone: on a CPU, training time is the budget.
 """
@@ -29,7 +32,7 @@ STRIDE = 4
 _MEAN = (0.5, 0.5, 0.5)
 _STD = (0.25, 0.25, 0.25)
 _STRIDE_16_LEVEL = 2  # every backbone's features are at strides 4, 8, 16 (and 32)
-BOX_WINDOW = 1  # cells: decode reads each box at its peak cell alone
+CENTRE_WINDOW = 3  # cells: decode averages the centres of the peak's 3x3 window (docs/detector.md)
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
@@ -203,16 +206,17 @@ class CenterNet(nn.Module):
         self,
         outputs: dict[str, torch.Tensor],
         max_detections: int = 100,
-        box_window: int = BOX_WINDOW,
+        centre_window: int = CENTRE_WINDOW,
     ) -> list[dict[str, torch.Tensor]]:
         """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells, with their boxes.
 
-        Each detection's box is the average of the boxes its class reads at the cells of a
-        `box_window` x `box_window` window around the peak, weighted by the class's score at
-        each cell (1: the peak cell's box alone); cells outside the map weigh nothing.
+        A detection's size is the one its class's box channels give at the peak cell; its centre
+        is the average of the centres those channels give at the cells of a `centre_window` x
+        `centre_window` window around the peak, weighted by the class's score at each cell
+        (1: the peak cell's alone). Cells outside the map weigh nothing.
         """
-        if box_window < 1 or box_window % 2 == 0:
-            raise ValueError(f"box_window must be an odd number >= 1, got {box_window!r}")
+        if centre_window < 1 or centre_window % 2 == 0:
+            raise ValueError(f"centre_window must be an odd number >= 1, got {centre_window!r}")
         probs = self.class_probs(outputs)
         batch, classes, h, w = probs.shape
         peaks = probs * (F.max_pool2d(probs, 3, stride=1, padding=1) == probs)
@@ -222,14 +226,15 @@ class CenterNet(nn.Module):
         cells = flat % (h * w)
         regression = outputs["box"]
         coords = torch.arange(4, device=regression.device)
-        reach = torch.arange(box_window, device=probs.device) - box_window // 2
+        reach = torch.arange(centre_window, device=probs.device) - centre_window // 2
         rows_off, cols_off = (v.reshape(1, -1) for v in torch.meshgrid(reach, reach, indexing="ij"))
+        middle = centre_window**2 // 2  # the peak's own position in the window
         size = torch.tensor([w, h, w, h], device=probs.device, dtype=probs.dtype) * self.stride
         results = []
         for i in range(batch):
             keep = scores[i] > 0
             label, cell = labels[i][keep], cells[i][keep]
-            # the window's cells [K, window**2], the peak's among them
+            # the window's cells [K, window**2], the peak at `middle`
             row = (cell // w)[:, None] + rows_off
             col = (cell % w)[:, None] + cols_off
             inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
@@ -240,7 +245,10 @@ class CenterNet(nn.Module):
                 label[:, None, None] * 4 + coords, row[..., None], col[..., None]
             ]
             boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [K, window**2, 4]
-            picked = (boxes * weight[..., None]).sum(1) / weight.sum(1, keepdim=True)
+            centres = (boxes[..., :2] + boxes[..., 2:]) / 2
+            centre = (centres * weight[..., None]).sum(1) / weight.sum(1, keepdim=True)
+            half = (boxes[:, middle, 2:] - boxes[:, middle, :2]) / 2
+            picked = torch.cat([centre - half, centre + half], dim=-1)
             picked = torch.minimum(picked.clamp(min=0), size)
             results.append({"boxes": picked, "scores": scores[i][keep], "labels": label})
         return results
