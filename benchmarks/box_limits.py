@@ -1,7 +1,7 @@
 """What limits AP@[.5:.95] of a trained detector: its boxes read several ways, and corrected
 by the ground truth, on one split, all scored by the evaluation's own COCO AP.
 
-  python benchmarks/box_limits.py --checkpoint RUN/best.pth --set NAME [--split test]
+  python benchmarks/box_limits.py --checkpoint RUN/best.pth --set NAME [--split train|val|test]
 
 One forward pass over the split (in input pixels, as evaluation sees it), then:
   centre1, centre3     decode reading each box at the peak cell alone (centre_window 1), or
@@ -30,6 +30,7 @@ import torch
 from torchvision.ops import box_iou
 
 from pipeline.commands.evaluate import _split_with_the_checkpoints_classes
+from pipeline.config import Layer, validate_layers
 from pipeline.data import has_test_split
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
@@ -195,14 +196,21 @@ def main(argv: list[str]) -> int:
     harness.add_torch_options(parser)
     parser.add_argument("--checkpoint", required=True, help="best.pth of a trained run")
     parser.add_argument("--set", required=True, help="the data set's name, for the record")
-    parser.add_argument("--split", choices=("val", "test"), default="test")
+    parser.add_argument(
+        "--split",
+        choices=("train", "val", "test"),
+        default="test",
+        help="train: the training images without augmentation (does the fit itself hold the error?)",
+    )
     parser.add_argument("--rounds", type=int, default=10, help="decode-time rounds (ABBA)")
     args = parser.parse_args(argv)
     harness.setup_torch(args)
 
     state = checkpoint.load(args.checkpoint)
-    config, class_names = state["config"], state["class_names"]
-    split = args.split if args.split == "val" or has_test_split(config) else "val"
+    # the checkpoint's config with today's defaults filled in, as evaluate reads it
+    config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
+    class_names = state["class_names"]
+    split = args.split if args.split != "test" or has_test_split(config) else "val"
     annotations = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, split)
     model = checkpoint.restore_model(
         state, torch.device("cpu"), memory_format(config["train"]["channels_last"]), args.checkpoint
