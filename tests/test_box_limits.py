@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from benchmark_modules import load
+from tiny_runs import (
+    global_torch_state,
+    make_data,
+    one_cpu_thread,
+    pipeline_logger_restored,
+    tiny_config,
+)
+
+from pipeline import formats
+from pipeline.engine.trainer import Trainer
 
 box_limits = load("box_limits")
 
@@ -53,3 +66,22 @@ def test_errors_measure_the_matched_boxes_bias_and_the_double_peaks_above_the_th
     np.testing.assert_allclose(found["size_bias"], np.log(1.2) / 2, rtol=1e-5)
     assert found["double_peaks"] == 1.0  # the one object found is found twice above 0.4
     assert box_limits.errors(DETS, TRUTH, threshold=0.6)["double_peaks"] == 0.0
+
+
+def test_a_trained_checkpoint_gets_a_record_of_every_variant_and_both_decode_times(
+    tmp_path: Path,
+) -> None:
+    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
+        trainer = Trainer(tiny_config(make_data(tmp_path / "shapes")), tmp_path / "run")
+        trainer.fit()
+        record = tmp_path / "box_limits.json"
+        argv = ["--checkpoint", str(trainer.paths["best"]), "--set", "shapes", "--rounds", "1"]
+        argv += ["--cpu-threads", "1", "--record", str(record), "--out", str(tmp_path / "o.json")]
+        assert box_limits.main(argv) == 0
+    document = json.loads(record.read_text(encoding="utf-8"))
+    assert formats.problem(document, "benchmark_record") is None
+    keys = {figure["key"] for figure in document["figures"]}
+    for variant in ("centre1", "centre3", *box_limits.ORACLES, "oracle_bias"):
+        assert f"{variant}.ap" in keys
+    assert {"centre1.decode_ms", "centre3.decode_ms", "decode_ratio"} <= keys
+    assert document["settings"]["set"] == "shapes" and document["settings"]["split"] == "test"
