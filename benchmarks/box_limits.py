@@ -34,7 +34,7 @@ from pipeline.config import Layer, validate_layers
 from pipeline.data import has_test_split
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
-from pipeline.engine.evaluator import SIZE_BUCKETS, coco_ap
+from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
 from pipeline.models import memory_format
 from pipeline.models.centernet import CENTRE_WINDOW
 
