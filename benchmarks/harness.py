@@ -356,14 +356,14 @@ def noisy_flags(sides: dict[str, dict[str, Any]], what: str = "") -> list[str]:
 def commit() -> dict[str, Any] | None:
     """The checked-out commit and whether tracked files differ from it; None outside git."""
     try:
-        sha = _git("rev-parse", "HEAD")
-        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+        sha = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.CalledProcessError):
         return None
     return {"sha": sha, "dirty": dirty}
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
     done = subprocess.run(
         ["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30
     )

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,10 +43,9 @@ from real_layouts import (
 from pipeline import atomic, timing
 from pipeline.cli import configure_logging
 from pipeline.config import load_config, merge, validate
-from pipeline.cpus import usable_cpu_count
 from pipeline.data import has_test_split, load_split, load_splits
 from pipeline.data.sources import SplitAnnotations
-from pipeline.environment import collect
+from pipeline.environment import machine
 from pipeline.errors import DataError
 
 NAME = "real_sets"
@@ -173,23 +171,6 @@ def prepare(real: RealSet, source_path: Path, out: Path, seed: int) -> None:
 
 
 # ---- measure ---------------------------------------------------------------------------
-def git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=harness.REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def machine() -> dict[str, Any]:
-    """The CPU (model and native reduced precisions, with torch's evidence) and the software."""
-    info = collect()
-    return {
-        **info["platform"],
-        "usable_cpus": usable_cpu_count(),
-        "cpu_native": info["cpu_native"],
-        "versions": info["versions"],
-    }
-
-
 PER_CLASS = ("name", "num_gt", "ap50", "ap50_interval", "ap", "ap_interval", "tp", "fp", "fn")
 
 
@@ -292,9 +273,9 @@ def measure(
         "machine": machine(),
         "niceness": os.nice(0),
         "conditions": loaded,
-        "commit": git("rev-parse", "HEAD"),
-        "src_tree": git("rev-parse", "HEAD:src"),  # the code measured, whatever else moved
-        "src_modified": bool(git("status", "--porcelain", "--", "src")),
+        "commit": harness.git("rev-parse", "HEAD"),
+        "src_tree": harness.git("rev-parse", "HEAD:src"),  # the code measured, whatever else moved
+        "src_modified": bool(harness.git("status", "--porcelain", "--", "src")),
         "commands": [" ".join(command) for command in (train, evaluate)],
         "work": str(work),
     }
