@@ -4,9 +4,9 @@ Boxes are supervised at every cell of a Gaussian area around each object's centr
 weighted by that Gaussian (TTFNet), which gives the box branch many more training
 signals per image than the centre cell alone. Every object weighs the same in the box
 loss (TTFNet's log-area weight favoured large objects; small ones are the hard ones here),
-and where areas overlap a cell regresses the object whose Gaussian is highest there
-(`box_owners`), in the box channels of that object's class: the other classes' box channels
-at that cell are left to their own objects.
+and where areas of one class overlap, a cell regresses, in that class's box channels, the
+object of that class whose Gaussian is highest there (`box_owners`): box channels are per
+class, so objects of other classes at that cell train their own channels.
 
 Gaussians are at least `MIN_SIGMA` cells wide. With CenterNet's size-proportional
 spread, an 8 px object at stride 4 gets a one-cell target, so the cells beside its
@@ -92,19 +92,32 @@ def giou_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return 1 - iou + (enclosing - union) / (enclosing + _GIOU_EPS)
 
 
-def box_owners(gauss: torch.Tensor, area: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which object each cell regresses: ([B, h, w] object index, [B, h, w] any object at all).
+def box_owners(
+    gauss: torch.Tensor, area: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which object each (class, cell) regresses: ([B, C, h, w] object index, [B, C, h, w] any
+    object at all).
 
-    The object whose Gaussian is highest at the cell, ties going to the smaller one, so that
-    every object's own centre cell (where decoding reads its box) regresses that object. TTFNet
-    gives each cell to the smallest object whose area covers it, which hands a large object's
-    centre cell to any small object near that centre.
-    gauss: [B, N, h, w] (zero for padding); area: [B, N].
+    Among the objects of that class, the one whose Gaussian is highest at the cell, ties going
+    to the smaller one (then the first), so that every object's own centre cell (where decoding
+    reads its box, in its class's channels) regresses that object. Box channels are per class,
+    so an object of another class never takes the cell: a small object at a large one's centre
+    leaves the large one's class channels to it. TTFNet gives each cell to the smallest object
+    whose area covers it, which hands a large object's centre cell to any small object near it.
+    gauss: [B, N, h, w] (zero for padding); area: [B, N]; labels: [B, N] (-1 for padding).
     """
-    highest = gauss.amax(dim=1, keepdim=True)
+    batch, count, h, w = gauss.shape
+    index = labels.clamp(min=0)[..., None, None].expand_as(gauss)
+    per_class = gauss.new_zeros(batch, num_classes, h, w)
+    highest = per_class.scatter_reduce(1, index, gauss, reduce="amax").gather(1, index)
     candidate = (gauss > _BOX_AREA_CUTOFF) & (gauss >= highest - _TIE)
-    smallest, owner = torch.where(candidate, area[..., None, None], math.inf).min(dim=1)
-    return owner, torch.isfinite(smallest)
+    area_at = torch.where(candidate, area[..., None, None], math.inf)
+    smallest = per_class.fill_(math.inf).scatter_reduce_(1, index, area_at, reduce="amin")
+    order = torch.arange(count, device=gauss.device).view(1, count, 1, 1)
+    winner = torch.where(candidate & (area_at <= smallest.gather(1, index)), order, count)
+    first = torch.full((batch, num_classes, h, w), count, device=gauss.device)
+    first = first.scatter_reduce_(1, index, winner, reduce="amin")
+    return first.clamp(max=count - 1), first < count
 
 
 def _padded_targets(
@@ -202,21 +215,17 @@ class DetectionLoss(nn.Module):
             _gaussians(centre, wh, _BOX_BETA, h, w, MIN_BOX_SIGMA) * valid[..., None, None]
         )  # [B, N, h, w]
         area = (wh[..., 0] * wh[..., 1]).clamp(min=_EPS)
-        owner, assigned = box_owners(gauss, area)
-        owner_gauss = gauss.gather(1, owner[:, None]).squeeze(1)
-        # each object weighs 1 in all; its cells share that by their Gaussian
+        owner, assigned = box_owners(gauss, area, labels, self.num_classes)  # [B, C, h, w]
+        owner_gauss = gauss.gather(1, owner)
+        # each object weighs 1 in all; its (class, cell) pairs share that by their Gaussian
         norm = torch.zeros_like(area).scatter_add_(
             1, owner.view(batch, -1), (owner_gauss * assigned).view(batch, -1)
         )
-        owner_norm = norm.gather(1, owner.view(batch, -1)).view(batch, h, w)
+        owner_norm = norm.gather(1, owner.view(batch, -1)).view_as(owner_gauss)
         weight = torch.where(assigned, owner_gauss / owner_norm.clamp(min=_EPS), 0.0)
-        target_boxes = boxes.gather(1, owner.view(batch, -1, 1).expand(-1, -1, 4)).view(
-            batch, h, w, 4
-        )
-        # a cell regresses its owner's box in the box channels of its owner's class
-        owner_label = labels.clamp(min=0).gather(1, owner.view(batch, -1)).view(batch, 1, h, w)
-        coords = torch.arange(4, device=regression.device).view(1, 4, 1, 1)
-        owned = regression.gather(1, owner_label * 4 + coords)  # [B, 4, h, w]
-        predicted = decode_boxes(owned, self.stride)  # [B, h, w, 4]
-        losses = torch.where(assigned, giou_loss(predicted, target_boxes) * weight, 0.0)
+        target_boxes = boxes.gather(1, owner.view(batch, -1, 1).expand(-1, -1, 4))
+        # class c's box channels (4c to 4c+3) regress class c's owner at each cell
+        predicted = decode_boxes(regression.reshape(-1, 4, h, w), self.stride)  # [B*C, h, w, 4]
+        losses = giou_loss(predicted.view(batch, -1, 4), target_boxes).view_as(weight)
+        losses = torch.where(assigned, losses * weight, 0.0)
         return losses.sum() / weight.sum().clamp(min=_EPS)
