@@ -195,6 +195,52 @@ def test_a_large_object_keeps_its_centre_cell_when_a_small_one_of_another_class_
     assert both[1, :, 16, 16].abs().sum() > 0  # the small one keeps its own centre
 
 
+def heatmap_gradient(label_mode: str, ignore: list[tuple[list[float], int]]) -> torch.Tensor:
+    """d (loss) / d (heatmap logits), [channel, h, w], of one 64-px image (16x16 cells) with an
+    object of class 0 centred on cell (3, 3) and the given ignore regions."""
+    outputs = fixed_outputs(1, 2 + (label_mode == "single"), 16, 2)
+    target = {"boxes": torch.tensor([[8.0, 8.0, 20.0, 20.0]]), "labels": torch.tensor([0])}
+    target["ignore_boxes"] = torch.tensor([box for box, _ in ignore]).reshape(-1, 4)
+    target["ignore_labels"] = torch.tensor([label for _, label in ignore], dtype=torch.long)
+    loss_for(label_mode, 2)(outputs, [target])["total"].backward()
+    return outputs["heatmap"].grad[0]
+
+
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+def test_an_ignore_region_takes_no_part_in_its_classes_negatives(label_mode: str) -> None:
+    """A crowd region of class 0 over the cells 0 to 7 (32 px), holding the object's centre:
+    class 0's scores there are not punished (multilabel: no gradient at all), the object's centre
+    still trains as a positive, and every cell outside the region trains as without it."""
+    plain = heatmap_gradient(label_mode, [])
+    crowd = heatmap_gradient(label_mode, [([0.0, 0.0, 32.0, 32.0], 0)])
+    inside = torch.zeros(16, 16, dtype=torch.bool)
+    inside[:8, :8] = True
+    torch.testing.assert_close(crowd[:, ~inside], plain[:, ~inside], rtol=0, atol=0)
+    torch.testing.assert_close(crowd[:, 3, 3], plain[:, 3, 3], rtol=0, atol=0)  # the positive
+    inside[3, 3] = False
+    if label_mode == "multilabel":
+        assert not crowd[0, inside].any() and plain[0, inside].abs().min() > 0
+        torch.testing.assert_close(crowd[1], plain[1], rtol=0, atol=0)
+    else:  # softmax ties the classes of a cell: every channel there changes, and only there
+        assert (crowd[:, inside] != plain[:, inside]).all()
+
+
+def test_an_ignore_region_of_another_class_changes_nothing_for_this_one() -> None:
+    plain = heatmap_gradient("multilabel", [])
+    other = heatmap_gradient("multilabel", [([0.0, 0.0, 32.0, 32.0], 1)])
+    torch.testing.assert_close(other[0], plain[0], rtol=0, atol=0)
+    assert not other[1, :8, :8].any()
+
+
+def test_a_region_overlapping_part_of_a_cell_ignores_that_cell() -> None:
+    """A region of 2x2 px inside cell (5, 9) holds no cell's centre; the cell it overlaps is
+    ignored all the same (an object that small is centred there), and no other."""
+    plain = heatmap_gradient("multilabel", [])
+    small = heatmap_gradient("multilabel", [([37.0, 21.0, 39.0, 23.0], 0)])
+    changed = (small != plain).any(dim=0).nonzero().tolist()
+    assert changed == [[5, 9]] and not small[0, 5, 9]
+
+
 def test_giou_loss_matches_torchvision_on_overlapping_touching_and_disjoint_boxes() -> None:
     from torchvision.ops import generalized_box_iou_loss
 
@@ -294,6 +340,8 @@ def test_forward_and_backward_never_make_the_host_wait_for_the_device(
 ) -> None:
     outputs = fixed_outputs(len(objects), 3 + (label_mode == "single"), 16, 3)
     targets = fixed_targets(objects, 3, 64)
+    targets[0]["ignore_boxes"] = torch.tensor([[4.0, 6.0, 30.0, 20.0]])  # a crowd region
+    targets[0]["ignore_labels"] = torch.tensor([2])
 
     def step() -> None:
         loss_for(label_mode, 3)(outputs, targets)["total"].backward()
