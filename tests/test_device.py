@@ -619,3 +619,17 @@ def test_every_function_answers_the_same_for_a_string_and_a_torch_device(
     ):
         assert function(text) == function(as_device)
     assert resolve_device(text) == resolve_device(as_device) == as_device
+
+
+def test_cpu_tensor_peak_bytes_is_the_highest_sum_of_live_tensors_while_it_runs() -> None:
+    held = torch.empty(1_000_000)  # before: not counted, also when freed inside
+
+    def work() -> None:
+        nonlocal held
+        first = torch.empty(250_000)  # 1 MB
+        second = torch.empty(125_000)
+        del first, held
+        third = torch.empty(500_000)  # peak: second + third, 2.5 MB
+        del second, third
+
+    assert dev.cpu_tensor_peak_bytes(work) == 2_500_000

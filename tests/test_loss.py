@@ -13,16 +13,11 @@ import torch
 from tiny_runs import one_cpu_thread
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pipeline.device import cpu_tensor_peak_bytes
 from pipeline.models import build_model
+from pipeline.models import targets as target_plan
 from pipeline.models.centernet import STRIDE
-from pipeline.models.loss import (
-    _BOX_BETA,
-    MIN_BOX_SIGMA,
-    DetectionLoss,
-    _gaussians,
-    box_owners,
-    giou_loss,
-)
+from pipeline.models.loss import DetectionLoss, giou_loss
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,7 +77,7 @@ def loss_for(label_mode: str, classes: int) -> DetectionLoss:
 # terms are as the loss gave them before it was made sync-free (commit 7447b17: model inside,
 # one_hot product, boolean-mask indexing, torchvision's GIoU loss); the total and box terms as
 # it gives them since each (class, cell) regresses the object of that class with the highest
-# Gaussian (`box_owners`; with one class per overlap, the values of the per-cell owner before it)
+# Gaussian (`TargetPlan.box_owners`; with one class per overlap, the values of the per-cell owner before it)
 # and the box area's floor is MIN_BOX_SIGMA. The box gradient is summed over the classes' box
 # channels: each class's channels learn that class's objects only (checked below).
 PINNED = [
@@ -135,26 +130,34 @@ def test_values_and_gradients_match_the_pinned_ones(case, expected) -> None:
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def owner_map(boxes: list[list[float]], labels: list[int], classes: int) -> torch.Tensor:
+    """[class, h, w]: the object whose box each (class, cell) of a 128-px image regresses (-1:
+    none)."""
+    targets = [{"boxes": torch.tensor(boxes), "labels": torch.tensor(labels)}]
+    plan = DetectionLoss(classes, "single").plan(targets, 32, 32)
+    owners = torch.full((classes * 32 * 32,), -1)
+    owns = plan.box_owners()
+    owners[plan.box_key[owns]] = plan.box_object[owns]
+    return owners.view(classes, 32, 32)
+
+
 def test_each_object_regresses_its_own_centre_cell_also_beside_a_smaller_one() -> None:
     """A 96-px object with a 10-px one of the same class 4 px from its centre (inside its box,
     as a cell inside a tissue): decoding reads each box at its object's centre cell, so that
     cell must regress that object. The smallest-covering-object rule gave the large centre to
     the small object."""
-    cells = 32
-    centres = torch.tensor([[[16.0, 16.0], [17.0, 16.0]]])  # cells: large, small
-    sizes = torch.tensor([[[24.0, 24.0], [2.5, 2.5]]])  # cells (96 px and 10 px at stride 4)
-    gauss = _gaussians(centres, sizes, _BOX_BETA, cells, cells, MIN_BOX_SIGMA)
-    area = sizes[..., 0] * sizes[..., 1]
-    same_class = torch.tensor([[1, 1]])
-    assert gauss[0, 1, 16, 16] > 0.05  # the small object's area covers the large one's centre
-    owner, assigned = box_owners(gauss, area, same_class, 2)
-    assert owner[0, 1, 16, 16] == 0 and owner[0, 1, 16, 17] == 1
-    assert assigned[0, 1, 16, 16] and assigned[0, 1, 16, 17] and not assigned[0, 1, 0, 0]
-    assert not assigned[0, 0].any()  # class 0 has no object
-    # padding (a zero Gaussian) never owns a cell; equal Gaussians go to the smaller object
-    twins = torch.cat([gauss[:, :1], gauss[:, :1], torch.zeros_like(gauss[:, :1])], dim=1)
-    owner, _ = box_owners(twins, torch.tensor([[576.0, 100.0, 1.0]]), torch.tensor([[0, 0, -1]]), 1)
-    assert owner[0, 0, 16, 16] == 1
+    large, small = [18.0, 18.0, 114.0, 114.0], [65.0, 61.0, 75.0, 71.0]  # centre cells 16, 17
+    plan = DetectionLoss(2, "single").plan(
+        [{"boxes": torch.tensor([small]), "labels": torch.tensor([1])}], 32, 32
+    )
+    assert (plan.box_key == 1 * 32 * 32 + 16 * 32 + 16).any()  # its area covers the large centre
+    owners = owner_map([large, small], [1, 1], 2)
+    assert owners[1, 16, 16] == 0 and owners[1, 16, 17] == 1 and owners[1, 0, 0] == -1
+    assert (owners[0] == -1).all()  # class 0 has no object
+    # equal Gaussians (both at the floor of MIN_BOX_SIGMA) go to the smaller object, then the first
+    four, six = [64.0, 64.0, 68.0, 68.0], [63.0, 63.0, 69.0, 69.0]
+    assert owner_map([six, four], [0, 0], 1)[0, 16, 16] == 1
+    assert owner_map([four, four], [0, 0], 1)[0, 16, 16] == 0
 
 
 def box_gradient(classes: int, boxes: list[list[float]], labels: list[int]) -> torch.Tensor:
@@ -342,13 +345,27 @@ def test_forward_and_backward_never_make_the_host_wait_for_the_device(
     targets = fixed_targets(objects, 3, 64)
     targets[0]["ignore_boxes"] = torch.tensor([[4.0, 6.0, 30.0, 20.0]])  # a crowd region
     targets[0]["ignore_labels"] = torch.tensor([2])
+    loss = loss_for(label_mode, 3)
+    # what depends on the boxes' values is planned on the host, where the loader gives them
+    plan = loss.plan(targets, 16, 16)
 
     def step() -> None:
-        loss_for(label_mode, 3)(outputs, targets)["total"].backward()
+        loss(outputs, plan)["total"].backward()
 
     recorder = record_ops(step)
     assert recorder.syncing == []
     assert outputs["box"].grad is not None  # the box head stays in the graph, also without objects
+    assert all(t.device.type == "cpu" for t in (plan.boxes, plan.heat_key, plan.ignore_key))
+
+
+def test_given_targets_or_their_plan_the_loss_is_the_same() -> None:
+    outputs = fixed_outputs(3, 4, 16, 3)
+    targets = fixed_targets((3, 0, 5), 3, 64)
+    loss = loss_for("single", 3)
+    by_targets, by_plan = loss(outputs, targets), loss(outputs, loss.plan(targets, 16, 16))
+    assert all(torch.equal(by_targets[key], by_plan[key]) for key in by_targets)
+    with pytest.raises(ValueError, match="planned for maps of"):
+        loss(outputs, loss.plan(targets, 8, 8))
 
 
 def test_the_sync_recorder_sees_item_and_boolean_mask_indexing() -> None:
@@ -366,6 +383,76 @@ def test_the_sync_recorder_sees_item_and_boolean_mask_indexing() -> None:
     assert any("boolean mask" in op for op in syncing)
     assert any(op.startswith("_local_scalar_dense") for op in syncing)
     assert len(syncing) >= 3
+
+
+# ---- windows -------------------------------------------------------------------------------
+
+
+def dense_gaussians(boxes: torch.Tensor, spread: float, min_sigma: float, cells: int):
+    """[N, h, w]: each object's Gaussian over the whole map, as the loss drew them before it drew
+    windows (a row and a column profile multiplied out)."""
+    wh = (boxes[:, 2:] - boxes[:, :2]) / STRIDE
+    centre = ((boxes[:, :2] + boxes[:, 2:]) / 2 / STRIDE).floor().clamp(0, cells - 1)
+    sigma = (spread * wh / 6).clamp(min=min_sigma)
+    grid = torch.arange(cells, dtype=torch.float32)
+    across = torch.exp(-((grid - centre[:, 0, None]) ** 2) / (2 * sigma[:, 0, None] ** 2))
+    down = torch.exp(-((grid - centre[:, 1, None]) ** 2) / (2 * sigma[:, 1, None] ** 2))
+    return down[:, :, None] * across[:, None, :]
+
+
+def test_windowed_targets_equal_the_whole_maps_gaussians_above_their_cut_offs() -> None:
+    """Objects from 3 px to most of the image, some cut by its edges, in 3 classes: the heatmap
+    target is the dense one wherever that exceeds HEAT_CUTOFF (zero elsewhere), and boxes are
+    regressed at exactly the cells where an object's dense Gaussian exceeds BOX_AREA_CUTOFF."""
+    cells, classes = 48, 3
+    (target,) = fixed_targets((40,), classes, cells * STRIDE)
+    target["boxes"][0] = torch.tensor([-30.0, 100.0, 150.0, 210.0])  # past the left edge
+    target["boxes"][1] = torch.tensor([0.0, 0.0, 192.0, 192.0])  # the whole image
+    boxes, labels = target["boxes"], target["labels"]
+    plan = DetectionLoss(classes, "single").plan([target], cells, cells)
+
+    heat = dense_gaussians(boxes, target_plan.HEAT_ALPHA, target_plan.MIN_SIGMA, cells)
+    dense = torch.stack(
+        [torch.where((labels == c)[:, None, None], heat, 0.0).amax(0) for c in range(classes)]
+    )
+    expected = torch.where(dense > target_plan.HEAT_CUTOFF, dense, 0.0)
+    torch.testing.assert_close(plan.heatmap()[0], expected, rtol=1e-6, atol=0)
+    assert (expected > 0).sum() < expected.numel()  # the cut-off cut something
+
+    area = dense_gaussians(boxes, target_plan.BOX_BETA, target_plan.MIN_BOX_SIGMA, cells)
+    above = area > target_plan.BOX_AREA_CUTOFF  # [N, h, w]
+    drawn = torch.zeros_like(above)
+    cell = plan.box_key % (cells * cells)
+    drawn[plan.box_object, cell // cells, cell % cells] = True
+    assert torch.equal(drawn, above)
+    value = area[plan.box_object, cell // cells, cell % cells]
+    torch.testing.assert_close(plan.box_value, value, rtol=1e-6, atol=0)
+    assert torch.equal(plan.box_key // (cells * cells), labels[plan.box_object])
+
+
+def test_the_loss_draws_in_memory_that_follows_the_objects_area_not_objects_x_map() -> None:
+    """1024 px, 300 objects of 8 to 40 px per image, batch 16 (dense microscopy, a retail shelf):
+    the loss's forward and backward stay under 1 GB of torch memory. The Gaussians over the whole
+    map for every object were 16 x 300 x 256 x 256 floats: 1.2 GiB each, several of them."""
+    batch, classes, size, objects = 16, 3, 1024, 300
+    cells = size // STRIDE
+    generator = torch.Generator().manual_seed(0)
+    outputs = {
+        "heatmap": torch.randn(batch, classes + 1, cells, cells, generator=generator),
+        "box": torch.randn(batch, 4 * classes, cells, cells, generator=generator),
+    }
+    for tensor in outputs.values():
+        tensor.requires_grad_()
+    targets = []
+    for _ in range(batch):
+        corner = torch.rand(objects, 2, generator=generator) * (size - 40)
+        extent = 8 + torch.rand(objects, 2, generator=generator) * 32
+        labels = torch.randint(0, classes, (objects,), generator=generator)
+        targets.append({"boxes": torch.cat([corner, corner + extent], 1), "labels": labels})
+    loss = DetectionLoss(classes, "single")
+    peak = cpu_tensor_peak_bytes(lambda: loss(outputs, targets)["total"].backward())
+    gradients = sum(tensor.numel() * 4 for tensor in outputs.values())
+    assert gradients < peak < 2**30, f"peak {peak / 2**20:.0f} MiB"
 
 
 # ---- memory --------------------------------------------------------------------------------

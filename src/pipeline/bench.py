@@ -90,7 +90,7 @@ def rendered_batch(
         images.append(torch.from_numpy(pixels).permute(2, 0, 1))
         boxes = torch.tensor([obj["box"] for obj in objects], dtype=torch.float32).reshape(-1, 4)
         labels = torch.tensor([obj["label"] % num_classes for obj in objects], dtype=torch.long)
-        targets.append({"boxes": boxes.to(device), "labels": labels.to(device)})
+        targets.append({"boxes": boxes, "labels": labels})  # on the host, as the loss reads them
     return torch.stack(images).to(device), targets
 
 

@@ -575,6 +575,31 @@ def host_peak_rss_mb() -> float:
     return peak / _MB if sys.platform == "darwin" else peak / 1024
 
 
+def cpu_tensor_peak_bytes(run: Callable[[], object]) -> int:
+    """The peak of torch's CPU allocations while `run` runs, above what was held before it.
+
+    From the profiler's memory events (every allocation and free of torch's CPU allocator,
+    kernels' own buffers and autograd's included), so it is exact for torch's memory on the
+    CPU, where there is no `max_memory_allocated`; Python objects and other libraries are not
+    counted (peak RSS sees those, blurred by the C allocator's reuse).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        run()
+    cpu = torch.autograd.DeviceType.CPU
+    events = [
+        event
+        for event in profiler.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type() == cpu
+    ]
+    held = peak = 0
+    for event in sorted(events, key=lambda event: event.start_ns()):
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
 class DeviceTimer:
     """GPU-side time of a region from device events (CUDA or MPS); `None` where there are none.
 

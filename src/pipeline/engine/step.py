@@ -1,11 +1,11 @@
 """One optimisation step exactly as training takes it: the trainer runs it, the benchmark times it.
 
-Forward under the run's autocast, the loss, backward through a GradScaler for fp16, gradients
-clipped after unscaling, optimizer and scheduler step. The step never waits for the device:
-a non-finite loss is skipped on the device itself (fused optimizers take a `found_inf` flag,
-the contract GradScaler uses with them), so the host can queue the next step while an
-accelerator still works on this one. Where the optimizer has no fused kernel for the device,
-the step falls back to reading that flag: one host synchronisation per step.
+Forward under the run's autocast, the loss (given the targets on the host), backward through a
+GradScaler for fp16, gradients clipped after unscaling, optimizer and scheduler step. The step
+never waits for the device: a non-finite loss is skipped on the device itself (fused optimizers
+take a `found_inf` flag, the contract GradScaler uses with them), so the host can queue the next
+step while an accelerator still works on this one. Where the optimizer has no fused kernel for
+the device, the step falls back to reading that flag: one host synchronisation per step.
 """
 
 from __future__ import annotations
@@ -110,17 +110,8 @@ class TrainStep:
         images = images.to(self.device, non_blocking=True).contiguous(
             memory_format=self.memory_format
         )
-        # queued copies (from pinned memory, the loaders' default on CUDA): the loss would
-        # otherwise copy the targets itself, and a blocking copy waits for the device
-        targets = [
-            {
-                key: value.to(self.device, non_blocking=True)
-                if isinstance(value, torch.Tensor)
-                else value
-                for key, value in target.items()
-            }
-            for target in targets
-        ]
+        # the targets stay on the host: the loss plans its windows from the boxes there and
+        # queues only that plan's arrays to the device (reading boxes on a device would wait)
         with dev.autocast(self.device, self.precision):
             outputs = self.model(images)
         losses = self.loss_fn(outputs, targets)
