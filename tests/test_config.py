@@ -509,7 +509,12 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
         "train",
         "eval",
     }
-    assert result["eval"] == {"score_threshold": None, "iou_threshold": 0.5, "max_detections": 100}
+    assert result["eval"] == {
+        "score_threshold": None,
+        "iou_threshold": 0.5,
+        "max_detections": 100,
+        "protocol": "auto",
+    }
     test_keys = {"test_split", "test_annotations", "test_images_dir"}  # evaluation's alone
     assert set(result["data"]) | set(speed["data"]) | test_keys == set(config["data"])
     assert not set(result["data"]) & set(speed["data"])

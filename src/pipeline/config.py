@@ -262,7 +262,7 @@ SPEED_SETTINGS = {"data": ("num_workers", "cache", "cache_budget"), "eval": ("ba
 # Top-level keys and whole sections that training's result depends on; of `eval`, the keys
 # that training's validation reads (it picks best.pth by them).
 RESULT_KEYS = ("seed", "deterministic", "precision", "data", "model", "train")
-VALIDATION_EVAL_KEYS = ("score_threshold", "iou_threshold", "max_detections")
+VALIDATION_EVAL_KEYS = ("score_threshold", "iou_threshold", "max_detections", "protocol")
 # Data keys training never reads: the held-out test split is the evaluation's alone.
 TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
 
