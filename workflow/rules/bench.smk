@@ -2,15 +2,7 @@ rule bench_one:
     input:
         env=ENV_JSON,
         classes=class_list_inputs,
-        code=code(
-            "bench.py",
-            "timing.py",
-            "stats.py",
-            "device.py",
-            "engine/step.py",
-            "models/centernet.py",
-            "models/loss.py",
-        ),
+        code=command_sources("bench"),
     output:
         report(
             "results/bench/{backend}-{precision}-{mode}.json",
@@ -47,7 +39,7 @@ rule bench_one:
 checkpoint choose_precision:
     input:
         bench=choice_inputs,
-        code=code("measured.py", "stats.py", "commands/choose_precision.py"),
+        code=command_sources("choose-precision"),
     output:
         CHOICE_JSON,
     log:

@@ -6,7 +6,7 @@ import sys
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
 from pipeline import config as pipeline_config
-from pipeline import measured, runs
+from pipeline import import_graph, measured, runs
 from pipeline.data import has_test_split, split_files
 from pipeline.data.image_files import find_images
 from pipeline.errors import ConfigError
@@ -51,20 +51,18 @@ CHOICE_JSON = "results/choice/{backend}.json"
 DATA_ROOT = config["data"]["root"]
 
 
-def code(*modules):
-    """Source files of a stage as inputs: editing one reruns that stage (mtime trigger)."""
-    return [f"src/pipeline/{module}" for module in modules]
+# the package's sources as this workflow's working directory sees them (src/pipeline from the
+# repository's root), read once here: each rule's code inputs are what its command imports
+PACKAGE_SOURCES = os.path.relpath(
+    os.path.join(workflow.basedir, "..", "src", "pipeline")
+)
 
 
-def package_files(package):
-    """Every file of a package under src/pipeline (modules, templates, stylesheets), for code()."""
-    root = os.path.join("src", "pipeline")
-    return sorted(
-        os.path.relpath(os.path.join(folder, name), root)
-        for folder, _, names in os.walk(os.path.join(root, package))
-        if "__pycache__" not in folder.split(os.sep)
-        for name in names
-    )
+def command_sources(command):
+    """The source files `python -m pipeline COMMAND` runs (its modules' import closure within
+    the package, and the templates, stylesheets and schemas they read), as a stage's inputs:
+    editing one reruns every stage whose command imports it, and no other."""
+    return import_graph.command_sources(command, PACKAGE_SOURCES)
 
 
 def invocation():

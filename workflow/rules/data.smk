@@ -6,7 +6,7 @@ if config["data"]["format"] == "synthetic":
 
     rule prepare_data:
         input:
-            code("data/synthetic.py"),
+            code=command_sources("prepare-data"),
         output:
             train=f"{DATA_ROOT}/instances_train.json",
             val=f"{DATA_ROOT}/instances_val.json",
@@ -32,7 +32,7 @@ if config["data"]["format"] == "synthetic":
 
         rule prepare_test_data:
             input:
-                code("data/synthetic.py"),
+                code=command_sources("prepare-data"),
             output:
                 test=f"{DATA_ROOT}/instances_test.json",
             log:

@@ -1,6 +1,6 @@
 checkpoint check_env:
     input:
-        code("environment.py", "device.py"),
+        code=command_sources("check-env"),
     output:
         ENV_JSON,
     log:

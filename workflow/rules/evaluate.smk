@@ -2,7 +2,7 @@ rule evaluate_run:
     input:
         checkpoint="results/train/{run}/best.pth",
         data=data_inputs(("val", "test")),
-        code=code(*package_files("evaluation"), "stats.py", "commands/evaluate.py"),
+        code=command_sources("evaluate"),
     output:
         metrics=report(
             "results/eval/{run}.json",

@@ -2,13 +2,7 @@ rule predict_run:
     input:
         checkpoint="results/train/{run}/best.pth",
         images=predict_images,
-        code=code(
-            "prediction.py",
-            "commands/predict.py",
-            "data/image_files.py",
-            "data/dataset.py",
-            "data/orientation.py",
-        ),
+        code=command_sources("predict"),
     output:
         detections="results/predict/{run}/detections.json",
         index="results/predict/{run}/images.json",

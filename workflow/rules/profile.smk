@@ -1,7 +1,7 @@
 rule profile_run:
     input:
         checkpoint="results/train/{run}/best.pth",
-        code=code("profiling.py", "timing.py", "commands/profile.py"),
+        code=command_sources("profile"),
     output:
         profile="results/profile/{run}/profile.json",
         operators="results/profile/{run}/operators.json",

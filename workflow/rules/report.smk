@@ -5,15 +5,7 @@ rule summarize:
         train=run_files("results/train/{run}/train_summary.json"),
         evaluation=run_files("results/eval/{run}.json"),
         choices=choice_files,
-        code=code(
-            "commands/summarize.py",
-            "config.py",
-            "measured.py",
-            "stats.py",
-            "evaluation/intervals.py",
-            "report/formatting.py",
-            *package_files("summary"),
-        ),
+        code=command_sources("summarize"),
     output:
         "results/summary.json",
     log:
@@ -43,7 +35,7 @@ rule report:
         evaluation=run_files("results/eval/{run}.json"),
         profile=run_files("results/profile/{run}/profile.json"),
         choices=choice_files,
-        code=code("commands/report.py", *package_files("report")),
+        code=command_sources("report"),
     output:
         report(
             "results/report.html",
@@ -72,13 +64,7 @@ rule report:
 rule compare:
     input:
         summaries=compared_summaries,
-        code=code(
-            "commands/compare.py",
-            "compare.py",
-            "config.py",
-            *package_files("summary"),
-            *package_files("report"),
-        ),
+        code=command_sources("compare"),
     output:
         report(
             "results/compare.html",

@@ -3,20 +3,7 @@ rule train_run:
         data=data_inputs(("train", "val")),
         env=ENV_JSON,
         choice=precision_choice,
-        code=code(
-            "engine/trainer.py",
-            "engine/step.py",
-            "engine/checkpoint.py",
-            *package_files("evaluation"),
-            "models/__init__.py",
-            "models/centernet.py",
-            "models/loss.py",
-            "data/__init__.py",
-            "data/dataset.py",
-            "data/orientation.py",
-            "data/sources.py",
-            "device.py",
-        ),
+        code=command_sources("train"),
     output:
         summary=report(
             "results/train/{run}/train_summary.json",

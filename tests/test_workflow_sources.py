@@ -1,0 +1,216 @@
+"""What a code edit reruns: each rule's source inputs are its command's imports (pipeline.import_graph).
+
+The rules are read through Snakemake's API; what a command imports is found independently by
+the standard library's `modulefinder` (which reads bytecode, function bodies included), so the
+check does not trust the module it tests. One dry run in a copy of the repository shows the
+effect: editing the weight average (engine/ema.py) puts training out of date.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from modulefinder import ModuleFinder
+from pathlib import Path
+
+import pytest
+from test_workflow import copy_repository, edit, planned_jobs, snakemake
+
+from pipeline import cli, import_graph
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = REPO / "src" / "pipeline"
+
+# The rules as Snakemake reads them: name, shell text and code inputs, in a process of its own
+# (the API changes the working directory and logging of the process that loads a workflow).
+READ_RULES = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+with SnakemakeApi(OutputSettings()) as api:
+    workflow = api.workflow(
+        resource_settings=ResourceSettings(),
+        config_settings=ConfigSettings(),
+        snakefile=Path("workflow/Snakefile"),
+        workdir=Path("."),
+    )._workflow
+    rules = {
+        rule.name: {"shell": rule.shellcmd, "code": list(getattr(rule.input, "code", []))}
+        for rule in workflow.rules
+    }
+print("RULES " + json.dumps(rules))
+"""
+
+
+@pytest.fixture(scope="module")
+def rules() -> dict[str, dict]:
+    result = subprocess.run(
+        [sys.executable, "-c", READ_RULES],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RULES ")]
+    return json.loads(line.removeprefix("RULES "))
+
+
+def command_of(shell: str) -> str | None:
+    """The `python -m pipeline` command a rule's shell text runs, or None (an aggregator)."""
+    words = shlex.split(shell.replace("{", "").replace("}", ""))
+    if "pipeline" not in words or words[words.index("pipeline") - 1] != "-m":
+        return None
+    rest = words[words.index("pipeline") + 1 :]
+    position = cli._command_position(rest)
+    return None if position is None else cli.ALIASES.get(rest[position], rest[position])
+
+
+def imported_files(command: str) -> set[str]:
+    """The package's files `python -m pipeline COMMAND` runs, by modulefinder: __main__ (and
+    through it cli), the command's module, and the packages each of them sits in."""
+    names: set[str] = set()
+    for module in (import_graph.ENTRY_POINT, cli.COMMANDS[command][0]):
+        finder = ModuleFinder(path=[str(SOURCES.parent)])  # only the package: fast, no torch
+        finder.run_script(str(SOURCES.parent / (module.replace(".", "/") + ".py")))
+        found = {name for name in finder.modules if name.split(".")[0] == "pipeline"}
+        parts = module.split(".")
+        names |= found | {".".join(parts[:end]) for end in range(1, len(parts) + 1)}
+    files = set()
+    for name in names:
+        path = SOURCES.parent / name.replace(".", "/")
+        module_file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        files.add(str(module_file.relative_to(REPO)))
+    return files
+
+
+def test_every_rule_running_a_command_has_every_module_it_imports_as_an_input(
+    rules: dict[str, dict],
+) -> None:
+    commands = {name: command_of(rule["shell"] or "") for name, rule in rules.items()}
+    checked = {name: command for name, command in commands.items() if command}
+    assert {
+        "train_run",
+        "evaluate_run",
+        "profile_run",
+        "predict_run",
+        "summarize",
+        "report",
+    } <= set(checked)
+    assert "compare" in checked and "bench_one" in checked
+    for name, command in checked.items():
+        missing = imported_files(command) - set(rules[name]["code"])
+        assert not missing, f"rule {name} (command {command}) lacks its imports {sorted(missing)}"
+    # the modules the issue found missing, by name
+    assert "src/pipeline/engine/ema.py" in rules["train_run"]["code"]
+    assert "src/pipeline/stats.py" in rules["evaluate_run"]["code"]
+    for name in ("evaluate_run", "profile_run"):
+        for module in ("engine/checkpoint.py", "models/centernet.py"):
+            assert f"src/pipeline/{module}" in rules[name]["code"]
+    assert "src/pipeline/data/dataset.py" in rules["evaluate_run"]["code"]
+
+
+def test_a_stage_does_not_depend_on_modules_its_command_never_imports(
+    rules: dict[str, dict],
+) -> None:
+    """Derived, not everything: the report's charts never rerun training, nor the trainer a report."""
+    assert "src/pipeline/report/charts.py" not in rules["train_run"]["code"]
+    assert "src/pipeline/engine/trainer.py" not in rules["report"]["code"]
+    assert not any("templates" in path for path in rules["summarize"]["code"])
+
+
+def test_every_template_stylesheet_and_schema_is_an_input_of_the_rules_that_read_it(
+    rules: dict[str, dict],
+) -> None:
+    data = {
+        str(path.relative_to(REPO))
+        for path in SOURCES.rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
+    }
+    assert data
+    templates = {path for path in data if "/report/" in path}
+    assert templates <= set(rules["report"]["code"]) and templates <= set(rules["compare"]["code"])
+    schemas = {path for path in data if "/schemas/" in path}
+    assert schemas <= set(rules["train_run"]["code"])  # read by config and formats
+    unclaimed = data - {path for rule in rules.values() for path in rule["code"]}
+    assert not unclaimed
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / "pipeline" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "pipeline" / name).write_text(text)
+    return root / "pipeline"
+
+
+def test_the_graph_follows_lazy_relative_and_submodule_imports_but_not_type_checking_ones(
+    tmp_path: Path,
+) -> None:
+    package = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "__main__.py": "from pipeline.cli import main\n",
+            "cli.py": "import json\n",
+            "commands/__init__.py": "",
+            "commands/run.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pipeline import hints\n"
+                "def main():\n    from pipeline import engine as e\n    from ..engine import deep\n"
+            ),
+            "engine/__init__.py": "from .helpers import tool\n",
+            "engine/helpers.py": "",
+            "engine/deep.py": "import pipeline.leaf\n",
+            "leaf.py": "NAME = 'layout.css'\n",
+            "layout.css": "body {}\n",
+            "hints.py": "",
+            "unused.py": "",
+        },
+    )
+    graph = import_graph.Graph(package)
+    closure = graph.closure(["pipeline.commands.run"])
+    assert closure == {
+        "pipeline",
+        "pipeline.commands",
+        "pipeline.commands.run",
+        "pipeline.engine",
+        "pipeline.engine.helpers",
+        "pipeline.engine.deep",
+        "pipeline.leaf",
+    }
+    files = {str(path.relative_to(package)) for path in graph.sources(["pipeline.leaf"])}
+    assert files == {"__init__.py", "leaf.py", "layout.css"}
+
+
+@pytest.mark.slow
+def test_editing_the_weight_average_puts_training_out_of_date_and_a_chart_does_not(
+    tmp_path: Path,
+) -> None:
+    """On outputs that exist and are newer than every input: a dry run of one training run."""
+    root = copy_repository(tmp_path)
+    args = ("--config", "precision=fp32")
+    made = snakemake(root, "results/env.json", "--cores", "1", *args)
+    assert made.returncode == 0, made.stderr[-3000:]
+    target = "results/train/cpu-fp32/train_summary.json"
+    outputs = [f"resources/data/shapes/instances_{split}.json" for split in ("train", "val")]
+    for name in [*outputs, target, "results/train/cpu-fp32/best.pth"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("{}")
+    before = snakemake(root, target, "-n", *args)
+    assert "Nothing to be done" in before.stdout + before.stderr, before.stdout[-3000:]
+
+    edit(root / "src/pipeline/report/charts.py")
+    unrelated = snakemake(root, target, "-n", *args)
+    assert "Nothing to be done" in unrelated.stdout + unrelated.stderr, unrelated.stdout[-3000:]
+
+    edit(root / "src/pipeline/engine/ema.py")
+    result = snakemake(root, target, "-n", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert planned_jobs(result) == {"train_run"}
+    assert "Updated input files: src/pipeline/engine/ema.py" in result.stdout
