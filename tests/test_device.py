@@ -319,10 +319,15 @@ def test_resolve_amp_false_disables_amp_everywhere(name, spec) -> None:
 
 @pytest.mark.parametrize("requested", ["false", "true", "no", "off", "", "Auto"])
 @pytest.mark.parametrize("backend", ["cuda", "mps", "cpu"])
-def test_resolve_amp_rejects_strings_other_than_auto(requested, backend) -> None:
+def test_resolve_amp_rejects_strings_other_than_auto_in_todays_vocabulary(
+    requested, backend
+) -> None:
     with pytest.raises(ConfigError) as caught:
         resolve_amp(requested, backend)
-    assert f"amp={requested!r}" in str(caught.value)
+    message = str(caught.value)
+    assert repr(requested) in message
+    assert "amp=" not in message  # the key it named was replaced by precision
+    assert "precision=fp32" in message and "measured" in message
 
 
 @pytest.mark.parametrize(("name", "spec"), ALL_SPECS)

@@ -215,7 +215,7 @@ def test_amp_asked_for_on_cpu_as_a_bool_or_a_string_warns_and_trains_in_fp32(
     """fp16 autocast asked for on a CPU without native fp16 (hidden here, whatever this one has)."""
     monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "fp16,bf16")
     summary, err = train_succeeds(
-        capsys, here / "run", *asked, *tiny_settings(data_root, "train.epochs=1")
+        capsys, here / "run", *tiny_settings(data_root, "train.epochs=1"), *asked
     )
     assert any(
         "AMP was asked for, but cpu does not support it in fp16 (this CPU has no native fp16" in w
@@ -251,7 +251,7 @@ def test_amp_false_as_a_string_is_never_read_as_true(
     """amp and amp_dtype are replaced by precision: their old spellings are refused, saying
     what replaces them (precision=fp32 here), and never read as anything."""
     out = here / "run"
-    message = user_error(capsys, "train", "--out", str(out), *amp, *tiny_settings(data_root))
+    message = user_error(capsys, "train", "--out", str(out), *tiny_settings(data_root), *amp)
     assert message.startswith(named)
     assert "precision: fp32" in message or "--precision fp32" in message
     assert not out.exists()
@@ -269,7 +269,7 @@ def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str], named: str
 ) -> None:
     out = here / "run"
-    message = user_error(capsys, "train", "--out", str(out), *amp, *tiny_settings(data_root))
+    message = user_error(capsys, "train", "--out", str(out), *tiny_settings(data_root), *amp)
     assert message.startswith(named)
     if amp[0] != "--amp":
         assert "is not one of ['auto', 'fp32', 'fp16', 'bf16', 'measured']" in message

@@ -16,8 +16,10 @@ from tiny_runs import make_data, one_cpu_thread, tiny_settings
 
 from pipeline import cli, measured
 from pipeline import device as dev
+from pipeline.config import load_config
 from pipeline.errors import ConfigError
 
+REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
 SAFE = {"bf16": None, "fp16": None}  # the device layer lets measured mode use both
 
@@ -362,6 +364,41 @@ def test_train_with_amp_measured_and_no_records_fails_saying_how_to_make_them(
     err = capsys.readouterr().err
     assert "precision=measured needs training benchmarks of tiny_conv on cpu" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_shipped_default_is_measured_in_the_schema_and_the_repository_config() -> None:
+    assert load_config(None)["precision"] == "measured"
+    assert load_config(REPO / "config" / "config.yaml")["precision"] == "measured"
+
+
+def test_train_with_measured_and_no_benchmarks_at_the_default_place_trains_as_auto_and_says_so(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`python -m pipeline train` outside the workflow, before any benchmark: precision=measured
+    (the shipped default) finds no results/bench here and trains in what auto gives."""
+    monkeypatch.chdir(tmp_path)  # no results/bench here
+    assert train(data_root, tmp_path / "run", "--precision", "measured") == 0
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    auto = dev.training_precision("auto", "cpu")
+    assert summary["precision"] == auto
+    choice = summary["precision_choice"]
+    assert choice["precision"] == auto and choice["speedup"] is None
+    assert "as precision=auto does" in choice["reason"]
+    err = capsys.readouterr().err
+    assert "WARNING precision=measured had no training benchmarks of tiny_conv on cpu" in err
+
+
+@pytest.mark.usefixtures("unchecked_bench_files")
+def test_train_with_measured_chooses_from_results_bench_where_it_exists(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_with
+) -> None:
+    cpu_with("avx512_bf16")
+    monkeypatch.chdir(tmp_path)
+    write_bench(tmp_path / "results" / "bench", "cpu", fp32=50, bf16=34)
+    assert train(data_root, tmp_path / "run", "--precision", "measured") == 0
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["precision"] == "bf16"
+    assert summary["precision_choice"]["reference"].endswith("cpu-fp32-train.json")
 
 
 @pytest.mark.usefixtures("unchecked_bench_files")

@@ -140,9 +140,10 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
     assert "No faster choice is safe: CUDA bf16 is 1.33x faster (95% interval" in answer
     assert "but the loss is 5.0% off fp32's" in answer
     assert (
-        "The shipped defaults (device=auto, precision=auto) train with CUDA fp16 here already"
-        in answer
+        "The shipped defaults (device=auto, precision=measured) train with CUDA fp16 here: they "
+        "follow this answer." in answer
     )
+    assert "config sets precision=auto instead" not in answer  # auto trains CUDA fp16 too
     assert "CPU fp32 25.00x slower (95% interval" in answer
     # no fp32 run of equal settings: the page says how to make one
     assert (
@@ -165,22 +166,29 @@ def test_benchmarks_mark_the_mps_lower_bound_skips_and_flags(built: tuple[str, P
     assert "2.50×" in text  # CUDA fp16 against CUDA fp32
 
 
-def test_amp_policy_confirms_or_questions_each_default(built: tuple[str, Page]) -> None:
+def test_the_precision_policy_sets_auto_beside_what_the_shipped_measured_trains_in(
+    built: tuple[str, Page],
+) -> None:
     _, page = built
     text = page.text("amp-policy")
     assert (
-        "CUDA: AMP on (fp16) by default; fp16 2.50x faster (95% interval 2.42-2.57x); bf16 3.33x "
-        "faster (95% interval 3.23-3.43x) (numerics not acceptable): precision=measured trains in fp16 "
-        "too, so the default is confirmed." in text
+        "CUDA: precision=auto trains in fp16; fp16 2.50x faster (95% interval 2.42-2.57x); bf16 "
+        "3.33x faster (95% interval 3.23-3.43x) (numerics not acceptable): precision=measured, the "
+        "shipped default, trains in fp16 too, so the two agree." in text
     )
     assert (
-        "MPS: AMP off by default (fp32); fp16 1.33x faster (95% interval 1.29-1.37x): default not "
-        "confirmed on this machine: precision=measured trains in fp16 here, 1.33x faster (95% interval "
-        "1.29-1.37x) than fp32. Set precision=measured to train with it." in text
+        "MPS: precision=auto trains in fp32; fp16 1.33x faster (95% interval 1.29-1.37x): "
+        "precision=measured, the shipped default, trains in fp16 here, 1.33x faster (95% interval "
+        "1.29-1.37x) than fp32." in text
     )
     assert (
-        "CPU: AMP off by default (fp32); only fp32 was measured: precision=measured trains in fp32 too"
-        in text
+        "CPU: precision=auto trains in fp32; only fp32 was measured: precision=measured, the shipped "
+        "default, trains in fp32 too" in text
+    )
+    assert "AMP on" not in text and "AMP off" not in text
+    assert (
+        "precision=auto (static policy)" in text
+        and "precision=measured (shipped default) trains in" in text
     )
 
 
@@ -343,7 +351,7 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     answer = page.text("answer")
     assert (
-        "run snakemake --cores 1 results/report.html --configfile config/presets/photographs.yaml "
+        "snakemake --cores 1 results/report.html --configfile config/presets/photographs.yaml "
         "'my data.yaml' --config 'train={\"epochs\": 5}' cpu_threads=auto precision=measured (or "
         "python -m pipeline train --configfile config/presets/photographs.yaml 'my data.yaml' "
         "--precision measured 'cpu_threads=\"auto\"' train.epochs=5)" in answer
@@ -358,7 +366,7 @@ def test_the_report_command_rejects_an_invocation_that_is_not_a_json_object(
     assert "--invocation-json must be a JSON object, not a list." in capsys.readouterr().err
 
 
-def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and_command(
+def test_the_shipped_defaults_follow_a_faster_answer_that_precision_auto_misses_with_its_interval(
     tmp_path: Path,
 ) -> None:
     results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
@@ -367,10 +375,15 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     answer = page.text("answer")
     assert "On this machine, train with CPU bf16: 1.47x faster (95% interval" in answer
-    assert "The shipped defaults (device=auto, precision=auto) train with CPU fp32 here" in answer
     assert (
-        "To train with CPU bf16, run snakemake --cores 1 results/report.html --config precision=measured"
-        " (or python -m pipeline train --precision measured)" in answer
+        "The shipped defaults (device=auto, precision=measured) train with CPU bf16 here: they follow "
+        "this answer, where precision=auto, the static policy, would train in CPU fp32 (CPU bf16 is "
+        "1.47x faster (95% interval" in answer
+    )
+    assert (  # CONFIG sets precision=auto, which trains CPU fp32 here
+        "These results' config sets precision=auto instead: snakemake --cores 1 results/report.html "
+        "--config precision=measured (or python -m pipeline train --precision measured) trains with "
+        "the answer." in answer
     )
     assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
     assert (
@@ -379,7 +392,7 @@ def test_a_faster_setting_the_defaults_do_not_use_is_named_with_its_interval_and
     )
     assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
     policy = page.text("amp-policy")
-    assert "default not confirmed on this machine: precision=measured trains in bf16 here" in policy
+    assert "precision=measured, the shipped default, trains in bf16 here" in policy
 
 
 def test_a_reduced_precision_that_lost_accuracy_says_by_how_much(tmp_path: Path) -> None:

@@ -187,19 +187,22 @@ def verdict(frame: pd.DataFrame, backend: str, default: str | None, env=None) ->
     return decisions.amp_verdict(frame, backend, default, "tiny_conv", env or env_json())
 
 
-def test_amp_verdicts_confirm_or_question_each_default() -> None:
+def test_each_backends_precision_auto_is_set_beside_what_the_shipped_measured_trains_in() -> None:
     frame = frame_of(*BENCH)
-    assert verdict(frame, "cuda", "fp16").endswith("so the default is confirmed.")
+    assert verdict(frame, "cuda", "fp16").endswith(
+        "precision=measured, the shipped default, trains in fp16 too, so the two agree."
+    )
     assert "fp16 2.50x faster (95% interval" in verdict(frame, "cuda", "fp16")
     assert verdict(frame, "mps", "fp32").endswith(
-        "default not confirmed on this machine: precision=measured trains in fp16 here, 1.33x faster "
-        "(95% interval 1.29-1.37x) than fp32. Set precision=measured to train with it."
+        "precision=measured, the shipped default, trains in fp16 here, 1.33x faster "
+        "(95% interval 1.29-1.37x) than fp32."
     )
     assert verdict(frame, "cpu", "fp32") == (
-        "CPU: AMP off by default (fp32); only fp32 was measured: precision=measured trains in fp32 "
-        "too, so the default is confirmed."
+        "CPU: precision=auto trains in fp32; only fp32 was measured: precision=measured, the "
+        "shipped default, trains in fp32 too, so the two agree."
     )
-    assert verdict(frame, "mps", None) == "MPS: no AMP policy recorded in env.json."
+    assert verdict(frame, "mps", None) == "MPS: env.json records no precision=auto policy."
+    assert "AMP" not in verdict(frame, "mps", "fp32")  # today's vocabulary: precision
 
 
 def test_an_amp_verdict_within_the_tolerance_keeps_the_default() -> None:
@@ -208,7 +211,7 @@ def test_an_amp_verdict_within_the_tolerance_keeps_the_default() -> None:
         bench_record("mps", "fp32", "train", 100.0), bench_record("mps", "fp16", "train", near)
     )
     text = verdict(frame, "mps", "fp32")
-    assert "fp16 indistinguishable (1.02x" in text and text.endswith("default is confirmed.")
+    assert "fp16 indistinguishable (1.02x" in text and text.endswith("so the two agree.")
 
 
 def test_the_cpu_verdict_follows_the_cpus_native_bf16() -> None:
@@ -216,10 +219,10 @@ def test_the_cpu_verdict_follows_the_cpus_native_bf16() -> None:
         bench_record("cpu", "fp32", "train", 100.0), bench_record("cpu", "bf16", "train", 60.0)
     )
     without = verdict(frame, "cpu", "fp32", cpu_env(native_bf16=False))
-    assert without.startswith("CPU: AMP off by default (fp32); bf16 1.67x faster")
-    assert without.endswith("precision=measured trains in fp32 too, so the default is confirmed.")
+    assert without.startswith("CPU: precision=auto trains in fp32; bf16 1.67x faster")
+    assert without.endswith("trains in fp32 too, so the two agree.")
     native = verdict(frame, "cpu", "fp32", cpu_env(native_bf16=True))
-    assert "default not confirmed on this machine: precision=measured trains in bf16 here" in native
+    assert "precision=measured, the shipped default, trains in bf16 here, 1.67x faster" in native
 
 
 def test_an_amp_verdict_on_a_default_that_failed_or_was_not_measured_says_what_measured_does() -> (
@@ -231,7 +234,7 @@ def test_an_amp_verdict_on_a_default_that_failed_or_was_not_measured_says_what_m
     )
     text = verdict(failed, "cuda", "fp16")
     assert "but fp16 failed the numerics check (the loss is 30.0% off fp32's)" in text
-    assert "precision=measured trains in fp32 here" in text
+    assert "precision=measured, the shipped default, trains in fp32 here" in text
     missing = frame_of(bench_record("cuda", "fp32", "train", 10.0))
     assert "fp16 was not measured (skipped or not run)" in verdict(missing, "cuda", "fp16")
     unsafe = frame_of(bench_record("cuda", "fp16", "train", 4.0, loss_rel_diff=0.3))

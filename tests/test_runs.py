@@ -89,7 +89,9 @@ MPS = make_env("mps", "cpu")
 
 
 def _config(*items: str) -> dict[str, Any]:
-    return load_config(None, list(items))
+    """The defaults with precision=auto, the static policy these tests resolve (the shipped
+    default, measured, needs a choice: see the tests of measured runs)."""
+    return load_config(None, ["precision=auto", *items])
 
 
 def test_fake_env_has_the_structure_check_env_writes() -> None:

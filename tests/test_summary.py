@@ -16,6 +16,7 @@ from report_fixtures import (
     BENCH,
     ap_interval,
     bench_record,
+    env_json,
     evaluation,
     write_json,
     write_results_tree,
@@ -68,8 +69,54 @@ def test_the_answer_is_the_setting_with_its_speed_up_interval_numerics_and_defau
     assert speed["low"] < 25.0 < speed["high"] and speed["confidence"] == 0.95
     assert chosen["numerics"] == "acceptable"
     assert summary["answer"]["shipped_default"] == {"backend": "cuda", "precision": "fp16"}
+    assert summary["answer"]["static_default"] == {"backend": "cuda", "precision": "fp16"}
+    assert summary["answer"]["config_precision"] == "auto"
     assert chosen["is_shipped_default"] is True
     assert [(o["backend"], o["precision"]) for o in chosen["faster_unsafe"]] == [("cuda", "bf16")]
+
+
+def native_bf16_cpu(tmp_path: Path) -> Path:
+    """A CPU-only machine with native bf16, where bf16 trains faster than fp32."""
+    results = tmp_path / "results"
+    env = env_json()
+    env["backends"] = {"cpu": env["backends"]["cpu"]}
+    env["backends"]["cpu"]["measured_refused"]["bf16"] = None
+    env["cpu_native"]["bf16"] = {"native": True, "evidence": "avx512_bf16=yes", "hidden": False}
+    env.update(available=["cpu"], auto="cpu")
+    write_json(results / "env.json", env)
+    for precision, ms in (("fp32", 50.0), ("bf16", 34.0)):
+        write_json(
+            results / "bench" / f"cpu-{precision}-train.json",
+            {
+                "format": "pipeline.bench/2",
+                "records": [bench_record("cpu", precision, "train", ms)],
+            },
+        )
+    return results
+
+
+def test_the_shipped_default_follows_the_answer_where_precision_auto_would_not(
+    tmp_path: Path,
+) -> None:
+    """precision=measured is the shipped default: on a CPU with native bf16 the defaults train
+    bf16, as the answer says, where the static policy (precision=auto) trains fp32."""
+    summary = summarized(native_bf16_cpu(tmp_path), {**CONFIG, "precision": "measured"})
+    answer = summary["answer"]
+    assert answer["shipped_default"] == {"backend": "cpu", "precision": "bf16"}
+    assert answer["static_default"] == {"backend": "cpu", "precision": "fp32"}
+    assert answer["config_precision"] == "measured"
+    chosen = answer["chosen"]
+    assert (chosen["backend"], chosen["precision"], chosen["is_shipped_default"]) == (
+        "cpu",
+        "bf16",
+        True,
+    )
+    assert chosen["vs_default"]["ratio"] == pytest.approx(1.0)
+    static = chosen["vs_static_default"]
+    assert static["ratio"] == pytest.approx(50 / 34) and static["verdict"] == "faster"
+    (policy,) = summary["amp_policy"]
+    assert policy["verdict"].startswith("CPU: precision=auto trains in fp32; bf16 1.47x faster")
+    assert "precision=measured, the shipped default, trains in bf16 here" in policy["verdict"]
 
 
 def test_the_machine_is_what_env_json_describes(summary: dict[str, Any]) -> None:
@@ -167,7 +214,7 @@ def test_the_accuracy_hash_ignores_where_and_how_fast_a_run_went(setting: str) -
         "eval.score_threshold=0.55",
         "model.width=16",
         "seed=1",
-        "precision=measured",
+        "precision=fp32",  # the shipped default is measured
     ],
 )
 def test_the_accuracy_hash_changes_with_what_the_figures_depend_on(setting: str) -> None:

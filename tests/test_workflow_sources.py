@@ -188,15 +188,51 @@ def test_the_graph_follows_lazy_relative_and_submodule_imports_but_not_type_chec
     assert files == {"__init__.py", "leaf.py", "layout.css"}
 
 
+@pytest.fixture(scope="module")
+def checked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the repository whose environment check has run (env.json decides the runs)."""
+    root = copy_repository(tmp_path_factory.mktemp("repo"))
+    made = snakemake(root, "results/env.json", "--cores", "1")
+    assert made.returncode == 0, made.stderr[-3000:]
+    return root
+
+
+def job_counts(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    """Rule name -> job count, from a dry run's job-stats table."""
+    counts, table = {}, False
+    for line in result.stdout.splitlines():
+        words = line.split()
+        if words[:2] == ["job", "count"]:
+            table = True
+        elif table and words and words[0] == "total":
+            break
+        elif table and len(words) == 2 and words[1].isdigit():
+            counts[words[0]] = int(words[1])
+    return counts
+
+
+@pytest.mark.slow
+def test_the_shipped_train_target_benchmarks_its_backend_and_chooses_before_it_trains(
+    checked_copy: Path,
+) -> None:
+    """precision: measured is the shipped default, so `snakemake train --config device=...` runs
+    that backend's three training benchmarks (fp32, fp16, bf16) and the choice first, and
+    nothing else: the inference benchmarks wait for the report."""
+    result = snakemake(checked_copy, "train", "-n", "--config", "device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = job_counts(result)
+    assert counts.get("bench_one") == 3 and counts.get("choose_precision") == 1, counts
+    bench_jobs = [line for line in result.stdout.splitlines() if "results/bench/" in line]
+    assert bench_jobs and all("-train.json" in line for line in bench_jobs)
+
+
 @pytest.mark.slow
 def test_editing_the_weight_average_puts_training_out_of_date_and_a_chart_does_not(
-    tmp_path: Path,
+    checked_copy: Path,
 ) -> None:
     """On outputs that exist and are newer than every input: a dry run of one training run."""
-    root = copy_repository(tmp_path)
+    root = checked_copy
     args = ("--config", "precision=fp32")
-    made = snakemake(root, "results/env.json", "--cores", "1", *args)
-    assert made.returncode == 0, made.stderr[-3000:]
     target = "results/train/cpu-fp32/train_summary.json"
     outputs = [f"resources/data/shapes/instances_{split}.json" for split in ("train", "val")]
     for name in [*outputs, target, "results/train/cpu-fp32/best.pth"]:

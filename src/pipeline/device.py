@@ -184,7 +184,7 @@ def default_amp(backend: DeviceLike) -> bool:
 
 def amp_supported(backend: DeviceLike) -> bool:
     """Whether the static policy may switch AMP on: never on CPU, where autocast is slower than
-    fp32 without native bf16/fp16 (`amp: measured` may choose it where it measured faster)."""
+    fp32 without native bf16/fp16 (`precision: measured` may choose it where it measured faster)."""
     return backend_name(backend) in ("cuda", "mps")
 
 
@@ -197,8 +197,9 @@ def resolve_amp(requested: str | bool | None, backend: DeviceLike) -> bool:
     if requested is False:
         return False
     raise ConfigError(
-        f"amp={requested!r} is not understood: use 'auto', true or false "
-        "(the config loader also accepts the strings 'true'/'false', 'yes'/'no', 'on'/'off')."
+        f"Autocast switch {requested!r} is not understood: it is 'auto', True or False. The "
+        "config key amp was replaced by precision (auto, fp32, fp16, bf16 or measured): "
+        "precision=fp32 is AMP off, fp16 or bf16 is AMP on in that precision."
     )
 
 

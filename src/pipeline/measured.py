@@ -53,6 +53,16 @@ def train_records(bench_dir: str | Path, backend: str) -> list[tuple[dict[str, A
     return found
 
 
+def has_records(
+    records: Iterable[tuple[Mapping[str, Any], str | Path]], backend: str, model: str
+) -> bool:
+    """Whether `records` hold a training benchmark of `model` on `backend` to choose from."""
+    return any(
+        record["backend"] == backend and record["mode"] == "train" and record["model"] == model
+        for record, _ in records
+    )
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One reduced precision as the choice saw it: its speed-up over fp32 and the verdict."""
@@ -85,6 +95,26 @@ class PrecisionChoice:
         values = dict(data)
         values["candidates"] = [Candidate(**item) for item in values.get("candidates", [])]
         return cls(**values)
+
+
+def unmeasured_choice(backend: str, model: str, auto_precision: str) -> PrecisionChoice:
+    """precision=measured where nothing was measured: precision=auto's `auto_precision`, and why.
+
+    The shipped default is `measured`, so a first `python -m pipeline train` outside the workflow
+    meets no benchmark records; it trains as `auto` would rather than stop or spend minutes
+    benchmarking unasked, and its train_summary.json says so in the choice's reason.
+    """
+    return PrecisionChoice(
+        backend,
+        model,
+        auto_precision,
+        f"precision=measured had no training benchmarks of {model} on {backend} to choose from, "
+        f"so this run trains in {auto_precision}, as precision=auto does. To train in what this "
+        f"machine measures fastest, benchmark first: snakemake --cores 1 train benchmarks before "
+        f"it trains, and python -m pipeline train reads {DEFAULT_BENCH_DIR}/{backend}-*-train.json "
+        f"(or --bench DIR), which snakemake --cores 1 bench or python -m pipeline bench "
+        f"--device {backend} --mode train --precision fp32 (and bf16, fp16) writes",
+    )
 
 
 def _samples(record: Mapping[str, Any]) -> list[float]:

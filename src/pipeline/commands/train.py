@@ -1,8 +1,11 @@
 """`python -m pipeline train`: train a detector with the resolved device and precision.
 
-With `--precision measured` the precision is the one the benchmarks found fastest with acceptable
-numerics on the run's backend (read from --bench DIR, or a --precision-choice file), or fp32
-where none is; train_summary.json records that choice and why.
+With `--precision measured` (the shipped default) the precision is the one the benchmarks found
+fastest with acceptable numerics on the run's backend (read from --bench DIR, or a
+--precision-choice file), or fp32 where none is; train_summary.json records that choice and why.
+Where results/bench holds no training benchmark of the backend and model (a first `train` outside
+the workflow), the run trains in what precision=auto gives, with a warning saying how to measure;
+a --bench DIR without them is refused.
 """
 
 from __future__ import annotations
@@ -69,10 +72,16 @@ def main(argv: list[str]) -> int:
         if args.precision_choice:
             precision_choice = measured.choice_for_model(args.precision_choice, model)
         else:
-            records = measured.train_records(args.bench or measured.DEFAULT_BENCH_DIR, device.type)
-            precision_choice = measured.choose_precision(
-                records, device.type, model, dev.measured_refusals(device)
-            )
+            bench_dir = args.bench or measured.DEFAULT_BENCH_DIR
+            records = measured.train_records(bench_dir, device.type)
+            if args.bench or measured.has_records(records, device.type, model):
+                precision_choice = measured.choose_precision(
+                    records, device.type, model, dev.measured_refusals(device)
+                )
+            else:  # nothing measured here yet (the shipped default, outside the workflow)
+                auto = dev.training_precision("auto", device)
+                precision_choice = measured.unmeasured_choice(device.type, model, auto)
+                log.warning("%s", precision_choice.reason)
         log.info(
             "precision=measured on %s: %s (%s)",
             device,

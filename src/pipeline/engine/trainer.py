@@ -39,7 +39,7 @@ from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, DataError, TrainingError
 from pipeline.evaluation.coco import size_bucket_text
 from pipeline.evaluation.loop import Evaluator
-from pipeline.measured import PrecisionChoice
+from pipeline.measured import PrecisionChoice, unmeasured_choice
 from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
 
@@ -147,6 +147,11 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.requested_device = requested_device or config["device"]
         self.device = dev.resolve_device(self.requested_device)
+        if config["precision"] == "measured" and precision_choice is None:
+            # the shipped default with nothing measured (a first train outside the workflow)
+            auto = dev.training_precision("auto", self.device)
+            precision_choice = unmeasured_choice(self.device.type, config["model"]["name"], auto)
+            log.warning("%s", precision_choice.reason)
         self.precision_choice = precision_choice
         measured = precision_choice.precision if precision_choice else None
         self.precision = dev.run_precision(config["precision"], self.device, measured)

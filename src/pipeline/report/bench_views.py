@@ -45,8 +45,13 @@ def answer_view(
         slower=[{**other, "setting": label(other)} for other in chosen["slower"]],
         refused=[{**other, "setting": label(other)} for other in chosen["faster_refused"]],
         cautions=[(caution["setting"], caution["flags"]) for caution in chosen["cautions"]],
+        follows_default=chosen["is_shipped_default"] is True,
         differs_from_default=chosen["is_shipped_default"] is False,
         vs_default=chosen["vs_default"],
+        static_default=label(answer.get("static_default")),
+        vs_static_default=chosen.get("vs_static_default"),
+        config_precision=answer.get("config_precision"),
+        config_elsewhere=config_trains_elsewhere(answer, chosen, auto),
         command=measured_command(backend, auto, "precision=measured", invocation=invocation),
         train_command=measured_train_command(backend, auto, invocation),
         accuracy_command=None
@@ -56,6 +61,20 @@ def answer_view(
         ),
     )
     return view
+
+
+def config_trains_elsewhere(
+    answer: dict[str, Any], chosen: dict[str, Any], auto: str | None
+) -> bool:
+    """Whether the summarised config set a precision other than the shipped measured one that
+    trains with something else than the answer on device=auto's backend."""
+    precision = answer.get("config_precision")
+    if precision in (None, "measured"):
+        return False
+    if precision == "auto":
+        static = answer.get("static_default")
+        precision = None if static is None else static["precision"]
+    return (auto, precision) != (chosen["backend"], chosen["precision"])
 
 
 def label(setting: dict[str, Any] | None) -> str | None:

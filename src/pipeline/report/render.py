@@ -33,7 +33,7 @@ SECTIONS = {  # id: heading, in page order; each has its template sections/<id>.
     "answer": "Answer",
     "environment": "Environment",
     "benchmarks": "Benchmarks",
-    "amp-policy": "AMP policy",
+    "amp-policy": "Precision policy",
     "training": "Training",
     "evaluation": "Evaluation",
     "profile": "Inference profile",

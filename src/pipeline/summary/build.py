@@ -2,7 +2,7 @@
 
 The machine (from env.json: this step probes nothing), the commit, what the figures may be
 compared by (a hash of the settings accuracy depends on, and of what the benchmarks timed),
-the answer, the AMP policy verdicts, every benchmark record's median, IQR and flags, the
+the answer (and whether the shipped defaults follow it), precision=auto's verdicts, every benchmark record's median, IQR and flags, the
 accuracy checks, and each trained run's time and evaluation. The decisions come from
 decisions.py, here and nowhere else; the report and `compare` show what this writes.
 """
@@ -56,7 +56,7 @@ def summary_of(results: Results, config: dict[str, Any] | None) -> dict[str, Any
         "synthetic_data": None
         if config is None
         else (config.get("data") or {}).get("format") == "synthetic",
-        "answer": answer(frame, env, model, checks),
+        "answer": answer(frame, env, model, checks, config),
         "amp_policy": amp_policy(frame, env, model),
         "benchmarks": [benchmark(row) for _, row in frame.iterrows()],
         "accuracy_checks": [accuracy_check(check) for check in checks],
@@ -162,24 +162,31 @@ def answer(
     env: dict[str, Any] | None,
     model: str | None,
     checks: list[decisions.AccuracyCheck],
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What to train with here and why nothing faster: `chosen` is None where no training
-    benchmark ran (`model` None) or none had acceptable numerics."""
-    shipped = None
-    if env:
-        precision = decisions.default_precision(env, env.get("auto"))
-        shipped = (
-            None if precision is None else {"backend": env.get("auto"), "precision": precision}
-        )
-    found: dict[str, Any] = {"model": model, "shipped_default": shipped, "chosen": None}
+    benchmark ran (`model` None) or none had acceptable numerics. The shipped defaults
+    (device=auto, precision=measured) follow the answer wherever it is on device=auto's backend;
+    `config_precision` says whether the summarised runs' config kept that default."""
+    static = decisions.static_default(env)
+    found: dict[str, Any] = {
+        "model": model,
+        "shipped_default": None,
+        "static_default": static,
+        "config_precision": None if config is None else config.get("precision"),
+        "chosen": None,
+    }
     if model is None:
         return found
     choice = decisions.choose_setting(frame, model, env)
+    shipped = decisions.shipped_default(choice, env)
+    found["shipped_default"] = shipped
     best = choice.best
     if best is None:
         return found
     record = best["record"]
-    default = decisions.shipped_default_row(frame, env, model)
+    default = decisions.training_row(frame, shipped, model)
+    static_row = decisions.training_row(frame, static, model)
     found["chosen"] = {
         **setting(best),
         "model": best["model"],
@@ -196,6 +203,9 @@ def answer(
         if shipped is None
         else default is not None and default.name == best.name,
         "vs_default": None if default is None else speed(decisions.speed_between(default, best)),
+        "vs_static_default": None
+        if static_row is None
+        else speed(decisions.speed_between(static_row, best)),
         "faster_unsafe": [
             {
                 **setting(row),
@@ -224,8 +234,8 @@ def answer(
 def amp_policy(
     frame: pd.DataFrame, env: dict[str, Any] | None, model: str | None
 ) -> list[dict[str, Any]] | None:
-    """Each benchmarked backend's shipped AMP default against what precision=measured does there;
-    None without env.json (the defaults are unknown)."""
+    """Each benchmarked backend's precision=auto (the static policy) against what
+    precision=measured, the shipped default, does there; None without env.json (unknown)."""
     if not env:
         return None
     found = []

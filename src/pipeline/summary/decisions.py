@@ -1,8 +1,8 @@
 """What the measurements say: plain functions on frames and records, called once, by
 summary/build.py, whose summary the report and `compare` show.
 
-Which training setting to recommend, whether each backend's shipped AMP default holds on this
-machine, which timings to trust less, and whether a reduced precision kept the accuracy.
+Which training setting to recommend, whether precision=auto's static choice on each backend
+holds on this machine, which timings to trust less, and whether a reduced precision kept the accuracy.
 Nothing here knows about HTML; the sentences returned are the verdicts themselves, shown as text.
 """
 
@@ -216,7 +216,7 @@ def speed_verdict(speed: Speedup | None) -> str | None:
     return speed.verdict
 
 
-# ---- the AMP policy ------------------------------------------------------------------------
+# ---- precision=auto, the static policy ---------------------------------------------------
 
 
 def default_precision(env: dict[str, Any], backend: Any) -> str | None:
@@ -227,17 +227,36 @@ def default_precision(env: dict[str, Any], backend: Any) -> str | None:
     return entry["precisions"].get("auto")
 
 
-def shipped_default_row(
-    frame: pd.DataFrame, env: dict[str, Any] | None, model: str
-) -> pd.Series | None:
-    """The training record of what device=auto, precision=auto trains with here, if it was measured."""
+# The shipped config trains with precision=measured: what the benchmarks chose on the backend
+# device=auto picks. precision=auto, the static policy, is what env.json says auto resolves to.
+SHIPPED_PRECISION = "measured"
+
+
+def shipped_default(choice: Choice, env: dict[str, Any] | None) -> dict[str, str] | None:
+    """What the shipped defaults (device=auto, precision=measured) train with here: the
+    measured choice on device=auto's backend; None without env.json or its benchmarks."""
+    backend = (env or {}).get("auto")
+    chosen = choice.per_backend.get(backend) if backend else None
+    return None if chosen is None else {"backend": backend, "precision": chosen.precision}
+
+
+def static_default(env: dict[str, Any] | None) -> dict[str, str] | None:
+    """What device=auto, precision=auto (the static policy) trains with here; None without env.json."""
     if not env:
         return None
-    backend = env.get("auto")
-    precision = default_precision(env, backend)
+    precision = default_precision(env, env.get("auto"))
+    return None if precision is None else {"backend": env.get("auto"), "precision": precision}
+
+
+def training_row(
+    frame: pd.DataFrame, setting: dict[str, str] | None, model: str
+) -> pd.Series | None:
+    """The successful training record of a {backend, precision} setting, if it was measured."""
+    if setting is None:
+        return None
     match = frame[
-        (frame["backend"] == backend)
-        & (frame["precision"] == precision)
+        (frame["backend"] == setting["backend"])
+        & (frame["precision"] == setting["precision"])
         & (frame["mode"] == "train")
         & (frame["model"] == model)
         & (frame["status"] == "ok")
@@ -270,28 +289,33 @@ def amp_verdict(
     model: str | None,
     env: dict[str, Any] | None,
 ) -> str:
-    """One line: the static default, what was measured, and what precision=measured does about it."""
+    """One line: what precision=auto (the static policy) trains in, what was measured, and what
+    precision=measured, the shipped default, trains in instead."""
     label = backend_label(backend)
     rows = policy_rows(frame, backend, model)
     if default is None:
-        return f"{label}: no AMP policy recorded in env.json."
-    policy = "AMP off by default (fp32)" if default == "fp32" else f"AMP on ({default}) by default"
+        return f"{label}: env.json records no precision=auto policy."
+    policy = f"precision=auto trains in {default}"
     ok = rows[(rows["status"] == "ok") & rows["median_ms"].notna()]
     if ok.empty or "fp32" not in set(ok["precision"]):
-        return f"{label}: {policy}; no fp32 training benchmark ran on this backend, so it is unconfirmed."
+        return (
+            f"{label}: {policy}; no fp32 training benchmark ran on this backend, so "
+            "precision=measured has nothing to check it against."
+        )
     chosen = measured_choice(frame, backend, str(ok.iloc[0]["model"]), env)
     times = {row["precision"]: row for _, row in ok.iterrows()}
+    measured = "precision=measured, the shipped default,"
     if chosen.precision == default:
-        return f"{label}: {policy}; {compare_text(times)}: precision=measured trains in {default} too, so the default is confirmed."
-    measured = f"precision=measured trains in {chosen.precision} here"
+        return f"{label}: {policy}; {compare_text(times)}: {measured} trains in {default} too, so the two agree."
+    instead = f"{measured} trains in {chosen.precision} here"
     if default not in times:
-        return f"{label}: {policy}, but {default} was not measured (skipped or not run); {measured} ({chosen.reason})."
+        return f"{label}: {policy}, but {default} was not measured (skipped or not run); {instead} ({chosen.reason})."
     default_row = times[default]
     if not default_row["safe"]:
-        return f"{label}: {policy}, but {default} failed the numerics check ({numerics_problem(default_row['record'])}); {measured} ({chosen.reason})."
+        return f"{label}: {policy}, but {default} failed the numerics check ({numerics_problem(default_row['record'])}); {instead} ({chosen.reason})."
     gain = speed_between(default_row, times[chosen.precision])
     versus = f"{gain.text} than {default}" if gain is not None else chosen.reason
-    return f"{label}: {policy}; {compare_text(times)}: default not confirmed on this machine: {measured}, {versus}. Set precision=measured to train with it."
+    return f"{label}: {policy}; {compare_text(times)}: {instead}, {versus}."
 
 
 def compare_text(times: dict[str, pd.Series]) -> str:
