@@ -44,6 +44,8 @@ checkpoint choose_precision:
         CHOICE_JSON,
     log:
         "logs/choice/{backend}.log",
+    benchmark:
+        "results/job_stats/choice/{backend}.tsv"
     conda:
         "../envs/pipeline.yaml"
     resources:
