@@ -7,6 +7,8 @@ bf16 are all covered on any machine); training with it runs for real on this CPU
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +366,55 @@ def test_train_with_amp_measured_and_no_records_fails_saying_how_to_make_them(
     err = capsys.readouterr().err
     assert "precision=measured needs training benchmarks of tiny_conv on cpu" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_choose_precision_with_the_env_json_decides_as_the_device_would_without_importing_torch(
+    tmp_path: Path,
+) -> None:
+    """The workflow passes results/env.json: one job less that pays torch's import."""
+    from report_fixtures import bench_record, env_json
+
+    env = env_json()
+    env["backends"]["cpu"]["measured_refused"]["bf16"] = None  # a CPU with native bf16
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for precision, ms in (("fp32", 50.0), ("bf16", 34.0), ("fp16", 20.0)):
+        document = {
+            "format": "pipeline.bench/2",
+            "records": [bench_record("cpu", precision, "train", ms)],
+        }
+        (bench / f"cpu-{precision}-train.json").write_text(json.dumps(document))
+    code = (
+        "import sys; from pipeline import cli; "
+        f"status = cli.main(['choose-precision', '--device', 'cpu', '--bench', {str(bench)!r}, "
+        f"'--env', {str(tmp_path / 'env.json')!r}, '--out', {str(tmp_path / 'choice.json')!r}, "
+        "'bench.models=[tiny_conv]']); "
+        "print('torch imported:', 'torch' in sys.modules); sys.exit(status)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch imported: False" in done.stdout
+    (choice,) = json.loads((tmp_path / "choice.json").read_text())["choices"]
+    assert choice["precision"] == "bf16"  # fp16 is faster, but env.json refuses it on this CPU
+    fp16 = next(c for c in choice["candidates"] if c["precision"] == "fp16")
+    assert "no native fp16" in fp16["reason"]
+
+
+def test_choose_precision_refuses_an_env_json_where_the_backend_is_absent(
+    tmp_path: Path, capsys
+) -> None:
+    from report_fixtures import env_json
+
+    env = env_json()
+    env["backends"]["mps"]["available"] = False
+    env["backends"]["mps"]["reason"] = "MPS not built"
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    argv = ["choose-precision", "--device", "mps", "--env", str(tmp_path / "env.json")]
+    assert cli.main([*argv, "--bench", str(tmp_path)]) == 2
+    assert "Backend 'mps' is not available by" in capsys.readouterr().err
 
 
 def test_the_shipped_default_is_measured_in_the_schema_and_the_repository_config() -> None:

@@ -39,6 +39,7 @@ rule bench_one:
 checkpoint choose_precision:
     input:
         bench=choice_inputs,
+        env=ENV_JSON,
         code=command_sources("choose-precision"),
     output:
         CHOICE_JSON,
@@ -59,7 +60,7 @@ checkpoint choose_precision:
         settings=runs.flatten({"bench": {"models": runs.benchmarked_models(config)}}),
     shell:
         "{params.python:q} -m pipeline --log {log} choose-precision --device {wildcards.backend} --bench {params.bench_dir:q}"
-        " --out {output:q} {params.settings:q}"
+        " --env {input.env:q} --out {output:q} {params.settings:q}"
 
 
 rule bench:
