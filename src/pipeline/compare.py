@@ -182,7 +182,7 @@ def answers_section(machines: list[Machine]) -> Section:
         "answers",
         "What each machine should train with",
         "Each machine's answer, its speed-up against its own CPU fp32 (95% interval) and "
-        "whether the shipped defaults (device=auto, precision=measured) train that way.",
+        "whether the shipped defaults of config/config.yaml already train that way.",
         [
             Table(
                 "",
