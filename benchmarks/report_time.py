@@ -273,6 +273,8 @@ def main(argv: list[str]) -> int:
     )
     if not args.no_importtime:
         flags.append("python -X importtime was on in every process: it adds a little to each")
+    if args.settings:
+        flags.append(f"not the shipped config: --config {' '.join(args.settings)}")
     settings = {"cores": args.cores, "config": args.settings, "runs": runs}
     harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
     record = {
