@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiny_runs import make_data, one_cpu_thread, tiny_settings
+from tiny_runs import make_data, one_cpu_thread, tiny_config, tiny_settings
 
 from pipeline import cli, measured
 from pipeline import device as dev
@@ -437,6 +437,18 @@ def test_train_with_measured_and_no_benchmarks_at_the_default_place_trains_as_au
     assert "as precision=auto does" in choice["reason"]
     err = capsys.readouterr().err
     assert "WARNING precision=measured had no training benchmarks of tiny_conv on cpu" in err
+
+
+def test_a_trainer_given_measured_and_no_choice_trains_as_auto_and_records_why(
+    data_root: Path, tmp_path: Path
+) -> None:
+    """The library's Trainer follows the command's rule (benchmarks/ scripts build one from
+    the defaults)."""
+    from pipeline.engine.trainer import Trainer
+
+    trainer = Trainer(tiny_config(data_root, "precision=measured"), tmp_path / "run")
+    assert trainer.precision == dev.training_precision("auto", "cpu")
+    assert "as precision=auto does" in trainer.precision_choice.reason
 
 
 @pytest.mark.usefixtures("unchecked_bench_files")
