@@ -218,7 +218,7 @@ def main(argv: list[str]) -> int:
             "s",
             target=("<=", TARGET_S),
         ),
-        harness.figure("jobs", "jobs in the default chain", jobs, "jobs"),
+        harness.figure("jobs", "jobs in the default chain", jobs, "count"),
         harness.figure(
             "snakemake.own_s", "wall seconds no job accounts for (Snakemake itself)", own, "s"
         ),
