@@ -568,7 +568,7 @@ def test_differing_keys_names_nested_keys_and_keys_only_one_side_has() -> None:
         ["sweep.precision=[fp32, measured]", "bench.modes=[infer]"],
     ],
 )
-def test_amp_measured_without_training_benchmarks_against_fp32_is_refused(
+def test_measured_without_training_benchmarks_against_fp32_is_refused(
     settings: list[str],
 ) -> None:
     with pytest.raises(ConfigError, match="precision=measured in the command line"):

@@ -205,7 +205,7 @@ def test_bench_with_an_unknown_precision_exits_2_listing_the_precisions(
 @pytest.mark.parametrize(
     "asked", [["precision=fp16"], ["precision='fp16'"], ["--precision", "fp16"]]
 )
-def test_amp_asked_for_on_cpu_as_a_bool_or_a_string_warns_and_trains_in_fp32(
+def test_a_reduced_precision_the_cpu_lacks_warns_and_trains_in_fp32(
     here: Path,
     data_root: Path,
     capsys: pytest.CaptureFixture,
@@ -245,7 +245,7 @@ def test_bf16_asked_for_on_a_cpu_with_native_bf16_trains_bf16(
         (["--amp", "false"], "--amp false was replaced by --precision"),
     ],
 )
-def test_amp_false_as_a_string_is_never_read_as_true(
+def test_the_replaced_amp_key_is_refused_and_never_read_as_true(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str], named: str
 ) -> None:
     """amp and amp_dtype are replaced by precision: their old spellings are refused, saying
@@ -265,7 +265,7 @@ def test_amp_false_as_a_string_is_never_read_as_true(
         (["--amp", "ture"], "--amp ture was replaced by --precision (auto, fp32, fp16, bf16 or"),
     ],
 )
-def test_a_junk_spelling_of_amp_is_rejected_naming_the_accepted_values(
+def test_a_junk_spelling_of_the_precision_is_rejected_naming_the_accepted_values(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture, amp: list[str], named: str
 ) -> None:
     out = here / "run"

@@ -358,7 +358,7 @@ def unchecked_bench_files(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_train_with_amp_measured_and_no_records_fails_saying_how_to_make_them(
+def test_train_with_measured_and_an_empty_bench_folder_fails_saying_how_to_make_them(
     data_root: Path, tmp_path: Path, capsys
 ) -> None:
     code = train(data_root, tmp_path / "run", "--precision", "measured", "--bench", str(tmp_path))
