@@ -287,9 +287,23 @@ def _with_interval(value: float, found: dict[str, Any] | None) -> str:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """A Markdown table of records, generated so that no figure is copied by hand."""
+    """A Markdown table of records, generated so that no figure is copied by hand.
+
+    Rows of one set and training settings follow each other oldest first, so a change reads
+    as the row after the one before it.
+    """
     rows = []
-    for record in records:
+    order = sorted(
+        records,
+        key=lambda r: (
+            r["set"],
+            r["image_size"],
+            r["epochs"],
+            r["precision"],
+            r["created"],
+        ),
+    )
+    for record in order:
         found, training = record["figures"], record["training"]
         fixed, chosen = found["at_score_threshold"], found["at_operating_point"]
         rows.append(

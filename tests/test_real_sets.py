@@ -318,6 +318,7 @@ def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
         },
         "training": {"wall_time_s": 600.0},
         "machine": {"cpu_model": "Some CPU"},
+        "created": "2026-12-05T00:00:00+00:00",
         "commit": "0123456789abcdef",
     }
     row = real_sets.table([record]).splitlines()[2]

@@ -196,6 +196,7 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
         "--config",
         "device=cuda",
         "bench={backends: [cuda, cpu]}",
+        "precision=auto",  # measured (the default) names its runs only after the choice job
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     jobs = planned_job_blocks(result.stdout)
