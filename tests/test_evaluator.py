@@ -388,6 +388,49 @@ def test_ap_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> N
             assert row[f"{name}_interval"]["high"] == pytest.approx(row[name], abs=1e-12)
 
 
+def assert_same_figures(got: Any, want: Any, where: str = "") -> None:
+    """Every figure of two coco_ap results: floats to 1e-12, everything else equal."""
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            assert_same_figures(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_figures(a, b, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=1e-12, rel=0), where
+    else:
+        assert got == want, where
+
+
+def test_faster_coco_eval_gives_pycocotools_figures_intervals_and_matches(monkeypatch) -> None:
+    """COCOeval is faster-coco-eval's where installed: every figure, interval, recall and
+    kept match must be pycocotools' own, ignore regions and size buckets included."""
+    pytest.importorskip("faster_coco_eval")
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from pipeline.evaluation import coco
+
+    assert coco.cocoeval_classes()[1].__module__.startswith("faster_coco_eval")
+    gts, dets = noisy_scene(40, seed=11)
+    for truth in gts[::5]:  # a region with a detection on it, of class 0
+        truth.update(with_ignore(truth, [[100, 100, 124, 124]], [0]))
+    for found in dets[::5]:
+        found["boxes"] = np.concatenate([found["boxes"], [[101, 101, 123, 123]]]).astype(np.float32)
+        found["scores"] = np.append(found["scores"], 0.97).astype(np.float32)
+        found["labels"] = np.append(found["labels"], 0)
+    names = ["x", "y", "z", "none"]
+    faster = coco_ap(gts, dets, 4, (128, 128), names, score_threshold=0.4, ap_intervals=True)
+    monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, COCOeval))
+    own = coco_ap(gts, dets, 4, (128, 128), names, score_threshold=0.4, ap_intervals=True)
+    assert 0.0 < own["ap"] < own["ap50"] < 1.0
+    assert all(own["size_buckets"][name]["ap50"] for name in ("small", "medium"))
+    assert own["ap50_matches"] is not None and own["ap50_interval"] is not None
+    assert_same_figures(faster, own)
+
+
 def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> None:
     widths = []
     for images in (20, 80):

@@ -3,6 +3,8 @@ intervals of every AP figure from pycocotools' own matches (pipeline.evaluation.
 
 pycocotools' figures are taken as it computes them; what it keeps per image (`evalImgs`) is
 read in one walk, for the recall by size bucket and for the matches the intervals reweigh.
+COCOeval is faster-coco-eval's (the same matching and accumulation in C++) where it is
+installed, pycocotools' otherwise: the two give the same figures (tests/test_evaluator.py).
 """
 
 from __future__ import annotations
@@ -127,18 +129,68 @@ class _Walked:
         return ratio(int(self.found[area].sum()), int(self.total[area].sum()))
 
 
+@dataclass(frozen=True)
+class _ImageResult:
+    """What COCOeval keeps of one image, class and area range, the same from either
+    implementation: detections in its ranking order (cut to maxDets[-1]), their matched
+    object ids per IoU threshold (0: none) and ignore flags [T, D], the objects' ignore flags."""
+
+    scores: np.ndarray  # [D]
+    matches: np.ndarray  # [T, D]
+    ignored: np.ndarray  # [T, D] bool
+    gt_ignored: np.ndarray  # [G] bool
+
+
+def _image_results(evaluation: Any) -> list[_ImageResult | None]:
+    """COCOeval's per-image results laid out [class][area][image], None where an image has
+    neither objects nor detections of the class. pycocotools keeps them as dicts in
+    `evalImgs`; faster-coco-eval as C++ objects whose state is (detection matches, object
+    matches, scores, object ignores, detection ignores, pairs), the [T, D] ones flattened."""
+    thresholds = len(evaluation.params.iouThrs)
+    if not hasattr(evaluation, "_evalImgs_cpp"):
+        return [
+            None
+            if entry is None
+            else _ImageResult(
+                np.asarray(entry["dtScores"], dtype=np.float64),
+                np.asarray(entry["dtMatches"]).reshape(thresholds, len(entry["dtScores"])),
+                np.asarray(entry["dtIgnore"], dtype=bool).reshape(
+                    thresholds, len(entry["dtScores"])
+                ),
+                np.asarray(entry["gtIgnore"], dtype=bool),
+            )
+            for entry in evaluation.evalImgs
+        ]
+    results: list[_ImageResult | None] = []
+    for entry in evaluation._evalImgs_cpp:
+        dt_matches, _, scores, gt_ignored, dt_ignored, _ = entry.__getstate__()
+        if not scores and not gt_ignored:
+            results.append(None)
+            continue
+        results.append(
+            _ImageResult(
+                np.asarray(scores, dtype=np.float64),
+                np.asarray(dt_matches, dtype=np.float64).reshape(thresholds, len(scores)),
+                np.asarray(dt_ignored, dtype=bool).reshape(thresholds, len(scores)),
+                np.asarray(gt_ignored, dtype=bool),
+            )
+        )
+    return results
+
+
 def _walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) -> _Walked:
-    """Read COCOeval's per-image results once. evalImgs is laid out [class][area][image], None
-    where an image has neither objects nor detections of the class (in every area alike: the
-    same detections, sorted and cut to maxDets[-1] alike, are matched in each).
+    """Read COCOeval's per-image results once (in every area alike, the same detections,
+    sorted and cut to maxDets[-1] alike, are matched).
 
     Recall counts the matches of the detections scoring >= the threshold: COCOeval matches
     greedily in descending score, so a detection's match never depends on lower-scored ones,
-    and the matches of the kept detections are those of the full matching.
+    and the matches of the kept detections are those of the full matching. A detection
+    matched and not ignored is matched to an object that counts, and each such object to
+    one detection, so counting those detections counts the objects found.
     """
     params = evaluation.params
     classes, areas, images = len(params.catIds), len(params.areaRng), len(params.imgIds)
-    max_det = params.maxDets[-1]
+    results = _image_results(evaluation)
     found = np.zeros((areas, images), dtype=np.int64)
     total = np.zeros((areas, images), dtype=np.int64)
     ranked: list[ClassRanking] = []
@@ -146,24 +198,20 @@ def _walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) -
         scores, image_index, matched, ignored = [], [], [], []
         gt_counts = np.zeros((areas, images), dtype=np.int64)
         for i in range(images):
-            entries = [evaluation.evalImgs[(k * areas + a) * images + i] for a in range(areas)]
+            entries = [results[(k * areas + a) * images + i] for a in range(areas)]
             if entries[0] is None:
                 continue
-            kept_ids = np.asarray(entries[0]["dtIds"])[
-                np.asarray(entries[0]["dtScores"]) >= score_threshold
-            ]
+            kept = entries[0].scores >= score_threshold
             for a, entry in enumerate(entries):
-                wanted = ~np.asarray(entry["gtIgnore"], dtype=bool)
-                gt_counts[a, i] = int(wanted.sum())
-                if wanted.any():
-                    hit = np.isin(np.asarray(entry["gtMatches"])[at_50], kept_ids)
-                    found[a, i] += int((hit & wanted).sum())
-            if rankings and len(entries[0]["dtScores"]):
-                image_scores = np.asarray(entries[0]["dtScores"][:max_det], dtype=np.float64)
-                scores.append(image_scores)
-                image_index.append(np.full(image_scores.size, i, dtype=np.int64))
-                matched.append(np.stack([np.asarray(e["dtMatches"])[:, :max_det] for e in entries]))
-                ignored.append(np.stack([np.asarray(e["dtIgnore"])[:, :max_det] for e in entries]))
+                gt_counts[a, i] = int((~entry.gt_ignored).sum())
+                if gt_counts[a, i]:
+                    hit = (entry.matches[at_50] > 0) & ~entry.ignored[at_50] & kept
+                    found[a, i] += int(hit.sum())
+            if rankings and entries[0].scores.size:
+                scores.append(entries[0].scores)
+                image_index.append(np.full(entries[0].scores.size, i, dtype=np.int64))
+                matched.append(np.stack([e.matches for e in entries]))
+                ignored.append(np.stack([e.ignored for e in entries]))
         total += gt_counts
         if not rankings:
             continue
@@ -172,7 +220,7 @@ def _walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) -
             ranked.append(ClassRanking(np.zeros(0, np.int64), nothing, nothing, gt_counts))
             continue
         order = np.argsort(-np.concatenate(scores), kind="mergesort")  # as accumulate sorts
-        counted = ~np.concatenate(ignored, axis=2)[:, :, order].astype(bool)
+        counted = ~np.concatenate(ignored, axis=2)[:, :, order]
         is_tp = (np.concatenate(matched, axis=2)[:, :, order] > 0) & counted
         end = int(np.flatnonzero(is_tp.any(axis=(0, 1)))[-1]) + 1 if is_tp.any() else 0
         ranked.append(
@@ -267,6 +315,32 @@ def _recall_interval(walked: _Walked, area: int, images: int) -> dict[str, Any] 
         with np.errstate(invalid="ignore", divide="ignore"):
             samples.append(np.where(total > 0, found / total, np.nan))
     return interval_of(np.concatenate(samples), images)
+
+
+# faster-coco-eval versions whose per-image results `_image_results` reads (a C++ object's
+# state, not a public interface): others are left alone and pycocotools evaluates
+_FASTER_VERSIONS = ("1.8.",)
+
+
+def cocoeval_classes() -> tuple[type, type]:
+    """COCO and COCOeval: faster-coco-eval's where a version we read is installed, else
+    pycocotools' (imported here: only evaluation needs them)."""
+    try:
+        import faster_coco_eval
+        from faster_coco_eval import COCO, COCOeval_faster
+    except ImportError:
+        pass
+    else:
+        if faster_coco_eval.__version__.startswith(_FASTER_VERSIONS):
+            return COCO, COCOeval_faster
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    return COCO, COCOeval
+
+
+def _silent(*_: Any) -> None:
+    """faster-coco-eval's print_function: nothing to say."""
 
 
 @contextlib.contextmanager
@@ -414,9 +488,7 @@ def coco_ap(
             "size_buckets": buckets(empty, empty, empty, empty_per_class, _NO_AP_INTERVALS),
         }
 
-    from pycocotools.coco import COCO  # imported here: only evaluation needs it
-    from pycocotools.cocoeval import COCOeval
-
+    COCO, COCOeval = cocoeval_classes()
     dataset = {
         "info": {},
         "images": images,
@@ -429,6 +501,9 @@ def coco_ap(
         coco_gt.createIndex()
         coco_dt = coco_gt.loadRes(results)
         evaluation = COCOeval(coco_gt, coco_dt, "bbox")
+        if hasattr(evaluation, "separate_eval"):  # faster-coco-eval: keep per-image results
+            evaluation.separate_eval = True
+            evaluation.print_function = _silent
         evaluation.params.areaRng, evaluation.params.areaRngLbl = _area_ranges()
         evaluation.evaluate()
         evaluation.accumulate()
