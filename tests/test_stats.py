@@ -278,3 +278,20 @@ def test_an_undecided_change_says_about_how_many_images_would_settle_it() -> Non
     close = stats.PairedChange(-0.0095, -0.012, -0.007, "undecided", 1000, 0.01)
     assert close.images_to_settle() is None  # 25 times the images: past the limit
     assert stats.PairedChange(0.0, -0.005, 0.005, "held", 1000, 0.01).images_to_settle() is None
+
+
+def test_bootstrap_weights_are_drawn_once_per_size_and_cannot_be_changed_by_a_caller() -> None:
+    """Every figure of an evaluation reads the same resamples: drawn once, read-only, the rows
+    a fresh seeded multinomial draw gives."""
+    first = np.concatenate(list(stats.bootstrap_weights(37, resamples=300, seed=4)))
+    again = list(stats.bootstrap_weights(37, resamples=300, seed=4))
+    rng = np.random.default_rng(4)
+    fresh = np.concatenate(
+        [
+            rng.multinomial(37, np.full(37, 1 / 37), size=min(stats._RESAMPLE_CHUNK, 300 - start))
+            for start in range(0, 300, stats._RESAMPLE_CHUNK)
+        ]
+    )
+    assert np.array_equal(first, fresh) and np.array_equal(np.concatenate(again), fresh)
+    with pytest.raises(ValueError):
+        again[0][0, 0] += 1

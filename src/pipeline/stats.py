@@ -6,6 +6,7 @@ run's F1, precision and recall, and of its F1 change between two runs scored on 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
@@ -231,11 +232,21 @@ def bootstrap_weights(
 ) -> Iterator[np.ndarray]:
     """Bootstrap resamples of `images` images as weights, [k, images] at a time and
     `resamples` rows in all: how often each image was drawn (with replacement, `images`
-    draws; multinomial, which is the same thing). Seeded: the same call gives the same rows."""
+    draws; multinomial, which is the same thing). Seeded: the same call gives the same rows
+    (read-only: one evaluation asks for them once per figure, so they are drawn once)."""
+    yield from _drawn(images, resamples, seed)
+
+
+@functools.lru_cache(maxsize=1)
+def _drawn(images: int, resamples: int, seed: int) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     uniform = np.full(images, 1.0 / images)
+    chunks = []
     for start in range(0, resamples, _RESAMPLE_CHUNK):
-        yield rng.multinomial(images, uniform, size=min(_RESAMPLE_CHUNK, resamples - start))
+        chunk = rng.multinomial(images, uniform, size=min(_RESAMPLE_CHUNK, resamples - start))
+        chunk.flags.writeable = False
+        chunks.append(chunk)
+    return tuple(chunks)
 
 
 def _per_image(counts: Mapping[str, Sequence[int]]) -> np.ndarray:
