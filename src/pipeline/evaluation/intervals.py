@@ -168,10 +168,13 @@ def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarra
 def _sums_at(drawn: np.ndarray, members: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """[P, R] each resample's weight of the `members` (ranks, ascending) ranked at or above
     each of `positions` (ascending), from each detection's weights `drawn` [D, R]."""
-    result = np.zeros((positions.size, drawn.shape[1]), dtype=np.int64)
     members = members[: np.searchsorted(members, positions[-1], side="right")]
-    if members.size == 0:
-        return result
+    if members.size < positions.size:  # few (detections counted at some IoUs only): their
+        # running sums, read at each position, without a pass over every position's row
+        running = np.zeros((members.size + 1, drawn.shape[1]), dtype=np.int64)
+        np.cumsum(drawn[members], axis=0, out=running[1:])
+        return running[np.searchsorted(members, positions, side="right")]
+    result = np.zeros((positions.size, drawn.shape[1]), dtype=np.int64)
     segment = np.searchsorted(positions, members, side="left")  # the first position at or below
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
     # every detection up to the last position (area "all" without crowds): no copy to make
