@@ -165,22 +165,24 @@ def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarra
     return reached + ((guess < last) & (thresholds[above] <= recall))
 
 
-def _sums_at(drawn: np.ndarray, members: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def _sums_at(
+    by_resample: np.ndarray, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray
+) -> np.ndarray:
     """[P, R] each resample's weight of the `members` (ranks, ascending) ranked at or above
-    each of `positions` (ascending), from each detection's weights `drawn` [D, R]."""
+    each of `positions` (ascending), from the images' weights by resample [R, I] and each
+    detection's image."""
     members = members[: np.searchsorted(members, positions[-1], side="right")]
+    # [R, M]: the members' weights, each resample's row contiguous (summed along it)
+    rows = by_resample.take(image_index[members], axis=1)
     if members.size < positions.size:  # few (detections counted at some IoUs only): their
         # running sums, read at each position, without a pass over every position's row
-        running = np.zeros((members.size + 1, drawn.shape[1]), dtype=np.int64)
-        np.cumsum(drawn[members], axis=0, out=running[1:])
+        running = np.zeros((members.size + 1, rows.shape[0]), dtype=np.int64)
+        np.cumsum(rows.T, axis=0, out=running[1:])
         return running[np.searchsorted(members, positions, side="right")]
-    result = np.zeros((positions.size, drawn.shape[1]), dtype=np.int64)
+    result = np.zeros((positions.size, rows.shape[0]), dtype=np.int64)
     segment = np.searchsorted(positions, members, side="left")  # the first position at or below
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-    # every detection up to the last position (area "all" without crowds): no copy to make
-    every = members.size == members[-1] + 1
-    rows = drawn[: members.size] if every else drawn[members]
-    result[segment[starts]] = np.add.reduceat(rows, starts, axis=0)
+    result[segment[starts]] = np.add.reduceat(rows, starts, axis=1).T
     return np.cumsum(result, axis=0, out=result)
 
 
@@ -197,6 +199,7 @@ def ranked_ap(
     objects = ranking.gt_per_image @ by_image  # [A, R]
     result = np.full((areas, ious, by_image.shape[1]), np.nan)
     drawn = by_image[ranking.image_index]  # [D, R]: each detection's image's weight
+    by_resample = np.ascontiguousarray(by_image.T)
     for a in range(areas):
         # the true positives at any IoU, and what is counted at every IoU, summed up to each of
         # them once; an IoU counts more only where a match to an ignored object came or went
@@ -205,7 +208,7 @@ def ranked_ap(
             result[a] = np.where(objects[a] > 0, 0.0, np.nan)
             continue
         always = ranking.counted[a].all(axis=0)
-        seen_always = _sums_at(drawn, np.flatnonzero(always), union)
+        seen_always = _sums_at(by_resample, ranking.image_index, np.flatnonzero(always), union)
         points = None if thresholds is None else _RecallPoints(objects[a], thresholds)
         for t in range(ious):
             at = np.flatnonzero(ranking.is_tp[a, t, union])
@@ -217,7 +220,7 @@ def ranked_ap(
             seen = seen_always[at]
             more = np.flatnonzero(ranking.counted[a, t] & ~always)
             if more.size:
-                seen += _sums_at(drawn, more, hits)
+                seen += _sums_at(by_resample, ranking.image_index, more, hits)
             result[a, t] = _average_precision(tp, seen, objects[a], points)
     return result
 
