@@ -119,9 +119,10 @@ def cpu_text(machine: Machine, summary: dict[str, Any]) -> str:
     found = summary["machine"]
     if found is None:
         return "n/a (no env.json)"
+    threads = found["torch_threads"]
     return (
         f"{found['cpu_model'] or 'n/a'}, {found['cpu_count'] or 'n/a'} cores, "
-        f"torch uses {found['torch_threads'] or 'n/a'} threads"
+        f"torch uses {threads or 'n/a'} thread{'' if threads == 1 else 's'}"
     )
 
 
