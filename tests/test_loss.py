@@ -434,21 +434,10 @@ def test_the_loss_draws_in_memory_that_follows_the_objects_area_not_objects_x_ma
     """1024 px, 300 objects of 8 to 40 px per image, batch 16 (dense microscopy, a retail shelf):
     the loss's forward and backward stay under 1 GB of torch memory. The Gaussians over the whole
     map for every object were 16 x 300 x 256 x 256 floats: 1.2 GiB each, several of them."""
-    batch, classes, size, objects = 16, 3, 1024, 300
-    cells = size // STRIDE
-    generator = torch.Generator().manual_seed(0)
-    outputs = {
-        "heatmap": torch.randn(batch, classes + 1, cells, cells, generator=generator),
-        "box": torch.randn(batch, 4 * classes, cells, cells, generator=generator),
-    }
+    classes = 3
+    outputs, targets = crowded_batch(16, classes, 1024, 300, smallest=8)
     for tensor in outputs.values():
         tensor.requires_grad_()
-    targets = []
-    for _ in range(batch):
-        corner = torch.rand(objects, 2, generator=generator) * (size - 40)
-        extent = 8 + torch.rand(objects, 2, generator=generator) * 32
-        labels = torch.randint(0, classes, (objects,), generator=generator)
-        targets.append({"boxes": torch.cat([corner, corner + extent], 1), "labels": labels})
     loss = DetectionLoss(classes, "single")
     peak = cpu_tensor_peak_bytes(lambda: loss(outputs, targets)["total"].backward())
     gradients = sum(tensor.numel() * 4 for tensor in outputs.values())
@@ -461,7 +450,8 @@ def test_the_loss_draws_in_memory_that_follows_the_objects_area_not_objects_x_ma
 SCALE = {"batch": 16, "classes": 80, "size": 512, "objects": 60}
 
 
-def crowded_batch(batch: int, classes: int, size: int, objects: int):
+def crowded_batch(batch: int, classes: int, size: int, objects: int, smallest: float = 4):
+    """Random outputs and `objects` boxes per image of `smallest` to 40 px, seeded."""
     cells = size // STRIDE
     generator = torch.Generator().manual_seed(0)
     outputs = {
@@ -471,7 +461,7 @@ def crowded_batch(batch: int, classes: int, size: int, objects: int):
     targets = []
     for _ in range(batch):
         corner = torch.rand(objects, 2, generator=generator) * (size - 40)
-        extent = 4 + torch.rand(objects, 2, generator=generator) * 36
+        extent = smallest + torch.rand(objects, 2, generator=generator) * (40 - smallest)
         labels = torch.randint(0, classes, (objects,), generator=generator)
         targets.append({"boxes": torch.cat([corner, corner + extent], 1), "labels": labels})
     return outputs, targets

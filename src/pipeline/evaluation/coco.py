@@ -23,8 +23,8 @@ from pipeline.evaluation.matching import (
     Record,
     as_boxes,
     as_vector,
+    by_image,
     check_labels,
-    index_by_image,
     ratio,
 )
 from pipeline.stats import bootstrap_weights
@@ -390,11 +390,7 @@ def coco_ap(
     """
     if len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
-    truth = index_by_image(gts, "ground truth")
-    found = index_by_image(dets, "detections")
-    unknown = sorted(set(found) - set(truth))
-    if unknown:
-        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    truth, found = by_image(gts, dets)
     height, width = (int(v) for v in image_size)
     images, annotations, results = [], [], []
     gt_per_class = np.zeros(num_classes, dtype=np.int64)

@@ -259,6 +259,17 @@ def index_by_image(records: Iterable[Record], what: str) -> dict[int, Record]:
     return indexed
 
 
+def by_image(gts: Iterable[Record], dets: Iterable[Record]) -> tuple[dict[int, Record], ...]:
+    """Ground truth and detections by image id; detections of an image without ground truth
+    are refused, since nothing could score them."""
+    truth = index_by_image(gts, "ground truth")
+    found = index_by_image(dets, "detections")
+    unknown = sorted(set(found) - set(truth))
+    if unknown:
+        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    return truth, found
+
+
 def check_labels(labels: np.ndarray, num_classes: int, image_id: int, what: str) -> None:
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         bad = labels[(labels < 0) | (labels >= num_classes)][0]
@@ -281,11 +292,7 @@ def pool(
     (`match_voc`, ignore regions as difficult objects; VOC2007 matches alike)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
-    truth = index_by_image(gts, "ground truth")
-    found = index_by_image(dets, "detections")
-    unknown = sorted(set(found) - set(truth))
-    if unknown:
-        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
+    truth, found = by_image(gts, dets)
     scores, labels, flags, image_index = [], [], [], []
     ignored = 0
     gt_per_class = np.zeros(num_classes, dtype=np.int64)
