@@ -35,6 +35,7 @@ from pipeline.data import has_test_split
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
+from pipeline.evaluation.matching import matched_objects
 from pipeline.models import memory_format
 from pipeline.models.centernet import CENTRE_WINDOW
 
@@ -75,21 +76,10 @@ def _numpy(found: list[dict[str, torch.Tensor]], truth: list[dict[str, Any]]) ->
 
 
 def matches(det: dict[str, Any], gt: dict[str, Any], iou_threshold: float = 0.5) -> np.ndarray:
-    """Per detection, the index of the object it matches (-1: none), greedy in descending score
-    over the same class's unmatched objects, as COCO and the evaluator match."""
-    matched = np.full(len(det["scores"]), -1)
-    if not len(det["scores"]) or not len(gt["labels"]):
-        return matched
-    iou = box_iou(torch.as_tensor(det["boxes"]), torch.as_tensor(gt["boxes"])).numpy()
-    iou[det["labels"][:, None] != gt["labels"][None, :]] = -1.0
-    free = np.ones(len(gt["labels"]), dtype=bool)
-    for index in np.argsort(-det["scores"], kind="stable"):
-        candidates = np.where(free, iou[index], -1.0)
-        best = int(np.argmax(candidates))
-        if candidates[best] >= iou_threshold:
-            free[best] = False
-            matched[index] = best
-    return matched
+    """Per detection, the index of the object it matches (-1: none), by the evaluator's rule."""
+    return matched_objects(
+        det["boxes"], det["scores"], det["labels"], gt["boxes"], gt["labels"], iou_threshold
+    )
 
 
 def _centre_size(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -100,7 +100,23 @@ def match_detections(
     gt_labels: Any,
     iou_threshold: float = 0.5,
 ) -> np.ndarray:
-    """True-positive flag for each detection of one image, in the detections' original order.
+    """True-positive flag for each detection of one image, in the detections' original order
+    (`matched_objects`' rule)."""
+    return (
+        matched_objects(det_boxes, det_scores, det_labels, gt_boxes, gt_labels, iou_threshold) >= 0
+    )
+
+
+def matched_objects(
+    det_boxes: Any,
+    det_scores: Any,
+    det_labels: Any,
+    gt_boxes: Any,
+    gt_labels: Any,
+    iou_threshold: float = 0.5,
+) -> np.ndarray:
+    """For each detection of one image, in the detections' original order, the index of the
+    ground-truth object it matches, -1 for none.
 
     Greedy in descending score (stable for ties), each detection takes the unmatched ground
     truth of its class with the highest IoU >= threshold. Because a detection's fate never
@@ -120,9 +136,9 @@ def match_detections(
         raise ValueError(
             f"Ground truth disagrees in length: {len(truth_boxes)} boxes, {len(truth_labels)} labels."
         )
-    is_tp = np.zeros(len(scores), dtype=bool)
+    matched = np.full(len(scores), -1, dtype=np.int64)
     if len(scores) == 0 or len(truth_labels) == 0:
-        return is_tp
+        return matched
     iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth_boxes)).numpy()
     iou[labels[:, None] != truth_labels[None, :]] = -1.0
     free = np.ones(len(truth_labels), dtype=bool)
@@ -131,8 +147,8 @@ def match_detections(
         best = int(np.argmax(candidates))
         if candidates[best] >= iou_threshold:
             free[best] = False
-            is_tp[index] = True
-    return is_tp
+            matched[index] = best
+    return matched
 
 
 def _intersection_over_detection(boxes: np.ndarray, regions: np.ndarray) -> np.ndarray:
