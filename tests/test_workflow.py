@@ -149,6 +149,17 @@ def test_dry_run_of_train_on_cpu_succeeds(repo_copy: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_a_data_root_under_home_is_where_the_data_commands_write(repo_copy: Path) -> None:
+    """No shell expands `~` in a config value: the generated files' paths must expand it as
+    pipeline.data does, or Snakemake waits for `./~/...` while the command writes to the home."""
+    (repo_copy / "home.yaml").write_text("data:\n  root: ~/shapes-test\n")
+    generated = os.path.join(os.path.expanduser("~"), "shapes-test", "instances_train.json")
+    result = snakemake(repo_copy, "-n", "-p", generated, "--configfile", "home.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rule prepare_data:" in result.stdout
+    assert "~/shapes-test" not in result.stdout
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

@@ -48,7 +48,8 @@ wildcard_constraints:
 ENV_JSON = "results/env.json"
 # the choose_precision checkpoint's output, which measured runs and run_files' readers need
 CHOICE_JSON = "results/choice/{backend}.json"
-DATA_ROOT = config["data"]["root"]
+# as pipeline.data reads it: no shell expands `~` in a config value
+DATA_ROOT = os.path.expanduser(config["data"]["root"])
 
 
 # the package's sources as this workflow's working directory sees them (src/pipeline from the
