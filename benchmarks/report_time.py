@@ -1,8 +1,8 @@
 """Report time: how long `make report` takes after set-up, and where the time goes.
 
 Runs what `make report` runs (`snakemake --cores N results/report.html`, the shipped config) in
-a fresh copy of the repository (its tracked and untracked-but-not-ignored files, as a clone has
-them, no results), with that copy's `src` first on PYTHONPATH, and splits the wall time:
+a fresh clone of the checkout's commit with its uncommitted files laid over it (no results; the
+run's summary names the commit), with that copy's `src` first on PYTHONPATH, and splits the wall time:
 
 - by stage: the wall time of each rule's jobs, from the `benchmark:` files the workflow writes
   (results/job_stats/);
@@ -67,20 +67,33 @@ def parse_args(argv: list[str]):
     return args
 
 
-def copy_repository(target: Path) -> Path:
-    """The tracked and untracked-but-not-ignored files, as a fresh clone has them."""
+def copy_repository(target: Path, source: Path = harness.REPO) -> Path:
+    """A fresh clone of the checkout's commit with its uncommitted files laid over it, so that
+    the run's summary names the commit and counts the files that differ from it, as it would in
+    the checkout itself."""
+    subprocess.run(
+        ["git", "clone", "--quiet", "--shared", "--no-checkout", str(source), str(target)],
+        check=True,
+    )
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    subprocess.run(["git", "checkout", "--quiet", "--detach", head], cwd=target, check=True)
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=harness.REPO,
+        cwd=source,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.splitlines()
     for name in listed:
-        source = harness.REPO / name
-        if source.is_file() or source.is_symlink():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name, follow_symlinks=False)
+        here, there = source / name, target / name
+        if here.is_file() or here.is_symlink():
+            there.parent.mkdir(parents=True, exist_ok=True)
+            there.unlink(missing_ok=True)
+            shutil.copy2(here, there, follow_symlinks=False)
+        elif there.is_file() or there.is_symlink():
+            there.unlink()  # deleted in the checkout, not yet committed
     return target
 
 

@@ -3,6 +3,7 @@ start-up from `python -X importtime`, each process attributed to the job Snakema
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,39 @@ def test_stages_sum_the_wall_seconds_of_every_job_of_a_rule(tmp_path: Path) -> N
         "choose_precision": {"jobs": 1, "s": 2.0},
         "report": {"jobs": 1, "s": 3.25},
     }
+
+
+def test_the_copy_is_a_clone_of_the_commit_with_the_uncommitted_files_over_it(
+    tmp_path: Path,
+) -> None:
+    """So that the run's summary.json names the commit it ran (git_state in the copy)."""
+    source = tmp_path / "checkout"
+    source.mkdir()
+
+    def git(*args: str, cwd: Path = source) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=cwd, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+
+    git("init", "--quiet")
+    (source / ".gitignore").write_text("results/\n")
+    for name in ("kept.txt", "edited.txt", "deleted.txt"):
+        (source / name).write_text("committed\n")
+    git("add", ".")
+    git("commit", "--quiet", "-m", "first")
+    (source / "edited.txt").write_text("edited\n")
+    (source / "deleted.txt").unlink()
+    (source / "new.txt").write_text("untracked\n")
+    (source / "results").mkdir()
+    (source / "results" / "old.json").write_text("{}\n")
+
+    copy = report_time.copy_repository(tmp_path / "copy", source)
+
+    assert git("rev-parse", "HEAD", cwd=copy) == git("rev-parse", "HEAD")
+    assert (copy / "edited.txt").read_text() == "edited\n"
+    assert (copy / "new.txt").read_text() == "untracked\n"
+    assert not (copy / "deleted.txt").exists()
+    assert not (copy / "results").exists()
+    changed = git("status", "--porcelain", cwd=copy).splitlines()
+    assert sorted(changed) == sorted(git("status", "--porcelain").splitlines())
