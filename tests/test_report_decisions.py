@@ -22,7 +22,7 @@ from report_fixtures import (
 )
 
 from pipeline.stats import SPEEDUP_TOLERANCE, speedup
-from pipeline.summary import decisions, load
+from pipeline.summary import accuracy, decisions, load
 
 
 def frame_of(*records: dict[str, Any]) -> pd.DataFrame:
@@ -272,7 +272,7 @@ def test_a_reduced_precision_run_is_compared_with_its_fp32_twin() -> None:
         scored("cuda-fp32+seed=1", 0.95, 0.97),
         scored("cuda-fp16+seed=1", 0.92, 0.969),
     ]
-    checks = {check.reduced: check for check in decisions.accuracy_checks(runs)}
+    checks = {check.reduced: check for check in accuracy.accuracy_checks(runs)}
     assert set(checks) == {"cpu-bf16+seed=1", "cuda-fp16+seed=1"}
     held = checks["cpu-bf16+seed=1"]
     assert held.reference == "cpu-fp32+seed=1" and held.split == "val"
@@ -288,7 +288,7 @@ def test_a_reduced_precision_run_is_compared_with_its_fp32_twin() -> None:
 def test_a_loss_within_the_tolerance_is_undecided_where_the_images_are_too_few_to_show_it() -> None:
     """The same 0.6-point loss held on 1,000 images: on 50 the interval reaches past -1 point."""
     runs = [scored("cpu-fp32", 0.937, 0.963, images=50), scored("cpu-bf16", 0.931, 0.960, 50)]
-    (check,) = decisions.accuracy_checks(runs)
+    (check,) = accuracy.accuracy_checks(runs)
     assert check.f1_change.images == 50
     assert check.f1_change.low < -0.01 < check.f1_change.high
     assert check.verdict == "undecided"
@@ -296,7 +296,7 @@ def test_a_loss_within_the_tolerance_is_undecided_where_the_images_are_too_few_t
 
 def test_an_f1_that_held_with_an_ap50_that_fell_more_than_the_tolerance_is_undecided() -> None:
     runs = [scored("cpu-fp32", 0.937, 0.963), scored("cpu-bf16", 0.937, 0.940)]
-    (check,) = decisions.accuracy_checks(runs)
+    (check,) = accuracy.accuracy_checks(runs)
     assert check.f1_change.verdict == "held" and check.verdict == "undecided"
 
 
@@ -319,16 +319,16 @@ def test_ap50_is_paired_too_where_the_evaluations_keep_pycocotools_matches() -> 
     images lets through; on 50 images a 1-point fall is undecided."""
     reference = with_matches(scored("cpu-fp32", 0.937, 0.963))
     same = with_matches(scored("cpu-bf16", 0.934, 0.96), recall=0.937)
-    (held,) = decisions.accuracy_checks([reference, same])
+    (held,) = accuracy.accuracy_checks([reference, same])
     assert held.ap50_change.change == 0.0
     assert held.ap50_change.verdict == "held" and held.verdict == "held"
     fell = with_matches(scored("cpu-bf16", 0.934, 0.96), recall=0.907)
-    (check,) = decisions.accuracy_checks([reference, fell])
+    (check,) = accuracy.accuracy_checks([reference, fell])
     assert check.f1_change.verdict == "held"
     assert check.ap50_change.change == pytest.approx(-0.03, abs=1e-3)
     assert check.ap50_change.high < -0.01 and check.verdict == "dropped"
     few = [scored("cpu-fp32", 0.937, 0.963, 50), scored("cpu-bf16", 0.937, 0.96, 50)]
-    (near,) = decisions.accuracy_checks([with_matches(few[0]), with_matches(few[1], recall=0.92)])
+    (near,) = accuracy.accuracy_checks([with_matches(few[0]), with_matches(few[1], recall=0.92)])
     assert near.f1_change.verdict == "held"
     assert near.ap50_change.low < -0.01 < near.ap50_change.high
     assert near.verdict == "undecided"
@@ -338,25 +338,25 @@ def test_ap50_matches_that_do_not_pair_fall_back_to_the_unpaired_rule() -> None:
     reference = with_matches(scored("cpu-fp32", 0.937, 0.963))
     broken = with_matches(scored("cpu-bf16", 0.937, 0.940))
     broken.evaluation["metrics"]["ap50_matches"]["classes"][0]["detections"] = [5000]
-    (check,) = decisions.accuracy_checks([reference, broken])
+    (check,) = accuracy.accuracy_checks([reference, broken])
     assert check.ap50_change is None
     assert check.f1_change.verdict == "held" and check.verdict == "undecided"  # AP@.5 fell 2.3
 
 
 def test_an_accuracy_check_without_per_image_counts_has_no_verdict_and_says_why() -> None:
     runs = [load.RunResults("cpu-fp32"), load.RunResults("cpu-bf16")]
-    (check,) = decisions.accuracy_checks(runs)
+    (check,) = accuracy.accuracy_checks(runs)
     assert check.verdict == "not comparable" and check.split == "validation during training"
     assert "no per-image counts to pair them by" in check.why_unpaired
     older = scored("cpu-bf16", 0.931, 0.960)
     del older.evaluation["metrics"]["per_image"]  # an eval JSON of an earlier version
-    (check,) = decisions.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), older])
+    (check,) = accuracy.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), older])
     assert check.verdict == "not comparable" and check.f1_change is None
 
 
 def test_runs_scored_on_different_images_are_not_compared() -> None:
     runs = [scored("cpu-fp32", 0.937, 0.963, images=100), scored("cpu-bf16", 0.931, 0.96, 90)]
-    (check,) = decisions.accuracy_checks(runs)
+    (check,) = accuracy.accuracy_checks(runs)
     assert check.verdict == "not comparable"
     assert check.why_unpaired == "the two evaluations scored different images (100 and 90)"
 
@@ -367,7 +367,7 @@ def run(name: str, **parts: Any) -> load.RunResults:
 
 def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> None:
     summary = train_summary("cpu", "fp32", 0.5)
-    assert decisions.run_scores(run("cpu-fp32", summary=summary)) == {
+    assert accuracy.run_scores(run("cpu-fp32", summary=summary)) == {
         "f1": summary["final_val"]["f1"],
         "f1_interval": None,
         "best_f1": 0.5,
@@ -390,7 +390,7 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
             "per_image": counts,
         },
     }
-    assert decisions.run_scores(run("cpu-fp32", summary=summary, evaluation=evaluation)) == {
+    assert accuracy.run_scores(run("cpu-fp32", summary=summary, evaluation=evaluation)) == {
         "f1": 0.65,
         "f1_interval": interval,
         "best_f1": 0.7,
@@ -404,22 +404,22 @@ def test_run_scores_come_from_the_evaluation_else_from_the_last_validation() -> 
 
 def test_best_f1_is_the_highest_validation_f1_else_the_summarys_monitored_metric() -> None:
     rows = metrics_rows([9.0, 8.0, 7.0, 6.0, 5.0, 4.0], [0.2, 0.6, 0.4])
-    assert decisions.best_f1(run("cpu-fp32", metrics=rows)) == (0.6, 2)
+    assert accuracy.best_f1(run("cpu-fp32", metrics=rows)) == (0.6, 2)
     summary = train_summary("cpu", "fp32", 0.5)
-    assert decisions.best_f1(run("cpu-fp32", summary=summary)) == (0.5, 3)
+    assert accuracy.best_f1(run("cpu-fp32", summary=summary)) == (0.5, 3)
     summary["monitor"] = "ap50"
-    assert decisions.best_f1(run("cpu-fp32", summary=summary)) == (None, None)
+    assert accuracy.best_f1(run("cpu-fp32", summary=summary)) == (None, None)
 
 
 def test_swept_values_come_from_the_run_name() -> None:
-    assert decisions.swept_values("cpu-fp32+seed=1+lr=0.01") == {"seed": 1, "lr": 0.01}
-    assert decisions.swept_values("cpu-fp32") == {}
-    assert decisions.swept_values("not a run name") == {}
+    assert accuracy.swept_values("cpu-fp32+seed=1+lr=0.01") == {"seed": 1, "lr": 0.01}
+    assert accuracy.swept_values("cpu-fp32") == {}
+    assert accuracy.swept_values("not a run name") == {}
 
 
 def test_malformed_per_image_counts_leave_the_check_without_a_verdict_not_the_report() -> None:
     broken = scored("cpu-bf16", 0.931, 0.960)
     del broken.evaluation["metrics"]["per_image"]["fn"]
-    (check,) = decisions.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), broken])
+    (check,) = accuracy.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), broken])
     assert check.verdict == "not comparable"
     assert check.why_unpaired == "their per-image counts are malformed: rerun the evaluation"

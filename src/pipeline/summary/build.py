@@ -22,7 +22,7 @@ from pipeline import atomic
 from pipeline.config import accuracy_settings
 from pipeline.report.formatting import number
 from pipeline.stats import PairedChange, Speedup
-from pipeline.summary import decisions
+from pipeline.summary import accuracy, decisions
 from pipeline.summary.load import Results, RunResults, bench_frame, git_state, load_results
 
 FORMAT = "pipeline.summary/1"
@@ -42,7 +42,7 @@ def write(summary: dict[str, Any], out: str | Path) -> Path:
 def summary_of(results: Results, config: dict[str, Any] | None) -> dict[str, Any]:
     frame, env = bench_frame(results.bench_records), results.env
     model = decisions.answer_model(frame, config)
-    checks = decisions.accuracy_checks(results.runs)
+    checks = accuracy.accuracy_checks(results.runs)
     summary = {
         "format": FORMAT,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -161,7 +161,7 @@ def answer(
     frame: pd.DataFrame,
     env: dict[str, Any] | None,
     model: str | None,
-    checks: list[decisions.AccuracyCheck],
+    checks: list[accuracy.AccuracyCheck],
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What to train with here and why nothing faster: `chosen` is None where no training
@@ -335,7 +335,7 @@ def change(value: PairedChange | None) -> dict[str, Any] | None:
     }
 
 
-def accuracy_check(check: decisions.AccuracyCheck) -> dict[str, Any]:
+def accuracy_check(check: accuracy.AccuracyCheck) -> dict[str, Any]:
     """A reduced-precision run against its fp32 twin, with how many test images would settle
     an undecided change (were it to stay where it is; None: decided, or beyond reach)."""
     undecided = [
@@ -360,21 +360,21 @@ def accuracy_check(check: decisions.AccuracyCheck) -> dict[str, Any]:
         "ap50_change": change(check.ap50_change),
         "why_unpaired": check.why_unpaired,
         "images_to_settle": max(needs) if needs and None not in needs else None,
-        "tolerance": decisions.ACCURACY_TOLERANCE,
+        "tolerance": accuracy.ACCURACY_TOLERANCE,
     }
 
 
 def run_entry(run: RunResults) -> dict[str, Any]:
     """One trained run: how it trained, how long it took, and its scores."""
     summary = run.summary or {}
-    best, epoch = decisions.best_f1(run)
+    best, epoch = accuracy.best_f1(run)
     epoch_times = [
         t for t in (number(v) for v in summary.get("epoch_times_s") or []) if t is not None
     ]
     median_step = number(summary.get("median_step_time_s"))
     return {
         "name": run.name,
-        "sweep": decisions.swept_values(run.name),
+        "sweep": accuracy.swept_values(run.name),
         "has_train_summary": run.summary is not None,
         "metrics_note": run.metrics_note,
         "backend": summary.get("backend"),
@@ -402,7 +402,7 @@ def run_entry(run: RunResults) -> dict[str, Any]:
 def scores(run: RunResults) -> dict[str, Any]:
     """The run's leading figures: the held-out F1 at the threshold picked on validation where
     the evaluation has one, else F1 at the score threshold; AP@.5; the split they come from."""
-    found = decisions.run_scores(run)
+    found = accuracy.run_scores(run)
     point = operating_point(run)
     held_out = point is not None and point["applied_to"] == "test"
     return {
