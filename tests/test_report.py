@@ -554,3 +554,20 @@ def test_a_class_with_few_objects_in_a_size_bucket_is_named_under_its_figures(
     )
     assert "circle: 300" not in text and "star:" not in text
     assert "fewer than 10 objects in a bucket is named under its figures" in text
+
+
+def test_a_class_without_objects_in_the_split_says_so_and_that_the_mean_leaves_it_out(
+    tmp_path: Path,
+) -> None:
+    """A class with a single training box may have none in the test split: its AP is not a
+    zero, and the class means (COCO's mAP) do not count it; the table says so, not 'n/a'."""
+    results = write_results_tree(tmp_path)
+    document = evaluation("cpu", "fp32", 0.9)
+    empty = document["metrics"]["per_class"][-1]
+    empty.update(num_gt=0, ap=None, ap50=None, ap_interval=None, ap50_interval=None)
+    text = evaluation_section(results, document)
+    assert "0.305 (0.275–0.335) no objects in this split: not in the class means" in text
+    assert (
+        f"{empty['name']} has no objects in this split: its AP is undefined, not zero, and the "
+        "class means (AP@.5, AP@[.5:.95]) leave it out." in text
+    )

@@ -234,6 +234,7 @@ def test_a_script_tag_in_a_class_name_a_file_name_and_a_profiler_note_is_escaped
         "per_class": {
             "runs": [SCRIPT],
             "classes": [{"name": SCRIPT, "num_gt": 3, "scores": [None]}],
+            "without_objects": [SCRIPT],
         },
         "sizes": {
             "runs": [SCRIPT, "b"],
@@ -265,7 +266,9 @@ def test_a_script_tag_in_a_class_name_a_file_name_and_a_profiler_note_is_escaped
         },
     }
     html = section_html("evaluation", evaluation)
-    assert "<script" not in html and html.count(ESCAPED) == 6
+    assert (
+        "<script" not in html and html.count(ESCAPED) == 7
+    )  # the note on classes without objects names it too
     profile = {
         "chart": None,
         "latency": [],
@@ -314,7 +317,7 @@ def test_an_image_is_a_figure_with_its_alt_text_and_caption() -> None:
         "evaluation",
         {
             "runs": [],
-            "per_class": {"runs": [], "classes": []},
+            "per_class": {"runs": [], "classes": [], "without_objects": []},
             "sizes": {"runs": [], "buckets": []},
             "grid": grid,
         },

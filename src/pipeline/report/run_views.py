@@ -67,15 +67,23 @@ def evaluation_view(
 
 def per_class_view(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """AP@.5 and AP (with their intervals) of each class (rows) in each of the summary's
-    evaluated runs (columns); None where a run lacks the class."""
+    evaluated runs (columns); None where a run lacks the class. `without_objects` names the
+    classes with no objects in the split, which COCO's class means leave out."""
     per_run = {
         run["name"]: {row["name"]: row for row in run["evaluation"]["per_class"]} for run in runs
     }
+    classes = [
+        {"name": name, "num_gt": first["num_gt"], "scores": cells}
+        for name, first, cells in _lined_up(per_run)
+    ]
+    # a class without objects in the split (one box in all, in training) has no AP, not a zero
     return {
         "runs": list(per_run),
-        "classes": [
-            {"name": name, "num_gt": first["num_gt"], "scores": cells}
-            for name, first, cells in _lined_up(per_run)
+        "classes": classes,
+        "without_objects": [
+            row["name"]
+            for row in classes
+            if any(cell is not None and cell["num_gt"] == 0 for cell in row["scores"])
         ],
     }
 
