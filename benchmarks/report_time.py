@@ -113,7 +113,7 @@ def job_stats(root: Path) -> dict[str, dict[str, Any]]:
 
 # results/job_stats/<name>[/...].tsv -> the rule that writes it
 STAGE_OF_FILE = {
-    "bench": "bench_one",
+    "bench": "bench_backend",
     "train": "train_run",
     "evaluate": "evaluate_run",
     "profile": "profile_run",

@@ -456,6 +456,119 @@ def test_bench_writes_one_record_per_model(tmp_path, validator) -> None:
     assert [r["model"] for r in document["records"]] == ["tiny_conv", "resnet18"]
 
 
+def run_bench_dir(tmp_path: Path, *args: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """`python -m pipeline bench ... --out-dir`; returns the exit code and the files by name."""
+    out = tmp_path / "bench"
+    code = cli.main(["bench", "--cpu-threads", "1", *args, "--out-dir", str(out)])
+    files = {path.name: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
+    return code, files
+
+
+EVERY_COMBINATION = ("--precision", "fp32,fp16,bf16", "--mode", "train,infer")
+
+
+def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
+    tmp_path, validator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[int] = []
+    original = bench.rendered_batch
+
+    def counted(*args, **kwargs):
+        batches.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "rendered_batch", counted)
+    code, files = run_bench_dir(
+        tmp_path,
+        *TINY,
+        *("--model", "tiny_conv,resnet18", "--steps", "2", "--warmup", "1"),
+        *(*EVERY_COMBINATION, "--time-budget", "0.2", "bench.numerics_steps=1"),
+        "bench.warmup_budget_s=0.2",
+    )
+    assert code == 0
+    assert sorted(files) == sorted(
+        f"cpu-{p}-{m}.json" for p in ("fp32", "fp16", "bf16") for m in ("train", "infer")
+    )
+    started = {}
+    for name, document in files.items():
+        assert_valid(validator, document)
+        _, precision, mode = name.removesuffix(".json").split("-")
+        assert [r["model"] for r in document["records"]] == ["tiny_conv", "resnet18"]
+        for record in document["records"]:
+            assert (record["precision"], record["mode"], record["status"]) == (
+                precision,
+                mode,
+                "ok",
+            )
+            started[record["model"], precision, mode] = record["conditions"]["started"]
+    assert len(batches) == 1  # the batch is rendered once for every model and combination
+    for model in ("tiny_conv", "resnet18"):
+        fp32 = max(started[model, "fp32", mode] for mode in ("train", "infer"))
+        others = min(started[model, p, m] for p in ("fp16", "bf16") for m in ("train", "infer"))
+        assert fp32 < others
+
+
+def test_the_numerics_reference_is_trained_once_and_gives_each_precision_its_own_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = plan(numerics_steps=2, warmup_steps=0, steps=1)
+    alone = {
+        (p, m): bench.run(torch.device("cpu"), p, m, "tiny_conv", settings)["numerics"]
+        for p in ("fp16", "bf16")
+        for m in ("train", "infer")
+    }
+    references: list[int] = []
+    original = bench.NumericsReference.__init__
+
+    def counted(self, *args, **kwargs):
+        references.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench.NumericsReference, "__init__", counted)
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "fp16", "bf16"], ["train", "infer"], ["tiny_conv"], settings
+    )
+    assert references == [1]
+    together = {(r["precision"], r["mode"]): r["numerics"] for r in records}
+    assert together.pop(("fp32", "train")) is None and together.pop(("fp32", "infer")) is None
+    assert together == alone
+    assert together["fp16", "train"]["loss"] != together["bf16", "train"]["loss"]
+
+
+def test_a_combination_the_backend_cannot_run_still_gets_its_record_beside_the_others(
+    tmp_path, validator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reason = "fp16 autocast is not available in this test"
+    monkeypatch.setattr(
+        dev,
+        "autocast_unsupported_reason",
+        lambda device, precision: reason if precision == "fp16" else None,
+    )
+    code, files = run_bench_dir(
+        tmp_path, *TINY, *EVERY_COMBINATION, "--steps", "1", "--warmup", "0"
+    )
+    assert code == 0 and len(files) == 6
+    for name, document in files.items():
+        assert_valid(validator, document)
+        (record,) = document["records"]
+        if "-fp16-" in name:
+            assert record["status"] == "skipped" and record["reason"] == reason
+        else:
+            assert record["status"] == "ok" and record["timing"]["count"] == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_each_combination_reports_its_own_host_peak_not_the_largest_so_far() -> None:
+    assert dev.reset_host_peak_rss() is True
+    before = dev.host_peak_rss_mb()
+    ballast = bytearray(200 * MB)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # resident, not only reserved
+    del ballast
+    assert dev.host_peak_rss_mb() > before + 150  # the peak so far holds the freed ballast
+    assert dev.reset_host_peak_rss() is True
+    assert dev.host_peak_rss_mb() < before + 50  # a fresh start forgets it
+
+
 @pytest.mark.parametrize("backend", ["cuda", "mps"])
 def test_bench_on_a_missing_backend_exits_2_with_the_device_error(
     tmp_path, capsys, backend: str
@@ -477,6 +590,7 @@ def test_bench_on_a_missing_backend_exits_2_with_the_device_error(
         (["--image-size", "40"], "multiple of 32"),
         (["--steps", "0"], "--steps must be at least 1"),
         (["--time-budget", "0"], "--time-budget must be positive"),
+        (["--mode", "train,infer"], "--out writes one precision and mode"),
     ],
 )
 def test_bench_with_bad_options_exits_2_without_traceback(
@@ -486,6 +600,15 @@ def test_bench_with_bad_options_exits_2_without_traceback(
     assert code == 2 and document is None
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_unknown_name_among_several_precisions_exits_2_naming_it(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as caught:
+        run_bench_dir(tmp_path, "--device", "cpu", "--precision", "fp32,fp8,bf16")
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --precision: invalid choice: 'fp8' (choose from fp32, fp16, bf16" in err
+    assert not (tmp_path / "bench").exists()
 
 
 def test_an_unsupported_precision_is_recorded_as_skipped_with_the_reason(

@@ -50,14 +50,14 @@ def test_each_process_is_attributed_to_the_job_snakemake_started_last_with_its_t
 def test_stages_sum_the_wall_seconds_of_every_job_of_a_rule(tmp_path: Path) -> None:
     stats = tmp_path / "results" / "job_stats"
     header = "s\th:m:s\tmax_rss\n"
-    for name, seconds in (("bench/cpu-fp32-train", 10.5), ("bench/cpu-bf16-train", 8.0)):
+    for name, seconds in (("bench/cpu", 10.5), ("bench/cuda", 8.0)):
         (stats / name).parent.mkdir(parents=True, exist_ok=True)
         (stats / f"{name}.tsv").write_text(f"{header}{seconds}\t0:00:10\t100\n")
     (stats / "choice").mkdir()
     (stats / "choice" / "cpu.tsv").write_text(f"{header}2.0\t0:00:02\t50\n")
     (stats / "report.tsv").write_text(f"{header}3.25\t0:00:03\t80\n")
     assert report_time.job_stats(tmp_path) == {
-        "bench_one": {"jobs": 2, "s": 18.5},
+        "bench_backend": {"jobs": 2, "s": 18.5},
         "choose_precision": {"jobs": 1, "s": 2.0},
         "report": {"jobs": 1, "s": 3.25},
     }

@@ -202,7 +202,7 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
     jobs = planned_job_blocks(result.stdout)
     gpu_jobs = [job for job in jobs if re.search(r"\bgpu=1\b", job["resources"])]
     cuda_jobs = [job for job in jobs if "/cuda" in job["output"]]
-    assert {"bench_one", "train_run", "evaluate_run", "profile_run"} <= {
+    assert {"bench_backend", "train_run", "evaluate_run", "profile_run"} <= {
         j["rule"] for j in cuda_jobs
     }
     assert {id(job) for job in cuda_jobs} <= {id(job) for job in gpu_jobs}
@@ -211,4 +211,4 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
     ]
     assert cpu_jobs and not [job for job in cpu_jobs if "gpu" in job["resources"]]
     exclusive = [job for job in jobs if "--exclusive" in job["resources"]]
-    assert {job["rule"] for job in exclusive} == {"bench_one", "profile_run"}
+    assert {job["rule"] for job in exclusive} == {"bench_backend", "profile_run"}

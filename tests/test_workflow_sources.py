@@ -103,7 +103,7 @@ def test_every_rule_running_a_command_has_every_module_it_imports_as_an_input(
         "summarize",
         "report",
     } <= set(checked)
-    assert "compare" in checked and "bench_one" in checked
+    assert "compare" in checked and "bench_backend" in checked
     for name, command in checked.items():
         missing = imported_files(command) - set(rules[name]["code"])
         assert not missing, f"rule {name} (command {command}) lacks its imports {sorted(missing)}"
@@ -216,14 +216,24 @@ def test_the_shipped_train_target_benchmarks_its_backend_and_chooses_before_it_t
     checked_copy: Path,
 ) -> None:
     """precision: measured is the shipped default, so `snakemake train --config device=...` runs
-    that backend's three training benchmarks (fp32, fp16, bf16) and the choice first, and
-    nothing else: the inference benchmarks wait for the report."""
+    that backend's benchmark job (one process timing every precision and mode, the three
+    training benchmarks among them) and the choice first, and nothing else."""
     result = snakemake(checked_copy, "train", "-n", "--config", "device=cpu")
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result)
-    assert counts.get("bench_one") == 3 and counts.get("choose_precision") == 1, counts
-    bench_jobs = [line for line in result.stdout.splitlines() if "results/bench/" in line]
-    assert bench_jobs and all("-train.json" in line for line in bench_jobs)
+    assert counts.get("bench_backend") == 1 and counts.get("choose_precision") == 1, counts
+    outputs = [
+        line.split(":", 1)[1].strip().split(", ")
+        for line in result.stdout.splitlines()
+        if line.strip().startswith("output: results/bench/")
+    ]
+    assert outputs == [
+        [
+            f"results/bench/cpu-{precision}-{mode}.json"
+            for precision in ("fp32", "fp16", "bf16")
+            for mode in ("train", "infer")
+        ]
+    ]
 
 
 @pytest.mark.slow

@@ -126,6 +126,63 @@ def _loss_and_grads(
     return loss.item(), grads, {key: value.detach().float() for key, value in outputs.items()}
 
 
+class NumericsReference:
+    """The fp32 side of the numerics check, trained once per model and read by every precision.
+
+    A freshly initialised detector says little: its box head outputs exactly zero in every
+    precision. So a copy first trains `numerics_steps` fp32 steps on the batch; its weights
+    then give one fp32 training forward and backward (the reference), and each precision's
+    comparison starts again from those same weights.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        images: torch.Tensor,
+        targets: list[dict],
+        device: torch.device,
+        settings: dict[str, Any],
+        layout: torch.memory_format,
+    ) -> None:
+        self.images, self.targets, self.device = images, targets, device
+        self.steps = settings["numerics_steps"]
+        self.model = copy.deepcopy(model)
+        self.loss_fn = DetectionLoss.for_model(self.model, settings["train"]["box_weight"])
+        optimizer = build_optimizer(self.model.parameters(), settings["train"])
+        step = TrainStep(
+            self.model,
+            self.loss_fn,
+            optimizer,
+            device,
+            "fp32",
+            grad_clip=settings["train"]["grad_clip"],
+            memory_format=layout,
+        )
+        self.model.train()
+        for _ in range(self.steps):
+            step(images, targets)
+        self.weights = copy.deepcopy(self.model.state_dict())
+        self.loss, self.grads, self.outputs = _loss_and_grads(
+            self.model, self.loss_fn, images, targets, device, "fp32"
+        )
+
+    def compare(self, precision: str) -> dict[str, Any]:
+        """Loss, gradients and outputs under autocast in `precision` against the fp32 reference."""
+        self.model.load_state_dict(self.weights)  # undo the batch-norm statistics of a pass
+        candidate_loss, candidate_grads, candidate = _loss_and_grads(
+            self.model, self.loss_fn, self.images, self.targets, self.device, precision
+        )
+        return _numerics_record(
+            self.loss,
+            self.grads,
+            self.outputs,
+            candidate_loss,
+            candidate_grads,
+            candidate,
+            self.steps,
+        )
+
+
 def compare_numerics(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -135,35 +192,20 @@ def compare_numerics(
     settings: dict[str, Any],
     layout: torch.memory_format,
 ) -> dict[str, Any]:
-    """Loss, gradients and outputs under autocast against fp32, after a short real training.
+    """Loss, gradients and outputs under autocast against fp32, after a short real training."""
+    reference = NumericsReference(model, images, targets, device, settings, layout)
+    return reference.compare(precision)
 
-    A freshly initialised detector says little: its box head outputs exactly zero in every
-    precision. So a copy first trains `numerics_steps` fp32 steps on the batch; then the same
-    weights give one training forward and backward in fp32 and in `precision`.
-    """
-    trained = copy.deepcopy(model)
-    trained_loss = DetectionLoss.for_model(trained, settings["train"]["box_weight"])
-    optimizer = build_optimizer(trained.parameters(), settings["train"])
-    step = TrainStep(
-        trained,
-        trained_loss,
-        optimizer,
-        device,
-        "fp32",
-        grad_clip=settings["train"]["grad_clip"],
-        memory_format=layout,
-    )
-    trained.train()
-    for _ in range(settings["numerics_steps"]):
-        step(images, targets)
-    weights = copy.deepcopy(trained.state_dict())
-    reference_loss, reference_grads, reference = _loss_and_grads(
-        trained, trained_loss, images, targets, device, "fp32"
-    )
-    trained.load_state_dict(weights)  # undo the batch-norm statistics of the fp32 pass
-    candidate_loss, candidate_grads, candidate = _loss_and_grads(
-        trained, trained_loss, images, targets, device, precision
-    )
+
+def _numerics_record(
+    reference_loss: float,
+    reference_grads: torch.Tensor,
+    reference: dict[str, torch.Tensor],
+    candidate_loss: float,
+    candidate_grads: torch.Tensor,
+    candidate: dict[str, torch.Tensor],
+    trained_steps: int,
+) -> dict[str, Any]:
     outputs = {key: _max_diffs(reference[key], candidate[key]) for key in reference}
     finite = (
         math.isfinite(candidate_loss)
@@ -188,7 +230,7 @@ def compare_numerics(
         problems.append(f"the gradients point elsewhere (cosine {cosine:.3f} with fp32's)")
     return {
         "reference": "fp32",
-        "trained_steps": settings["numerics_steps"],
+        "trained_steps": trained_steps,
         "loss_fp32": reference_loss,
         "loss": candidate_loss,
         "loss_abs_diff": loss_abs,
@@ -203,7 +245,7 @@ def compare_numerics(
         "problem": "; ".join(problems) or None,
         "acceptable_rule": (
             f"finite, relative loss difference <= {ACCEPTABLE_LOSS_REL_DIFF} and gradient cosine "
-            f">= {ACCEPTABLE_GRAD_COSINE}, after {settings['numerics_steps']} fp32 training steps"
+            f">= {ACCEPTABLE_GRAD_COSINE}, after {trained_steps} fp32 training steps"
         ),
     }
 
@@ -339,8 +381,80 @@ def run(
     device: torch.device, precision: str, mode: str, model_name: str, settings: dict[str, Any]
 ) -> dict[str, Any]:
     """One benchmark record; a combination the backend cannot run comes back as status 'skipped'."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}")
+    (record,) = run_backend(device, [precision], [mode], [model_name], settings)
+    return record
+
+
+def run_backend(
+    device: torch.device,
+    precisions: list[str],
+    modes: list[str],
+    models: list[str],
+    settings: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Every model x precision x mode on one backend, timed one after another in this
+    process, fp32 first for each model; one record each, in that order.
+
+    The batch is rendered once and the numerics' fp32 reference trained once per model; each
+    combination still times a freshly built model (the seed a process of its own would use).
+    """
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+    shared = _Shared(device, settings)
+    records = []
+    for model_name in models:
+        shared.forget_numerics()
+        records += [
+            _run_one(shared, precision, mode, model_name)
+            for precision in sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32")
+            for mode in dict.fromkeys(modes)
+        ]
+    return records
+
+
+class _Shared:
+    """What the combinations of one process share: the kernel flags and the rendered batch
+    (made at the first combination that runs), and the numerics' fp32 reference of a model."""
+
+    def __init__(self, device: torch.device, settings: dict[str, Any]) -> None:
+        self.device, self.settings = device, settings
+        self.layout = memory_format(settings["channels_last"])
+        self._batch: tuple[torch.Tensor, list[dict]] | None = None
+        self._numerics: NumericsReference | None = None
+
+    def batch(self) -> tuple[torch.Tensor, list[dict]]:
+        if self._batch is None:
+            dev.set_kernel_flags(self.device, self.settings["deterministic"])
+            images, targets = rendered_batch(
+                self.settings["batch_size"],
+                self.settings["image_size"],
+                self.settings["num_classes"],
+                self.device,
+            )
+            self._batch = images.contiguous(memory_format=self.layout), targets
+        return self._batch
+
+    def forget_numerics(self) -> None:
+        self._numerics = None
+
+    def numerics(self, model: torch.nn.Module, precision: str) -> dict[str, Any]:
+        """`precision` against fp32; `model` (freshly built) starts the reference if none yet."""
+        if self._numerics is None:
+            images, targets = self.batch()
+            self._numerics = NumericsReference(
+                model, images, targets, self.device, self.settings, self.layout
+            )
+        return self._numerics.compare(precision)
+
+
+def _run_one(
+    shared: _Shared,
+    precision: str,
+    mode: str,
+    model_name: str,
+) -> dict[str, Any]:
+    device, settings, layout = shared.device, shared.settings, shared.layout
     record = _base_record(device, precision, mode, model_name, settings)
     reason = dev.autocast_unsupported_reason(device, precision)
     if reason:
@@ -348,24 +462,18 @@ def run(
         log.info("%s %s %s %s: skipped (%s)", model_name, device, precision, mode, reason)
         return record
 
-    dev.set_kernel_flags(device, settings["deterministic"])
+    images, targets = shared.batch()
     torch.manual_seed(0)
     np.random.seed(0)
-    layout = memory_format(settings["channels_last"])
     model_config = {**settings["model_options"], "name": model_name}
     model = build_from_config(model_config, settings["num_classes"])
     model = model.to(device, memory_format=layout)
     record["parameters"] = parameter_count(model)
-    images, targets = rendered_batch(
-        settings["batch_size"], settings["image_size"], settings["num_classes"], device
-    )
-    images = images.contiguous(memory_format=layout)
     memory = dev.PeakMemory(device)
+    dev.reset_host_peak_rss()
     try:
         if precision != "fp32":
-            record["numerics"] = compare_numerics(
-                model, images, targets, device, precision, settings, layout
-            )
+            record["numerics"] = shared.numerics(model, precision)
         step = _step(model, images, targets, device, precision, mode, settings, layout)
         conditions = timing.RunConditions()
         samples, details = timing.timed_runs(

@@ -576,6 +576,20 @@ def host_peak_rss_mb() -> float:
     return peak / _MB if sys.platform == "darwin" else peak / 1024
 
 
+def reset_host_peak_rss() -> bool:
+    """Start the peak resident memory afresh from what is resident now (Linux: clear_refs).
+
+    So that several measurements in one process each report their own peak rather than the
+    largest so far; False where the system cannot reset it (the peak then spans the process).
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def cpu_tensor_peak_bytes(run: Callable[[], object]) -> int:
     """The peak of torch's CPU allocations while `run` runs, above what was held before it.
 

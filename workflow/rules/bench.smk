@@ -1,23 +1,14 @@
-rule bench_one:
+rule bench_backend:
     input:
         env=ENV_JSON,
         classes=class_list_inputs,
         code=command_sources("bench"),
     output:
-        report(
-            "results/bench/{backend}-{precision}-{mode}.json",
-            caption="../report/bench.rst",
-            category="Benchmarks",
-            labels={
-                "backend": "{backend}",
-                "precision": "{precision}",
-                "mode": "{mode}",
-            },
-        ),
+        bench_outputs(),
     log:
-        "logs/bench/{backend}-{precision}-{mode}.log",
+        "logs/bench/{backend}.log",
     benchmark:
-        "results/job_stats/bench/{backend}-{precision}-{mode}.tsv"
+        "results/job_stats/bench/{backend}.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: heavy_threads()
@@ -30,10 +21,13 @@ rule bench_one:
     params:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
+        precisions=",".join(config["bench"]["precisions"]),
+        modes=",".join(config["bench"]["modes"]),
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         settings=runs.flatten(runs.bench_settings(config)),
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
-        " --precision {wildcards.precision} --mode {wildcards.mode} --out {output} {params.settings:q}"
+        " --precision {params.precisions} --mode {params.modes} --out-dir {params.out_dir:q} {params.settings:q}"
 
 
 checkpoint choose_precision:

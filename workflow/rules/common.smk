@@ -5,6 +5,9 @@ import sys
 
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
+# in .smk code a line starting with `report` is the report directive: the function by another name
+from snakemake.io import report as report_file
+
 from pipeline import config as pipeline_config
 from pipeline import import_graph, measured, runs
 from pipeline.data import has_test_split, split_files
@@ -137,6 +140,21 @@ def env_check_device():
         listed != "available" and "cuda" in listed
     )
     return "cuda" if wants_cuda else "cpu"
+
+
+def bench_outputs():
+    """bench_backend's files: every precision x mode of one backend, which one job times
+    (the file names every reader knows, one per combination)."""
+    return [
+        report_file(
+            f"results/bench/{{backend}}-{precision}-{mode}.json",
+            caption="../report/bench.rst",
+            category="Benchmarks",
+            labels={"backend": "{backend}", "precision": precision, "mode": mode},
+        )
+        for precision in config["bench"]["precisions"]
+        for mode in config["bench"]["modes"]
+    ]
 
 
 def bench_files(wildcards):

@@ -1,4 +1,6 @@
-"""`python -m pipeline bench`: time one backend x precision x mode of the step training takes.
+"""`python -m pipeline bench`: time the step training takes on one backend, in one precision x
+mode (--out FILE.json) or in several, one after another in this process (--out-dir DIR: one
+DIR/BACKEND-PRECISION-MODE.json each).
 
 What is timed comes from the training config (config/config.yaml, any --configfile over it,
 key=value settings on top); the options below override single `bench.*` keys.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from pipeline import atomic
 from pipeline.cli import add_config_options, command_parser, config_from_args
@@ -34,8 +37,18 @@ def main(argv: list[str]) -> int:
         default="auto",
         help="auto, cpu, cuda, cuda:N or mps; an absent backend is an error",
     )
-    parser.add_argument("--precision", required=True, choices=["fp32", "fp16", "bf16"])
-    parser.add_argument("--mode", default="train", choices=["train", "infer"])
+    parser.add_argument(
+        "--precision",
+        required=True,
+        type=_names(PRECISIONS),
+        help="fp32, fp16 or bf16, or several separated by commas (fp32 is timed first)",
+    )
+    parser.add_argument(
+        "--mode",
+        default=["train"],
+        type=_names(MODES),
+        help="train or infer, or both separated by commas (default: train)",
+    )
     parser.add_argument(
         "--model", help="model name, or several separated by commas (default: training's model)"
     )
@@ -57,9 +70,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--compile", action="store_true", default=None, help="torch.compile the model first"
     )
-    parser.add_argument("--out", required=True, metavar="FILE.json")
+    out = parser.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", metavar="FILE.json", help="the file of one precision and mode")
+    out.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="one DIR/BACKEND-PRECISION-MODE.json per precision and mode",
+    )
     add_config_options(parser, "model.width=16")
     args = parser.parse_args(argv)
+    precisions, modes = args.precision, args.mode
+    if args.out and len(precisions) * len(modes) > 1:
+        raise ConfigError(
+            f"--out writes one precision and mode, and --precision {','.join(precisions)} "
+            f"--mode {','.join(modes)} asks for {len(precisions) * len(modes)}: give "
+            "--out-dir DIR instead."
+        )
     for name in ("batch_size", "image_size", "steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -93,6 +119,30 @@ def main(argv: list[str]) -> int:
     for name in plan["models"]:
         check_input_size({**plan["model_options"], "name": name}, plan["image_size"])
     device = dev.resolve_device(args.device)
-    records = [bench.run(device, args.precision, args.mode, name, plan) for name in plan["models"]]
-    atomic.write_json(args.out, {"format": bench.FORMAT, "records": records})
+    files: dict[tuple[str, str], list[dict]] = {}
+    for record in bench.run_backend(device, precisions, modes, plan["models"], plan):
+        files.setdefault((record["precision"], record["mode"]), []).append(record)
+    for (precision, mode), records in files.items():
+        path = args.out or Path(args.out_dir) / f"{device.type}-{precision}-{mode}.json"
+        atomic.write_json(path, {"format": bench.FORMAT, "records": records})
     return 0
+
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+MODES = ("train", "infer")
+
+
+def _names(known: tuple[str, ...]):
+    """An option's type: one of `known`, or several separated by commas (repeats dropped)."""
+
+    def names(value: str) -> list[str]:
+        listed = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+        unknown = [name for name in listed if name not in known]
+        if unknown or not listed:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {', '.join(map(repr, unknown)) or repr(value)} (choose from "
+                f"{', '.join(known)}, or several separated by commas)"
+            )
+        return listed
+
+    return names
