@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ import torch
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, cli, formats, stats, timing
+from pipeline import bench, cli, formats, measured, stats, timing
 from pipeline import device as dev
 from pipeline.config import load_config
 from pipeline.device import DeviceTimer, PeakMemory, available_backends
@@ -89,7 +90,9 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=fake))
+    monkeypatch.setattr(
+        timing, "time", SimpleNamespace(perf_counter=fake, process_time=time.process_time)
+    )
     return fake
 
 
@@ -116,7 +119,37 @@ def test_timed_runs_warms_up_until_settled_then_stops_at_max_steps(clock: FakeCl
         "warmup_settled": True,
         "total_s": 0.5 * (settle + 4),
         "budget_limited": False,
+        "warmup_ended_early": None,
+        "stopped_early": None,
     }
+
+
+def test_a_stop_rule_ends_the_warm_up_after_its_fewest_steps_and_timing_when_it_says_so(
+    clock: FakeClock,
+) -> None:
+    def step() -> None:
+        clock.now += 0.5
+
+    seen: list[int] = []
+
+    def end_warmup(times: list[float]) -> str | None:
+        seen.append(len(times))
+        return "far behind"
+
+    samples, details = timing.timed_runs(
+        step,
+        "cpu",
+        warmup=3,
+        max_steps=30,
+        budget_s=100.0,
+        end_warmup=end_warmup,
+        stop=lambda samples: "behind for good" if len(samples) == 4 else None,
+    )
+    assert seen == [3]  # asked only once the fewest warm-up steps have run
+    assert details["warmup_steps"] == 3 and details["warmup_settled"] is False
+    assert details["warmup_ended_early"] == "far behind"
+    assert len(samples) == 4 and details["stopped_early"] == "behind for good"
+    assert details["budget_limited"] is False  # the rule stopped it, not the budget
 
 
 def test_warm_up_goes_on_while_the_step_time_still_falls(clock: FakeClock) -> None:
@@ -555,6 +588,73 @@ def test_a_combination_the_backend_cannot_run_still_gets_its_record_beside_the_o
             assert record["status"] == "skipped" and record["reason"] == reason
         else:
             assert record["status"] == "ok" and record["timing"]["count"] == 1
+
+
+def fake_steps(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float]) -> None:
+    """Replace the timed step by one that takes `ms[precision]` on the fake clock, +-2%."""
+    jitter = (1.0, 1.02, 0.99, 1.01, 0.98)
+
+    def fake_step(model, images, targets, device, precision, mode, settings, layout):
+        calls = iter(range(10**6))
+
+        def step() -> None:
+            clock.now += ms[precision] / 1000 * jitter[next(calls) % len(jitter)]
+
+        return step
+
+    monkeypatch.setattr(bench, "_step", fake_step)
+
+
+def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    fake_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": 700.0, "bf16": 30.0})
+    acceptable = {"acceptable": True, "problem": None}  # what the choice reads of the numerics
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: acceptable)
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0)
+    settings["warmup_budget_s"] = 1000.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["bf16", "fp16", "fp32"], ["train"], ["tiny_conv"], settings
+    )
+    by_precision = {r["precision"]: r for r in records}
+    assert [r["precision"] for r in records] == ["fp32", "bf16", "fp16"]
+    slow = by_precision["fp16"]["timing"]
+    assert slow["count"] == stats.MIN_SAMPLES_FOR_A_CLAIM and slow["budget_limited"] is False
+    assert slow["stopped_early"].startswith(
+        f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, fp16 is 14."
+    )
+    assert "x slower (95% interval" in slow["stopped_early"]
+    assert slow["stopped_early"].endswith("so it cannot be the faster precision")
+    assert slow["warmup_steps"] == 5 and slow["warmup_settled"] is False
+    assert "more than settling gains" in slow["warmup_ended_early"]
+    # the precision that wins, and fp32 itself, are timed in full after a settled warm-up
+    for precision in ("fp32", "bf16"):
+        timed = by_precision[precision]["timing"]
+        assert timed["count"] == 30 and timed["warmup_settled"] is True
+        assert timed["stopped_early"] is None and timed["warmup_ended_early"] is None
+    # the choice reads the same verdict from the records: bf16, with fp16 slower
+    choice = measured.choose_precision(
+        [(record, "bench.json") for record in records], "cpu", "tiny_conv", {}
+    )
+    assert choice.precision == "bf16", choice.reason
+    fp16 = next(c for c in choice.candidates if c.precision == "fp16")
+    assert fp16.speedup["verdict"] == "slower"
+
+
+@pytest.mark.parametrize("fp16_ms", [50.0, 51.5, 40.0])
+def test_a_precision_not_shown_slower_than_fp32_is_never_stopped(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, fp16_ms: float
+) -> None:
+    """As fast, a little slower (within the speed-up tolerance), or faster: timed in full."""
+    fake_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": fp16_ms})
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0)
+    settings["warmup_budget_s"] = 1000.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "fp16"], ["infer"], ["tiny_conv"], settings
+    )
+    timed = records[1]["timing"]
+    assert timed["count"] == 30 and timed["stopped_early"] is None
+    assert timed["warmup_ended_early"] is None
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")

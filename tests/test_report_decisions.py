@@ -152,6 +152,18 @@ def test_timings_to_trust_less_are_flagged() -> None:
     assert decisions.flags_of(bench_record("cpu", "fp32", "train", 10.0)) == []
 
 
+def test_a_precision_stopped_for_being_slower_than_fp32_says_so_beside_its_timing() -> None:
+    record = bench_record("cpu", "fp16", "train", 900.0)
+    record["timing"].update(count=5, warmup_steps=5, warmup_settled=False, budget_limited=False)
+    record["timing"]["warmup_ended_early"] = "its fastest warm-up step was far behind"
+    record["timing"]["stopped_early"] = "fp16 is slower than fp32"
+    assert decisions.flags_of(record) == [
+        "warm-up ended after 5 steps, before the step time settled: its fastest warm-up step "
+        "was far behind",
+        "stopped early: 5 of 20 steps; fp16 is slower than fp32",
+    ]
+
+
 def test_answer_cautions_cover_the_choice_and_the_cpu_baseline() -> None:
     frame = frame_of(*BENCH)
     choice = decisions.choose_setting(frame, "tiny_conv", env_json())

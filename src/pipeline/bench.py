@@ -397,6 +397,8 @@ def run_backend(
 
     The batch is rendered once and the numerics' fp32 reference trained once per model; each
     combination still times a freshly built model (the seed a process of its own would use).
+    A precision whose warm-up or timed steps already show it slower than fp32 in the same mode
+    stops there (`slower_than`), and its record says why.
     """
     for mode in modes:
         if mode not in MODES:
@@ -405,12 +407,60 @@ def run_backend(
     records = []
     for model_name in models:
         shared.forget_numerics()
-        records += [
-            _run_one(shared, precision, mode, model_name)
-            for precision in sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32")
-            for mode in dict.fromkeys(modes)
-        ]
+        fp32_samples: dict[str, list[float]] = {}
+        for precision in sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32"):
+            for mode in dict.fromkeys(modes):
+                reference = fp32_samples.get(mode) if precision != "fp32" else None
+                record = _run_one(shared, precision, mode, model_name, reference)
+                if precision == "fp32" and record["status"] == "ok":
+                    fp32_samples[mode] = [ms / 1000 for ms in record["timing"]["samples_ms"]]
+                records.append(record)
     return records
+
+
+# A new model's first steps run slower than its settled ones (oneDNN builds its primitives,
+# the allocator grows), by well under this factor: a precision whose fastest warm-up step is
+# further behind fp32's median than this cannot catch up by settling.
+SETTLING_GAIN_LIMIT = 3.0
+
+
+def slower_than(
+    reference_s: list[float], precision: str
+) -> tuple[timing.StopRule, timing.StopRule]:
+    """The rules that end a precision's warm-up and timing once its own steps show that it is
+    slower than fp32 (`reference_s`: fp32's timed steps, same backend, model and mode).
+
+    Timing stops only on `stats.speedup`'s own verdict 'slower' (the whole interval below 1
+    by more than the tolerance) after the fewest steps a claim needs: the verdict the choice
+    reads from the same samples, so a precision that could still be chosen is never stopped.
+    The warm-up only loses its wait for settling: the timed steps still decide.
+    """
+    reference_median = float(np.median(reference_s))
+
+    def end_warmup(step_times: list[float]) -> str | None:
+        fastest = min(step_times)
+        if fastest <= SETTLING_GAIN_LIMIT * reference_median:
+            return None
+        return (
+            f"its fastest warm-up step took {fastest * 1000:.1f} ms, more than "
+            f"{SETTLING_GAIN_LIMIT:g}x fp32's median step ({reference_median * 1000:.1f} ms): "
+            "more than settling gains"
+        )
+
+    def stop(samples: list[float]) -> str | None:
+        if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM:
+            return None
+        if np.median(samples) <= reference_median * (1 + stats.SPEEDUP_TOLERANCE):
+            return None  # not even its median is behind: spare the bootstrap
+        speed = stats.speedup(reference_s, samples)
+        if speed.verdict != "slower":
+            return None
+        return (
+            f"after {len(samples)} timed steps, {precision} is {speed.text} against fp32, "
+            "so it cannot be the faster precision"
+        )
+
+    return end_warmup, stop
 
 
 class _Shared:
@@ -453,6 +503,7 @@ def _run_one(
     precision: str,
     mode: str,
     model_name: str,
+    fp32_samples: list[float] | None = None,
 ) -> dict[str, Any]:
     device, settings, layout = shared.device, shared.settings, shared.layout
     record = _base_record(device, precision, mode, model_name, settings)
@@ -469,6 +520,7 @@ def _run_one(
     model = build_from_config(model_config, settings["num_classes"])
     model = model.to(device, memory_format=layout)
     record["parameters"] = parameter_count(model)
+    end_warmup, stop = slower_than(fp32_samples, precision) if fp32_samples else (None, None)
     memory = dev.PeakMemory(device)
     dev.reset_host_peak_rss()
     try:
@@ -484,6 +536,8 @@ def _run_one(
             budget_s=settings["time_budget_s"],
             warmup_budget_s=settings["warmup_budget_s"],
             memory=memory,
+            end_warmup=end_warmup,
+            stop=stop,
         )
     except (RuntimeError, NotImplementedError) as error:
         reason = cannot_run_reason(error)
@@ -503,6 +557,14 @@ def _run_one(
         conditions=conditions.finish(),
     )
     flags = stats.quality_words(summary)
+    flags += [
+        f"{what}: {details[key]}"
+        for what, key in (
+            ("warm-up ended early", "warmup_ended_early"),
+            ("stopped early", "stopped_early"),
+        )
+        if details[key]
+    ]
     log.info(
         "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d after %d warm-up steps%s%s), %.0f img/s%s",
         model_name,

@@ -19,6 +19,9 @@ from pipeline.stats import settled
 HIGH_LOAD_PER_CORE = 0.5  # 1-minute load average per core above which others shared the machine
 FOREIGN_CPU_SHARE_LIMIT = 0.15  # share of all cores busy with other processes during a run
 
+# Sees the step times so far; a reason (text) ends that phase of timed_runs, None lets it go on.
+StopRule = Callable[[list[float]], str | None]
+
 
 def timed_runs(
     step: Callable[[], Any],
@@ -29,6 +32,8 @@ def timed_runs(
     budget_s: float,
     warmup_budget_s: float | None = None,
     memory: dev.PeakMemory | None = None,
+    end_warmup: StopRule | None = None,
+    stop: StopRule | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
     """Warm up until the step time settles, then time up to `max_steps` steps within `budget_s`.
 
@@ -38,11 +43,16 @@ def timed_runs(
     The device is synchronized after every warm-up step and before and after every timed step,
     so queued work is never attributed to the wrong step. At least one step is always timed,
     even past the budget. `memory` is sampled after every step, outside the timed region.
+
+    `end_warmup` sees the warm-up's step times once its fewest steps have run, `stop` the
+    timed samples after every timed step (both outside the timed region): a reason they give
+    ends that phase early, and the details say why (`warmup_ended_early`, `stopped_early`).
     """
     started = time.perf_counter()
     cap = budget_s if warmup_budget_s is None else warmup_budget_s
     warmup_times: list[float] = []
     is_settled = warmup == 0
+    warmup_ended_early = stopped_early = None
     while warmup > 0:
         t0 = time.perf_counter()
         step()
@@ -53,6 +63,10 @@ def timed_runs(
         if len(warmup_times) >= warmup and settled(warmup_times):
             is_settled = True
             break
+        if len(warmup_times) >= warmup and end_warmup is not None:
+            warmup_ended_early = end_warmup(warmup_times)
+            if warmup_ended_early:
+                break
         if time.perf_counter() - started > cap:
             break
     warmed = time.perf_counter()
@@ -65,6 +79,10 @@ def timed_runs(
         samples.append(time.perf_counter() - t0)
         if memory is not None:
             memory.update()
+        if stop is not None and len(samples) < max_steps:
+            stopped_early = stop(samples)
+            if stopped_early:
+                break
         if time.perf_counter() - warmed > budget_s:
             break
     return samples, {
@@ -72,7 +90,9 @@ def timed_runs(
         "warmup_s": warmed - started,
         "warmup_settled": is_settled,
         "total_s": time.perf_counter() - started,
-        "budget_limited": len(samples) < max_steps,
+        "budget_limited": len(samples) < max_steps and stopped_early is None,
+        "warmup_ended_early": warmup_ended_early,
+        "stopped_early": stopped_early,
     }
 
 

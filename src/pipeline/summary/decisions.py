@@ -158,13 +158,22 @@ def flags_of(record: dict[str, Any]) -> list[str]:
     machine, TF32 in 'fp32', or a configuration other than training's."""
     timing = record.get("timing") or {}
     flags = quality_words(timing)
-    if timing.get("warmup_settled") is False:
+    if timing.get("warmup_ended_early"):
+        flags.append(
+            f"warm-up ended after {timing.get('warmup_steps')} steps, before the step time "
+            f"settled: {timing['warmup_ended_early']}"
+        )
+    elif timing.get("warmup_settled") is False:
         flags.append(
             f"warm-up ended by its time budget after {timing.get('warmup_steps')} steps, "
             "before the step time settled"
         )
+    steps = (record.get("settings") or {}).get("max_steps")
+    if timing.get("stopped_early"):
+        flags.append(
+            f"stopped early: {timing.get('count')} of {steps} steps; {timing['stopped_early']}"
+        )
     if timing.get("budget_limited"):
-        steps = (record.get("settings") or {}).get("max_steps")
         flags.append(f"budget-limited: {timing.get('count')} of {steps} steps")
     conditions = record.get("conditions") or {}
     if conditions.get("high_load"):
