@@ -21,6 +21,7 @@ from tiny_runs import one_cpu_thread
 
 from pipeline import bench, cli, formats, measured, stats, timing
 from pipeline import device as dev
+from pipeline import numerics as numerics_
 from pipeline.config import load_config
 from pipeline.device import DeviceTimer, PeakMemory, available_backends
 from pipeline.models import build_model
@@ -411,8 +412,8 @@ def test_bench_half_precision_on_cpu_records_numerics_against_fp32(
     assert numerics["output_max_abs_diff"] > 0  # half precision really ran
     assert numerics["grad_rel_diff"] > 0 and -1 <= numerics["grad_cosine"] <= 1
     within = (
-        numerics["loss_rel_diff"] <= bench.ACCEPTABLE_LOSS_REL_DIFF
-        and numerics["grad_cosine"] >= bench.ACCEPTABLE_GRAD_COSINE
+        numerics["loss_rel_diff"] <= numerics_.ACCEPTABLE_LOSS_REL_DIFF
+        and numerics["grad_cosine"] >= numerics_.ACCEPTABLE_GRAD_COSINE
     )
     assert numerics["acceptable"] is within
     assert (numerics["problem"] is None) is within
@@ -423,14 +424,14 @@ def test_numerics_compare_a_trained_model_whose_box_head_is_no_longer_zero(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[float] = []
-    original = bench._loss_and_grads
+    original = numerics_._loss_and_grads
 
     def spy(model, *args):
         seen.append(model.box_head[-1].weight.abs().max().item())
         return original(model, *args)
 
-    monkeypatch.setattr(bench, "_loss_and_grads", spy)
-    numerics = bench.compare_numerics(
+    monkeypatch.setattr(numerics_, "_loss_and_grads", spy)
+    numerics = numerics_.compare_numerics(
         *_tiny_model_and_batch(),
         torch.device("cpu"),
         "bf16",
@@ -444,7 +445,7 @@ def test_numerics_compare_a_trained_model_whose_box_head_is_no_longer_zero(
 def test_numerics_that_go_astray_are_not_acceptable_and_say_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    original = bench._loss_and_grads
+    original = numerics_._loss_and_grads
 
     def astray(model, loss_fn, images, targets, device, precision):
         # the candidate computes in fp32 too, so its own rounding cannot move the 10%
@@ -453,8 +454,8 @@ def test_numerics_that_go_astray_are_not_acceptable_and_say_why(
             return loss * 1.1, -grads, outputs
         return loss, grads, outputs
 
-    monkeypatch.setattr(bench, "_loss_and_grads", astray)
-    numerics = bench.compare_numerics(
+    monkeypatch.setattr(numerics_, "_loss_and_grads", astray)
+    numerics = numerics_.compare_numerics(
         *_tiny_model_and_batch(),
         torch.device("cpu"),
         "bf16",
@@ -551,17 +552,26 @@ def test_the_numerics_reference_is_trained_once_and_gives_each_precision_its_own
         for m in ("train", "infer")
     }
     references: list[int] = []
-    original = bench.NumericsReference.__init__
+    original = numerics_.NumericsReference.__init__
 
     def counted(self, *args, **kwargs):
         references.append(1)
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(bench.NumericsReference, "__init__", counted)
+    monkeypatch.setattr(numerics_.NumericsReference, "__init__", counted)
+    compared: list[str] = []
+    compare = numerics_.NumericsReference.compare
+
+    def counted_compare(self, precision):
+        compared.append(precision)
+        return compare(self, precision)
+
+    monkeypatch.setattr(numerics_.NumericsReference, "compare", counted_compare)
     records = bench.run_backend(
         torch.device("cpu"), ["fp32", "fp16", "bf16"], ["train", "infer"], ["tiny_conv"], settings
     )
     assert references == [1]
+    assert compared == ["fp16", "bf16"]  # one comparison per precision, whatever the mode
     together = {(r["precision"], r["mode"]): r["numerics"] for r in records}
     assert together.pop(("fp32", "train")) is None and together.pop(("fp32", "infer")) is None
     assert together == alone
