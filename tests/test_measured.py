@@ -365,6 +365,7 @@ def test_train_with_measured_and_an_empty_bench_folder_fails_saying_how_to_make_
     assert code == 2
     err = capsys.readouterr().err
     assert "precision=measured needs training benchmarks of tiny_conv on cpu" in err
+    assert "--precision fp32,fp16,bf16 --mode train --out-dir results/bench." in err
     assert not (tmp_path / "run").exists()
 
 

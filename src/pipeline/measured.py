@@ -113,7 +113,8 @@ def unmeasured_choice(backend: str, model: str, auto_precision: str) -> Precisio
         f"machine measures fastest, benchmark first: snakemake --cores 1 train benchmarks before "
         f"it trains, and python -m pipeline train reads {DEFAULT_BENCH_DIR}/{backend}-*-train.json "
         f"(or --bench DIR), which snakemake --cores 1 bench or python -m pipeline bench "
-        f"--device {backend} --mode train --precision fp32 (and bf16, fp16) writes",
+        f"--device {backend} --precision fp32,fp16,bf16 --mode train --out-dir {DEFAULT_BENCH_DIR} "
+        f"writes",
     )
 
 
@@ -141,8 +142,7 @@ def choose_precision(
         raise ConfigError(
             f"precision=measured needs training benchmarks of {model} on {backend}, and there are none. "
             f"Run them first: snakemake bench, or python -m pipeline bench --device {backend} "
-            f"--precision fp32 --mode train (and fp16, bf16) --out results/bench/"
-            f"{backend}-<precision>-train.json."
+            f"--precision fp32,fp16,bf16 --mode train --out-dir {DEFAULT_BENCH_DIR}."
         )
     by_precision = {record["precision"]: (record, path) for record, path in mine}
     reference = by_precision.get("fp32")
