@@ -254,7 +254,8 @@ def direct_writes(source: str, name: str) -> list[str]:
     """Calls that write an output path directly instead of through pipeline.atomic.
 
     Safe targets: `tmp` (the temporary file `atomic.write_with` hands its callback), a file
-    opened on it (`with open(tmp, "wb") as handle`) and in-memory `io.BytesIO` buffers.
+    opened on it (`with open(tmp, "wb") as handle`), in-memory `io.BytesIO` buffers and the
+    kernel's control files under /proc (a request to the kernel, not an output).
     """
     tree = ast.parse(source)
     in_memory = {
@@ -281,6 +282,8 @@ def direct_writes(source: str, name: str) -> list[str]:
     def safe(node: ast.AST) -> bool:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str":
             node = node.args[0] if node.args else node
+        if isinstance(node, ast.Constant) and str(node.value).startswith("/proc/"):
+            return True
         return _is_bytesio(node) or (
             isinstance(node, ast.Name)
             and (node.id == "tmp" or node.id in in_memory or node.id in opened_on_tmp)
@@ -343,6 +346,7 @@ def test_the_atomic_write_guard_flags_direct_writes(source: str) -> None:
         "image.save(io.BytesIO(), format='PNG')",
         "with open(path, encoding='utf-8') as handle: pass",
         "with open(path, 'rb') as handle: pass",
+        "with open('/proc/self/clear_refs', 'w') as refs: refs.write('5')",
         "Image.open(path)",
         "text = json.dumps(data)",
         "text = yaml.safe_dump(data)",
