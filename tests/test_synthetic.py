@@ -482,3 +482,12 @@ def test_the_default_spec_renders_the_same_samples_as_it_always_has() -> None:
     objects = json.dumps([objs for _, objs in samples], sort_keys=True).encode()
     digest = _pixel_digest(pixels for pixels, _ in samples)
     assert hashlib.sha256(digest.encode() + objects).hexdigest() == PINNED_DEFAULT_SPEC
+
+
+def test_the_written_pngs_are_valid_and_decode_to_the_rendered_pixels(generated: Path) -> None:
+    for index in range(SMALL.num_train):
+        path = generated / f"train/{index:06d}.png"
+        with Image.open(path) as image:
+            image.verify()  # chunk CRCs and structure
+        pixels, _ = render_sample(SMALL, "train", index)
+        assert np.array_equal(np.asarray(Image.open(path)), pixels)
