@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -491,3 +492,22 @@ def test_the_written_pngs_are_valid_and_decode_to_the_rendered_pixels(generated:
             image.verify()  # chunk CRCs and structure
         pixels, _ = render_sample(SMALL, "train", index)
         assert np.array_equal(np.asarray(Image.open(path)), pixels)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files via /proc")
+def test_generate_flushes_a_splits_images_at_once_before_its_annotation_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One fsync per image made generation wait on the disk for every file; the images must
+    still be on disk before the file that says their split is complete."""
+    calls: list[str] = []
+    fsync, sync = os.fsync, os.sync
+
+    def recording_fsync(fd: int) -> None:
+        calls.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name.split(".")[1])
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "sync", lambda: (calls.append("sync"), sync()))
+    generate(SMALL, tmp_path, workers=1)
+    assert calls == ["sync", "instances_train", "sync", "instances_val", "sync", "instances_test"]

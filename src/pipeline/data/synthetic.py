@@ -446,12 +446,19 @@ class _InProcess:
         return map(fn, *iterables)
 
 
+def _image_path(root: Path, split: str, index: int) -> Path:
+    return root / f"{split}/{index:06d}.png"
+
+
 def _write_sample(spec: SyntheticSpec, root: Path, split: str, index: int) -> list[dict[str, Any]]:
-    """Render one sample and write its PNG; returns its objects (runs in a worker process)."""
+    """Render one sample and write its PNG; returns its objects (runs in a worker process).
+
+    The PNG is flushed to disk with the rest of its split (`generate`), not on its own."""
     pixels, objects = render_sample(spec, split, index)
     atomic.write_with(
-        root / f"{split}/{index:06d}.png",
+        _image_path(root, split, index),
         lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG", **_PNG_OPTIONS),
+        durable=False,
     )
     return objects
 
@@ -468,7 +475,8 @@ def generate(
     Samples are independent (each seeded by its split and index), so they are rendered in
     `workers` processes (default: every usable CPU) with identical results, and one split can
     be made alone: the same as it would be beside the others. The annotation file of a split is
-    written last and atomically: its presence means the split is complete.
+    written last and atomically, once the split's images are flushed to disk (together, not
+    one by one): its presence means the split is complete.
     """
     root = Path(root)
     splits = spec.splits if splits is None else tuple(splits)
@@ -510,6 +518,8 @@ def generate(
                             "iscrowd": 0,
                         }
                     )
+            # the images on disk before the file that says the split is complete
+            atomic.sync(_image_path(root, split, index) for index in range(count))
             path = root / f"instances_{split}.json"
             atomic.write_text(
                 path,
