@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -528,8 +529,6 @@ def test_peak_memory_at_80_classes_512_px_60_objects_batch_16_stays_within_dense
 
 
 def _plan_digest(plan: target_plan.TargetPlan) -> str:
-    import hashlib
-
     digest = hashlib.sha256(str(plan.shape).encode())
     for name in ("boxes", "area", "heat_key", "heat_value", "box_key", "box_object", "box_value"):
         value = getattr(plan, name)
