@@ -1,8 +1,8 @@
 """Host work of the default chain: making the synthetic set and feeding training, this tree's
 code (side A) against a baseline revision's (side B), side by side in one process.
 
-Side B is the baseline's own `pipeline/data/synthetic.py` and `pipeline/data/dataset.py`, read
-with `git show` (default: ff74fe1, the last commit before generation and augmentation were made
+Side B is the baseline's own `pipeline/data/synthetic.py`, `pipeline/data/dataset.py` and
+`pipeline/models/targets.py`, read with `git show` (default: ff74fe1, the last commit before generation and augmentation were made
 cheaper). Rows, each timed in blocks that alternate ABBA for R rounds:
 
 - render: `render_sample` of the default spec (training images), ms per image;
@@ -12,6 +12,8 @@ cheaper). Rows, each timed in blocks that alternate ABBA for R rounds:
   jobs make, with every usable CPU, seconds per job (the jobs' own process start-up excluded);
 - loader: the default config's cached training DataLoader (augmentation, collate), ms per batch,
   over the set side A generated;
+- plan: the loss's target plan (`pipeline.models.targets.plan_targets`) of those batches, ms per
+  batch;
 - train: the Trainer's training step fed by either loader, ms per step (needs torch compute;
   `--no-train` leaves it out).
 
@@ -22,6 +24,7 @@ measures the whole chain.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import statistics
 import sys
@@ -44,6 +47,8 @@ from pipeline.data import dataset as tree_dataset
 from pipeline.data import load_splits
 from pipeline.data import synthetic as tree_synthetic
 from pipeline.engine.trainer import Trainer
+from pipeline.models import targets as tree_targets
+from pipeline.models.centernet import STRIDE
 
 NAME = "host_work"
 BASELINE = "ff74fe1"
@@ -59,6 +64,12 @@ def parse_args(argv: list[str]):
     parser.add_argument("--job-rounds", type=int, default=2, help="rounds of the generate rows")
     parser.add_argument("--steps", type=int, default=16, help="steps per train block")
     parser.add_argument("--no-train", action="store_true", help="leave the train row out")
+    parser.add_argument(
+        "settings",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides of the loader and train rows, e.g. precision=bf16",
+    )
     args = parser.parse_args(argv)
     harness.check_positive(parser, args, "rounds", "images", "job_rounds", "steps")
     return args
@@ -171,7 +182,9 @@ def generate_rows(args, old: types.ModuleType, root: Path) -> dict[str, dict[str
 
 def loaders(args, old: types.ModuleType, root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The default config's training loaders of both sides over the set at `root`."""
-    config = load_config(None, [f"data.root={root}", f"seed={args.seed}", "data.cache=true"])
+    config = load_config(
+        None, [f"data.root={root}", f"seed={args.seed}", *args.settings, "data.cache=true"]
+    )
     train, _ = load_splits(config)
     made = {}
     for kind, module in (("A", tree_dataset), ("B", old)):
@@ -225,9 +238,44 @@ def loader_row(args, made: dict[str, Any]) -> dict[str, Any]:
     return row("training DataLoader (cached), ms per batch", "ms", samples)
 
 
+def plan_row(args, made: dict[str, Any], old: types.ModuleType) -> dict[str, Any]:
+    made["A"].sampler.set_epoch(0)
+    batches = [targets for _, targets in made["A"]]
+    config = load_config(None, args.settings)
+    classes = len(config["data"]["synthetic"]["classes"])
+    stride, cells = STRIDE, config["data"]["image_size"] // STRIDE
+    h = w = cells
+    for targets in batches:
+        a = tree_targets.plan_targets(targets, classes, stride, h, w)
+        b = old.plan_targets(targets, classes, stride, h, w)
+        for field in dataclasses.fields(a):
+            x, y = getattr(a, field.name), getattr(b, field.name)
+            same = (
+                x.dtype == y.dtype and x.numpy().tobytes() == y.numpy().tobytes()
+                if isinstance(x, torch.Tensor)
+                else x == y
+            )
+            if not same:
+                raise RuntimeError(f"plan_targets' {field.name} differs from {args.baseline}'s")
+
+    def side(module):
+        return lambda r: timed_each(
+            lambda i: module.plan_targets(batches[i], classes, stride, h, w), range(len(batches))
+        )
+
+    samples = alternate({"A": side(tree_targets), "B": side(old)}, args.rounds)
+    return row("the loss's target plan, ms per batch", "ms", samples)
+
+
 def train_row(args, made: dict[str, Any], config: dict[str, Any], device) -> dict[str, Any]:
     config = load_config(
-        None, [f"data.root={config['data']['root']}", f"seed={args.seed}", f"device={device}"]
+        None,
+        [
+            f"data.root={config['data']['root']}",
+            f"seed={args.seed}",
+            f"device={device}",
+            *args.settings,
+        ],
     )
     with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
         trainer = Trainer(config, run_dir)
@@ -272,6 +320,7 @@ def main(argv: list[str]) -> int:
     device = harness.setup_torch(args)
     old_synthetic = baseline_module(args.baseline, "pipeline/data/synthetic.py", "baseline_synth")
     old_dataset = baseline_module(args.baseline, "pipeline/data/dataset.py", "baseline_dataset")
+    old_targets = baseline_module(args.baseline, "pipeline/models/targets.py", "baseline_targets")
     print(
         f"{NAME}: side A this tree, side B {args.baseline}; {torch.get_num_threads()} torch "
         f"threads, {usable_cpu_count()} usable CPUs",
@@ -285,6 +334,7 @@ def main(argv: list[str]) -> int:
         rows.update(generate_rows(args, old_synthetic, Path(root)))
         made, config = loaders(args, old_dataset, Path(root) / "A-0")
         rows["loader"] = loader_row(args, made)
+        rows["plan"] = plan_row(args, made, old_targets)
         if not args.no_train:
             rows["train"] = train_row(args, made, config, device)
     conditions = conditions.finish()
