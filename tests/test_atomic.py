@@ -224,3 +224,46 @@ def test_json_keeps_each_list_of_numbers_on_one_line_and_strings_as_they_are(
     assert "    [1, 2],\n    [3, 4]\n" in text
     assert '"mixed": [\n    1,\n    "x"\n  ]' in text
     assert atomic.write_json(tmp_path / "b.json", data, indent=None).read_text().count("\n") == 1
+
+
+def _record_flushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """os.fsync and os.sync, recorded as 'fsync <file name>' and 'sync' (and still done)."""
+    calls: list[str] = []
+    fsync, sync = os.fsync, os.sync
+
+    def recording_fsync(fd: int) -> None:
+        calls.append(f"fsync {Path(os.readlink(f'/proc/self/fd/{fd}')).name}")
+        fsync(fd)
+
+    def recording_sync() -> None:
+        calls.append("sync")
+        sync()
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "sync", recording_sync)
+    return calls
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files via /proc")
+def test_a_file_written_not_durable_is_not_fsynced_alone_and_sync_flushes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _record_flushes(monkeypatch)
+    target = atomic.write_with(tmp_path / "a.png", lambda tmp: tmp.write_bytes(b"x"), durable=False)
+    assert target.read_bytes() == b"x" and calls == []
+    atomic.write_text(tmp_path / "b.txt", "y")
+    assert len(calls) == 1 and calls[0].startswith("fsync .b.txt.")
+    atomic.sync([target])
+    assert calls[1:] == ["sync"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files via /proc")
+def test_sync_fsyncs_each_file_where_the_os_has_no_system_wide_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _record_flushes(monkeypatch)
+    monkeypatch.delattr(os, "sync")
+    paths = [atomic.write_with(tmp_path / n, lambda t: t.write_bytes(b"x"), durable=False)
+             for n in ("a", "b")]  # fmt: skip
+    atomic.sync(paths)
+    assert calls == ["fsync a", "fsync b"]

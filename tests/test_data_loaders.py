@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -1353,3 +1354,77 @@ def test_the_photographs_presets_colour_distortion_keeps_hues_and_light_above_da
 def test_scale_min_above_scale_max_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"data\.augment\.scale_min = 2\.0 and scale_max = 1\.5"):
         load_config(None, ["data.augment.scale_min=2.0", "data.augment.scale_max=1.5"])
+
+
+# ---------------------------------------------------- the training batches, pinned by hash
+
+
+def _noise_split(root: Path) -> SplitAnnotations:
+    """20 noise images (some not square) with 0-5 random boxes each, a few ignore regions."""
+    rng = np.random.default_rng(11)
+    root.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(20):
+        width, height = (48, 48) if i % 4 else (60, 40)
+        path = root / f"{i:02d}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        count = int(rng.integers(0, 6))
+        corners = rng.uniform(0, [width, height], size=(count, 2, 2))
+        boxes = np.concatenate([corners.min(axis=1), corners.max(axis=1)], axis=1)
+        labels = rng.integers(0, 3, count)
+        ignore = boxes[:1] if i % 3 == 0 else np.zeros((0, 4))
+        records.append(
+            ImageRecord(
+                i + 1,
+                path,
+                width,
+                height,
+                boxes.astype(np.float32),
+                labels.astype(np.int64),
+                ignore.astype(np.float32),
+                labels[: len(ignore)].astype(np.int64),
+            )
+        )
+    return SplitAnnotations(records, ["a", "b", "c"], root / "fake.json")
+
+
+def _batches_digest(batches) -> str:
+    digest = hashlib.sha256()
+    for images, targets in batches:
+        digest.update(f"{images.dtype} {tuple(images.shape)}".encode())
+        digest.update(images.numpy().tobytes())
+        for target in targets:
+            for key in ("boxes", "labels", "ignore_boxes", "ignore_labels"):
+                value = target[key]
+                digest.update(f"{key} {value.dtype} {tuple(value.shape)}".encode())
+                digest.update(value.numpy().tobytes())
+            digest.update(str(target["image_id"]).encode())
+    return digest.hexdigest()
+
+
+# Written from the loader as it was before its augmentation was made cheaper (main at ff74fe1):
+# a change is a change to what is trained, which must be deliberate.
+PINNED_DEFAULT_BATCHES = "ae6f902c47e8b56ce3eb29f0c1e78b4710b3e0a60c34c27599049597d739a56a"
+PINNED_NATURAL_BATCHES = "ada5d00475c5cb959697afbc32c790c0e22f421366e0814945617204984222f2"
+
+
+@pytest.mark.parametrize(
+    ("augment", "expected"),
+    [
+        (Augment(**load_config(None)["data"]["augment"]), PINNED_DEFAULT_BATCHES),
+        (NATURAL, PINNED_NATURAL_BATCHES),
+    ],
+    ids=["default", "natural"],
+)
+def test_the_training_loader_draws_the_same_augmented_batches_as_it_always_has(
+    tmp_path: Path, augment: Augment, expected: str
+) -> None:
+    dataset = DetectionDataset(_noise_split(tmp_path), 32, augment=augment, seed=5)
+    loader = make_loader(
+        dataset, 6, shuffle=True, seed=5, num_workers=0, pin_memory=False, drop_last=True
+    )
+    batches = []
+    for epoch in range(3):
+        loader.sampler.set_epoch(epoch)
+        batches.extend(loader)
+    assert _batches_digest(batches) == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -525,3 +526,37 @@ def test_peak_memory_at_80_classes_512_px_60_objects_batch_16_stays_within_dense
     assert result.returncode == 0, result.stderr[-3000:]
     rise_mb = json.loads(result.stdout.splitlines()[-1])["rise_mb"]
     assert 0 < rise_mb < bound_mb, f"peak rose by {rise_mb:.0f} MB (bound {bound_mb:.0f} MB)"
+
+
+def _plan_digest(plan: target_plan.TargetPlan) -> str:
+    digest = hashlib.sha256(str(plan.shape).encode())
+    for name in ("boxes", "area", "heat_key", "heat_value", "box_key", "box_object", "box_value"):
+        value = getattr(plan, name)
+        digest.update(f"{name} {value.dtype} {tuple(value.shape)}".encode())
+        digest.update(value.numpy().tobytes())
+    if plan.ignore_key is not None:
+        digest.update(plan.ignore_key.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _varied_targets() -> list[dict]:
+    """Objects from 3 px to the whole image, some past its edges, fractional corners, and
+    ignore regions: every branch of the window arithmetic."""
+    targets = fixed_targets((9, 0, 23, 4), 3, 128)
+    targets[0]["boxes"][0] = torch.tensor([-30.0, 100.0, 150.0, 210.0])
+    targets[0]["boxes"][1] = torch.tensor([0.0, 0.0, 128.0, 128.0])
+    targets[2]["boxes"][:5] += torch.tensor([0.37, 0.5, 0.81, 0.25])
+    targets[3]["boxes"][3] = torch.tensor([120.5, 121.0, 128.0, 127.75])
+    targets[3]["ignore_boxes"] = torch.tensor([[3.5, 7.0, 40.0, 33.25], [100.0, 0.0, 128.0, 9.0]])
+    targets[3]["ignore_labels"] = torch.tensor([2, 0])
+    return targets
+
+
+# Written from plan_targets as it was before its windows were drawn from per-object profiles
+# (main at ff74fe1): what the loss trains on, bit for bit.
+PINNED_PLAN = "adbf5486a225aee3d8783575855b17b28668e3b3db39f5532f7254ef987b64b8"
+
+
+def test_the_target_plan_is_bit_for_bit_what_it_always_was() -> None:
+    plan = DetectionLoss(3, "single").plan(_varied_targets(), 32, 32)
+    assert _plan_digest(plan) == PINNED_PLAN

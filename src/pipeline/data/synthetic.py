@@ -8,9 +8,11 @@ shape's nominal size.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
@@ -31,6 +33,10 @@ SHAPES = ("circle", "square", "triangle", "cross", "ring", "star")
 _SPLIT_CODES = {"train": 1, "val": 2, "test": 3}
 _SUPERSAMPLE = 4
 _ALPHA_VISIBLE = 0.5
+# zlib's run-length strategy (a Pillow encoder option): the pixel noise leaves the default
+# strategy's string search nothing to find, so it costs time for no smaller file; runs of a
+# flat background are still found. The files are plain PNG either way.
+_PNG_OPTIONS = {"compress_type": zlib.Z_RLE}
 
 
 @dataclass(frozen=True)
@@ -169,8 +175,38 @@ def _class_sizes(value: Any) -> tuple[tuple[str, float, float], ...]:
 
 @dataclass
 class _Placed:
+    """One object's own visible pixels (coverage >= _ALPHA_VISIBLE), in the window around it."""
+
     label: int
-    alpha: np.ndarray  # full-image coverage in [0, 1] of this object's own rendering
+    top: int
+    left: int
+    mask: np.ndarray  # the window's pixels; none outside it is covered
+    area: int  # pixels of mask
+
+    def overlap(self, other: _Placed) -> tuple[tuple[slice, slice], tuple[slice, slice]] | None:
+        """Where the two windows meet, as slices into this window and into the other's."""
+        top, left = max(self.top, other.top), max(self.left, other.left)
+        bottom = min(self.top + self.mask.shape[0], other.top + other.mask.shape[0])
+        right = min(self.left + self.mask.shape[1], other.left + other.mask.shape[1])
+        if bottom <= top or right <= left:
+            return None
+        mine = (
+            slice(top - self.top, bottom - self.top),
+            slice(left - self.left, right - self.left),
+        )
+        theirs = (
+            slice(top - other.top, bottom - other.top),
+            slice(left - other.left, right - other.left),
+        )
+        return mine, theirs
+
+
+@functools.cache
+def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel rows and columns as float32 (read-only): the same for every background of a size."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    yy.flags.writeable = xx.flags.writeable = False
+    return yy, xx
 
 
 def _background(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -185,12 +221,17 @@ def _background(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarr
         dtype=np.float32,
     )
     blotches = (blotches / 255.0 - 0.5) * 2.0 * spec.texture_strength
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    yy, xx = _grid(size)
     angle = rng.uniform(0, math.pi)
     period = rng.uniform(6, 24)
     stripes = np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / period)
     stripes = stripes[..., None] * rng.uniform(0, 0.5) * spec.texture_strength
-    return base[None, None, :] + blotches + stripes, base
+    # base + blotches + stripes, in float64 as numpy's broadcasting would give it, without its
+    # slow mixed-type broadcast: (base + blotches) + stripes, rounded the same way
+    image = blotches.astype(np.float64)
+    image += base
+    image += stripes
+    return image, base
 
 
 def _shape_polygon(
@@ -244,20 +285,20 @@ def _shape_polygon(
 
 def _render_alpha(
     shape: str, size: float, center: tuple[float, float], image_size: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Anti-aliased coverage of one shape over the whole image (supersampled, then averaged).
+) -> tuple[int, int, np.ndarray]:
+    """Anti-aliased coverage of one shape (supersampled, then averaged) in the window around it:
+    (top, left, coverage of the window); the coverage is 0 everywhere outside the window.
 
-    Only the window around the shape is drawn, at `_SUPERSAMPLE` times the resolution.
+    The window is drawn at `_SUPERSAMPLE` times the resolution.
     """
     ss = _SUPERSAMPLE
     x0 = max(math.floor(center[0] - size / 2) - 1, 0)
     y0 = max(math.floor(center[1] - size / 2) - 1, 0)
     x1 = min(math.ceil(center[0] + size / 2) + 1, image_size)
     y1 = min(math.ceil(center[1] + size / 2) + 1, image_size)
-    alpha = np.zeros((image_size, image_size), dtype=np.float32)
     angle = rng.uniform(0, 2 * math.pi)
     if x1 <= x0 or y1 <= y0:
-        return alpha
+        return 0, 0, np.zeros((0, 0), dtype=np.float32)
     canvas = Image.new("L", ((x1 - x0) * ss, (y1 - y0) * ss), 0)
     draw = ImageDraw.Draw(canvas)
     cx, cy = (center[0] - x0) * ss, (center[1] - y0) * ss
@@ -271,15 +312,20 @@ def _render_alpha(
         points = [(cx + x, cy + y) for x, y in _shape_polygon(shape, radius, angle, rng)]
         draw.polygon(points, fill=255)
     window = canvas.resize((x1 - x0, y1 - y0), Image.BOX)
-    alpha[y0:y1, x0:x1] = np.asarray(window, dtype=np.float32) / 255.0
-    return alpha
+    return y0, x0, np.asarray(window, dtype=np.float32) / 255.0
 
 
-def _box_of(mask: np.ndarray) -> tuple[float, float, float, float] | None:
-    ys, xs = np.nonzero(mask)
-    if len(xs) == 0:
+def _box_of(mask: np.ndarray, top: int, left: int) -> tuple[float, float, float, float] | None:
+    """The tight box of a window's mask, in image pixels."""
+    rows, columns = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    if len(columns) == 0:
         return None
-    return float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)
+    return (
+        float(left + columns[0]),
+        float(top + rows[0]),
+        float(left + columns[-1] + 1),
+        float(top + rows[-1] + 1),
+    )
 
 
 def _iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
@@ -325,34 +371,46 @@ def render_sample(
             # random stream, and the files, are the same as before class_sizes existed)
             eligible = spec.classes_of_size(obj_size)
             label = eligible[int(rng.integers(len(eligible)))]
-            alpha = _render_alpha(spec.classes[label], obj_size, (cx, cy), size, rng)
-            if (alpha >= _ALPHA_VISIBLE).sum() < 4:
+            top, left, alpha = _render_alpha(spec.classes[label], obj_size, (cx, cy), size, rng)
+            mask = alpha >= _ALPHA_VISIBLE
+            new = _Placed(label, top, left, mask, int(np.count_nonzero(mask)))
+            if new.area < 4:
                 continue
             # earlier objects must stay mostly visible under this one
-            covered = [
-                ((p.alpha >= _ALPHA_VISIBLE) & (alpha < _ALPHA_VISIBLE)).sum()
-                / max((p.alpha >= _ALPHA_VISIBLE).sum(), 1)
-                for p in placed
-            ]
-            if any(fraction < spec.min_visible for fraction in covered):
+            if any(_visible_fraction(p, new) < spec.min_visible for p in placed):
                 continue
-            placed.append(_Placed(label, alpha))
+            placed.append(new)
             nominal.append(box)
             colour = _contrasting_colour(rng, base, spec.min_contrast)
-            image = image * (1 - alpha[..., None]) + colour[None, None, :] * alpha[..., None]
+            # the blend of the whole image, image * (1 - alpha) + colour * alpha, where it
+            # changes anything: outside the window alpha is 0 and the pixels stay as they are
+            window = image[top : top + alpha.shape[0], left : left + alpha.shape[1]]
+            window[...] = window * (1 - alpha[..., None]) + colour[None, None, :] * alpha[..., None]
             break
-    image = image + rng.normal(0.0, spec.noise_std, size=image.shape)
-    pixels = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    # the same draws as rng.normal(0.0, noise_std): loc + scale * a standard normal
+    noise = rng.standard_normal(size=image.shape)
+    noise *= spec.noise_std
+    noise += image
+    pixels = np.clip(np.rint(noise, out=noise), 0, 255, out=noise).astype(np.uint8)
 
     objects = []
     for i, obj in enumerate(placed):
-        visible = obj.alpha >= _ALPHA_VISIBLE
+        visible = obj.mask.copy()
         for later in placed[i + 1 :]:
-            visible &= later.alpha < _ALPHA_VISIBLE
-        box = _box_of(visible)
+            meet = obj.overlap(later)
+            if meet is not None:
+                visible[meet[0]] &= ~later.mask[meet[1]]
+        box = _box_of(visible, obj.top, obj.left)
         if box is not None:
             objects.append({"label": obj.label, "box": box})
     return pixels, objects
+
+
+def _visible_fraction(earlier: _Placed, new: _Placed) -> float:
+    """The share of `earlier`'s visible pixels that `new` leaves visible."""
+    meet = earlier.overlap(new)
+    hidden = 0 if meet is None else int(np.count_nonzero(earlier.mask[meet[0]] & new.mask[meet[1]]))
+    return (earlier.area - hidden) / max(earlier.area, 1)
 
 
 def _coco_document(
@@ -388,12 +446,19 @@ class _InProcess:
         return map(fn, *iterables)
 
 
+def _image_path(root: Path, split: str, index: int) -> Path:
+    return root / f"{split}/{index:06d}.png"
+
+
 def _write_sample(spec: SyntheticSpec, root: Path, split: str, index: int) -> list[dict[str, Any]]:
-    """Render one sample and write its PNG; returns its objects (runs in a worker process)."""
+    """Render one sample and write its PNG; returns its objects (runs in a worker process).
+
+    The PNG is flushed to disk with the rest of its split (`generate`), not on its own."""
     pixels, objects = render_sample(spec, split, index)
     atomic.write_with(
-        root / f"{split}/{index:06d}.png",
-        lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG"),
+        _image_path(root, split, index),
+        lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG", **_PNG_OPTIONS),
+        durable=False,
     )
     return objects
 
@@ -410,7 +475,8 @@ def generate(
     Samples are independent (each seeded by its split and index), so they are rendered in
     `workers` processes (default: every usable CPU) with identical results, and one split can
     be made alone: the same as it would be beside the others. The annotation file of a split is
-    written last and atomically: its presence means the split is complete.
+    written last and atomically, once the split's images are flushed to disk (together, not
+    one by one): its presence means the split is complete.
     """
     root = Path(root)
     splits = spec.splits if splits is None else tuple(splits)
@@ -452,6 +518,8 @@ def generate(
                             "iscrowd": 0,
                         }
                     )
+            # the images on disk before the file that says the split is complete
+            atomic.sync(_image_path(root, split, index) for index in range(count))
             path = root / f"instances_{split}.json"
             atomic.write_text(
                 path,

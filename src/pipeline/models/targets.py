@@ -97,6 +97,18 @@ class TargetPlan:
         return first[key] == obj
 
 
+# On the host, gathers are index_select and masks are taken by their indices: torch's indexing
+# with a tensor (aten::index) costs many times as much per call on a CPU, for the same values.
+def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values[index] along the first dimension."""
+    return values.index_select(0, index)
+
+
+def _where(mask: torch.Tensor) -> torch.Tensor:
+    """The indices of a 1-D mask's true entries, in order (so that `_at(v, _where(m))` is v[m])."""
+    return mask.nonzero().squeeze(1)
+
+
 def _windows(
     x0: torch.Tensor, y0: torch.Tensor, x1: torch.Tensor, y1: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,8 +116,16 @@ def _windows(
     across = (x1 - x0 + 1).clamp(min=0)
     count = across * (y1 - y0 + 1).clamp(min=0)
     item = torch.repeat_interleave(torch.arange(len(count)), count)
-    local = torch.arange(len(item)) - (count.cumsum(0) - count)[item]
-    return item, x0[item] + local % across[item], y0[item] + local // across[item]
+    local = torch.arange(len(item)) - _at(count.cumsum(0) - count, item)
+    across = _at(across, item)
+    return item, _at(x0, item) + local % across, _at(y0, item) + local // across
+
+
+def _ranges(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(item, value) of every integer in each item's range [low, high] (inclusive), in order."""
+    count = (high - low + 1).clamp(min=0)
+    item = torch.repeat_interleave(torch.arange(len(count)), count)
+    return item, _at(low, item) + torch.arange(len(item)) - _at(count.cumsum(0) - count, item)
 
 
 def _reach(sigma: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -116,21 +136,36 @@ def _reach(sigma: torch.Tensor, cutoff: float) -> torch.Tensor:
 def _drawn(
     centre: torch.Tensor, wh: torch.Tensor, spread: float, min_sigma: float, cutoff: float, h, w
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(object, flat cell y * w + x, Gaussian) where each object's Gaussian exceeds `cutoff`."""
+    """(object, flat cell y * w + x, Gaussian) where each object's Gaussian exceeds `cutoff`.
+
+    The cells are those of `_windows` in its order (each object's window row by row), and each
+    value is the whole map's Gaussian there: the product of the object's column profile at x
+    and row profile at y, each computed once per column and row (the same operations on the
+    same numbers as per cell, so the same values) instead of once per cell.
+    """
     sigma = (spread * wh / 6).clamp(min=min_sigma)
     reach = _reach(sigma, cutoff)
     low = centre.long() - reach
     high = centre.long() + reach
-    obj, x, y = _windows(
-        low[:, 0].clamp(min=0), low[:, 1].clamp(min=0),
-        high[:, 0].clamp(max=w - 1), high[:, 1].clamp(max=h - 1),
-    )  # fmt: skip
-    # the whole map's Gaussian, evaluated at these cells only (same operations, same values)
-    across = torch.exp(-((x.float() - centre[obj, 0]) ** 2) / (2 * sigma[obj, 0] ** 2))
-    down = torch.exp(-((y.float() - centre[obj, 1]) ** 2) / (2 * sigma[obj, 1] ** 2))
-    value = down * across
-    keep = value > cutoff
-    return obj[keep], (y * w + x)[keep], value[keep]
+    x0, x1 = low[:, 0].clamp(min=0), high[:, 0].clamp(max=w - 1)
+    column_obj, x = _ranges(x0, x1)
+    row_obj, y = _ranges(low[:, 1].clamp(min=0), high[:, 1].clamp(max=h - 1))
+    across = torch.exp(
+        -((x.float() - _at(centre[:, 0], column_obj)) ** 2)
+        / (2 * _at(sigma[:, 0], column_obj) ** 2)
+    )
+    down = torch.exp(
+        -((y.float() - _at(centre[:, 1], row_obj)) ** 2) / (2 * _at(sigma[:, 1], row_obj) ** 2)
+    )
+    # each row of a window holds its object's width of cells, x running fastest
+    width = (x1 - x0 + 1).clamp(min=0)
+    row_width = _at(width, row_obj)
+    row, column = _ranges(torch.zeros_like(row_width), row_width - 1)
+    column += _at(_at(width.cumsum(0) - width, row_obj), row)  # the object's first column
+    value = _at(down, row) * _at(across, column)
+    keep = _where(value > cutoff)
+    row, column = _at(row, keep), _at(column, keep)
+    return _at(row_obj, row), _at(y, row) * w + _at(x, column), _at(value, keep)
 
 
 def _host(targets: Sequence[dict[str, Any]], key: str, dtype: torch.dtype, width: int = 0):
@@ -168,9 +203,9 @@ def plan_targets(
         shape=(len(targets), num_classes, h, w),
         boxes=boxes,
         area=(wh[:, 0] * wh[:, 1]).clamp(min=EPS),
-        heat_key=plane[heat_obj] + heat_cell,
+        heat_key=_at(plane, heat_obj) + heat_cell,
         heat_value=heat_value,
-        box_key=plane[box_obj] + box_cell,
+        box_key=_at(plane, box_obj) + box_cell,
         box_object=box_obj,
         box_value=box_value,
         ignore_key=_ignore_key(targets, num_classes, stride, h, w),
@@ -195,8 +230,8 @@ def _ignore_key(targets, num_classes: int, stride: int, h: int, w: int) -> torch
         high[:, 0].clamp(max=w - 1), high[:, 1].clamp(max=h - 1),
     )  # fmt: skip
     left, top = x.float() * stride, y.float() * stride
-    region = regions[item]
+    region = _at(regions, item)
     inside = (left < region[:, 2]) & (left + stride > region[:, 0])
     inside &= (top < region[:, 3]) & (top + stride > region[:, 1])
-    plane = (image[item] * num_classes + labels[item]) * (h * w)
-    return (plane + y * w + x)[inside]
+    plane = (_at(image, item) * num_classes + _at(labels, item)) * (h * w)
+    return _at(plane + y * w + x, _where(inside))
