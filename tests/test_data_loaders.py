@@ -1388,36 +1388,41 @@ def _noise_split(root: Path) -> SplitAnnotations:
     return SplitAnnotations(records, ["a", "b", "c"], root / "fake.json")
 
 
-def _batches_digest(batches) -> str:
+def _batches_digest(batches, pixels: bool) -> str:
+    """The batches' draws bit for bit: shapes, labels, ids, boxes (to 1e-3 px: their arithmetic
+    is scalar, the same on every CPU) and, where `pixels`, the images' bytes. Resized and
+    colour-distorted images are left out: torch's kernels for them differ by CPU (AVX2, AVX-512)
+    in the last bit, and may round a pixel the other way."""
     digest = hashlib.sha256()
     for images, targets in batches:
         digest.update(f"{images.dtype} {tuple(images.shape)}".encode())
-        digest.update(images.numpy().tobytes())
+        if pixels:
+            digest.update(images.numpy().tobytes())
         for target in targets:
             for key in ("boxes", "labels", "ignore_boxes", "ignore_labels"):
-                value = target[key]
-                digest.update(f"{key} {value.dtype} {tuple(value.shape)}".encode())
-                digest.update(value.numpy().tobytes())
+                value = target[key].numpy()
+                digest.update(f"{key} {value.dtype} {value.shape}".encode())
+                digest.update((value.round(3) if value.dtype.kind == "f" else value).tobytes())
             digest.update(str(target["image_id"]).encode())
     return digest.hexdigest()
 
 
 # Written from the loader as it was before its augmentation was made cheaper (main at ff74fe1):
 # a change is a change to what is trained, which must be deliberate.
-PINNED_DEFAULT_BATCHES = "ae6f902c47e8b56ce3eb29f0c1e78b4710b3e0a60c34c27599049597d739a56a"
-PINNED_NATURAL_BATCHES = "ada5d00475c5cb959697afbc32c790c0e22f421366e0814945617204984222f2"
+PINNED_DEFAULT_BATCHES = "a0c82e79a8dfb406190f1622ec19fd8bfd002207284b9e8d8fab58c82c6f0267"
+PINNED_NATURAL_BATCHES = "6aacfecd90bb7369d3632c73daf998d362d5c41955a80738a10bd0a6d26e4ba2"
 
 
 @pytest.mark.parametrize(
-    ("augment", "expected"),
+    ("augment", "pixels", "expected"),
     [
-        (Augment(**load_config(None)["data"]["augment"]), PINNED_DEFAULT_BATCHES),
-        (NATURAL, PINNED_NATURAL_BATCHES),
+        (Augment(**load_config(None)["data"]["augment"]), True, PINNED_DEFAULT_BATCHES),
+        (NATURAL, False, PINNED_NATURAL_BATCHES),
     ],
     ids=["default", "natural"],
 )
 def test_the_training_loader_draws_the_same_augmented_batches_as_it_always_has(
-    tmp_path: Path, augment: Augment, expected: str
+    tmp_path: Path, augment: Augment, pixels: bool, expected: str
 ) -> None:
     dataset = DetectionDataset(_noise_split(tmp_path), 32, augment=augment, seed=5)
     loader = make_loader(
@@ -1427,4 +1432,4 @@ def test_the_training_loader_draws_the_same_augmented_batches_as_it_always_has(
     for epoch in range(3):
         loader.sampler.set_epoch(epoch)
         batches.extend(loader)
-    assert _batches_digest(batches) == expected
+    assert _batches_digest(batches, pixels) == expected

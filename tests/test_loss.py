@@ -529,11 +529,13 @@ def test_peak_memory_at_80_classes_512_px_60_objects_batch_16_stays_within_dense
 
 
 def _plan_digest(plan: target_plan.TargetPlan) -> str:
+    """The plan's cells and objects bit for bit, its Gaussians and areas to 1e-5: torch's exp
+    differs by CPU (AVX2, AVX-512) in the last bit."""
     digest = hashlib.sha256(str(plan.shape).encode())
     for name in ("boxes", "area", "heat_key", "heat_value", "box_key", "box_object", "box_value"):
-        value = getattr(plan, name)
-        digest.update(f"{name} {value.dtype} {tuple(value.shape)}".encode())
-        digest.update(value.numpy().tobytes())
+        value = getattr(plan, name).numpy()
+        digest.update(f"{name} {value.dtype} {value.shape}".encode())
+        digest.update((value.round(5) if value.dtype.kind == "f" else value).tobytes())
     if plan.ignore_key is not None:
         digest.update(plan.ignore_key.numpy().tobytes())
     return digest.hexdigest()
@@ -553,10 +555,10 @@ def _varied_targets() -> list[dict]:
 
 
 # Written from plan_targets as it was before its windows were drawn from per-object profiles
-# (main at ff74fe1): what the loss trains on, bit for bit.
-PINNED_PLAN = "adbf5486a225aee3d8783575855b17b28668e3b3db39f5532f7254ef987b64b8"
+# (main at ff74fe1): what the loss trains on.
+PINNED_PLAN = "e43d8fe5dbad2d623e25f39b6ba84b763060a6cec036cf95ab1d54e92f45297b"
 
 
-def test_the_target_plan_is_bit_for_bit_what_it_always_was() -> None:
+def test_the_target_plan_is_what_it_always_was() -> None:
     plan = DetectionLoss(3, "single").plan(_varied_targets(), 32, 32)
     assert _plan_digest(plan) == PINNED_PLAN
