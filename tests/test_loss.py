@@ -562,3 +562,60 @@ PINNED_PLAN = "e43d8fe5dbad2d623e25f39b6ba84b763060a6cec036cf95ab1d54e92f45297b"
 def test_the_target_plan_is_what_it_always_was() -> None:
     plan = DetectionLoss(3, "single").plan(_varied_targets(), 32, 32)
     assert _plan_digest(plan) == PINNED_PLAN
+
+
+def ideal_box_map(plan: target_plan.TargetPlan) -> torch.Tensor:
+    """The box map [B, 4C, h, w] that regresses, at every (class, cell) an object owns, that
+    object's box exactly (the map the box loss is minimised by); other cells hold zeros."""
+    batch, classes, h, w = plan.shape
+    owns = plan.box_owners()
+    key, box = plan.box_key[owns], plan.boxes[plan.box_object[owns]]
+    plane, cell = key // (h * w), key % (h * w)
+    image, label, row, col = plane // classes, plane % classes, cell // w, cell % w
+    values = torch.stack(
+        [
+            (box[:, 0] + box[:, 2]) / 2 / STRIDE - col - 0.5,
+            (box[:, 1] + box[:, 3]) / 2 / STRIDE - row - 0.5,
+            ((box[:, 2] - box[:, 0]) / STRIDE).log(),
+            ((box[:, 3] - box[:, 1]) / STRIDE).log(),
+        ],
+        dim=1,
+    )
+    regression = torch.zeros(batch, classes, 4, h, w)
+    regression[image[:, None], label[:, None], torch.arange(4), row[:, None], col[:, None]] = values
+    return regression.view(batch, 4 * classes, h, w)
+
+
+def test_targets_and_decoding_agree_the_box_the_loss_is_minimised_by_decodes_to_its_object() -> (
+    None
+):
+    """A size bias between what the loss trains and what decoding reads would cap AP@[.5:.95]
+    whatever the model learns: the map with zero box loss must decode, at each object's
+    heatmap peak, to exactly that object's box, for objects of 3 to 100 px side by side."""
+    from torchvision.ops import box_iou
+
+    classes, size = 2, 128
+    h = w = size // STRIDE
+    generator = torch.Generator().manual_seed(0)
+    sides = torch.exp(torch.empty(40, 2).uniform_(math.log(3), math.log(100), generator=generator))
+    centres = torch.rand(40, 2, generator=generator) * size
+    boxes = torch.cat([centres - sides / 2, centres + sides / 2], 1).clamp(0, size)
+    boxes = boxes[((boxes[:, 2:] - boxes[:, :2]) > 2).all(1)]
+    labels = torch.randint(0, classes, (len(boxes),), generator=generator)
+    targets = [
+        {"boxes": boxes[i::8], "labels": labels[i::8]} for i in range(8)
+    ]  # about 5 objects an image, overlapping in places
+    loss = loss_for("multilabel", classes)
+    plan = loss.plan(targets, h, w)
+    regression = ideal_box_map(plan)
+    heatmap = torch.logit(plan.heatmap().clamp(1e-6, 1 - 1e-6))
+    outputs = {"heatmap": heatmap, "box": regression}
+    assert loss(outputs, plan)["box"].item() == pytest.approx(0.0, abs=1e-5)
+    model = build_model("tiny_conv", classes, "multilabel", width=8)
+    for found, target in zip(model.decode(outputs, 100, centre_window=1), targets, strict=True):
+        for label in range(classes):
+            mine = target["labels"] == label
+            peaks = found["boxes"][(found["labels"] == label) & (found["scores"] > 0.99)]
+            if mine.any():  # every object's best match among its class's peaks is itself
+                best = box_iou(target["boxes"][mine], peaks).max(dim=1).values
+                assert best.min().item() > 1 - 1e-4
