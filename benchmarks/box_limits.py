@@ -13,11 +13,16 @@ One forward pass over the split (in input pixels, as evaluation sees it), then:
   oracle_box           takes the object's box: what is left are scores, misses and duplicates
   oracle_bias          every box resized by the median size bias of its size bucket on these
                        objects: the systematic part of the size error alone
+  val_bias             every box resized by the median size bias of the matched detections on
+                       the validation split (not an oracle: what a correction carried with the
+                       model would do; only where the split measured is not validation itself)
 An oracle that closes most of the gap to oracle_box names the error that limits AP@[.5:.95].
 Beside them: AP@[.5:.95] per size bucket, the matched boxes' median centre error and size
 error (relative to the object) and their size bias, the share of found objects with a second
-detection above the checkpoint's score threshold (double peaks), and the decode time per
-image of centre windows 1 and 3, alternated side by side.
+detection above the checkpoint's score threshold (double peaks), the size bias that the box
+channels give at each object's own centre cell (centre_cell: the regression alone, without the
+heatmap's choice of peak), and the decode time per image of centre windows 1 and 3, alternated
+side by side.
 """
 
 from __future__ import annotations
@@ -166,6 +171,48 @@ def unbiased(dets: list[dict[str, Any]], err: dict[str, Any]) -> list[dict[str, 
     return fixed
 
 
+def centre_cell_bias(
+    outputs: list[dict[str, torch.Tensor]], truth: list[dict[str, Any]], stride: int
+) -> dict[str, float | None]:
+    """Median log(size / object size) of the box its class's channels give at each object's own
+    centre cell (the cell the loss's targets centre it in), overall and per size bucket."""
+    ratios, sides = [], []
+    gts = iter(truth)
+    for batch in outputs:
+        regression = batch["box"]
+        _, _, h, w = regression.shape
+        for image in regression:
+            gt = next(gts)
+            if not len(gt["labels"]):
+                continue
+            boxes = torch.as_tensor(gt["boxes"], dtype=torch.float32)
+            centre = ((boxes[:, :2] + boxes[:, 2:]) / 2 / stride).floor().long()
+            col, row = centre[:, 0].clamp(0, w - 1), centre[:, 1].clamp(0, h - 1)
+            labels = torch.as_tensor(gt["labels"]).long()
+            log_size = image[labels[:, None] * 4 + torch.tensor([2, 3]), row[:, None], col[:, None]]
+            true = (boxes[:, 2:] - boxes[:, :2]).clamp(min=1e-3)
+            ratios.append((log_size.exp() * stride / true).log().numpy())
+            sides.append(true.prod(dim=1).sqrt().numpy())
+    found: dict[str, float | None] = {"size_bias": None}
+    if ratios:
+        ratio, side = np.concatenate(ratios), np.concatenate(sides)
+        found["size_bias"] = float(np.median(ratio))
+        for name, (lower, upper) in SIZE_BUCKETS.items():
+            inside = (side >= lower) & (side < (np.inf if upper is None else upper))
+            found[f"size_bias_{name}"] = float(np.median(ratio[inside])) if inside.any() else None
+    return found
+
+
+def rescaled(dets: list[dict[str, Any]], log_scale: float) -> list[dict[str, Any]]:
+    """Every box's width and height times exp(log_scale), about its centre."""
+    fixed = []
+    for det in dets:
+        centre, size = _centre_size(det["boxes"])
+        size = size * np.exp(log_scale)
+        fixed.append({**det, "boxes": np.concatenate([centre - size / 2, centre + size / 2], 1)})
+    return fixed
+
+
 def decode_times(model, outputs, max_detections: int, rounds: int) -> dict[int, float]:
     """Median decode time per image of each centre window, alternated (ABBA)."""
     images = sum(len(batch["heatmap"]) for batch in outputs)
@@ -212,6 +259,16 @@ def main(argv: list[str]) -> int:
     outputs, truth = forward_pass(
         model, loader_for(annotations, config, train=False, pin_memory=False)
     )
+    val_size_bias, val_measured = None, False
+    if split != "val":
+        val_split = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
+        val_outputs, val_truth = forward_pass(
+            model, loader_for(val_split, config, train=False, pin_memory=False)
+        )
+        val_dets = decoded(model, val_outputs, val_truth, CENTRE_WINDOW, max_detections)
+        val_size_bias = errors(val_dets, val_truth, 1.0)["size_bias"]
+        val_measured = val_size_bias is not None
+        val_size_bias = val_size_bias or 0.0  # nothing matched on validation: no correction
 
     def ap(dets: list[dict[str, Any]]) -> dict[str, Any]:
         return coco_ap(truth, dets, len(class_names), (image_size, image_size), class_names)
@@ -224,6 +281,8 @@ def main(argv: list[str]) -> int:
     for kind in ORACLES:
         variants[kind] = oracle(default, truth, kind)
     variants["oracle_bias"] = unbiased(default, errors(default, truth, 1.0))
+    if val_size_bias is not None:
+        variants["val_bias"] = rescaled(default, -val_size_bias)
     for name, dets in variants.items():
         found = ap(dets)
         buckets = {b: found["size_buckets"][b]["ap"] for b in SIZE_BUCKETS}
@@ -238,7 +297,7 @@ def main(argv: list[str]) -> int:
             if v is not None
         ]
         rows.append([name, found["ap"], found["ap75"], found["ap50"], *buckets.values()])
-        if not name.startswith("oracle"):
+        if name.startswith("centre"):
             err = errors(dets, truth, threshold)
             figures += [
                 harness.figure(
@@ -261,6 +320,28 @@ def main(argv: list[str]) -> int:
                 if err.get(key) is not None
             ]
             print(name, {k: None if v is None else round(v, 4) for k, v in err.items()})
+    cell = centre_cell_bias(outputs, truth, model.stride)
+    figures += [
+        harness.figure(
+            f"centre_cell.{key}",
+            "centre_cell: median log(size / object size) at the object's own centre cell"
+            + (f", {key[len('size_bias_') :]} objects" if key != "size_bias" else ""),
+            value,
+            "ratio",
+        )
+        for key, value in cell.items()
+        if value is not None
+    ]
+    if val_measured:
+        figures.append(
+            harness.figure(
+                "val_bias.val_size_bias",
+                "val_bias: median log(size / object size) on validation (matched), undone",
+                val_size_bias,
+                "ratio",
+            )
+        )
+    print("centre_cell", {k: None if v is None else round(v, 4) for k, v in cell.items()})
     times = decode_times(model, outputs, max_detections, args.rounds)
     figures += [
         harness.figure(

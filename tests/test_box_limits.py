@@ -68,6 +68,33 @@ def test_errors_measure_the_matched_boxes_bias_and_the_double_peaks_above_the_th
     assert box_limits.errors(DETS, TRUTH, threshold=0.6)["double_peaks"] == 0.0
 
 
+def test_the_centre_cell_bias_reads_each_objects_own_class_channels_at_its_own_centre_cell() -> (
+    None
+):
+    """The regression's size bias apart from the heatmap: the box its class's channels give at
+    the cell the targets centre it in, whatever the other cells and classes say."""
+    import torch
+
+    regression = torch.zeros(1, 8, 16, 16)  # 2 classes, stride 4: a 64-px input
+    regression[0, 6:8] = 5.0  # class 1's sizes everywhere: far off
+    # object of class 1, 20 x 10 px centred at (30, 15): cell (7, 3); 10% wider, as tall
+    regression[0, 6, 3, 7] = np.log(20 * 1.1 / 4)
+    regression[0, 7, 3, 7] = np.log(10 / 4)
+    regression[0, 2:4, 3, 7] = 3.0  # class 0's channels at that cell: not this object's
+    truth = [{"boxes": np.array([[20.0, 10.0, 40.0, 20.0]], np.float32), "labels": np.array([1])}]
+    found = box_limits.centre_cell_bias([{"box": regression}], truth, stride=4)
+    # its width and height: log(1.1) and 0, median of the two
+    np.testing.assert_allclose(found["size_bias"], np.log(1.1) / 2, rtol=1e-4)
+    np.testing.assert_allclose(found["size_bias_small"], np.log(1.1) / 2, rtol=1e-4)
+    assert found["size_bias_large"] is None
+
+
+def test_val_bias_rescales_every_box_about_its_centre() -> None:
+    (fixed,) = box_limits.rescaled(DETS, np.log(2.0))
+    np.testing.assert_allclose(fixed["boxes"][0], [-2, 5, 46, 25])  # 24 x 10 at (22, 15), doubled
+    np.testing.assert_array_equal(fixed["scores"], DETS[0]["scores"])
+
+
 def test_a_trained_checkpoint_gets_a_record_of_every_variant_and_both_decode_times(
     tmp_path: Path,
 ) -> None:
@@ -81,7 +108,8 @@ def test_a_trained_checkpoint_gets_a_record_of_every_variant_and_both_decode_tim
     document = json.loads(record.read_text(encoding="utf-8"))
     assert formats.problem(document, "benchmark_record") is None
     keys = {figure["key"] for figure in document["figures"]}
-    for variant in ("centre1", "centre3", *box_limits.ORACLES, "oracle_bias"):
+    for variant in ("centre1", "centre3", *box_limits.ORACLES, "oracle_bias", "val_bias"):
         assert f"{variant}.ap" in keys
+    assert "centre_cell.size_bias" in keys
     assert {"centre1.decode_ms", "centre3.decode_ms", "decode_ratio"} <= keys
     assert document["settings"]["set"] == "shapes" and document["settings"]["split"] == "test"
