@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipeline.evaluation import intervals
 from pipeline.evaluation.coco import coco_ap
 
 REFERENCE = Path(__file__).parent / "data" / "ap_intervals_reference.json"
@@ -93,3 +94,84 @@ def test_every_ap_interval_matches_the_per_resample_bootstrap_within_a_point() -
         else:
             assert found[name]["low"] == pytest.approx(expected["low"], abs=0.01), name
             assert found[name]["high"] == pytest.approx(expected["high"], abs=0.01), name
+
+
+def pycocotools_accumulate(ranking: Any, weights: np.ndarray, area: int, iou: int) -> float:
+    """One class's AP in one area range at one IoU with every image counted `weights` times,
+    as COCOeval.accumulate computes it on its own matches: tp and fp running sums, precision
+    made monotone from the right, read at the first detection reaching each recall point."""
+    drawn = weights[ranking.image_index]
+    counted, is_tp = ranking.counted[area, iou], ranking.is_tp[area, iou]
+    objects = int(ranking.gt_per_image[area] @ weights)
+    if objects == 0:
+        return float("nan")
+    tps = np.cumsum(np.where(is_tp, drawn, 0)[counted]).astype(np.float64)
+    fps = np.cumsum(np.where(is_tp, 0, drawn)[counted]).astype(np.float64)
+    precision = np.maximum.accumulate((tps / (tps + fps + np.spacing(1)))[::-1])[::-1]
+    reached = np.searchsorted(tps / objects, np.linspace(0.0, 1.0, 101), side="left")
+    return float(np.mean([precision[i] if i < precision.size else 0.0 for i in reached]))
+
+
+def voc_devkit_ap(matches: Any, weights: np.ndarray) -> float:
+    """All-point AP (the VOC devkit's) of one class's matches with images counted `weights`
+    times."""
+    drawn = weights[matches.image_index]
+    objects = int(matches.gt_per_image @ weights)
+    if objects == 0:
+        return float("nan")
+    tps = np.cumsum(np.where(matches.is_tp, drawn, 0)).astype(np.float64)
+    fps = np.cumsum(np.where(matches.is_tp, 0, drawn)).astype(np.float64)
+    recall = np.concatenate([[0.0], tps / objects, [1.0]])
+    precision = np.concatenate(
+        [[0.0], tps / np.maximum(tps + fps, np.finfo(np.float64).eps), [0.0]]
+    )
+    precision = np.maximum.accumulate(precision[::-1])[::-1]
+    steps = np.flatnonzero(recall[1:] != recall[:-1]) + 1
+    return float(((recall[steps] - recall[steps - 1]) * precision[steps]).sum())
+
+
+def captured_rankings(monkeypatch, images: int) -> list[Any]:
+    """The class rankings coco_ap hands to the intervals, on interval_scene."""
+    from pipeline.evaluation import coco
+
+    seen: list[Any] = []
+
+    def spy(rankings: list[Any], count: int, *args: Any) -> Any:
+        seen.extend(rankings)
+        return intervals.resampled_ap(rankings, count, 4)
+
+    monkeypatch.setattr(coco, "resampled_ap", spy)
+    gts, dets = interval_scene(images, seed=5)
+    coco_ap(gts, dets, len(CLASSES), (128, 128), CLASSES, 0.5, ap_intervals=True)
+    return seen
+
+
+def test_every_resamples_ap_is_cocoeval_accumulate_on_the_reweighed_matches(monkeypatch) -> None:
+    """Each resample's AP, in every area range at every IoU, is what COCOeval.accumulate
+    computes with the images drawn that often (draws of 0 to 3, as a bootstrap gives)."""
+    rankings = captured_rankings(monkeypatch, 120)
+    weights = np.random.default_rng(3).integers(0, 4, size=(120, 25))
+    compared = 0
+    for ranking in rankings:
+        found = intervals.ranked_ap(ranking, weights)
+        areas, ious, _ = ranking.is_tp.shape
+        for area in range(areas):
+            for iou in range(ious):
+                expected = [
+                    pycocotools_accumulate(ranking, weights[:, r], area, iou) for r in range(25)
+                ]
+                assert found[area, iou] == pytest.approx(expected, abs=1e-12, nan_ok=True)
+                compared += int(np.isfinite(expected).sum())
+    assert compared > 3000  # classes x area ranges x IoUs x resamples with objects
+
+
+def test_every_resamples_all_point_ap_is_the_voc_devkits_on_the_reweighed_matches(
+    monkeypatch,
+) -> None:
+    rankings = captured_rankings(monkeypatch, 120)
+    weights = np.random.default_rng(4).integers(0, 4, size=(120, 25))
+    for ranking in rankings:
+        matches = ranking.matches(0, 0)
+        found = intervals.ranked_ap(matches.ranking(), weights, None)[0, 0]
+        expected = [voc_devkit_ap(matches, weights[:, r]) for r in range(25)]
+        assert found == pytest.approx(expected, abs=1e-12, nan_ok=True)

@@ -30,6 +30,8 @@ from pipeline.stats import (
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
 AP_METHOD = IMAGES_METHOD + ", pycocotools' matches reweighed"
 _BLOCK_ELEMENTS = 1 << 22  # resamples x detections summed at once: 32 MiB of int64 weights
+_DENSE_ADVANTAGE = 100  # a matrix product's multiply-adds per gathered and summed weight, about
+_FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,12 @@ class ClassRanking:
     counted: np.ndarray  # bool [A, T, D]: not ignored by COCOeval there (true positives are)
     gt_per_image: np.ndarray  # int64 [A, I]: objects that count in each area range
 
+    @property
+    def true_positives(self) -> int:
+        """Detections that are a true positive in some area range at some IoU: at most as
+        many runs of them at any one."""
+        return int(self.is_tp.any(axis=(0, 1)).sum())
+
     def matches(self, area: int, iou: int) -> ClassMatches:
         """The matches of one area range at one IoU, as the eval JSON keeps them."""
         counted = self.counted[area, iou]
@@ -101,21 +109,29 @@ class ClassRanking:
 
 
 class _RecallPoints:
-    """How many recall thresholds n true positives reach, for every n up to each resample's
-    object count [R]: one table per area range and block, read at every IoU threshold. The
-    recall is n / objects in float64, as accumulate divides."""
+    """How many recall thresholds n true positives reach, for each resample's object count
+    [R]; the recall is n / objects in float64, as accumulate divides. Where an area range's
+    IoUs read more points than its resamples hold objects (detections that rarely follow one
+    another as true positives), one table of every n up to each resample's count is made
+    first and read at every IoU."""
 
-    def __init__(self, objects: np.ndarray, thresholds: np.ndarray) -> None:
-        span = objects + 1
-        self.offsets = np.cumsum(span) - span
-        found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
-        self.table = _thresholds_reached(
-            found / np.repeat(np.maximum(objects, 1), span), thresholds
-        ).astype(np.min_scalar_type(thresholds.size))  # a byte for COCO's 101: less to move
+    def __init__(self, objects: np.ndarray, thresholds: np.ndarray, lookups: int) -> None:
+        self.objects = np.maximum(objects, 1)
+        self.thresholds = thresholds
         self.count = thresholds.size
+        self.table = None
+        if lookups * objects.size > objects.sum():
+            span = objects + 1
+            self.offsets = np.cumsum(span) - span
+            found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
+            self.table = _thresholds_reached(
+                found / np.repeat(self.objects, span), thresholds
+            ).astype(np.min_scalar_type(thresholds.size))  # a byte for COCO's 101: less to move
 
     def __call__(self, tp: np.ndarray) -> np.ndarray:
         """[H, R] the thresholds reached by the true positives [H, R] (at most `objects`)."""
+        if self.table is None:
+            return _thresholds_reached(tp / self.objects[None, :], self.thresholds)
         return self.table[tp + self.offsets[None, :]]
 
 
@@ -165,25 +181,83 @@ def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarra
     return reached + ((guess < last) & (thresholds[above] <= recall))
 
 
+class _Weights:
+    """A block's image weights [I, R] in the layouts the sums read: rows by image (gathered
+    per detection), rows by resample (summed along), and float32 for matrix products."""
+
+    def __init__(self, by_image: np.ndarray) -> None:
+        self.by_image = by_image
+        self.by_resample = np.ascontiguousarray(by_image.T)
+        self.largest = int(by_image.max(initial=0))
+        self._float32: np.ndarray | None = None
+
+    @property
+    def float32(self) -> np.ndarray:
+        if self._float32 is None:
+            self._float32 = self.by_image.astype(np.float32)
+        return self._float32
+
+
 def _sums_at(
-    by_resample: np.ndarray, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray
+    weights: _Weights, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray
 ) -> np.ndarray:
     """[P, R] each resample's weight of the `members` (ranks, ascending) ranked at or above
-    each of `positions` (ascending), from the images' weights by resample [R, I] and each
-    detection's image."""
+    each of `positions` (ascending), from the images' weights and each detection's image.
+
+    Three ways to the same integers, by what costs least. Many members and few positions (a
+    class's counted detections at its run ends): each position's new members by image [P, I]
+    times the weights, one matrix product in float32, exact while every sum stays below 2**24
+    (integers all the way). About as many positions as members (true positives that rarely
+    follow one another): their weights gathered and summed up. Else the members' weights
+    gathered and summed between positions."""
     members = members[: np.searchsorted(members, positions[-1], side="right")]
+    images = weights.by_image.shape[0]
+    if positions.size * images < _DENSE_ADVANTAGE * members.size and (
+        members.size * weights.largest < _FLOAT32_EXACT
+    ):
+        segment = np.searchsorted(positions, members, side="left")
+        added = np.bincount(
+            segment * images + image_index[members], minlength=positions.size * images
+        ).reshape(positions.size, images)  # each position's members since the one before
+        return np.cumsum(added.astype(np.float32) @ weights.float32, axis=0, dtype=np.int64)
+    if 2 * positions.size >= members.size:
+        running = np.zeros((members.size + 1, weights.by_image.shape[1]), dtype=np.int64)
+        np.cumsum(weights.by_image[image_index[members]], axis=0, out=running[1:])
+        return running[np.searchsorted(members, positions, side="right")]
+    step = max(1, _BLOCK_ELEMENTS // max(members.size, 1))  # resamples gathered at once
+    by_resample = weights.by_resample
+    return np.concatenate(
+        [
+            _summed_between(by_resample[start : start + step], image_index, members, positions)
+            for start in range(0, by_resample.shape[0], step)
+        ],
+        axis=1,
+    )
+
+
+def _summed_between(
+    by_resample: np.ndarray, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray
+) -> np.ndarray:
     # [R, M]: the members' weights, each resample's row contiguous (summed along it)
     rows = by_resample.take(image_index[members], axis=1)
-    if members.size < positions.size:  # few (detections counted at some IoUs only): their
-        # running sums, read at each position, without a pass over every position's row
-        running = np.zeros((members.size + 1, rows.shape[0]), dtype=np.int64)
-        np.cumsum(rows.T, axis=0, out=running[1:])
-        return running[np.searchsorted(members, positions, side="right")]
     result = np.zeros((positions.size, rows.shape[0]), dtype=np.int64)
     segment = np.searchsorted(positions, members, side="left")  # the first position at or below
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
     result[segment[starts]] = np.add.reduceat(rows, starts, axis=1).T
     return np.cumsum(result, axis=0, out=result)
+
+
+def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """The ranks of the true positives that end a run: the last of true positives with no
+    counted false positive between them. Within a run precision only rises (each step adds the
+    same weight to the true positives and to what is counted), so the envelope is the same at
+    every true positive of a run, and a run stands for them all: its recall points are those its
+    last one reaches less those the run before reached."""
+    ranks = np.flatnonzero(counted)
+    hits = is_tp[ranks]
+    last = np.ones_like(hits)
+    last[:-1] = ~hits[1:]
+    return ranks[hits & last]
 
 
 def ranked_ap(
@@ -198,29 +272,32 @@ def ranked_ap(
     areas, ious, _ = ranking.is_tp.shape
     objects = ranking.gt_per_image @ by_image  # [A, R]
     result = np.full((areas, ious, by_image.shape[1]), np.nan)
-    drawn = by_image[ranking.image_index]  # [D, R]: each detection's image's weight
-    by_resample = np.ascontiguousarray(by_image.T)
+    weights = _Weights(by_image)
     for a in range(areas):
-        # the true positives at any IoU, and what is counted at every IoU, summed up to each of
-        # them once; an IoU counts more only where a match to an ignored object came or went
-        union = np.flatnonzero(ranking.is_tp[a].any(axis=0))
-        if union.size == 0:
+        ends = [_run_ends(ranking.is_tp[a, t], ranking.counted[a, t]) for t in range(ious)]
+        every_end = np.unique(np.concatenate(ends))
+        if every_end.size == 0:
             result[a] = np.where(objects[a] > 0, 0.0, np.nan)
             continue
+        # what is counted at every IoU, summed up to each run end of any IoU once; an IoU
+        # counts more only where a match to an ignored object came or went
         always = ranking.counted[a].all(axis=0)
-        seen_always = _sums_at(by_resample, ranking.image_index, np.flatnonzero(always), union)
-        points = None if thresholds is None else _RecallPoints(objects[a], thresholds)
+        seen_always = _sums_at(weights, ranking.image_index, np.flatnonzero(always), every_end)
+        points = (
+            None
+            if thresholds is None
+            else _RecallPoints(objects[a], thresholds, sum(end.size for end in ends))
+        )
         for t in range(ious):
-            at = np.flatnonzero(ranking.is_tp[a, t, union])
-            if at.size == 0:
+            if ends[t].size == 0:
                 result[a, t] = np.where(objects[a] > 0, 0.0, np.nan)
                 continue
-            hits = union[at]
-            tp = np.cumsum(drawn[hits], axis=0)
-            seen = seen_always[at]
+            hits = np.flatnonzero(ranking.is_tp[a, t])
+            tp = _sums_at(weights, ranking.image_index, hits, ends[t])
+            seen = seen_always[np.searchsorted(every_end, ends[t])]
             more = np.flatnonzero(ranking.counted[a, t] & ~always)
             if more.size:
-                seen += _sums_at(by_resample, ranking.image_index, more, hits)
+                seen += _sums_at(weights, ranking.image_index, more, ends[t])
             result[a, t] = _average_precision(tp, seen, objects[a], points)
     return result
 
@@ -282,7 +359,7 @@ def resampled_ap(
     same resamples (`stats.bootstrap_weights`, seeded) as the F1 intervals draw."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
-    width = max(images, *(ranking.image_index.size for ranking in rankings))
+    width = max(images, *(ranking.true_positives for ranking in rankings))
     chunks = [
         np.stack([ranked_ap(ranking, by_image) for ranking in rankings], axis=2)  # [A, T, K, r]
         for by_image in _blocks(bootstrap_weights(images, resamples), width)
@@ -292,8 +369,8 @@ def resampled_ap(
 
 def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
     """The resamples in blocks, each as image weights [I, rows] with as many rows as keep a
-    block's [width, rows] arrays within _BLOCK_ELEMENTS: few blocks (Python's overhead is per
-    block), bounded memory."""
+    block's [width, rows] arrays (weights, sums at run ends) within _BLOCK_ELEMENTS: few
+    blocks (Python's overhead is per block), bounded memory."""
     rows, pending = max(1, _BLOCK_ELEMENTS // max(width, 1)), []
     for chunk in weights:
         pending.append(chunk)
@@ -312,7 +389,7 @@ def resampled_class_ap(
 ) -> np.ndarray:
     """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
     as every other interval draws)."""
-    width = max(images, *(found.image_index.size for found in classes))
+    width = max(images, *(int(found.is_tp.sum()) for found in classes))
     return np.concatenate(
         [
             np.stack(
