@@ -267,3 +267,20 @@ def test_sync_fsyncs_each_file_where_the_os_has_no_system_wide_sync(
              for n in ("a", "b")]  # fmt: skip
     atomic.sync(paths)
     assert calls == ["fsync a", "fsync b"]
+
+
+@pytest.mark.parametrize("indent", [2, None], ids=["indented", "compact"])
+def test_plain_and_mixed_data_are_written_as_their_converted_form(
+    tmp_path: Path, indent: int | None
+) -> None:
+    """Data of JSON's own types is written as it is (a predictions file holds a million
+    numbers); anything else first becomes JSON's: both give the text the converted data gives."""
+    plain = {"boxes": [[1.5, 2.0], [3.25, 4.0]], 7: (1, 2), "f": np.float64(0.1), "n": None}
+    mixed = {**plain, "path": Path("a/b"), "scalar": np.int64(3), "nan": [math.nan]}
+    for data in (plain, mixed):
+        separators = None if indent is not None else (",", ":")
+        expected = json.dumps(atomic.jsonable(data), indent=indent, separators=separators)
+        text = atomic.write_json(tmp_path / "data.json", data, indent=indent).read_text()
+        assert json.loads(text) == json.loads(expected)
+        if indent is None:
+            assert text == expected + "\n"

@@ -177,7 +177,10 @@ def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     an eval JSON's per-image counts would take a line per number); `indent=None` writes one
     compact line (large files)."""
     separators = None if indent is not None else (",", ":")
-    text = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
+    try:  # JSON's own types throughout (a predictions file's million numbers): as they are
+        text = json.dumps(data, indent=indent, separators=separators, allow_nan=False)
+    except (TypeError, ValueError):  # NaN, numpy scalars, paths: made JSON's first
+        text = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
     if indent is not None:
         text = _INDENTED_NUMBERS.sub(_one_line, text)
     return write_text(path, text + "\n")
