@@ -9,7 +9,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -788,6 +788,29 @@ def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Pa
         (a, ta), (b, tb) = cached[index], lazy[index]
         assert torch.equal(a, b)
         assert torch.equal(ta["boxes"], tb["boxes"])
+
+
+@pytest.fixture
+def two_torch_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_cache_decoded_on_several_threads_holds_every_sample_in_order(
+    coco_root: Path, two_torch_threads: None
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    cached, lazy = DetectionDataset(split, 32), DetectionDataset(split, 32, cache=False)
+    assert len(split.records) >= 2
+    for index in range(len(split.records)):
+        (a, ta), (b, tb) = cached[index], lazy[index]
+        assert torch.equal(a, b) and ta["image_id"] == tb["image_id"]
+        assert torch.equal(ta["boxes"], tb["boxes"])
+    (coco_root / "wide.png").write_bytes((coco_root / "wide.png").read_bytes()[:60])
+    with pytest.raises(DataError, match=r"wide\.png"):
+        DetectionDataset(split, 32)
 
 
 def _memory(available: int | None) -> Callable[[], Memory]:

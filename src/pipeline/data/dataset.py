@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,7 +248,7 @@ class DetectionDataset(Dataset):
             memory or image_cache.available_memory,
         )
         if self.cache_decision.cache:
-            self._cache = [self._load(i) for i in range(len(self.records))]
+            self._cache = self._load_all()
 
     def __len__(self) -> int:
         return len(self.records)
@@ -260,6 +261,16 @@ class DetectionDataset(Dataset):
         """Map input-frame boxes of sample `index` back to its image's own pixels."""
         record = self.records[index]
         return self.geometry(index).to_original(boxes, record.height, record.width)
+
+    def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every sample decoded, in order, on as many threads as torch may use (PIL's decoders
+        and torch's resizing let go of the GIL); the first bad file's error, as one at a time."""
+        indices = range(len(self.records))
+        threads = min(torch.get_num_threads(), len(self.records))
+        if threads <= 1:
+            return [self._load(i) for i in indices]
+        with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
+            return list(pool.map(self._load, indices))
 
     def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input-frame image, boxes and ignore regions; the decoded image is the geometry."""
