@@ -142,7 +142,10 @@ def matched_objects(
     iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth_boxes)).numpy()
     iou[labels[:, None] != truth_labels[None, :]] = -1.0
     free = np.ones(len(truth_labels), dtype=bool)
-    for index in np.argsort(-scores, kind="stable"):
+    order = np.argsort(-scores, kind="stable")
+    # a detection overlapping no object of its class enough never matches nor takes one: of a
+    # detector's top 100 most are such, and the greedy loop need not visit them
+    for index in order[(iou[order] >= iou_threshold).any(axis=1)]:
         candidates = np.where(free, iou[index], -1.0)
         best = int(np.argmax(candidates))
         if candidates[best] >= iou_threshold:
