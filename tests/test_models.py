@@ -159,6 +159,27 @@ def test_decode_returns_at_most_max_detections_inside_the_image_with_valid_label
         assert (found["scores"][:-1] >= found["scores"][1:]).all()  # best first
 
 
+@pytest.mark.parametrize("window", [1, 3])
+def test_a_batch_decodes_to_each_images_own_decoding_exactly(window: int) -> None:
+    """The batch is decoded at once: each image's detections are those it gets alone, bit for
+    bit, images with fewer peaks than max_detections (a blank one) included."""
+    model = tiny("multilabel").eval()
+    with torch.no_grad():
+        outputs = model(images(3, 64))
+    generator = torch.Generator().manual_seed(2)
+    outputs["box"] = torch.randn(outputs["box"].shape, generator=generator)
+    outputs["heatmap"] = torch.randn(outputs["heatmap"].shape, generator=generator) * 3
+    outputs["heatmap"][1] = -1000.0  # sigmoid underflows to 0: no detection at all
+    together = model.decode(outputs, max_detections=40, centre_window=window)
+    assert len(together[0]["scores"]) == 40 and len(together[1]["scores"]) == 0
+    for i, found in enumerate(together):
+        alone = model.decode(
+            {key: value[i : i + 1] for key, value in outputs.items()}, 40, centre_window=window
+        )[0]
+        for key in ("boxes", "scores", "labels"):
+            assert torch.equal(found[key], alone[key]), (i, key)
+
+
 def one_peak_outputs(label_mode: str) -> dict[str, torch.Tensor]:
     """A 16x16 map with one object of class 2 at cell (y=5, x=7): box centre (31, 21), 12x8 px."""
     h = w = 16

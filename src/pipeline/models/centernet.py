@@ -230,28 +230,33 @@ class CenterNet(nn.Module):
         rows_off, cols_off = (v.reshape(1, -1) for v in torch.meshgrid(reach, reach, indexing="ij"))
         middle = centre_window**2 // 2  # the peak's own position in the window
         size = torch.tensor([w, h, w, h], device=probs.device, dtype=probs.dtype) * self.stride
-        results = []
-        for i in range(batch):
-            keep = scores[i] > 0
-            label, cell = labels[i][keep], cells[i][keep]
-            # the window's cells [K, window**2], the peak at `middle`
-            row = (cell // w)[:, None] + rows_off
-            col = (cell % w)[:, None] + cols_off
-            inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
-            row, col = row.clamp(0, h - 1), col.clamp(0, w - 1)
-            weight = probs[i][label[:, None], row, col] * inside
-            # each cell's box from the detection's own class's box channels
-            values = regression[i][
-                label[:, None, None] * 4 + coords, row[..., None], col[..., None]
-            ]
-            boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [K, window**2, 4]
-            centres = (boxes[..., :2] + boxes[..., 2:]) / 2
-            centre = (centres * weight[..., None]).sum(1) / weight.sum(1, keepdim=True)
-            half = (boxes[:, middle, 2:] - boxes[:, middle, :2]) / 2
-            picked = torch.cat([centre - half, centre + half], dim=-1)
-            picked = torch.minimum(picked.clamp(min=0), size)
-            results.append({"boxes": picked, "scores": scores[i][keep], "labels": label})
-        return results
+        # the whole batch at once [B, K, ...]; each image keeps its detections scoring above 0
+        image = torch.arange(batch, device=probs.device)[:, None, None]  # [B, 1, 1]
+        # the window's cells [B, K, window**2], the peak at `middle`
+        row = (cells // w)[..., None] + rows_off
+        col = (cells % w)[..., None] + cols_off
+        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
+        row, col = row.clamp(0, h - 1), col.clamp(0, w - 1)
+        weight = probs[image, labels[..., None], row, col] * inside
+        # each cell's box from the detection's own class's box channels
+        values = regression[
+            image[..., None], labels[..., None, None] * 4 + coords, row[..., None], col[..., None]
+        ]
+        boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [B, K, window**2, 4]
+        centres = (boxes[..., :2] + boxes[..., 2:]) / 2
+        centre = (centres * weight[..., None]).sum(2) / weight.sum(2, keepdim=True)
+        half = (boxes[:, :, middle, 2:] - boxes[:, :, middle, :2]) / 2
+        picked = torch.cat([centre - half, centre + half], dim=-1)
+        picked = torch.minimum(picked.clamp(min=0), size)
+        keep = scores > 0
+        return [
+            {
+                "boxes": picked[i][keep[i]],
+                "scores": scores[i][keep[i]],
+                "labels": labels[i][keep[i]],
+            }
+            for i in range(batch)
+        ]
 
 
 def tiny_conv(
