@@ -2,7 +2,8 @@
 intervals of every AP figure from pycocotools' own matches (pipeline.evaluation.intervals).
 
 pycocotools' figures are taken as it computes them; what it keeps per image (`evalImgs`) is
-read in one walk, for the recall by size bucket and for the matches the intervals reweigh.
+read once (pipeline.evaluation.cocoeval_results), for the recall by size bucket and for the
+matches the intervals reweigh.
 COCOeval is faster-coco-eval's (the same matching and accumulation in C++) where it is
 installed, pycocotools' otherwise: the two give the same figures (tests/test_evaluator.py).
 """
@@ -18,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.evaluation.intervals import ClassRanking, interval_of, resampled_ap
+from pipeline.evaluation.cocoeval_results import Walked, walk
+from pipeline.evaluation.intervals import interval_of, resampled_ap
 from pipeline.evaluation.matching import (
     Record,
     as_boxes,
     as_vector,
     by_image,
     check_labels,
-    ratio,
 )
 from pipeline.stats import bootstrap_weights
 
@@ -115,125 +116,6 @@ def size_bucket_text(buckets: Mapping[str, Mapping[str, Any]]) -> str:
     return ", ".join(f"{name} {text(row)}" for name, row in buckets.items())
 
 
-@dataclass(frozen=True)
-class _Walked:
-    """What one walk over COCOeval's evalImgs gives: per area range and image, the objects
-    found at IoU 0.5 by detections scoring >= the threshold and the objects that count
-    ([A, I] each); and each class's ranking, where asked for."""
-
-    found: np.ndarray
-    total: np.ndarray
-    rankings: list[ClassRanking]
-
-    def recall(self, area: int) -> float:
-        return ratio(int(self.found[area].sum()), int(self.total[area].sum()))
-
-
-@dataclass(frozen=True)
-class _ImageResult:
-    """What COCOeval keeps of one image, class and area range, the same from either
-    implementation: detections in its ranking order (cut to maxDets[-1]), their matched
-    object ids per IoU threshold (0: none) and ignore flags [T, D], the objects' ignore flags."""
-
-    scores: np.ndarray  # [D]
-    matches: np.ndarray  # [T, D]
-    ignored: np.ndarray  # [T, D] bool
-    gt_ignored: np.ndarray  # [G] bool
-
-
-def _image_results(evaluation: Any) -> list[_ImageResult | None]:
-    """COCOeval's per-image results laid out [class][area][image], None where an image has
-    neither objects nor detections of the class. pycocotools keeps them as dicts in
-    `evalImgs`; faster-coco-eval as C++ objects whose state is (detection matches, object
-    matches, scores, object ignores, detection ignores, pairs), the [T, D] ones flattened."""
-    thresholds = len(evaluation.params.iouThrs)
-    if not hasattr(evaluation, "_evalImgs_cpp"):
-        return [
-            None
-            if entry is None
-            else _ImageResult(
-                np.asarray(entry["dtScores"], dtype=np.float64),
-                np.asarray(entry["dtMatches"]).reshape(thresholds, len(entry["dtScores"])),
-                np.asarray(entry["dtIgnore"], dtype=bool).reshape(
-                    thresholds, len(entry["dtScores"])
-                ),
-                np.asarray(entry["gtIgnore"], dtype=bool),
-            )
-            for entry in evaluation.evalImgs
-        ]
-    results: list[_ImageResult | None] = []
-    for entry in evaluation._evalImgs_cpp:
-        dt_matches, _, scores, gt_ignored, dt_ignored, _ = entry.__getstate__()
-        if not scores and not gt_ignored:
-            results.append(None)
-            continue
-        results.append(
-            _ImageResult(
-                np.asarray(scores, dtype=np.float64),
-                np.asarray(dt_matches, dtype=np.float64).reshape(thresholds, len(scores)),
-                np.asarray(dt_ignored, dtype=bool).reshape(thresholds, len(scores)),
-                np.asarray(gt_ignored, dtype=bool),
-            )
-        )
-    return results
-
-
-def _walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) -> _Walked:
-    """Read COCOeval's per-image results once (in every area alike, the same detections,
-    sorted and cut to maxDets[-1] alike, are matched).
-
-    Recall counts the matches of the detections scoring >= the threshold: COCOeval matches
-    greedily in descending score, so a detection's match never depends on lower-scored ones,
-    and the matches of the kept detections are those of the full matching. A detection
-    matched and not ignored is matched to an object that counts, and each such object to
-    one detection, so counting those detections counts the objects found.
-    """
-    params = evaluation.params
-    classes, areas, images = len(params.catIds), len(params.areaRng), len(params.imgIds)
-    results = _image_results(evaluation)
-    found = np.zeros((areas, images), dtype=np.int64)
-    total = np.zeros((areas, images), dtype=np.int64)
-    ranked: list[ClassRanking] = []
-    for k in range(classes):
-        scores, image_index, matched, ignored = [], [], [], []
-        gt_counts = np.zeros((areas, images), dtype=np.int64)
-        for i in range(images):
-            entries = [results[(k * areas + a) * images + i] for a in range(areas)]
-            if entries[0] is None:
-                continue
-            kept = entries[0].scores >= score_threshold
-            for a, entry in enumerate(entries):
-                gt_counts[a, i] = int((~entry.gt_ignored).sum())
-                if gt_counts[a, i]:
-                    hit = (entry.matches[at_50] > 0) & ~entry.ignored[at_50] & kept
-                    found[a, i] += int(hit.sum())
-            if rankings and entries[0].scores.size:
-                scores.append(entries[0].scores)
-                image_index.append(np.full(entries[0].scores.size, i, dtype=np.int64))
-                matched.append(np.stack([e.matches for e in entries]))
-                ignored.append(np.stack([e.ignored for e in entries]))
-        total += gt_counts
-        if not rankings:
-            continue
-        if not scores:
-            nothing = np.zeros((areas, len(params.iouThrs), 0), dtype=bool)
-            ranked.append(ClassRanking(np.zeros(0, np.int64), nothing, nothing, gt_counts))
-            continue
-        order = np.argsort(-np.concatenate(scores), kind="mergesort")  # as accumulate sorts
-        counted = ~np.concatenate(ignored, axis=2)[:, :, order]
-        is_tp = (np.concatenate(matched, axis=2)[:, :, order] > 0) & counted
-        end = int(np.flatnonzero(is_tp.any(axis=(0, 1)))[-1]) + 1 if is_tp.any() else 0
-        ranked.append(
-            ClassRanking(
-                np.concatenate(image_index)[order][:end],
-                is_tp[:, :, :end],
-                counted[:, :, :end],
-                gt_counts,
-            )
-        )
-    return _Walked(found, total, ranked)
-
-
 _CLASS_INTERVALS = ("ap50_interval", "ap_interval")  # each class's, keyed as the eval JSON
 _BUCKET_INTERVALS = ("ap50_interval", "ap_interval", "recall_interval")  # each size bucket's
 
@@ -264,7 +146,7 @@ _NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
 
 
 def _ap_intervals(
-    walked: _Walked, params: Any, at_50: int, at_75: int, with_recall: Sequence[str]
+    walked: Walked, params: Any, at_50: int, at_75: int, with_recall: Sequence[str]
 ) -> _APIntervals:
     """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
     matches kept: a resample reweighs images, it does not match again. Every figure is read
@@ -308,7 +190,7 @@ def _ap_intervals(
     )
 
 
-def _recall_interval(walked: _Walked, area: int, images: int) -> dict[str, Any] | None:
+def _recall_interval(walked: Walked, area: int, images: int) -> dict[str, Any] | None:
     samples = []
     for weights in bootstrap_weights(images):
         found, total = (weights @ walked.found[area]).astype(float), weights @ walked.total[area]
@@ -525,7 +407,7 @@ def coco_ap(
     bucket_ap50: dict[str, float | None] = {}
     bucket_ap: dict[str, float | None] = {}
     bucket_recall: dict[str, float | None] = {}
-    walked = _walk(evaluation, at_50, score_threshold, rankings=ap_intervals)
+    walked = walk(evaluation, at_50, score_threshold, rankings=ap_intervals)
     bucket_class_ap50: dict[str, list[float | None]] = {}
     for name in SIZE_BUCKETS:
         area = params.areaRngLbl.index(name)
