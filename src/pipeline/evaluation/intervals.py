@@ -29,9 +29,15 @@ from pipeline.stats import (
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
 AP_METHOD = IMAGES_METHOD + ", pycocotools' matches reweighed"
-_BLOCK_ELEMENTS = 1 << 22  # resamples x detections summed at once: 32 MiB of int64 weights
+_BLOCK_ELEMENTS = 1 << 22  # resamples x detections gathered at once: 16 MiB of int32 weights
+# resamples x (images or true positives) per block: a block's float64 arrays at run ends stay
+# within a core's cache (about 2 MiB) through the passes over them
+_RESAMPLE_BLOCK = 1 << 18
 _DENSE_ADVANTAGE = 100  # a matrix product's multiply-adds per gathered and summed weight, about
 _FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
+# weights summed: at most 100 detections of a class per image (maxDets) times the draws, so
+# int32 holds them up to 20 million images, at half int64's memory traffic
+_SUMS = np.int32
 
 
 @dataclass(frozen=True)
@@ -219,9 +225,9 @@ def _sums_at(
         added = np.bincount(
             segment * images + image_index[members], minlength=positions.size * images
         ).reshape(positions.size, images)  # each position's members since the one before
-        return np.cumsum(added.astype(np.float32) @ weights.float32, axis=0, dtype=np.int64)
+        return np.cumsum(added.astype(np.float32) @ weights.float32, axis=0, dtype=_SUMS)
     if 2 * positions.size >= members.size:
-        running = np.zeros((members.size + 1, weights.by_image.shape[1]), dtype=np.int64)
+        running = np.zeros((members.size + 1, weights.by_image.shape[1]), dtype=_SUMS)
         np.cumsum(weights.by_image[image_index[members]], axis=0, out=running[1:])
         return running[np.searchsorted(members, positions, side="right")]
     step = max(1, _BLOCK_ELEMENTS // max(members.size, 1))  # resamples gathered at once
@@ -240,7 +246,7 @@ def _summed_between(
 ) -> np.ndarray:
     # [R, M]: the members' weights, each resample's row contiguous (summed along it)
     rows = by_resample.take(image_index[members], axis=1)
-    result = np.zeros((positions.size, rows.shape[0]), dtype=np.int64)
+    result = np.zeros((positions.size, rows.shape[0]), dtype=_SUMS)
     segment = np.searchsorted(positions, members, side="left")  # the first position at or below
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
     result[segment[starts]] = np.add.reduceat(rows, starts, axis=1).T
@@ -369,9 +375,9 @@ def resampled_ap(
 
 def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
     """The resamples in blocks, each as image weights [I, rows] with as many rows as keep a
-    block's [width, rows] arrays (weights, sums at run ends) within _BLOCK_ELEMENTS: few
-    blocks (Python's overhead is per block), bounded memory."""
-    rows, pending = max(1, _BLOCK_ELEMENTS // max(width, 1)), []
+    block's [width, rows] arrays (weights, sums at run ends) within _RESAMPLE_BLOCK: few
+    blocks (Python's overhead is per block), each pass over them within the cache."""
+    rows, pending = max(1, _RESAMPLE_BLOCK // max(width, 1)), []
     for chunk in weights:
         pending.append(chunk)
         if sum(len(part) for part in pending) >= rows:
