@@ -204,11 +204,10 @@ class _Weights:
         return self._float32
 
 
-def _sums_at(
-    weights: _Weights, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray
-) -> np.ndarray:
-    """[P, R] each resample's weight of the `members` (ranks, ascending) ranked at or above
-    each of `positions` (ascending), from the images' weights and each detection's image.
+class _SumsAt:
+    """Each resample's weight of `members` (ranks, ascending) ranked at or above each of
+    `positions` (ascending), prepared once for every block of resamples: called with a block's
+    weights, [P, R].
 
     Three ways to the same integers, by what costs least. Many members and few positions (a
     class's counted detections at its run ends): each position's new members by image [P, I]
@@ -216,41 +215,50 @@ def _sums_at(
     (integers all the way). About as many positions as members (true positives that rarely
     follow one another): their weights gathered and summed up. Else the members' weights
     gathered and summed between positions."""
-    members = members[: np.searchsorted(members, positions[-1], side="right")]
-    images = weights.by_image.shape[0]
-    if positions.size * images < _DENSE_ADVANTAGE * members.size and (
-        members.size * weights.largest < _FLOAT32_EXACT
-    ):
-        segment = np.searchsorted(positions, members, side="left")
-        added = np.bincount(
-            segment * images + image_index[members], minlength=positions.size * images
-        ).reshape(positions.size, images)  # each position's members since the one before
-        return np.cumsum(added.astype(np.float32) @ weights.float32, axis=0, dtype=_SUMS)
-    if 2 * positions.size >= members.size:
-        running = np.zeros((members.size + 1, weights.by_image.shape[1]), dtype=_SUMS)
-        np.cumsum(weights.by_image[image_index[members]], axis=0, out=running[1:])
-        return running[np.searchsorted(members, positions, side="right")]
-    step = max(1, _BLOCK_ELEMENTS // max(members.size, 1))  # resamples gathered at once
-    by_resample = weights.by_resample
-    return np.concatenate(
-        [
-            _summed_between(by_resample[start : start + step], image_index, members, positions)
-            for start in range(0, by_resample.shape[0], step)
-        ],
-        axis=1,
-    )
 
+    def __init__(
+        self, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray, images: int
+    ) -> None:
+        members = members[: np.searchsorted(members, positions[-1], side="right")]
+        self.size = positions.size
+        self.images = image_index[members]  # each member's image
+        self.dense = positions.size * images < _DENSE_ADVANTAGE * members.size
+        segment = np.searchsorted(positions, members, side="left")  # first position at or below
+        if self.dense:
+            self.added = np.bincount(
+                segment * images + self.images, minlength=positions.size * images
+            ).reshape(positions.size, images)  # each position's members since the one before
+        self.running = 2 * positions.size >= members.size
+        if self.running:
+            self.read = np.searchsorted(members, positions, side="right")
+        else:  # members outnumber positions twice: none is empty
+            self.starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+            self.segments = segment[self.starts]
 
-def _summed_between(
-    by_resample: np.ndarray, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray
-) -> np.ndarray:
-    # [R, M]: the members' weights, each resample's row contiguous (summed along it)
-    rows = by_resample.take(image_index[members], axis=1)
-    result = np.zeros((positions.size, rows.shape[0]), dtype=_SUMS)
-    segment = np.searchsorted(positions, members, side="left")  # the first position at or below
-    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-    result[segment[starts]] = np.add.reduceat(rows, starts, axis=1).T
-    return np.cumsum(result, axis=0, out=result)
+    def __call__(self, weights: _Weights) -> np.ndarray:
+        if self.dense and self.images.size * weights.largest < _FLOAT32_EXACT:
+            sums = self.added.astype(np.float32) @ weights.float32
+            return np.cumsum(sums, axis=0, dtype=_SUMS)
+        if self.running:
+            running = np.zeros((self.images.size + 1, weights.by_image.shape[1]), dtype=_SUMS)
+            np.cumsum(weights.by_image[self.images], axis=0, out=running[1:])
+            return running[self.read]
+        step = max(1, _BLOCK_ELEMENTS // max(self.images.size, 1))  # resamples gathered at once
+        by_resample = weights.by_resample
+        return np.concatenate(
+            [
+                self._between(by_resample[start : start + step])
+                for start in range(0, len(by_resample), step)
+            ],
+            axis=1,
+        )
+
+    def _between(self, by_resample: np.ndarray) -> np.ndarray:
+        # [R, M]: the members' weights, each resample's row contiguous (summed along it)
+        rows = by_resample.take(self.images, axis=1)
+        result = np.zeros((self.size, rows.shape[0]), dtype=_SUMS)
+        result[self.segments] = np.add.reduceat(rows, self.starts, axis=1).T
+        return np.cumsum(result, axis=0, out=result)
 
 
 def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
@@ -266,45 +274,85 @@ def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
     return ranks[hits & last]
 
 
-def ranked_ap(
-    ranking: ClassRanking,
-    by_image: np.ndarray,
-    thresholds: np.ndarray | None = RECALL_THRESHOLDS,
-) -> np.ndarray:
-    """AP [A, T, R] of one class in each area range at each IoU threshold, for each column of
-    image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
-    of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
-    None: the VOC devkit's all-point AP)."""
+@dataclass(frozen=True)
+class _IoUPlan:
+    ends: int  # run ends
+    tp: _SumsAt  # the true positives' weight at each run end
+    seen: np.ndarray  # each run end's row of the area's `always` sums
+    more: _SumsAt | None  # what this IoU counts beyond `always`
+
+
+@dataclass(frozen=True)
+class _AreaPlan:
+    always: _SumsAt  # what every IoU counts, at every IoU's run ends
+    lookups: int  # run ends over all IoUs
+    ious: list[_IoUPlan | None]  # None: no true positive
+
+
+def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
+    """What ranked_ap sums where, for every area range and IoU: it depends on the ranking
+    alone, not on the weights, so it is made once for every block of resamples."""
     areas, ious, _ = ranking.is_tp.shape
-    objects = ranking.gt_per_image @ by_image  # [A, R]
-    result = np.full((areas, ious, by_image.shape[1]), np.nan)
-    weights = _Weights(by_image)
+    plans: list[_AreaPlan | None] = []
     for a in range(areas):
         ends = [_run_ends(ranking.is_tp[a, t], ranking.counted[a, t]) for t in range(ious)]
         every_end = np.unique(np.concatenate(ends))
         if every_end.size == 0:
-            result[a] = np.where(objects[a] > 0, 0.0, np.nan)
+            plans.append(None)
             continue
         # what is counted at every IoU, summed up to each run end of any IoU once; an IoU
         # counts more only where a match to an ignored object came or went
         always = ranking.counted[a].all(axis=0)
-        seen_always = _sums_at(weights, ranking.image_index, np.flatnonzero(always), every_end)
-        points = (
-            None
-            if thresholds is None
-            else _RecallPoints(objects[a], thresholds, sum(end.size for end in ends))
-        )
+        by_iou: list[_IoUPlan | None] = []
         for t in range(ious):
             if ends[t].size == 0:
-                result[a, t] = np.where(objects[a] > 0, 0.0, np.nan)
+                by_iou.append(None)
                 continue
             hits = np.flatnonzero(ranking.is_tp[a, t])
-            tp = _sums_at(weights, ranking.image_index, hits, ends[t])
-            seen = seen_always[np.searchsorted(every_end, ends[t])]
             more = np.flatnonzero(ranking.counted[a, t] & ~always)
-            if more.size:
-                seen += _sums_at(weights, ranking.image_index, more, ends[t])
-            result[a, t] = _average_precision(tp, seen, objects[a], points)
+            by_iou.append(
+                _IoUPlan(
+                    ends[t].size,
+                    _SumsAt(ranking.image_index, hits, ends[t], images),
+                    np.searchsorted(every_end, ends[t]),
+                    _SumsAt(ranking.image_index, more, ends[t], images) if more.size else None,
+                )
+            )
+        always_sums = _SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
+        plans.append(_AreaPlan(always_sums, sum(end.size for end in ends), by_iou))
+    return plans
+
+
+def ranked_ap(
+    ranking: ClassRanking,
+    by_image: np.ndarray,
+    thresholds: np.ndarray | None = RECALL_THRESHOLDS,
+    plan: list[_AreaPlan | None] | None = None,
+) -> np.ndarray:
+    """AP [A, T, R] of one class in each area range at each IoU threshold, for each column of
+    image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
+    of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
+    None: the VOC devkit's all-point AP). `plan`: the ranking's `_plan`, made once where many
+    blocks of weights are read."""
+    areas, ious, _ = ranking.is_tp.shape
+    objects = ranking.gt_per_image @ by_image  # [A, R]
+    result = np.full((areas, ious, by_image.shape[1]), np.nan)
+    weights = _Weights(by_image)
+    for a, area in enumerate(plan if plan is not None else _plan(ranking, by_image.shape[0])):
+        none_found = np.where(objects[a] > 0, 0.0, np.nan)
+        if area is None:
+            result[a] = none_found
+            continue
+        seen_always = area.always(weights)
+        points = None if thresholds is None else _RecallPoints(objects[a], thresholds, area.lookups)
+        for t, at in enumerate(area.ious):
+            if at is None:
+                result[a, t] = none_found
+                continue
+            seen = seen_always[at.seen]
+            if at.more is not None:
+                seen += at.more(weights)
+            result[a, t] = _average_precision(at.tp(weights), seen, objects[a], points)
     return result
 
 
@@ -366,8 +414,15 @@ def resampled_ap(
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     width = max(images, *(ranking.true_positives for ranking in rankings))
+    plans = [_plan(ranking, images) for ranking in rankings]
     chunks = [
-        np.stack([ranked_ap(ranking, by_image) for ranking in rankings], axis=2)  # [A, T, K, r]
+        np.stack(  # [A, T, K, r]
+            [
+                ranked_ap(ranking, by_image, plan=plan)
+                for ranking, plan in zip(rankings, plans, strict=True)
+            ],
+            axis=2,
+        )
         for by_image in _blocks(bootstrap_weights(images, resamples), width)
     ]
     return APSamples(np.concatenate(chunks, axis=3))
@@ -396,10 +451,15 @@ def resampled_class_ap(
     """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
     as every other interval draws)."""
     width = max(images, *(int(found.is_tp.sum()) for found in classes))
+    rankings = [found.ranking() for found in classes]
+    plans = [_plan(ranking, images) for ranking in rankings]
     return np.concatenate(
         [
             np.stack(
-                [ranked_ap(found.ranking(), by_image, recall_thresholds)[0, 0] for found in classes]
+                [
+                    ranked_ap(ranking, by_image, recall_thresholds, plan)[0, 0]
+                    for ranking, plan in zip(rankings, plans, strict=True)
+                ]
             )
             for by_image in _blocks(bootstrap_weights(images, resamples), width)
         ],
