@@ -136,7 +136,7 @@ def captured_rankings(monkeypatch, images: int) -> list[Any]:
 
     seen: list[Any] = []
 
-    def spy(rankings: list[Any], count: int, *args: Any) -> Any:
+    def spy(rankings: list[Any], count: int, *args: Any, **kwargs: Any) -> Any:
         seen.extend(rankings)
         return intervals.resampled_ap(rankings, count, 4)
 
@@ -175,3 +175,14 @@ def test_every_resamples_all_point_ap_is_the_voc_devkits_on_the_reweighed_matche
         found = intervals.ranked_ap(matches.ranking(), weights, None)[0, 0]
         expected = [voc_devkit_ap(matches, weights[:, r]) for r in range(25)]
         assert found == pytest.approx(expected, abs=1e-12, nan_ok=True)
+
+
+def test_intervals_on_several_threads_are_those_on_one() -> None:
+    """The classes' intervals computed side by side give every interval bit for bit."""
+    gts, dets = interval_scene(90, seed=8)
+    one, two = (
+        coco_ap(gts, dets, len(CLASSES), (128, 128), CLASSES, 0.5, True, threads=threads)
+        for threads in (1, 2)
+    )
+    assert intervals_of(one) == intervals_of(two)
+    assert sum(value is not None for value in intervals_of(one).values()) >= 18

@@ -146,7 +146,12 @@ _NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
 
 
 def _ap_intervals(
-    walked: Walked, params: Any, at_50: int, at_75: int, with_recall: Sequence[str]
+    walked: Walked,
+    params: Any,
+    at_50: int,
+    at_75: int,
+    with_recall: Sequence[str],
+    threads: int = 1,
 ) -> _APIntervals:
     """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
     matches kept: a resample reweighs images, it does not match again. Every figure is read
@@ -155,7 +160,7 @@ def _ap_intervals(
     as pycocotools averages it, the mean over classes of each class's mean over the IoUs."""
     labels, category_ids = list(params.areaRngLbl), list(params.catIds)
     images = len(params.imgIds)
-    samples = resampled_ap(walked.rankings, images)
+    samples = resampled_ap(walked.rankings, images, threads=threads)
     everything = labels.index("all")
     by_class = samples.by_class[everything]  # [T, K, R]
     per_class: list[dict[str, dict[str, Any] | None]] = [{}] * len(category_ids)
@@ -247,6 +252,7 @@ def coco_ap(
     class_names: Sequence[str],
     score_threshold: float = 0.0,
     ap_intervals: bool = False,
+    threads: int = 1,
 ) -> dict[str, Any]:
     """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
 
@@ -256,7 +262,8 @@ def coco_ap(
     AP@[.5:.95]'s intervals too, and each size bucket its recall's, from the same resamples
     (seconds per 500 images on a CPU, so the evaluate stage asks for them and validation
     during training does not), and `ap50_matches` holds pycocotools' matches at IoU 0.5
-    (`intervals.ClassMatches`); else they are None. Per-class AP is None for a class without
+    (`intervals.ClassMatches`); else they are None. `threads`: the classes' intervals are
+    computed on that many threads (numpy lets go of the GIL), the same figures. Per-class AP is None for a class without
     ground truth (pycocotools' -1).
     Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
     lets a detection on them count against.
@@ -424,7 +431,12 @@ def coco_ap(
     at_75 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.75)))
     intervals = (
         _ap_intervals(
-            walked, params, at_50, at_75, [b for b, r in bucket_recall.items() if r is not None]
+            walked,
+            params,
+            at_50,
+            at_75,
+            [b for b, r in bucket_recall.items() if r is not None],
+            threads,
         )
         if ap_intervals
         else _NO_AP_INTERVALS

@@ -11,6 +11,7 @@ false positives off those sums.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -407,24 +408,32 @@ class APSamples:
 
 
 def resampled_ap(
-    rankings: Sequence[ClassRanking], images: int, resamples: int = BOOTSTRAP_RESAMPLES
+    rankings: Sequence[ClassRanking],
+    images: int,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    threads: int = 1,
 ) -> APSamples:
     """Every class's AP in every area range at every IoU for each resample of the images: the
-    same resamples (`stats.bootstrap_weights`, seeded) as the F1 intervals draw."""
+    same resamples (`stats.bootstrap_weights`, seeded) as the F1 intervals draw. `threads`:
+    classes computed side by side (numpy lets go of the GIL in its loops), the same figures."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     width = max(images, *(ranking.true_positives for ranking in rankings))
-    plans = [_plan(ranking, images) for ranking in rankings]
-    chunks = [
-        np.stack(  # [A, T, K, r]
-            [
-                ranked_ap(ranking, by_image, plan=plan)
-                for ranking, plan in zip(rankings, plans, strict=True)
-            ],
-            axis=2,
-        )
-        for by_image in _blocks(bootstrap_weights(images, resamples), width)
-    ]
+    with ThreadPoolExecutor(max(1, min(threads, len(rankings)))) as pool:
+        plans = list(pool.map(lambda ranking: _plan(ranking, images), rankings))
+        chunks = [
+            np.stack(  # [A, T, K, r]
+                list(
+                    pool.map(
+                        lambda ranking, plan: ranked_ap(ranking, by_image, plan=plan),  # noqa: B023
+                        rankings,
+                        plans,
+                    )
+                ),
+                axis=2,
+            )
+            for by_image in _blocks(bootstrap_weights(images, resamples), width)
+        ]
     return APSamples(np.concatenate(chunks, axis=3))
 
 

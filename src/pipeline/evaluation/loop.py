@@ -213,6 +213,7 @@ class Evaluator:
             self.class_names,
             counts["score_threshold"],
             ap_intervals,
+            threads=torch.get_num_threads(),  # the CPUs this process was given
         )
         if self.protocol != "coco":
             found = voc_ap(
