@@ -1011,3 +1011,36 @@ def test_matching_gives_the_greedy_rules_matches_on_crowded_images_of_mostly_mis
             assert found_matches.tolist() == expected.tolist()
             matches += int((expected >= 0).sum())
     assert matches > 60  # a fixture where matches happen, among many more misses
+
+
+def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters(monkeypatch) -> None:
+    """Evaluated and accumulated at 100 detections alone, AP, AP@.5 and AP@.75 are bit for bit
+    what pycocotools' summarize gives with its default maxDets (1, 10, 100)."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from pipeline.evaluation import coco
+
+    summarized: list[list[float]] = []
+
+    class Defaults(COCOeval):
+        def evaluate(self) -> None:
+            self.params.maxDets = [1, 10, 100]
+            super().evaluate()
+
+        def accumulate(self, p=None) -> None:
+            super().accumulate(p)
+            self.summarize()
+            summarized.append([float(value) for value in self.stats[:3]])
+
+    gts, dets = noisy_scene(30, seed=4)
+    for found in dets:  # more than 10 detections of an image: maxDets matters to AR, not AP
+        found["boxes"] = np.concatenate([found["boxes"]] * 4).astype(np.float32)
+        found["scores"] = np.concatenate([found["scores"] * f for f in (1, 0.9, 0.8, 0.7)])
+        found["labels"] = np.concatenate([found["labels"]] * 4)
+    monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, COCOeval))
+    result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, Defaults))
+    coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    assert [result["ap"], result["ap50"], result["ap75"]] == summarized[0]
+    assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0
