@@ -10,6 +10,7 @@ false positives off those sums.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ _BLOCK_ELEMENTS = 1 << 22  # resamples x detections gathered at once: 16 MiB of 
 # resamples x (images or true positives) per block: a block's float64 arrays at run ends stay
 # within a core's cache (about 2 MiB) through the passes over them
 _RESAMPLE_BLOCK = 1 << 18
+_FEWEST_RESAMPLES = 128  # per block all the same: Python's overhead is per block, class and IoU
 _DENSE_ADVANTAGE = 100  # a matrix product's multiply-adds per gathered and summed weight, about
 _FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
 # weights summed: at most 100 detections of a class per image (maxDets) times the draws, so
@@ -190,19 +192,20 @@ def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarra
 
 class _Weights:
     """A block's image weights [I, R] in the layouts the sums read: rows by image (gathered
-    per detection), rows by resample (summed along), and float32 for matrix products."""
+    per detection), and where asked for, rows by resample (summed along) and float32 (matrix
+    products); made once for every class."""
 
     def __init__(self, by_image: np.ndarray) -> None:
         self.by_image = by_image
-        self.by_resample = np.ascontiguousarray(by_image.T)
         self.largest = int(by_image.max(initial=0))
-        self._float32: np.ndarray | None = None
 
-    @property
+    @functools.cached_property
+    def by_resample(self) -> np.ndarray:
+        return np.ascontiguousarray(self.by_image.T)
+
+    @functools.cached_property
     def float32(self) -> np.ndarray:
-        if self._float32 is None:
-            self._float32 = self.by_image.astype(np.float32)
-        return self._float32
+        return self.by_image.astype(np.float32)
 
 
 class _SumsAt:
@@ -226,9 +229,11 @@ class _SumsAt:
         self.dense = positions.size * images < _DENSE_ADVANTAGE * members.size
         segment = np.searchsorted(positions, members, side="left")  # first position at or below
         if self.dense:
-            self.added = np.bincount(
-                segment * images + self.images, minlength=positions.size * images
-            ).reshape(positions.size, images)  # each position's members since the one before
+            self.added = (
+                np.bincount(segment * images + self.images, minlength=positions.size * images)
+                .reshape(positions.size, images)  # each position's members since the one before
+                .astype(np.float32)
+            )
         self.running = 2 * positions.size >= members.size
         if self.running:
             self.read = np.searchsorted(members, positions, side="right")
@@ -238,7 +243,7 @@ class _SumsAt:
 
     def __call__(self, weights: _Weights) -> np.ndarray:
         if self.dense and self.images.size * weights.largest < _FLOAT32_EXACT:
-            sums = self.added.astype(np.float32) @ weights.float32
+            sums = self.added @ weights.float32
             return np.cumsum(sums, axis=0, dtype=_SUMS)
         if self.running:
             running = np.zeros((self.images.size + 1, weights.by_image.shape[1]), dtype=_SUMS)
@@ -326,7 +331,7 @@ def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
 
 def ranked_ap(
     ranking: ClassRanking,
-    by_image: np.ndarray,
+    by_image: np.ndarray | _Weights,
     thresholds: np.ndarray | None = RECALL_THRESHOLDS,
     plan: list[_AreaPlan | None] | None = None,
 ) -> np.ndarray:
@@ -334,12 +339,13 @@ def ranked_ap(
     image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
     of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
     None: the VOC devkit's all-point AP). `plan`: the ranking's `_plan`, made once where many
-    blocks of weights are read."""
+    blocks of weights are read (each block's `_Weights` made once for every class)."""
     areas, ious, _ = ranking.is_tp.shape
-    objects = ranking.gt_per_image @ by_image  # [A, R]
-    result = np.full((areas, ious, by_image.shape[1]), np.nan)
-    weights = _Weights(by_image)
-    for a, area in enumerate(plan if plan is not None else _plan(ranking, by_image.shape[0])):
+    weights = by_image if isinstance(by_image, _Weights) else _Weights(by_image)
+    objects = ranking.gt_per_image @ weights.by_image  # [A, R]
+    result = np.full((areas, ious, weights.by_image.shape[1]), np.nan)
+    images = weights.by_image.shape[0]
+    for a, area in enumerate(plan if plan is not None else _plan(ranking, images)):
         none_found = np.where(objects[a] > 0, 0.0, np.nan)
         if area is None:
             result[a] = none_found
@@ -419,29 +425,22 @@ def resampled_ap(
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     width = max(images, *(ranking.true_positives for ranking in rankings))
+    blocks = [_Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
+
+    def every_block(ranking: ClassRanking) -> np.ndarray:
+        """[A, T, R]; the plan (as large as a class's detections) lives while its class is read."""
+        plan = _plan(ranking, images)
+        return np.concatenate([ranked_ap(ranking, block, plan=plan) for block in blocks], axis=2)
+
     with ThreadPoolExecutor(max(1, min(threads, len(rankings)))) as pool:
-        plans = list(pool.map(lambda ranking: _plan(ranking, images), rankings))
-        chunks = [
-            np.stack(  # [A, T, K, r]
-                list(
-                    pool.map(
-                        lambda ranking, plan: ranked_ap(ranking, by_image, plan=plan),  # noqa: B023
-                        rankings,
-                        plans,
-                    )
-                ),
-                axis=2,
-            )
-            for by_image in _blocks(bootstrap_weights(images, resamples), width)
-        ]
-    return APSamples(np.concatenate(chunks, axis=3))
+        return APSamples(np.stack(list(pool.map(every_block, rankings)), axis=2))
 
 
 def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
     """The resamples in blocks, each as image weights [I, rows] with as many rows as keep a
     block's [width, rows] arrays (weights, sums at run ends) within _RESAMPLE_BLOCK: few
     blocks (Python's overhead is per block), each pass over them within the cache."""
-    rows, pending = max(1, _RESAMPLE_BLOCK // max(width, 1)), []
+    rows, pending = max(_FEWEST_RESAMPLES, _RESAMPLE_BLOCK // max(width, 1)), []
     for chunk in weights:
         pending.append(chunk)
         if sum(len(part) for part in pending) >= rows:
@@ -460,20 +459,17 @@ def resampled_class_ap(
     """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
     as every other interval draws)."""
     width = max(images, *(int(found.is_tp.sum()) for found in classes))
-    rankings = [found.ranking() for found in classes]
-    plans = [_plan(ranking, images) for ranking in rankings]
-    return np.concatenate(
-        [
-            np.stack(
-                [
-                    ranked_ap(ranking, by_image, recall_thresholds, plan)[0, 0]
-                    for ranking, plan in zip(rankings, plans, strict=True)
-                ]
+    blocks = [_Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
+    rows = []
+    for found in classes:
+        ranking = found.ranking()
+        plan = _plan(ranking, images)
+        rows.append(
+            np.concatenate(
+                [ranked_ap(ranking, block, recall_thresholds, plan)[0, 0] for block in blocks]
             )
-            for by_image in _blocks(bootstrap_weights(images, resamples), width)
-        ],
-        axis=1,
-    )
+        )
+    return np.stack(rows)
 
 
 def read_ap50_matches(
