@@ -10,7 +10,6 @@ false positives off those sums.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.evaluation.weighted_sums import SumsAt, Weights
 from pipeline.stats import (
     BOOTSTRAP_RESAMPLES,
     CONFIDENCE,
@@ -31,16 +31,10 @@ from pipeline.stats import (
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
 AP_METHOD = IMAGES_METHOD + ", pycocotools' matches reweighed"
-_BLOCK_ELEMENTS = 1 << 22  # resamples x detections gathered at once: 16 MiB of int32 weights
 # resamples x (images or true positives) per block: a block's float64 arrays at run ends stay
 # within a core's cache (about 2 MiB) through the passes over them
 _RESAMPLE_BLOCK = 1 << 18
 _FEWEST_RESAMPLES = 128  # per block all the same: Python's overhead is per block, class and IoU
-_DENSE_ADVANTAGE = 100  # a matrix product's multiply-adds per gathered and summed weight, about
-_FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
-# weights summed: at most 100 detections of a class per image (maxDets) times the draws, so
-# int32 holds them up to 20 million images, at half int64's memory traffic
-_SUMS = np.int32
 
 
 @dataclass(frozen=True)
@@ -190,83 +184,6 @@ def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarra
     return reached + ((guess < last) & (thresholds[above] <= recall))
 
 
-class _Weights:
-    """A block's image weights [I, R] in the layouts the sums read: rows by image (gathered
-    per detection), and where asked for, rows by resample (summed along) and float32 (matrix
-    products); made once for every class."""
-
-    def __init__(self, by_image: np.ndarray) -> None:
-        self.by_image = by_image
-        self.largest = int(by_image.max(initial=0))
-
-    @functools.cached_property
-    def by_resample(self) -> np.ndarray:
-        return np.ascontiguousarray(self.by_image.T)
-
-    @functools.cached_property
-    def float32(self) -> np.ndarray:
-        return self.by_image.astype(np.float32)
-
-
-class _SumsAt:
-    """Each resample's weight of `members` (ranks, ascending) ranked at or above each of
-    `positions` (ascending), prepared once for every block of resamples: called with a block's
-    weights, [P, R].
-
-    Three ways to the same integers, by what costs least. Many members and few positions (a
-    class's counted detections at its run ends): each position's new members by image [P, I]
-    times the weights, one matrix product in float32, exact while every sum stays below 2**24
-    (integers all the way). About as many positions as members (true positives that rarely
-    follow one another): their weights gathered and summed up. Else the members' weights
-    gathered and summed between positions."""
-
-    def __init__(
-        self, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray, images: int
-    ) -> None:
-        members = members[: np.searchsorted(members, positions[-1], side="right")]
-        self.size = positions.size
-        self.images = image_index[members]  # each member's image
-        self.dense = positions.size * images < _DENSE_ADVANTAGE * members.size
-        segment = np.searchsorted(positions, members, side="left")  # first position at or below
-        if self.dense:
-            self.added = (
-                np.bincount(segment * images + self.images, minlength=positions.size * images)
-                .reshape(positions.size, images)  # each position's members since the one before
-                .astype(np.float32)
-            )
-        self.running = 2 * positions.size >= members.size
-        if self.running:
-            self.read = np.searchsorted(members, positions, side="right")
-        else:  # members outnumber positions twice: none is empty
-            self.starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-            self.segments = segment[self.starts]
-
-    def __call__(self, weights: _Weights) -> np.ndarray:
-        if self.dense and self.images.size * weights.largest < _FLOAT32_EXACT:
-            sums = self.added @ weights.float32
-            return np.cumsum(sums, axis=0, dtype=_SUMS)
-        if self.running:
-            running = np.zeros((self.images.size + 1, weights.by_image.shape[1]), dtype=_SUMS)
-            np.cumsum(weights.by_image[self.images], axis=0, out=running[1:])
-            return running[self.read]
-        step = max(1, _BLOCK_ELEMENTS // max(self.images.size, 1))  # resamples gathered at once
-        by_resample = weights.by_resample
-        return np.concatenate(
-            [
-                self._between(by_resample[start : start + step])
-                for start in range(0, len(by_resample), step)
-            ],
-            axis=1,
-        )
-
-    def _between(self, by_resample: np.ndarray) -> np.ndarray:
-        # [R, M]: the members' weights, each resample's row contiguous (summed along it)
-        rows = by_resample.take(self.images, axis=1)
-        result = np.zeros((self.size, rows.shape[0]), dtype=_SUMS)
-        result[self.segments] = np.add.reduceat(rows, self.starts, axis=1).T
-        return np.cumsum(result, axis=0, out=result)
-
-
 def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
     """The ranks of the true positives that end a run: the last of true positives with no
     counted false positive between them. Within a run precision only rises (each step adds the
@@ -283,14 +200,14 @@ def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class _IoUPlan:
     ends: int  # run ends
-    tp: _SumsAt  # the true positives' weight at each run end
+    tp: SumsAt  # the true positives' weight at each run end
     seen: np.ndarray  # each run end's row of the area's `always` sums
-    more: _SumsAt | None  # what this IoU counts beyond `always`
+    more: SumsAt | None  # what this IoU counts beyond `always`
 
 
 @dataclass(frozen=True)
 class _AreaPlan:
-    always: _SumsAt  # what every IoU counts, at every IoU's run ends
+    always: SumsAt  # what every IoU counts, at every IoU's run ends
     lookups: int  # run ends over all IoUs
     ious: list[_IoUPlan | None]  # None: no true positive
 
@@ -319,19 +236,19 @@ def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
             by_iou.append(
                 _IoUPlan(
                     ends[t].size,
-                    _SumsAt(ranking.image_index, hits, ends[t], images),
+                    SumsAt(ranking.image_index, hits, ends[t], images),
                     np.searchsorted(every_end, ends[t]),
-                    _SumsAt(ranking.image_index, more, ends[t], images) if more.size else None,
+                    SumsAt(ranking.image_index, more, ends[t], images) if more.size else None,
                 )
             )
-        always_sums = _SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
+        always_sums = SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
         plans.append(_AreaPlan(always_sums, sum(end.size for end in ends), by_iou))
     return plans
 
 
 def ranked_ap(
     ranking: ClassRanking,
-    by_image: np.ndarray | _Weights,
+    by_image: np.ndarray | Weights,
     thresholds: np.ndarray | None = RECALL_THRESHOLDS,
     plan: list[_AreaPlan | None] | None = None,
 ) -> np.ndarray:
@@ -339,9 +256,9 @@ def ranked_ap(
     image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
     of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
     None: the VOC devkit's all-point AP). `plan`: the ranking's `_plan`, made once where many
-    blocks of weights are read (each block's `_Weights` made once for every class)."""
+    blocks of weights are read (each block's `Weights` made once for every class)."""
     areas, ious, _ = ranking.is_tp.shape
-    weights = by_image if isinstance(by_image, _Weights) else _Weights(by_image)
+    weights = by_image if isinstance(by_image, Weights) else Weights(by_image)
     objects = ranking.gt_per_image @ weights.by_image  # [A, R]
     result = np.full((areas, ious, weights.by_image.shape[1]), np.nan)
     images = weights.by_image.shape[0]
@@ -425,7 +342,7 @@ def resampled_ap(
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     width = max(images, *(ranking.true_positives for ranking in rankings))
-    blocks = [_Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
+    blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
 
     def every_block(ranking: ClassRanking) -> np.ndarray:
         """[A, T, R]; the plan (as large as a class's detections) lives while its class is read."""
@@ -459,7 +376,7 @@ def resampled_class_ap(
     """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
     as every other interval draws)."""
     width = max(images, *(int(found.is_tp.sum()) for found in classes))
-    blocks = [_Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
+    blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
     rows = []
     for found in classes:
         ranking = found.ranking()
