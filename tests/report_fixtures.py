@@ -740,3 +740,23 @@ def write_results_tree(root: Path) -> Path:
         "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n6.40\t0:00:06\t798.37\t3453.06\t445.16\t597.22\t0.06\t0.03\t60.00\t4.22\n"
     )
     return results
+
+
+def native_bf16_cpu(tmp_path: Path) -> Path:
+    """Results of a CPU-only machine with native bf16, where bf16 trains faster than fp32."""
+    results = tmp_path / "results"
+    env = env_json()
+    env["backends"] = {"cpu": env["backends"]["cpu"]}
+    env["backends"]["cpu"]["measured_refused"]["bf16"] = None
+    env["cpu_native"]["bf16"] = {"native": True, "evidence": "avx512_bf16=yes", "hidden": False}
+    env.update(available=["cpu"], auto="cpu")
+    write_json(results / "env.json", env)
+    for precision, ms in (("fp32", 50.0), ("bf16", 34.0)):
+        write_json(
+            results / "bench" / f"cpu-{precision}-train.json",
+            {
+                "format": "pipeline.bench/2",
+                "records": [bench_record("cpu", precision, "train", ms)],
+            },
+        )
+    return results

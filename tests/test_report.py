@@ -19,9 +19,8 @@ import pytest
 from report_fixtures import (
     SCRIPT_CLASS,
     ap_interval,
-    bench_record,
-    env_json,
     evaluation,
+    native_bf16_cpu,
     predictions,
     write_json,
     write_results_tree,
@@ -318,19 +317,7 @@ def test_several_runs_are_compared_with_their_swept_values(tmp_path: Path) -> No
 
 def native_bf16_cpu_tree(tmp_path: Path, bf16_f1: float) -> Path:
     """A CPU with native bf16 where bf16 trains faster, and fp32 and bf16 runs of equal settings."""
-    results = tmp_path / "results"
-    env = env_json()
-    env["backends"] = {"cpu": env["backends"]["cpu"]}
-    env["backends"]["cpu"]["measured_refused"]["bf16"] = None
-    env["cpu_native"]["bf16"] = {"native": True, "evidence": "avx512_bf16=yes", "hidden": False}
-    env.update(available=["cpu"], auto="cpu")
-    write_json(results / "env.json", env)
-    for precision, ms in (("fp32", 50.0), ("bf16", 34.0)):
-        record = bench_record("cpu", precision, "train", ms)
-        write_json(
-            results / "bench" / f"cpu-{precision}-train.json",
-            {"format": "pipeline.bench/2", "records": [record]},
-        )
+    results = native_bf16_cpu(tmp_path)
     for precision, f1 in (("fp32", 0.937), ("bf16", bf16_f1)):
         write_json(results / "eval" / f"cpu-{precision}.json", evaluation("cpu", precision, f1))
     return results

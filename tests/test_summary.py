@@ -16,8 +16,8 @@ from report_fixtures import (
     BENCH,
     ap_interval,
     bench_record,
-    env_json,
     evaluation,
+    native_bf16_cpu,
     write_json,
     write_results_tree,
 )
@@ -73,26 +73,6 @@ def test_the_answer_is_the_setting_with_its_speed_up_interval_numerics_and_defau
     assert summary["answer"]["config_precision"] == "auto"
     assert chosen["is_shipped_default"] is True
     assert [(o["backend"], o["precision"]) for o in chosen["faster_unsafe"]] == [("cuda", "bf16")]
-
-
-def native_bf16_cpu(tmp_path: Path) -> Path:
-    """A CPU-only machine with native bf16, where bf16 trains faster than fp32."""
-    results = tmp_path / "results"
-    env = env_json()
-    env["backends"] = {"cpu": env["backends"]["cpu"]}
-    env["backends"]["cpu"]["measured_refused"]["bf16"] = None
-    env["cpu_native"]["bf16"] = {"native": True, "evidence": "avx512_bf16=yes", "hidden": False}
-    env.update(available=["cpu"], auto="cpu")
-    write_json(results / "env.json", env)
-    for precision, ms in (("fp32", 50.0), ("bf16", 34.0)):
-        write_json(
-            results / "bench" / f"cpu-{precision}-train.json",
-            {
-                "format": "pipeline.bench/2",
-                "records": [bench_record("cpu", precision, "train", ms)],
-            },
-        )
-    return results
 
 
 def test_the_shipped_default_follows_the_answer_where_precision_auto_would_not(

@@ -92,9 +92,9 @@ def snakemake(
     )
 
 
-def planned_jobs(result: subprocess.CompletedProcess[str]) -> set[str]:
-    """Rule names of the jobs a dry run lists in its job-stats table."""
-    jobs, table = set(), False
+def job_counts(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    """Rule name -> job count, from a dry run's job-stats table."""
+    counts, table = {}, False
     for line in result.stdout.splitlines():
         words = line.split()
         if words[:2] == ["job", "count"]:
@@ -102,8 +102,13 @@ def planned_jobs(result: subprocess.CompletedProcess[str]) -> set[str]:
         elif table and words and words[0] == "total":
             break
         elif table and len(words) == 2 and words[1].isdigit():
-            jobs.add(words[0])
-    return jobs
+            counts[words[0]] = int(words[1])
+    return counts
+
+
+def planned_jobs(result: subprocess.CompletedProcess[str]) -> set[str]:
+    """Rule names of the jobs a dry run lists in its job-stats table."""
+    return set(job_counts(result))
 
 
 def edit(path: Path) -> None:

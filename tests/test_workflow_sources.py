@@ -17,7 +17,7 @@ from modulefinder import ModuleFinder
 from pathlib import Path
 
 import pytest
-from test_workflow import copy_repository, edit, planned_jobs, snakemake
+from test_workflow import copy_repository, edit, job_counts, planned_jobs, snakemake
 
 from pipeline import cli, import_graph
 
@@ -195,20 +195,6 @@ def checked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made = snakemake(root, "results/env.json", "--cores", "1")
     assert made.returncode == 0, made.stderr[-3000:]
     return root
-
-
-def job_counts(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
-    """Rule name -> job count, from a dry run's job-stats table."""
-    counts, table = {}, False
-    for line in result.stdout.splitlines():
-        words = line.split()
-        if words[:2] == ["job", "count"]:
-            table = True
-        elif table and words and words[0] == "total":
-            break
-        elif table and len(words) == 2 and words[1].isdigit():
-            counts[words[0]] = int(words[1])
-    return counts
 
 
 @pytest.mark.slow
