@@ -747,6 +747,11 @@ def test_eval_reports_the_test_split_at_the_threshold_picked_on_validation(
     }
     low, high = chosen["f1_interval"]["low"], chosen["f1_interval"]["high"]
     assert low <= chosen["f1"] <= high and chosen["f1_interval"]["images"] == 8
+    # the headline's AP has its intervals; validation's, beside it, only its point figures
+    assert result["metrics"]["ap50_interval"] and result["metrics"]["ap50_matches"]
+    val = result["val_metrics"]
+    assert val["ap50_interval"] is val["ap_interval"] is val["ap50_matches"] is None
+    assert val["f1_interval"] and val["ap50"] is not None
 
 
 def test_eval_without_a_test_split_reports_validation_and_says_so(
@@ -758,6 +763,7 @@ def test_eval_without_a_test_split_reports_validation_and_says_so(
     result = json.loads(out.read_text())
     assert (result["split"], result["metrics_split"]) == ("val", "val")
     assert set(result["splits"]) == {"val"} and result["val_metrics"] is None
+    assert result["metrics"]["ap50_interval"] and result["metrics"]["ap_interval"]
     best = result["metrics"]["best"]
     assert result["operating_point"] == {
         "threshold": best["threshold"],

@@ -3,7 +3,8 @@
 `best.pth` was chosen on the validation split, so figures measured there are optimistic.
 Where the data set has a test split, the figures come from it, and the best-F1 score
 threshold is picked on validation and then applied to test. Without one, they come from
-validation and the JSON says so. P/R/F1 count the detections at or above the checkpoint's
+validation and the JSON says so; beside test's, validation's figures (`val_metrics`) keep
+their P/R/F1 intervals, not AP's. P/R/F1 count the detections at or above the checkpoint's
 operating point (the best-F1 threshold training picked on validation), unless
 eval.score_threshold names a threshold.
 """
@@ -113,8 +114,10 @@ def main(argv: list[str]) -> int:
     evaluator.score_threshold = threshold
     memory = dev.PeakMemory(device)
     loader = loader_for(val, config, train=False, pin_memory=pin)
+    # validation's AP intervals only where its figures are the headline: beside test's they
+    # would be seconds of resampling that nothing reads (its threshold comes from P/R/F1)
     val_metrics, detections = evaluator.evaluate(
-        model, loader, device, precision, ap_intervals=True
+        model, loader, device, precision, ap_intervals=test is None
     )
     val_threshold = val_metrics["best_f1_threshold"]
     if threshold is None:
@@ -231,10 +234,13 @@ def _split_with_the_checkpoints_classes(
 
 def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:
     """Ground truth and detections per image, in the image's own pixels (what a viewer draws)."""
+    import numpy as np
+
     by_id = {d["image_id"]: d for d in detections}
+    none_found = {"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0, int)}
     images = []
     for index, record in enumerate(dataset.records):
-        found = by_id.get(record.image_id, {"boxes": [], "scores": [], "labels": []})
+        found = by_id.get(record.image_id, none_found)
         images.append(
             {
                 "image_id": record.image_id,
@@ -252,8 +258,8 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
                     .astype("float64")
                     .round(2)
                     .tolist(),
-                    "scores": [round(float(s), 4) for s in found["scores"]],
-                    "labels": found["labels"],
+                    "scores": [round(s, 4) for s in found["scores"].tolist()],
+                    "labels": found["labels"].tolist(),
                 },
             }
         )
