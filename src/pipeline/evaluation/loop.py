@@ -125,7 +125,9 @@ class Evaluator:
         chosen_threshold: float | None = None,
         ap_intervals: bool = False,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Metrics and JSON-ready detections for one pass over `loader`.
+        """Metrics and each image's detections (`image_id`; `boxes` [N, 4] float32 in the input
+        frame, clipped to the image's own region, `scores`, `labels`: numpy, as the metrics
+        read them; turned into lists only where they are written) for one pass over `loader`.
 
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
         included); `images_per_s` and `ms_per_image` derive from it. Decoding and the copy
@@ -176,15 +178,7 @@ class Evaluator:
         metrics = self._metrics(
             gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap_intervals
         )
-        return metrics, [
-            {
-                "image_id": det["image_id"],
-                "boxes": det["boxes"].tolist(),
-                "scores": det["scores"].tolist(),
-                "labels": det["labels"].tolist(),
-            }
-            for det in dets
-        ]
+        return metrics, dets
 
     def _metrics(
         self,
