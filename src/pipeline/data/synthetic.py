@@ -12,7 +12,6 @@ import functools
 import json
 import logging
 import math
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
@@ -33,10 +32,10 @@ SHAPES = ("circle", "square", "triangle", "cross", "ring", "star")
 _SPLIT_CODES = {"train": 1, "val": 2, "test": 3}
 _SUPERSAMPLE = 4
 _ALPHA_VISIBLE = 0.5
-# zlib's run-length strategy (a Pillow encoder option): the pixel noise leaves the default
-# strategy's string search nothing to find, so it costs time for no smaller file; runs of a
-# flat background are still found. The files are plain PNG either way.
-_PNG_OPTIONS = {"compress_type": zlib.Z_RLE}
+# stored, not compressed (zlib level 0): the pixel noise leaves compression little to find,
+# so a compressed file is only a little smaller, and inflating it is most of what decoding an
+# image costs every loader that reads the set. The files are plain PNG either way.
+_PNG_OPTIONS = {"compress_level": 0}
 
 
 @dataclass(frozen=True)
