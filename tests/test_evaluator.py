@@ -20,6 +20,7 @@ from pipeline.evaluation.matching import (
     ignored_detections,
     match_detections,
     matched_objects,
+    pool,
     precision_recall_f1,
 )
 
@@ -112,6 +113,13 @@ def test_matching_takes_the_unmatched_ground_truth_with_the_highest_iou() -> Non
         boxes, np.array([0.9, 0.8]), np.array([0, 0]), gt_boxes, np.array([0, 0])
     )
     assert flags.tolist() == [True, True]
+
+
+def test_a_detection_as_close_to_two_objects_takes_the_first_listed() -> None:
+    objects = np.array([[0, 0, 10, 10], [2, 0, 12, 10]], dtype=np.float64)  # IoU 0.818 each
+    found = matched_objects([[1, 0, 11, 10]], [0.9], [0], objects, [0, 0])
+    assert found.tolist() == [0]
+    assert matched_objects([[1, 0, 11, 10]], [0.9], [0], objects[::-1], [0, 0]).tolist() == [0]
 
 
 def test_matching_with_no_ground_truth_or_no_detections_returns_all_false() -> None:
@@ -1010,6 +1018,36 @@ def test_matching_gives_the_greedy_rules_matches_on_crowded_images_of_mostly_mis
             assert found_matches.tolist() == expected.tolist()
             matches += int((expected >= 0).sum())
     assert matches > 60  # a fixture where matches happen, among many more misses
+
+
+def test_matching_every_image_at_once_gives_each_images_own_greedy_matches() -> None:
+    """pool matches all images in one pass: each detection's fate is still decided among its
+    own image's objects, by the greedy rule, with images without detections or objects."""
+    gts, dets = noisy_scene(80, seed=5)
+    rng = np.random.default_rng(4)
+    for found in dets:
+        near = np.asarray(found["boxes"]) + rng.normal(0, 2, (len(found["boxes"]), 4))
+        found["boxes"] = np.concatenate([found["boxes"], near]).astype(np.float32)
+        found["scores"] = np.round(rng.random(len(found["boxes"])), 1)  # ties across copies
+        found["labels"] = np.concatenate([found["labels"], found["labels"]])
+    gts[3] = gt(gts[3]["image_id"], [], [])  # no objects: all its detections miss
+    dets = [found for index, found in enumerate(dets) if index % 9 != 0]  # some found nothing
+    pooled = pool(gts, dets, 3, 0.5)
+    by_id = {found["image_id"]: found for found in dets}
+    expected = [
+        greedy_every_detection(
+            np.asarray(by_id[truth["image_id"]]["boxes"], dtype=np.float64),
+            np.asarray(by_id[truth["image_id"]]["scores"]),
+            np.asarray(by_id[truth["image_id"]]["labels"]),
+            np.asarray(truth["boxes"], dtype=np.float64).reshape(-1, 4),
+            np.asarray(truth["labels"], dtype=np.int64),
+        )
+        >= 0
+        for truth in gts
+        if truth["image_id"] in by_id
+    ]
+    assert pooled.is_tp.tolist() == np.concatenate(expected).tolist()
+    assert 40 < pooled.is_tp.sum() < pooled.is_tp.size / 2  # duplicates lose: both kinds occur
 
 
 def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters(monkeypatch) -> None:

@@ -116,41 +116,102 @@ def matched_objects(
     iou_threshold: float = 0.5,
 ) -> np.ndarray:
     """For each detection of one image, in the detections' original order, the index of the
-    ground-truth object it matches, -1 for none.
+    ground-truth object it matches, -1 for none (`matched_in_images`' rule)."""
+    boxes, scores, labels = _detections(det_boxes, det_scores, det_labels)
+    truth_boxes, truth_labels = _objects(gt_boxes, gt_labels)
+    return matched_in_images(
+        _Images(boxes, scores, labels, np.zeros(len(scores), dtype=np.int64)),
+        _Images(truth_boxes, None, truth_labels, np.zeros(len(truth_labels), dtype=np.int64)),
+        iou_threshold,
+    )
 
-    Greedy in descending score (stable for ties), each detection takes the unmatched ground
-    truth of its class with the highest IoU >= threshold. Because a detection's fate never
-    depends on lower-scored ones, matching once and then dropping detections below a score
-    threshold gives the same flags as matching only those above it: one pass serves every
-    threshold.
+
+def _detections(boxes: Any, scores: Any, labels: Any) -> tuple[np.ndarray, ...]:
+    """One image's detections as the matcher reads them, checked to agree in length."""
+    found = as_boxes(boxes), as_vector(scores, np.float64), as_vector(labels, np.int64)
+    if not len(found[0]) == len(found[1]) == len(found[2]):
+        raise ValueError(
+            f"Detections disagree in length: {len(found[0])} boxes, {len(found[1])} scores, "
+            f"{len(found[2])} labels."
+        )
+    return found
+
+
+def _objects(boxes: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One image's ground truth as the matcher reads it, checked to agree in length."""
+    truth = as_boxes(boxes), as_vector(labels, np.int64)
+    if len(truth[0]) != len(truth[1]):
+        raise ValueError(
+            f"Ground truth disagrees in length: {len(truth[0])} boxes, {len(truth[1])} labels."
+        )
+    return truth
+
+
+@dataclass(frozen=True)
+class _Images:
+    """Boxes of many images end to end, each tagged with its image's position (ascending)."""
+
+    boxes: np.ndarray  # float64 [N, 4]
+    scores: np.ndarray | None  # float64 [N]; None for ground truth
+    labels: np.ndarray  # int64 [N]
+    image: np.ndarray  # int64 [N]
+
+    def of_image(self, position: int) -> slice:
+        """Where one image's boxes are."""
+        return slice(*np.searchsorted(self.image, [position, position + 1]).tolist())
+
+
+def _paired_iou(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """IoU of each row of `first` with the same row of `second`, [P, 4] xyxy each, in float64,
+    with torchvision's box_iou's operations in its order (the same values, bit for bit)."""
+    area_first = (first[:, 2] - first[:, 0]) * (first[:, 3] - first[:, 1])
+    area_second = (second[:, 2] - second[:, 0]) * (second[:, 3] - second[:, 1])
+    sides = np.clip(
+        np.minimum(first[:, 2:], second[:, 2:]) - np.maximum(first[:, :2], second[:, :2]), 0, None
+    )
+    inter = sides[:, 0] * sides[:, 1]
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 of two empty boxes: never a match
+        return inter / (area_first + area_second - inter)
+
+
+def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> np.ndarray:
+    """For each detection, the index (into `truth`) of the object it matches, -1 for none:
+    every image matched at once.
+
+    In each image, greedy in descending score (stable for ties), each detection takes the
+    unmatched ground truth of its class with the highest IoU >= threshold (the lowest index
+    among equals). Because a detection's fate never depends on lower-scored ones, matching
+    once and then dropping detections below a score threshold gives the same flags as matching
+    only those above it: one pass serves every threshold. The pairs of a detection and an
+    object of its image and class are measured all at once; only those at the threshold or
+    above (a few among a detector's top 100) go through the greedy loop.
     """
-    boxes, scores = as_boxes(det_boxes), as_vector(det_scores, np.float64)
-    labels = as_vector(det_labels, np.int64)
-    truth_boxes, truth_labels = as_boxes(gt_boxes), as_vector(gt_labels, np.int64)
-    if not len(boxes) == len(scores) == len(labels):
-        raise ValueError(
-            f"Detections disagree in length: {len(boxes)} boxes, {len(scores)} scores, "
-            f"{len(labels)} labels."
-        )
-    if len(truth_boxes) != len(truth_labels):
-        raise ValueError(
-            f"Ground truth disagrees in length: {len(truth_boxes)} boxes, {len(truth_labels)} labels."
-        )
-    matched = np.full(len(scores), -1, dtype=np.int64)
-    if len(scores) == 0 or len(truth_labels) == 0:
+    matched = np.full(len(found.labels), -1, dtype=np.int64)
+    images = int(max(found.image.max(initial=-1), truth.image.max(initial=-1))) + 1
+    if len(found.labels) == 0 or len(truth.labels) == 0:
         return matched
-    iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth_boxes)).numpy()
-    iou[labels[:, None] != truth_labels[None, :]] = -1.0
-    free = np.ones(len(truth_labels), dtype=bool)
-    order = np.argsort(-scores, kind="stable")
-    # a detection overlapping no object of its class enough never matches nor takes one: of a
-    # detector's top 100 most are such, and the greedy loop need not visit them
-    for index in order[(iou[order] >= iou_threshold).any(axis=1)]:
-        candidates = np.where(free, iou[index], -1.0)
-        best = int(np.argmax(candidates))
-        if candidates[best] >= iou_threshold:
-            free[best] = False
-            matched[index] = best
+    objects = np.bincount(truth.image, minlength=images)
+    first_object = np.cumsum(objects) - objects
+    per_detection = objects[found.image]
+    detection = np.repeat(np.arange(len(found.labels)), per_detection)
+    within = np.arange(detection.size) - np.repeat(
+        np.cumsum(per_detection) - per_detection, per_detection
+    )
+    obj = first_object[found.image][detection] + within
+    same_class = found.labels[detection] == truth.labels[obj]
+    detection, obj = detection[same_class], obj[same_class]
+    iou = _paired_iou(found.boxes[detection], truth.boxes[obj])
+    close = iou >= iou_threshold
+    detection, obj, iou = detection[close], obj[close], iou[close]
+    # each image's detections by descending score, stable: their rank over all images
+    rank = np.empty(len(found.labels), dtype=np.int64)
+    rank[np.lexsort((-found.scores, found.image))] = np.arange(len(found.labels))
+    order = np.lexsort((obj, -iou, rank[detection]))
+    taken = bytearray(len(truth.labels))
+    done = -1
+    for index, best in zip(detection[order].tolist(), obj[order].tolist(), strict=True):
+        if index != done and not taken[best]:
+            taken[best], matched[index], done = 1, best, index
     return matched
 
 
@@ -312,51 +373,83 @@ def pool(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
     truth, found = by_image(gts, dets)
-    scores, labels, flags, image_index = [], [], [], []
-    ignored = 0
-    gt_per_class = np.zeros(num_classes, dtype=np.int64)
     gt_per_image = np.zeros(len(truth), dtype=np.int64)
     gt_by_class = np.zeros((num_classes, len(truth)), dtype=np.int64)
+    objects: list[tuple[np.ndarray, np.ndarray]] = []
+    detections: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    regions: dict[int, tuple[Any, Any]] = {}  # by image position, where it has any
     for position, (image_id, gt) in enumerate(truth.items()):
-        gt_labels = as_vector(gt["labels"], np.int64)
+        gt_boxes, gt_labels = _objects(gt["boxes"], gt["labels"])
         check_labels(gt_labels, num_classes, image_id, "Ground truth")
         gt_by_class[:, position] = np.bincount(gt_labels, minlength=num_classes)
-        gt_per_class += gt_by_class[:, position]
         gt_per_image[position] = gt_labels.size
-        det = found.get(image_id)
-        if det is None:
-            continue
-        det_labels = as_vector(det["labels"], np.int64)
-        check_labels(det_labels, num_classes, image_id, "Detections")
-        det_scores = as_vector(det["scores"], np.float64)
-        regions = (gt.get("ignore_boxes", ()), gt.get("ignore_labels", ()))
-        if FIGURE_PROTOCOLS[protocol]["f1"] == "voc":
-            is_tp, on_difficult = match_voc(
-                det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, *regions,
+        objects.append((gt_boxes, gt_labels))
+        det = found.get(image_id, _NOTHING_FOUND)
+        detections.append(_detections(det["boxes"], det["scores"], det["labels"]))
+        check_labels(detections[-1][2], num_classes, image_id, "Detections")
+        if len(gt.get("ignore_boxes", ())):
+            regions[position] = (gt["ignore_boxes"], gt.get("ignore_labels", ()))
+    gt_per_class = gt_by_class.sum(axis=1)
+    found_all = _end_to_end(detections, scores=True)
+    truth_all = _end_to_end(objects, scores=False)
+    if FIGURE_PROTOCOLS[protocol]["f1"] == "voc":
+        is_tp, counted = _voc_flags(found_all, truth_all, regions, iou_threshold)
+    else:
+        is_tp = matched_in_images(found_all, truth_all, iou_threshold) >= 0
+        counted = np.ones(len(is_tp), dtype=bool)
+        for position, (boxes, labels) in regions.items():
+            mine = found_all.of_image(position)
+            counted[mine] = ~ignored_detections(
+                found_all.boxes[mine], found_all.labels[mine], is_tp[mine], boxes, labels,
                 iou_threshold,
             )  # fmt: skip
-            counted = ~on_difficult
-        else:
-            is_tp = match_detections(
-                det["boxes"], det_scores, det_labels, gt["boxes"], gt_labels, iou_threshold
-            )
-            counted = ~ignored_detections(det["boxes"], det_labels, is_tp, *regions, iou_threshold)
-        ignored += int((~counted).sum())
-        flags.append(is_tp[counted])
-        scores.append(det_scores[counted])
-        labels.append(det_labels[counted])
-        image_index.append(np.full(int(counted.sum()), position, dtype=np.int64))
     return _Pooled(
-        scores=np.concatenate(scores) if scores else np.zeros(0, dtype=np.float64),
-        labels=np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64),
-        is_tp=np.concatenate(flags) if flags else np.zeros(0, dtype=bool),
-        image_index=np.concatenate(image_index) if image_index else np.zeros(0, dtype=np.int64),
+        scores=found_all.scores[counted],
+        labels=found_all.labels[counted],
+        is_tp=is_tp[counted],
+        image_index=found_all.image[counted],
         image_ids=list(truth),
         gt_per_image=gt_per_image,
         gt_per_class=gt_per_class,
         gt_by_class=gt_by_class,
-        ignored=ignored,
+        ignored=int((~counted).sum()),
     )
+
+
+_NOTHING_FOUND = {"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0)}
+
+
+def _end_to_end(parts: list[tuple[np.ndarray, ...]], scores: bool) -> _Images:
+    """Each image's (boxes, [scores,] labels) laid end to end, tagged by image position."""
+    counts = np.fromiter((len(part[-1]) for part in parts), np.int64, len(parts))
+    image = np.repeat(np.arange(len(parts)), counts)
+    if not parts:
+        return _Images(
+            np.zeros((0, 4)), np.zeros(0) if scores else None, np.zeros(0, np.int64), image
+        )
+    boxes = np.concatenate([part[0] for part in parts])
+    labels = np.concatenate([part[-1] for part in parts])
+    return _Images(
+        boxes, np.concatenate([part[1] for part in parts]) if scores else None, labels, image
+    )
+
+
+def _voc_flags(
+    found: _Images, truth: _Images, regions: Mapping[int, tuple[Any, Any]], iou_threshold: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(true positive, counted) of every detection, matched image by image as the VOC devkit
+    matches (`match_voc`, ignore regions as difficult objects)."""
+    is_tp = np.zeros(len(found.labels), dtype=bool)
+    counted = np.ones(len(found.labels), dtype=bool)
+    for position in np.unique(found.image).tolist():
+        mine, theirs = found.of_image(position), truth.of_image(position)
+        difficult = regions.get(position, ((), ()))
+        is_tp[mine], on_difficult = match_voc(
+            found.boxes[mine], found.scores[mine], found.labels[mine],
+            truth.boxes[theirs], truth.labels[theirs], *difficult, iou_threshold,
+        )  # fmt: skip
+        counted[mine] = ~on_difficult
+    return is_tp, counted
 
 
 def _best_f1(pooled: _Pooled, fallback_threshold: float) -> dict[str, float]:
