@@ -35,6 +35,7 @@ from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.engine.ema import WeightAverage
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
+from pipeline.engine.tally import StepTally
 from pipeline.engine.trackers import open_trackers
 from pipeline.errors import CheckpointError, DataError, TrainingError
 from pipeline.evaluation.coco import size_bucket_text
@@ -45,52 +46,6 @@ from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
 SUMMARY_FORMAT = "pipeline.train_summary/1"  # schemas/train_summary.schema.yaml
-
-
-class StepTally:
-    """What the loop keeps of its steps, on the device, so that steps never wait for it.
-
-    Loss sums and the count of finite steps per epoch, and the streak of consecutive
-    non-finite losses across epochs; `read()` fetches all of it at once: the one host
-    synchronisation of a log step.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.streak = torch.zeros((), device=device)
-        self.new_epoch()
-
-    def new_epoch(self) -> None:
-        self.sums = torch.zeros(3, device=self.device)  # loss, heatmap, box over finite steps
-        self.finite_steps = torch.zeros((), device=self.device)
-        self.worst_streak = self.streak.clone()
-
-    def add(self, result: StepResult) -> None:
-        self.sums += torch.where(result.finite, result.losses, 0.0)
-        self.finite_steps += result.finite
-        self.streak = (self.streak + 1) * ~result.finite
-        self.worst_streak = torch.maximum(self.worst_streak, self.streak)
-
-    def read(self, result: StepResult) -> dict[str, Any]:
-        """This step's losses and the tallies so far, in one synchronisation."""
-        values = torch.cat(
-            [
-                result.losses,
-                result.finite[None],
-                self.worst_streak[None],
-                self.sums,
-                self.finite_steps[None],
-            ]
-        ).tolist()
-        return {
-            "loss": values[0],
-            "heatmap": values[1],
-            "box": values[2],
-            "finite": bool(values[3]),
-            "worst_streak": values[4],
-            "sums": values[5:8],
-            "finite_steps": values[8],
-        }
 
 
 def _format_duration(seconds: float) -> str:
