@@ -17,8 +17,6 @@ import random
 import shutil
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -33,6 +31,7 @@ from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
+from pipeline.engine.budget import BudgetTiming, steps_within_budget
 from pipeline.engine.ema import WeightAverage
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.tally import StepTally
@@ -51,41 +50,6 @@ SUMMARY_FORMAT = "pipeline.train_summary/1"  # schemas/train_summary.schema.yaml
 def _format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-@dataclass(frozen=True)
-class BudgetTiming:
-    used_s: float  # the run's wall time so far
-    epoch_s: float  # a whole epoch's training
-    validation_s: float  # one validation
-
-
-def steps_within_budget(
-    timing: BudgetTiming,
-    *,
-    budget_s: float,
-    done_steps: int,
-    steps_per_epoch: int,
-    validated: bool,
-    most_epochs: int,
-    validates: Callable[[int, int], bool],
-) -> int:
-    """The most optimizer steps, from `done_steps` (whole epochs, the last of which has validated
-    if `validated`) up to `most_epochs` epochs, that fit into `budget_s` with the validations
-    still to come; the last epoch may stop part-way. `validates(epoch, last_epoch)` says
-    whether an epoch validates in a run of that many epochs."""
-    done_epochs = math.ceil(done_steps / steps_per_epoch)
-    step_s = timing.epoch_s / steps_per_epoch
-    pending = [] if validated else [done_epochs]
-    fitting = done_steps
-    for epochs in range(done_epochs + 1, most_epochs + 1):
-        later = range(done_epochs + 1, epochs + 1)
-        validations = sum(validates(epoch, epochs) for epoch in (*pending, *later))
-        left_s = budget_s - timing.used_s - validations * timing.validation_s
-        steps = min(epochs * steps_per_epoch, done_steps + math.floor(left_s / step_s))
-        if steps > (epochs - 1) * steps_per_epoch:  # at least one step into this epoch
-            fitting = steps
-    return fitting
 
 
 class Trainer:
