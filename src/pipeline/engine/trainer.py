@@ -31,7 +31,7 @@ from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
-from pipeline.engine.budget import BudgetTiming, steps_within_budget
+from pipeline.engine.budget import TimeBudget
 from pipeline.engine.ema import WeightAverage
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.tally import StepTally
@@ -52,7 +52,7 @@ def _format_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-class Trainer:
+class Trainer(TimeBudget):
     """Trains one run into `run_dir`; `fit()` returns the summary it also writes."""
 
     def __init__(
@@ -394,78 +394,6 @@ class Trainer:
         """Every `val_interval` epochs and the last (of the schedule, or `last_epoch`)."""
         last = self.planned_epochs if last_epoch is None else last_epoch
         return epoch % self.train_cfg["val_interval"] == 0 or epoch == last
-
-    def _budget_timing(self) -> BudgetTiming:
-        """What the budget's plan knows now: the run's seconds so far (all sessions), and the
-        median time of an epoch's training and of a validation (0 before the first)."""
-        return BudgetTiming(
-            used_s=self.elapsed_before + time.perf_counter() - self._session_start,
-            epoch_s=statistics.median(self.timings["epochs_s"]),
-            validation_s=statistics.median(self.timings["validations_s"] or [0.0]),
-        )
-
-    def _plan(self, steps: int) -> None:
-        """The run's length in optimizer steps: the learning-rate schedule spans them (ending at
-        zero after the last), and the last epoch stops there, part-way through if need be."""
-        self.planned_steps = steps
-        self.schedule["epochs"] = steps / self.steps_per_epoch  # what lr_factor spans
-
-    @property
-    def planned_epochs(self) -> int:
-        return math.ceil(self.planned_steps / self.steps_per_epoch)
-
-    def _fit_schedule_to_budget(self, validated: bool) -> None:
-        """With `train.time_budget_s`, after every epoch: plan as many steps as fit into what is
-        left of the budget (at most `train.epochs`, never fewer than trained), from the median
-        epoch and validation times so far, counting every validation still to come (each
-        `val_interval` and the last); the last epoch may stop part-way. The learning-rate
-        schedule spans the plan, so the run ends its cosine at zero instead of being cut off.
-        The plan is logged after the first epoch, whenever it moves by a whole epoch from what
-        was last logged, and when it ends the run; not at every small change.
-        Planning again after each epoch corrects the first epoch's estimate (it runs slower
-        than later ones) and follows a host that speeds up or slows down. A run that has
-        trained its planned last epoch ends there, time left or not: its learning rate has
-        annealed to zero and would restart."""
-        if self.epoch >= self.planned_epochs:
-            return
-        budget, most = self.train_cfg["time_budget_s"], self.train_cfg["epochs"]
-        timing = self._budget_timing()
-        fitting = steps_within_budget(
-            timing,
-            budget_s=budget,
-            done_steps=self.global_step,
-            steps_per_epoch=self.steps_per_epoch,
-            validated=validated,
-            most_epochs=most,
-            validates=self._should_validate,
-        )
-        moved = (
-            self.logged_plan_steps is None
-            or abs(fitting - self.logged_plan_steps) >= self.steps_per_epoch
-            or fitting == self.global_step  # ends now
-        )
-        if moved:
-            self.logged_plan_steps = fitting
-            log.info(
-                "time budget %.0f s: %.0f s used after epoch %d; an epoch takes %.1f s and a "
-                "validation %.1f s, so %.1f of at most %d epochs fit (%d steps), and the "
-                "learning-rate schedule spans them",
-                budget,
-                timing.used_s,
-                self.epoch,
-                timing.epoch_s,
-                timing.validation_s,
-                fitting / self.steps_per_epoch,
-                most,
-                fitting,
-            )
-        self._plan(fitting)
-        if self.epoch == 1 and timing.used_s > budget:
-            log.warning(
-                "the first epoch alone took longer than train.time_budget_s=%s: training stops "
-                "after it. Raise the budget, or lower data.image_size or train.batch_size.",
-                budget,
-            )
 
     def fit(self) -> dict[str, Any]:
         created, fresh = not self.run_dir.exists(), self.epoch == 0
