@@ -10,11 +10,9 @@ off, including the RNG streams.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
-import shutil
 import statistics
 import time
 from datetime import UTC, datetime
@@ -33,6 +31,7 @@ from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
 from pipeline.engine.budget import TimeBudget
 from pipeline.engine.ema import WeightAverage
+from pipeline.engine.run_files import RunFolder
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.tally import StepTally
 from pipeline.engine.trackers import open_trackers
@@ -52,7 +51,7 @@ def _format_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-class Trainer(TimeBudget):
+class Trainer(RunFolder, TimeBudget):
     """Trains one run into `run_dir`; `fit()` returns the summary it also writes."""
 
     def __init__(
@@ -141,11 +140,6 @@ class Trainer(TimeBudget):
         random.seed(seed)
         np.random.seed(seed)
         dev.set_kernel_flags(self.device, self.config["deterministic"])
-
-    @property
-    def paths(self) -> dict[str, Path]:
-        names = ("last.pth", "best.pth", "metrics.jsonl", "train_summary.json", "config.json")
-        return {name.split(".")[0]: self.run_dir / name for name in names}
 
     @property
     def evaluated_model(self) -> torch.nn.Module:
@@ -260,41 +254,7 @@ class Trainer(TimeBudget):
         log.info("resumed from %s after epoch %d (step %d)", path, self.epoch, self.global_step)
         return True
 
-    def _truncate_metrics(self) -> None:
-        """Drop metric rows of the epoch that was interrupted; it is about to run again."""
-        path = self.paths["metrics"]
-        if not path.exists():
-            return
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by the kill
-            if row["epoch"] <= self.epoch:
-                kept.append(line)
-                if row["type"] == "epoch":
-                    self.epoch_rows.append(row)
-                else:
-                    self.step_times.append(row["step_time_s"])
-        atomic.write_text(path, "".join(line + "\n" for line in kept))
-
     # ---- loop --------------------------------------------------------------------------
-    def _write_row(self, row: dict[str, Any]) -> None:
-        line = json.dumps(atomic.jsonable(row))
-        atomic.append_line(self.paths["metrics"], line, self._after_a_failed_write())
-        self.trackers.log(row, self.global_step)
-
-    def _after_a_failed_write(self) -> str:
-        """What a failed write of a checkpoint or metrics row leaves to continue from."""
-        last = self.paths["last"]
-        if not last.exists():
-            return "No epoch was checkpointed yet: training starts from the beginning again."
-        return (
-            f"{last} holds the last epoch saved, and metrics.jsonl its rows: add --resume (the "
-            "workflow passes --resume-if-possible) to continue from there."
-        )
-
     def _stop_if_diverging(self, epoch: int, streak: float) -> None:
         limit = self.train_cfg["max_nonfinite_steps"]
         if streak < limit:
@@ -450,22 +410,6 @@ class Trainer(TimeBudget):
         summary = self._summary()
         atomic.write_json(self.paths["train_summary"], summary)
         return summary
-
-    def _remove_unfinished_start(self, created: bool) -> None:
-        """Bad data found before the first epoch ended leaves no folder holding only
-        config.json and step rows: the folder goes if this run made it, else those files."""
-        if created:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-        else:
-            for path in (self.paths["config"], self.paths["metrics"]):
-                path.unlink(missing_ok=True)
-
-    def _remove_stale_temp_files(self) -> None:
-        """A SIGKILL during an atomic write leaves its `.<name>.<random>.tmp` file behind."""
-        for stale in sorted(self.run_dir.glob(".*.tmp")):
-            if stale.is_file():
-                stale.unlink(missing_ok=True)
-                log.info("removed %s, left behind by an interrupted write", stale)
 
     def _timed_validation(self) -> dict[str, Any]:
         started = time.perf_counter()
