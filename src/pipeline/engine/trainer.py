@@ -5,7 +5,9 @@ benchmarks' choice; each step is `engine.step.TrainStep` (the step the benchmark
 loop reads the device only at log intervals, so the host queues steps ahead of an
 accelerator. Each epoch ends with `last.pth` (and `best.pth` when the monitored metric
 improves), written atomically; `resume()` continues from `last.pth` exactly where it left
-off, including the RNG streams.
+off, including the RNG streams. The run folder's files and `resume()` are
+`engine.run_files.RunFolder`'s, the run's plan and its time budget `engine.budget.TimeBudget`'s:
+`Trainer` mixes both in.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import torch
 
 from pipeline import atomic
 from pipeline import device as dev
-from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
@@ -35,7 +36,7 @@ from pipeline.engine.run_files import RunFolder
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
 from pipeline.engine.tally import StepTally
 from pipeline.engine.trackers import open_trackers
-from pipeline.errors import CheckpointError, DataError, TrainingError
+from pipeline.errors import DataError, TrainingError
 from pipeline.evaluation.coco import size_bucket_text
 from pipeline.evaluation.loop import Evaluator
 from pipeline.measured import PrecisionChoice, unmeasured_choice
@@ -145,114 +146,6 @@ class Trainer(RunFolder, TimeBudget):
     def evaluated_model(self) -> torch.nn.Module:
         """What is validated and saved as the run's model: the weight average, where on."""
         return self.weight_average.module if self.weight_average else self.model
-
-    # ---- checkpoints -------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        """last.pth: "model" holds the evaluated weights (what eval and profile load), and with
-        train.ema the weights being trained are kept beside them for a resume."""
-        average = self.weight_average
-        return {
-            "model": self.evaluated_model.state_dict(),
-            "training_model": self.model.state_dict() if average else None,
-            "ema_updates": average.updates if average else None,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "epoch": self.epoch,
-            "planned_steps": self.planned_steps,
-            "timings": self.timings,
-            "global_step": self.global_step,
-            "best_metric": self.best_metric,
-            "best_epoch": self.best_epoch,
-            "best_model": self.best_weights,
-            "operating_point": self.operating_point,
-            "config": self.config,
-            "class_names": self.class_names,
-            "precision": self.precision,
-            "rng": checkpoint.rng_state(),
-            "elapsed_s": self.elapsed_before + time.perf_counter() - self._session_start,
-        }
-
-    def _best_state(self) -> dict[str, Any]:
-        """best.pth: the best epoch's weights and what evaluating them needs.
-
-        last.pth carries the same weights, so a resume can write best.pth again: the
-        workflow declares best.pth an output, and Snakemake deletes a job's outputs before
-        it runs the job again, also a job that will resume from last.pth.
-        """
-        return {
-            "model": self.best_weights,
-            "epoch": self.best_epoch,
-            "best_epoch": self.best_epoch,
-            "best_metric": self.best_metric,
-            "monitor": self.train_cfg["monitor"],
-            "operating_point": self.operating_point,
-            "config": self.config,
-            "class_names": self.class_names,
-            "precision": self.precision,
-        }
-
-    def resume(self, required: bool) -> bool:
-        """Continue from last.pth; with `required=False`, start afresh if it is absent or from another config."""
-        path = self.paths["last"]
-        if not path.exists():
-            if required:
-                raise CheckpointError(
-                    f"Cannot resume: {path} does not exist (nothing was trained into {self.run_dir} yet)."
-                )
-            return False
-        # On the CPU: RNG states must stay CPU tensors; the model and optimizer copy theirs over.
-        state = checkpoint.load(path, map_location="cpu")
-        # what must match for a resume to continue this run rather than mix two
-        changed = differing_keys(result_settings(state["config"]), result_settings(self.config))
-        if state["class_names"] != self.class_names:
-            changed.append("class names")
-        if state["precision"] != self.precision:
-            changed.append(f"precision {state['precision']}, now {self.precision}")
-        if changed:
-            message = f"{path} was trained with different settings ({', '.join(changed)})"
-            if required:
-                raise CheckpointError(
-                    f"Cannot resume: {message}. Use another --out folder, or the same settings."
-                )
-            log.warning("%s: starting a new run instead of resuming.", message)
-            return False
-        # checkpoints before 2026-12 hold the plan in epochs
-        planned = state.get("planned_steps") or self.steps_per_epoch * state.get(
-            "planned_epochs", self.train_cfg["epochs"]
-        )
-        if state["global_step"] >= planned and not required:
-            # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
-            log.info("%s holds a finished run: training again from the start.", path)
-            return False
-        if not required and not checkpoint.weights_fit(self.model, state):
-            log.warning(
-                "%s holds weights of another architecture (an earlier version of %s): starting "
-                "a new run instead of resuming.",
-                path,
-                self.config["model"]["name"],
-            )
-            return False
-        checkpoint.load_weights(self.evaluated_model, state, path)
-        if self.weight_average:
-            self.weight_average.updates = state["ema_updates"]
-            self.model.load_state_dict(state["training_model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.epoch, self.global_step = state["epoch"], state["global_step"]
-        self._plan(planned)
-        self.timings = state.get("timings", self.timings)  # absent in checkpoints before 2026-12
-        self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
-        self.best_weights = state.get("best_model")
-        self.operating_point = state.get("operating_point")  # None in older runs
-        self.elapsed_before = state["elapsed_s"]
-        checkpoint.restore_rng_state(state["rng"])
-        self._truncate_metrics()
-        if self.best_weights is not None:  # the workflow may have deleted best.pth
-            checkpoint.save(self.paths["best"], self._best_state())
-        log.info("resumed from %s after epoch %d (step %d)", path, self.epoch, self.global_step)
-        return True
 
     # ---- loop --------------------------------------------------------------------------
     def _stop_if_diverging(self, epoch: int, streak: float) -> None:
