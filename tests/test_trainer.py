@@ -32,7 +32,8 @@ from pipeline import cli
 from pipeline import device as dev
 from pipeline.config import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
 from pipeline.engine import checkpoint
-from pipeline.engine.trainer import BudgetTiming, Trainer, steps_within_budget
+from pipeline.engine.budget import BudgetTiming, steps_within_budget
+from pipeline.engine.trainer import Trainer
 from pipeline.errors import CheckpointError, OutputError, TrainingError
 from pipeline.models.loss import DetectionLoss
 

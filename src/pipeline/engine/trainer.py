@@ -5,20 +5,18 @@ benchmarks' choice; each step is `engine.step.TrainStep` (the step the benchmark
 loop reads the device only at log intervals, so the host queues steps ahead of an
 accelerator. Each epoch ends with `last.pth` (and `best.pth` when the monitored metric
 improves), written atomically; `resume()` continues from `last.pth` exactly where it left
-off, including the RNG streams.
+off, including the RNG streams. The run folder's files and `resume()` are
+`engine.run_files.RunFolder`'s, the run's plan and its time budget `engine.budget.TimeBudget`'s:
+`Trainer` mixes both in.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
-import shutil
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -29,14 +27,16 @@ import torch
 
 from pipeline import atomic
 from pipeline import device as dev
-from pipeline.config import differing_keys, result_settings
 from pipeline.data import load_splits
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
+from pipeline.engine.budget import TimeBudget
 from pipeline.engine.ema import WeightAverage
+from pipeline.engine.run_files import RunFolder
 from pipeline.engine.step import StepResult, TrainStep, build_optimizer, build_scheduler
+from pipeline.engine.tally import StepTally
 from pipeline.engine.trackers import open_trackers
-from pipeline.errors import CheckpointError, DataError, TrainingError
+from pipeline.errors import DataError, TrainingError
 from pipeline.evaluation.coco import size_bucket_text
 from pipeline.evaluation.loop import Evaluator
 from pipeline.measured import PrecisionChoice, unmeasured_choice
@@ -47,93 +47,12 @@ log = logging.getLogger("pipeline")
 SUMMARY_FORMAT = "pipeline.train_summary/1"  # schemas/train_summary.schema.yaml
 
 
-class StepTally:
-    """What the loop keeps of its steps, on the device, so that steps never wait for it.
-
-    Loss sums and the count of finite steps per epoch, and the streak of consecutive
-    non-finite losses across epochs; `read()` fetches all of it at once: the one host
-    synchronisation of a log step.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.streak = torch.zeros((), device=device)
-        self.new_epoch()
-
-    def new_epoch(self) -> None:
-        self.sums = torch.zeros(3, device=self.device)  # loss, heatmap, box over finite steps
-        self.finite_steps = torch.zeros((), device=self.device)
-        self.worst_streak = self.streak.clone()
-
-    def add(self, result: StepResult) -> None:
-        self.sums += torch.where(result.finite, result.losses, 0.0)
-        self.finite_steps += result.finite
-        self.streak = (self.streak + 1) * ~result.finite
-        self.worst_streak = torch.maximum(self.worst_streak, self.streak)
-
-    def read(self, result: StepResult) -> dict[str, Any]:
-        """This step's losses and the tallies so far, in one synchronisation."""
-        values = torch.cat(
-            [
-                result.losses,
-                result.finite[None],
-                self.worst_streak[None],
-                self.sums,
-                self.finite_steps[None],
-            ]
-        ).tolist()
-        return {
-            "loss": values[0],
-            "heatmap": values[1],
-            "box": values[2],
-            "finite": bool(values[3]),
-            "worst_streak": values[4],
-            "sums": values[5:8],
-            "finite_steps": values[8],
-        }
-
-
 def _format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-@dataclass(frozen=True)
-class BudgetTiming:
-    used_s: float  # the run's wall time so far
-    epoch_s: float  # a whole epoch's training
-    validation_s: float  # one validation
-
-
-def steps_within_budget(
-    timing: BudgetTiming,
-    *,
-    budget_s: float,
-    done_steps: int,
-    steps_per_epoch: int,
-    validated: bool,
-    most_epochs: int,
-    validates: Callable[[int, int], bool],
-) -> int:
-    """The most optimizer steps, from `done_steps` (whole epochs, the last of which has validated
-    if `validated`) up to `most_epochs` epochs, that fit into `budget_s` with the validations
-    still to come; the last epoch may stop part-way. `validates(epoch, last_epoch)` says
-    whether an epoch validates in a run of that many epochs."""
-    done_epochs = math.ceil(done_steps / steps_per_epoch)
-    step_s = timing.epoch_s / steps_per_epoch
-    pending = [] if validated else [done_epochs]
-    fitting = done_steps
-    for epochs in range(done_epochs + 1, most_epochs + 1):
-        later = range(done_epochs + 1, epochs + 1)
-        validations = sum(validates(epoch, epochs) for epoch in (*pending, *later))
-        left_s = budget_s - timing.used_s - validations * timing.validation_s
-        steps = min(epochs * steps_per_epoch, done_steps + math.floor(left_s / step_s))
-        if steps > (epochs - 1) * steps_per_epoch:  # at least one step into this epoch
-            fitting = steps
-    return fitting
-
-
-class Trainer:
+class Trainer(RunFolder, TimeBudget):
     """Trains one run into `run_dir`; `fit()` returns the summary it also writes."""
 
     def __init__(
@@ -224,158 +143,11 @@ class Trainer:
         dev.set_kernel_flags(self.device, self.config["deterministic"])
 
     @property
-    def paths(self) -> dict[str, Path]:
-        names = ("last.pth", "best.pth", "metrics.jsonl", "train_summary.json", "config.json")
-        return {name.split(".")[0]: self.run_dir / name for name in names}
-
-    @property
     def evaluated_model(self) -> torch.nn.Module:
         """What is validated and saved as the run's model: the weight average, where on."""
         return self.weight_average.module if self.weight_average else self.model
 
-    # ---- checkpoints -------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        """last.pth: "model" holds the evaluated weights (what eval and profile load), and with
-        train.ema the weights being trained are kept beside them for a resume."""
-        average = self.weight_average
-        return {
-            "model": self.evaluated_model.state_dict(),
-            "training_model": self.model.state_dict() if average else None,
-            "ema_updates": average.updates if average else None,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "epoch": self.epoch,
-            "planned_steps": self.planned_steps,
-            "timings": self.timings,
-            "global_step": self.global_step,
-            "best_metric": self.best_metric,
-            "best_epoch": self.best_epoch,
-            "best_model": self.best_weights,
-            "operating_point": self.operating_point,
-            "config": self.config,
-            "class_names": self.class_names,
-            "precision": self.precision,
-            "rng": checkpoint.rng_state(),
-            "elapsed_s": self.elapsed_before + time.perf_counter() - self._session_start,
-        }
-
-    def _best_state(self) -> dict[str, Any]:
-        """best.pth: the best epoch's weights and what evaluating them needs.
-
-        last.pth carries the same weights, so a resume can write best.pth again: the
-        workflow declares best.pth an output, and Snakemake deletes a job's outputs before
-        it runs the job again, also a job that will resume from last.pth.
-        """
-        return {
-            "model": self.best_weights,
-            "epoch": self.best_epoch,
-            "best_epoch": self.best_epoch,
-            "best_metric": self.best_metric,
-            "monitor": self.train_cfg["monitor"],
-            "operating_point": self.operating_point,
-            "config": self.config,
-            "class_names": self.class_names,
-            "precision": self.precision,
-        }
-
-    def resume(self, required: bool) -> bool:
-        """Continue from last.pth; with `required=False`, start afresh if it is absent or from another config."""
-        path = self.paths["last"]
-        if not path.exists():
-            if required:
-                raise CheckpointError(
-                    f"Cannot resume: {path} does not exist (nothing was trained into {self.run_dir} yet)."
-                )
-            return False
-        # On the CPU: RNG states must stay CPU tensors; the model and optimizer copy theirs over.
-        state = checkpoint.load(path, map_location="cpu")
-        # what must match for a resume to continue this run rather than mix two
-        changed = differing_keys(result_settings(state["config"]), result_settings(self.config))
-        if state["class_names"] != self.class_names:
-            changed.append("class names")
-        if state["precision"] != self.precision:
-            changed.append(f"precision {state['precision']}, now {self.precision}")
-        if changed:
-            message = f"{path} was trained with different settings ({', '.join(changed)})"
-            if required:
-                raise CheckpointError(
-                    f"Cannot resume: {message}. Use another --out folder, or the same settings."
-                )
-            log.warning("%s: starting a new run instead of resuming.", message)
-            return False
-        # checkpoints before 2026-12 hold the plan in epochs
-        planned = state.get("planned_steps") or self.steps_per_epoch * state.get(
-            "planned_epochs", self.train_cfg["epochs"]
-        )
-        if state["global_step"] >= planned and not required:
-            # a rerun of a finished run was asked for (by Snakemake, say, after a code change)
-            log.info("%s holds a finished run: training again from the start.", path)
-            return False
-        if not required and not checkpoint.weights_fit(self.model, state):
-            log.warning(
-                "%s holds weights of another architecture (an earlier version of %s): starting "
-                "a new run instead of resuming.",
-                path,
-                self.config["model"]["name"],
-            )
-            return False
-        checkpoint.load_weights(self.evaluated_model, state, path)
-        if self.weight_average:
-            self.weight_average.updates = state["ema_updates"]
-            self.model.load_state_dict(state["training_model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.epoch, self.global_step = state["epoch"], state["global_step"]
-        self._plan(planned)
-        self.timings = state.get("timings", self.timings)  # absent in checkpoints before 2026-12
-        self.best_metric, self.best_epoch = state["best_metric"], state["best_epoch"]
-        self.best_weights = state.get("best_model")
-        self.operating_point = state.get("operating_point")  # None in older runs
-        self.elapsed_before = state["elapsed_s"]
-        checkpoint.restore_rng_state(state["rng"])
-        self._truncate_metrics()
-        if self.best_weights is not None:  # the workflow may have deleted best.pth
-            checkpoint.save(self.paths["best"], self._best_state())
-        log.info("resumed from %s after epoch %d (step %d)", path, self.epoch, self.global_step)
-        return True
-
-    def _truncate_metrics(self) -> None:
-        """Drop metric rows of the epoch that was interrupted; it is about to run again."""
-        path = self.paths["metrics"]
-        if not path.exists():
-            return
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by the kill
-            if row["epoch"] <= self.epoch:
-                kept.append(line)
-                if row["type"] == "epoch":
-                    self.epoch_rows.append(row)
-                else:
-                    self.step_times.append(row["step_time_s"])
-        atomic.write_text(path, "".join(line + "\n" for line in kept))
-
     # ---- loop --------------------------------------------------------------------------
-    def _write_row(self, row: dict[str, Any]) -> None:
-        line = json.dumps(atomic.jsonable(row))
-        atomic.append_line(self.paths["metrics"], line, self._after_a_failed_write())
-        self.trackers.log(row, self.global_step)
-
-    def _after_a_failed_write(self) -> str:
-        """What a failed write of a checkpoint or metrics row leaves to continue from."""
-        last = self.paths["last"]
-        if not last.exists():
-            return "No epoch was checkpointed yet: training starts from the beginning again."
-        return (
-            f"{last} holds the last epoch saved, and metrics.jsonl its rows: add --resume (the "
-            "workflow passes --resume-if-possible) to continue from there."
-        )
-
     def _stop_if_diverging(self, epoch: int, streak: float) -> None:
         limit = self.train_cfg["max_nonfinite_steps"]
         if streak < limit:
@@ -476,78 +248,6 @@ class Trainer:
         last = self.planned_epochs if last_epoch is None else last_epoch
         return epoch % self.train_cfg["val_interval"] == 0 or epoch == last
 
-    def _budget_timing(self) -> BudgetTiming:
-        """What the budget's plan knows now: the run's seconds so far (all sessions), and the
-        median time of an epoch's training and of a validation (0 before the first)."""
-        return BudgetTiming(
-            used_s=self.elapsed_before + time.perf_counter() - self._session_start,
-            epoch_s=statistics.median(self.timings["epochs_s"]),
-            validation_s=statistics.median(self.timings["validations_s"] or [0.0]),
-        )
-
-    def _plan(self, steps: int) -> None:
-        """The run's length in optimizer steps: the learning-rate schedule spans them (ending at
-        zero after the last), and the last epoch stops there, part-way through if need be."""
-        self.planned_steps = steps
-        self.schedule["epochs"] = steps / self.steps_per_epoch  # what lr_factor spans
-
-    @property
-    def planned_epochs(self) -> int:
-        return math.ceil(self.planned_steps / self.steps_per_epoch)
-
-    def _fit_schedule_to_budget(self, validated: bool) -> None:
-        """With `train.time_budget_s`, after every epoch: plan as many steps as fit into what is
-        left of the budget (at most `train.epochs`, never fewer than trained), from the median
-        epoch and validation times so far, counting every validation still to come (each
-        `val_interval` and the last); the last epoch may stop part-way. The learning-rate
-        schedule spans the plan, so the run ends its cosine at zero instead of being cut off.
-        The plan is logged after the first epoch, whenever it moves by a whole epoch from what
-        was last logged, and when it ends the run; not at every small change.
-        Planning again after each epoch corrects the first epoch's estimate (it runs slower
-        than later ones) and follows a host that speeds up or slows down. A run that has
-        trained its planned last epoch ends there, time left or not: its learning rate has
-        annealed to zero and would restart."""
-        if self.epoch >= self.planned_epochs:
-            return
-        budget, most = self.train_cfg["time_budget_s"], self.train_cfg["epochs"]
-        timing = self._budget_timing()
-        fitting = steps_within_budget(
-            timing,
-            budget_s=budget,
-            done_steps=self.global_step,
-            steps_per_epoch=self.steps_per_epoch,
-            validated=validated,
-            most_epochs=most,
-            validates=self._should_validate,
-        )
-        moved = (
-            self.logged_plan_steps is None
-            or abs(fitting - self.logged_plan_steps) >= self.steps_per_epoch
-            or fitting == self.global_step  # ends now
-        )
-        if moved:
-            self.logged_plan_steps = fitting
-            log.info(
-                "time budget %.0f s: %.0f s used after epoch %d; an epoch takes %.1f s and a "
-                "validation %.1f s, so %.1f of at most %d epochs fit (%d steps), and the "
-                "learning-rate schedule spans them",
-                budget,
-                timing.used_s,
-                self.epoch,
-                timing.epoch_s,
-                timing.validation_s,
-                fitting / self.steps_per_epoch,
-                most,
-                fitting,
-            )
-        self._plan(fitting)
-        if self.epoch == 1 and timing.used_s > budget:
-            log.warning(
-                "the first epoch alone took longer than train.time_budget_s=%s: training stops "
-                "after it. Raise the budget, or lower data.image_size or train.batch_size.",
-                budget,
-            )
-
     def fit(self) -> dict[str, Any]:
         created, fresh = not self.run_dir.exists(), self.epoch == 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -603,22 +303,6 @@ class Trainer:
         summary = self._summary()
         atomic.write_json(self.paths["train_summary"], summary)
         return summary
-
-    def _remove_unfinished_start(self, created: bool) -> None:
-        """Bad data found before the first epoch ended leaves no folder holding only
-        config.json and step rows: the folder goes if this run made it, else those files."""
-        if created:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-        else:
-            for path in (self.paths["config"], self.paths["metrics"]):
-                path.unlink(missing_ok=True)
-
-    def _remove_stale_temp_files(self) -> None:
-        """A SIGKILL during an atomic write leaves its `.<name>.<random>.tmp` file behind."""
-        for stale in sorted(self.run_dir.glob(".*.tmp")):
-            if stale.is_file():
-                stale.unlink(missing_ok=True)
-                log.info("removed %s, left behind by an interrupted write", stale)
 
     def _timed_validation(self) -> dict[str, Any]:
         started = time.perf_counter()
