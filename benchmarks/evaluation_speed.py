@@ -17,23 +17,32 @@ forward pass timed apart from everything else: decoding the images, the model's 
 of its outputs, matching, pycocotools and the intervals. The model is untrained, so its
 detections are replaced, after its decoding ran, by detections made from the ground truth as
 above: a trained model's number of detections and matches, without training one here (made
-before each split's evaluation, outside the timed work). Target: everything else at most as
-long as the forward pass.
+before each split's evaluation, outside the timed work). With --checkpoint (a default run's
+best.pth, as `make report` or `report_time.py --keep` leave it), it is that run's own
+evaluation instead: `python -m pipeline evaluate` as the evaluate rule runs it (predictions
+written too), in this process after one untimed run that pays the imports, with the
+checkpoint's precision and detections; the forward pass is the eval JSON's own timing of it.
+Target: everything else at most as long as the forward pass.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import harness
 import numpy as np
 import torch
 
+from pipeline import cli as pipeline_cli
 from pipeline import timing
 from pipeline.config import load_config
 from pipeline.data import load_split
 from pipeline.data.dataset import loader_for
+from pipeline.engine import checkpoint
 from pipeline.evaluation.coco import coco_ap
 from pipeline.evaluation.loop import Evaluator
 from pipeline.evaluation.matching import precision_recall_f1
@@ -54,6 +63,10 @@ def parse_args(argv: list[str]):
     parser.add_argument("--large", type=int, default=5000, help="images, larger COCO-scale set")
     parser.add_argument(
         "--data-root", default=str(harness.DEFAULT_DATA_ROOT), help="the generated data set"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        help="a default run's best.pth: time its own evaluation at the default size (see above)",
     )
     parser.add_argument(
         "settings", nargs="*", metavar="key=value", help="config overrides (default size part)"
@@ -208,9 +221,43 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
         "images": images,
         "image_size": config["data"]["image_size"],
         "model": config["model"]["name"],
+        "precision": "fp32",
         "total_s": total_s,
         "forward_s": forward_s,
         "decode_images_s": decode_s,
+        "else_s": total_s - forward_s,
+        "ratio": (total_s - forward_s) / forward_s,
+        "conditions": conditions.finish(),
+    }
+
+
+def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
+    """A trained run's own evaluation, as the evaluate rule runs it: the whole command, and
+    the forward pass as the eval JSON times it (validation's and test's)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "eval.json"
+        argv = [
+            "--cpu-threads", str(args.cpu_threads), "evaluate", "--checkpoint", args.checkpoint,
+            "--device", str(device), "--data", args.data_root, "--out", str(out),
+            "--predictions", str(Path(scratch) / "predictions.json"), *args.settings,
+        ]  # fmt: skip
+        for _run in range(2):  # the first pays the imports: report_time's evaluate stage has them
+            conditions = timing.RunConditions()
+            start = time.perf_counter()
+            if pipeline_cli.main(argv) != 0:
+                raise SystemExit(f"python -m pipeline {' '.join(argv)} failed")
+            total_s = time.perf_counter() - start
+        result = json.loads(out.read_text())
+    passes = [result["metrics"], *([result["val_metrics"]] if result["val_metrics"] else [])]
+    forward_s = sum(metrics["timing"]["model_s"] for metrics in passes)
+    return {
+        "images": sum(metrics["num_images"] for metrics in passes),
+        "image_size": checkpoint.load(args.checkpoint)["config"]["data"]["image_size"],
+        "model": result["model"],
+        "precision": result["precision"],
+        "total_s": total_s,
+        "forward_s": forward_s,
+        "decode_images_s": None,
         "else_s": total_s - forward_s,
         "ratio": (total_s - forward_s) / forward_s,
         "conditions": conditions.finish(),
@@ -223,7 +270,10 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     coco = [time_coco_scale(images) for images in (args.small, args.large)]
     scale_ratio = coco[1]["ms_per_image"] / coco[0]["ms_per_image"]
-    default = time_default_size(args, device)
+    if args.checkpoint:
+        default = time_evaluate_command(args, device)
+    else:
+        default = time_default_size(args, device)
 
     print(
         harness.table(
@@ -249,10 +299,10 @@ def main(argv: list[str]) -> int:
             ("default size", "images", "forward s", "decoding images s", "else s", "total s"),
             [
                 [
-                    f"{default['model']} at {default['image_size']} px",
+                    f"{default['model']} at {default['image_size']} px, {default['precision']}",
                     default["images"],
                     default["forward_s"],
-                    default["decode_images_s"],
+                    "-" if default["decode_images_s"] is None else default["decode_images_s"],
                     default["else_s"],
                     default["total_s"],
                 ]
@@ -297,11 +347,17 @@ def main(argv: list[str]) -> int:
             default["else_s"],
             "s",
         ),
-        harness.figure(
-            "default.decode_images_s",
-            "default size: decoding the images (part of everything else)",
-            default["decode_images_s"],
-            "s",
+        *(
+            []
+            if default["decode_images_s"] is None  # inside the command: not timed apart
+            else [
+                harness.figure(
+                    "default.decode_images_s",
+                    "default size: decoding the images (part of everything else)",
+                    default["decode_images_s"],
+                    "s",
+                )
+            ]
         ),
         harness.figure(
             "default.ratio",
@@ -317,6 +373,7 @@ def main(argv: list[str]) -> int:
         "classes": COCO_CLASSES,
         "detections_per_image": DETECTIONS,
         "data_root": args.data_root,
+        "checkpoint": args.checkpoint,
         "overrides": args.settings,
         "cpu_threads": args.cpu_threads,
     }
