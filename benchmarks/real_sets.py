@@ -6,11 +6,15 @@
       _annotations.coco.json), reading a bare git mirror at HEAD or an ordinary folder, then
       loads it through pipeline.data as a user's data set is loaded and prints its object sizes.
   measure NAME --data DIR [--epochs N] [--precision fp32|bf16] [--image-size PX] --record PATH
+          [key=value ...]
       trains as the README's "Your own data" says (a user file with format, paths and
       image_size, layered over config/presets/photographs.yaml and five-minutes-cpu.yaml) but
       for a fixed number of epochs
       without a time budget, evaluates best.pth, and writes a JSON record of the figures, the
-      training time, the machine, the load, the commit and the exact commands.
+      training time, the machine, the load, the commit and the exact commands. Trailing
+      key=value settings (seed=1, data.augment.scale_min=0.6667) are layered last, over the
+      user file; the record keeps them and the resolved settings, so a variant or a seed is
+      rerun from its record.
 
 The sets' files stay out of the repository (licences, size): they are prepared under
 resources/real/NAME (git-ignored) unless --out names another folder.
@@ -23,7 +27,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,11 +46,17 @@ from real_layouts import (
 
 from pipeline import atomic, timing
 from pipeline.cli import configure_logging
-from pipeline.config import load_config, merge, validate
+from pipeline.config import (
+    accuracy_settings,
+    load_config,
+    merge,
+    parse_overrides,
+    validate,
+)
 from pipeline.data import has_test_split, load_split, load_splits
 from pipeline.data.sources import SplitAnnotations
 from pipeline.environment import machine
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 
 NAME = "real_sets"
 RECORD_FORMAT = "benchmarks.real_set/1"
@@ -56,6 +66,14 @@ PRESETS = tuple(
     for name in ("photographs.yaml", "five-minutes-cpu.yaml")
 )
 RECORDS = harness.REPO / "benchmarks" / "records" / "real"
+BASE_CONFIG = harness.REPO / "config" / "config.yaml"  # under the presets: commands run at REPO
+# settings measure sets from its own options: a trailing key=value may not set them too
+OWN_SETTINGS = {
+    "train.epochs": "--epochs",
+    "train.time_budget_s": "none: measure trains for fixed epochs, without a budget",
+    "precision": "--precision",
+    "data.image_size": "--image-size",
+}
 SMALLEST_AT_INPUT_PX = 8  # README, "Choosing data.image_size"
 
 
@@ -207,8 +225,10 @@ def commands(
     work: Path,
     threads: str = "auto",
     image_size: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> list[list[str]]:
-    """The README's "Your own data" commands at fixed epochs; writes the user's config file."""
+    """The README's "Your own data" commands at fixed epochs, `overrides` last; writes the
+    user's config file."""
     user_file, run = work / f"{real.name}.yaml", work / "run"
     work.mkdir(parents=True, exist_ok=True)
     user_file.write_text(yaml.safe_dump(user_data(real, data, image_size)), encoding="utf-8")
@@ -220,6 +240,7 @@ def commands(
             *("--configfile", *map(str, PRESETS), str(user_file)),
             *("--out", str(run)),
             *(f"train.epochs={epochs}", "train.time_budget_s=null", f"precision={precision}"),
+            *overrides,
         ],
         [
             *python,
@@ -230,6 +251,37 @@ def commands(
     ]
 
 
+def dotted(settings: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys a nested settings dict sets."""
+    keys = []
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            keys += dotted(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def resolved_config(train: list[str]) -> dict[str, Any]:
+    """The config the training command resolves (config/config.yaml, the presets, the user's
+    file, then its settings), validated: a bad setting stops measure before it trains."""
+    files = train[train.index("--configfile") + 1 : train.index("--out")]
+    settings = train[train.index("--out") + 2 :]
+    return load_config([BASE_CONFIG, *files], settings)
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Settings measure's own options set (epochs, precision, image size) are refused: the
+    record's fields and file name say what those options gave."""
+    for key in dotted(parse_overrides(overrides)):
+        for own, option in OWN_SETTINGS.items():
+            if key == own or key.startswith(own + ".") or own.startswith(key + "."):
+                raise ConfigError(
+                    f"Setting {key} is measure's own ({option}): give it that way, not as "
+                    "key=value."
+                )
+
+
 def measure(
     real: RealSet,
     data: Path,
@@ -238,8 +290,11 @@ def measure(
     work: Path,
     threads: str,
     image_size: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
-    train, evaluate = commands(real, data, epochs, precision, work, threads, image_size)
+    check_overrides(overrides)
+    train, evaluate = commands(real, data, epochs, precision, work, threads, image_size, overrides)
+    settings = accuracy_settings(resolved_config(train))
     user = user_data(real, data, image_size)
     log = work / "commands.log"
     conditions = timing.RunConditions()
@@ -254,6 +309,8 @@ def measure(
         "set": real.name,
         "origin": real.origin,
         "user_config": user,
+        "overrides": list(overrides),
+        "settings": settings,
         "epochs": epochs,
         "precision": summary["precision"],
         "image_size": user["data"]["image_size"],
@@ -306,10 +363,12 @@ def table(records: list[dict[str, Any]]) -> str:
     for record in order:
         found, training = record["figures"], record["training"]
         fixed, chosen = found["at_score_threshold"], found["at_operating_point"]
+        overrides = "".join(f", {item}" for item in record.get("overrides", ()))
         rows.append(
             [
                 record["set"],
-                f"{record['precision']}, {record['epochs']} epochs, {record['image_size']} px",
+                f"{record['precision']}, {record['epochs']} epochs, {record['image_size']} px"
+                f"{overrides}",
                 _with_interval(found["ap50"], found["ap50_interval"]),
                 " / ".join(f"{c['name']} {c['ap50']:.3f}" for c in found["per_class"]),
                 _with_interval(found["ap"], found["ap_interval"]),
@@ -366,11 +425,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument(
         "--work", type=Path, help="run folder, eval and predictions (default: benchmarks/out/...)"
     )
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="settings layered last, over the user file (seed=1, data.augment.scale_min=0.6667)",
+    )
     show = commands.add_parser("table", help="a Markdown table of records")
     show.add_argument(
         "records", nargs="*", type=Path, help="default: benchmarks/records/real/*.json"
     )
-    return parser.parse_args(argv)
+    # argparse gives a trailing positional after options nothing (its nargs="*" is taken,
+    # empty, with NAME): settings after the options come back unknown and are kept in order
+    args, rest = parser.parse_known_args(argv)
+    if rest and (args.command != "measure" or any("=" not in s or s.startswith("-") for s in rest)):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "measure":
+        args.overrides = [*args.overrides, *rest]
+    return args
 
 
 def main(argv: list[str]) -> int:
@@ -389,7 +461,16 @@ def main(argv: list[str]) -> int:
         raise DataError(f"--data {data} does not exist: run 'prepare {real.name}' first.")
     epochs = args.epochs or real.epochs
     work = args.work or harness.OUT_DIR / "real" / f"{real.name}-{args.precision}-{epochs}ep"
-    record = measure(real, data, epochs, args.precision, work, args.cpu_threads, args.image_size)
+    record = measure(
+        real,
+        data,
+        epochs,
+        args.precision,
+        work,
+        args.cpu_threads,
+        args.image_size,
+        args.overrides,
+    )
     harness.warn_if_loaded(
         record["conditions"],
         f"training {real.name}",

@@ -14,7 +14,7 @@ from PIL import Image
 
 from pipeline.config import load_config
 from pipeline.data import has_test_split, load_split, load_splits
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the scripts import their shared harness by name
@@ -297,6 +297,94 @@ def test_measure_at_another_image_size_trains_the_users_file_at_that_size(
     config = load_config(files, [arg for arg in train if "=" in arg])
     assert real_sets.SETS["eggs"].image_size != 128
     assert config["data"]["image_size"] == 128
+
+
+def test_measure_layers_trailing_settings_last_over_the_users_file(tmp_path: Path) -> None:
+    options = ["--data", str(tmp_path / "eggs"), "--record", "r.json"]
+    args = real_sets.parse_args(
+        ["measure", "eggs", *options, "seed=1", "data.augment.scale_min=0.6667"]
+    )
+    assert args.overrides == ["seed=1", "data.augment.scale_min=0.6667"]
+    train, _ = real_sets.commands(
+        real_sets.SETS["eggs"], args.data, 3, "fp32", tmp_path / "work", overrides=args.overrides
+    )
+    assert train[-2:] == args.overrides
+    config = real_sets.resolved_config(train)
+    assert config["seed"] == 1
+    assert config["data"]["augment"]["scale_min"] == 0.6667  # over the preset's own
+    assert config["data"]["augment"]["scale_max"] == 1.5  # the preset's, untouched
+    assert config["data"]["format"] == "coco"  # the user's file still under them
+
+
+def test_a_bad_or_anything_but_a_setting_after_measures_options_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        real_sets.parse_args(["measure", "eggs", "--record", "r.json", "--bogus=1"])
+    with pytest.raises(SystemExit):
+        real_sets.parse_args(["prepare", "eggs", "--source", "x", "seed=1"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("train.epochs=3", "--epochs"),
+        ("precision=bf16", "--precision"),
+        ("data.image_size=128", "--image-size"),
+        ("train={epochs: 3}", "--epochs"),
+        ("data.augment.scale_min=-1", "scale_min"),
+        ("seed", "key=value"),
+    ],
+)
+def test_a_setting_measure_owns_or_cannot_take_stops_it_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, says: str
+) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(real_sets.harness, "run_logged", lambda command, log: ran.append(command))
+    with pytest.raises(ConfigError, match=says):
+        real_sets.measure(
+            real_sets.SETS["eggs"],
+            tmp_path / "eggs",
+            3,
+            "fp32",
+            tmp_path / "w",
+            "1",
+            None,
+            [setting],
+        )
+    assert ran == []
+
+
+def fake_run(command: list[str], log: Path) -> None:
+    """Stands in for training and evaluation: writes the files measure reads back."""
+    if "train" in command:
+        run = Path(command[command.index("--out") + 1])
+        run.mkdir(parents=True)
+        summary = {"precision": "fp32", "batch_size": 4, "epochs": 3, "steps": 9, "best_epoch": 3}
+        summary |= dict.fromkeys(("wall_time_s", "train_time_s", "median_step_time_s"), 1.0)
+        (run / "train_summary.json").write_text(json.dumps(summary), encoding="utf-8")
+        return
+    metrics = dict.fromkeys(("ap50", "ap", "ap75", "f1", "precision", "recall"), 0.5)
+    metrics |= dict.fromkeys(("ap50_interval", "ap_interval", "f1_interval"), None)
+    metrics |= {"num_images": 2, "num_ground_truth": 2, "per_class": [], "score_threshold": 0.4}
+    point = {"threshold": 0.3, "picked_on": "val", "f1": 0.5, "precision": 0.5, "recall": 0.5}
+    evaluation = {"metrics_split": "test", "metrics": metrics, "operating_point": point}
+    Path(command[command.index("--out") + 1]).write_text(json.dumps(evaluation), encoding="utf-8")
+
+
+def test_the_record_keeps_the_settings_given_so_the_run_is_repeated_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(real_sets.harness, "run_logged", fake_run)
+    overrides = ["seed=1", "data.augment.scale_min=0.6667"]
+    record = real_sets.measure(
+        real_sets.SETS["eggs"], tmp_path / "eggs", 3, "fp32", tmp_path / "w", "1", None, overrides
+    )
+    assert record["overrides"] == overrides
+    assert record["commands"][0].endswith(" seed=1 data.augment.scale_min=0.6667")
+    assert record["settings"]["seed"] == 1
+    assert record["settings"]["data"]["augment"]["scale_min"] == 0.6667
+    assert record["settings"]["train"]["epochs"] == 3
+    row = real_sets.table([{**record, "created": "2026-12-05T00:00:00+00:00"}]).splitlines()[2]
+    assert "| eggs | fp32, 3 epochs, 64 px, seed=1, data.augment.scale_min=0.6667 |" in row
 
 
 def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
