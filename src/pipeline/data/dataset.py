@@ -10,7 +10,6 @@ so a resumed run sees exactly the batches an uninterrupted run would have seen.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -68,29 +67,12 @@ class Augment:
         steps: list[v2.Transform] = []
         if self.scales:
             steps += [
-                LogScaleJitter((size, size), (self.scale_min, self.scale_max)),
+                v2.ScaleJitter((size, size), (self.scale_min, self.scale_max)),
                 v2.RandomCrop((size, size), pad_if_needed=True, fill=PAD_VALUE),
             ]
         if self.photometric > 0:
             steps.append(v2.RandomApply([v2.ColorJitter(**PHOTOMETRIC)], p=self.photometric))
         return v2.Compose(steps) if steps else None
-
-
-class LogScaleJitter(v2.ScaleJitter):
-    """torchvision's ScaleJitter with the factor drawn log-uniformly in its range.
-
-    Where an object's look does not tell its size, the box head learns the size typical of
-    the scales it trained on: a uniform draw in [0.5, 1.5] is centred below 1 in log, and
-    boxes come out small on unjittered images. Log-uniform in a range symmetric in log (2/3 to
-    3/2) is centred on the data's own size; a downscale and its inverse upscale are as likely.
-    """
-
-    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        height, width = v2.query_size(flat_inputs)
-        low, high = (math.log(scale) for scale in self.scale_range)
-        scale = math.exp(low + float(torch.rand(1)) * (high - low))  # one draw, as the parent's
-        factor = min(self.target_size[1] / height, self.target_size[0] / width) * scale
-        return {"size": (int(height * factor), int(width * factor))}
 
 
 def read_image(path: os.PathLike | str) -> torch.Tensor:
