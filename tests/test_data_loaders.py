@@ -813,6 +813,19 @@ def test_a_cache_decoded_on_several_threads_holds_every_sample_in_order(
         DetectionDataset(split, 32)
 
 
+def test_of_bad_files_in_both_threads_shares_the_first_is_named(
+    coco_root: Path, two_torch_threads: None
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    first, last = split.records[1].path, split.records[-1].path  # one in each thread's share
+    assert first != last and len(split.records) >= 4
+    for path in (first, last):
+        path.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(DataError) as error:
+        DetectionDataset(split, 32)
+    assert str(first) in str(error.value) and str(last) not in str(error.value)
+
+
 def _memory(available: int | None) -> Callable[[], Memory]:
     """A memory reader that reports `available` bytes: no test allocates what it decides on."""
     return lambda: Memory(available, "available (test)")

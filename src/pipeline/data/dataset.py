@@ -264,13 +264,21 @@ class DetectionDataset(Dataset):
 
     def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Every sample decoded, in order, on as many threads as torch may use (PIL's decoders
-        and torch's resizing let go of the GIL); the first bad file's error, as one at a time."""
-        indices = range(len(self.records))
-        threads = min(torch.get_num_threads(), len(self.records))
+        and torch's resizing let go of the GIL), each thread one contiguous share: a task per
+        image would cost the pool's hand-over and a fight for the GIL per image, more than
+        a small image's decoding. The first bad file's error, as one at a time: the shares are
+        read back in order, and each stops at its first bad file."""
+        count = len(self.records)
+        threads = min(torch.get_num_threads(), count)
         if threads <= 1:
-            return [self._load(i) for i in indices]
+            return [self._load(i) for i in range(count)]
+        bounds = [count * share // threads for share in range(threads + 1)]
+
+        def load_share(share: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            return [self._load(i) for i in range(bounds[share], bounds[share + 1])]
+
         with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
-            return list(pool.map(self._load, indices))
+            return [sample for part in pool.map(load_share, range(threads)) for sample in part]
 
     def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input-frame image, boxes and ignore regions; the decoded image is the geometry."""
