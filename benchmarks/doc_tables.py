@@ -106,8 +106,8 @@ def value_text(figure: dict[str, Any]) -> str:
 def _number(value: float, unit: str) -> str:
     if unit == "ms":
         return f"{value:.2f}" if abs(value) < 100 else f"{value:.1f}"
-    if unit == "s":
-        return f"{value:.0f}"
+    if unit == "s":  # a tenth where a second is a large share of the figure
+        return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
     if unit in ("count", "epochs"):
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
     if unit == "speed-up":
