@@ -18,7 +18,6 @@ from pipeline.evaluation.image_level import image_level_f1
 from pipeline.evaluation.loop import TIMING_KEYS, Evaluator
 from pipeline.evaluation.matching import (
     ignored_detections,
-    match_detections,
     matched_objects,
     pool,
     precision_recall_f1,
@@ -91,7 +90,7 @@ HAND_DETS = [
 def test_matching_marks_duplicate_wrong_class_and_low_iou_detections_as_false_positives() -> None:
     d = HAND_DETS[0]
     g = HAND_GTS[0]
-    flags = match_detections(d["boxes"], d["scores"], d["labels"], g["boxes"], g["labels"])
+    flags = matched_objects(d["boxes"], d["scores"], d["labels"], g["boxes"], g["labels"]) >= 0
     assert flags.tolist() == [True, False, False, False, True]
 
 
@@ -100,8 +99,8 @@ def test_matching_is_greedy_by_score_and_reports_flags_in_the_input_order() -> N
     # Listed low score first: the 0.9 detection (IoU 0.6) claims the object before the
     # 0.5 detection with the perfect box, which becomes the false positive.
     boxes = np.array([[0, 0, 10, 10], [0, 0, 10, 6]], dtype=np.float32)
-    flags = match_detections(boxes, np.array([0.5, 0.9]), np.array([0, 0]), gt_boxes, np.array([0]))
-    assert flags.tolist() == [False, True]
+    found = matched_objects(boxes, np.array([0.5, 0.9]), np.array([0, 0]), gt_boxes, np.array([0]))
+    assert found.tolist() == [-1, 0]
 
 
 def test_matching_takes_the_unmatched_ground_truth_with_the_highest_iou() -> None:
@@ -109,8 +108,9 @@ def test_matching_takes_the_unmatched_ground_truth_with_the_highest_iou() -> Non
     # The first detection overlaps both (IoU 0.54 and 0.67): it must take the second, which
     # leaves the first object for the second detection. First-found matching would give 1 TP.
     boxes = np.array([[3, 0, 13, 10], [0, 0, 10, 10]], dtype=np.float32)
-    flags = match_detections(
-        boxes, np.array([0.9, 0.8]), np.array([0, 0]), gt_boxes, np.array([0, 0])
+    flags = (
+        matched_objects(boxes, np.array([0.9, 0.8]), np.array([0, 0]), gt_boxes, np.array([0, 0]))
+        >= 0
     )
     assert flags.tolist() == [True, True]
 
@@ -122,12 +122,12 @@ def test_a_detection_as_close_to_two_objects_takes_the_first_listed() -> None:
     assert matched_objects([[1, 0, 11, 10]], [0.9], [0], objects[::-1], [0, 0]).tolist() == [0]
 
 
-def test_matching_with_no_ground_truth_or_no_detections_returns_all_false() -> None:
+def test_matching_with_no_ground_truth_or_no_detections_matches_nothing() -> None:
     empty_boxes = np.zeros((0, 4), dtype=np.float32)
-    assert match_detections(
+    assert matched_objects(
         [[0, 0, 1, 1]], [0.9], [0], empty_boxes, np.zeros(0, dtype=np.int64)
-    ).tolist() == [False]
-    assert match_detections(empty_boxes, [], [], [[0, 0, 1, 1]], [0]).tolist() == []
+    ).tolist() == [-1]
+    assert matched_objects(empty_boxes, [], [], [[0, 0, 1, 1]], [0]).tolist() == []
 
 
 def test_hand_built_precision_recall_f1_micro_macro_and_per_class() -> None:

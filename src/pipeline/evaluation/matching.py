@@ -92,21 +92,6 @@ def macro_figures(rows: Sequence[Mapping[str, Any]], active: np.ndarray) -> dict
     }
 
 
-def match_detections(
-    det_boxes: Any,
-    det_scores: Any,
-    det_labels: Any,
-    gt_boxes: Any,
-    gt_labels: Any,
-    iou_threshold: float = 0.5,
-) -> np.ndarray:
-    """True-positive flag for each detection of one image, in the detections' original order
-    (`matched_objects`' rule)."""
-    return (
-        matched_objects(det_boxes, det_scores, det_labels, gt_boxes, gt_labels, iou_threshold) >= 0
-    )
-
-
 def matched_objects(
     det_boxes: Any,
     det_scores: Any,
