@@ -57,6 +57,7 @@ from pipeline.data import has_test_split, load_split, load_splits
 from pipeline.data.sources import SplitAnnotations
 from pipeline.environment import machine
 from pipeline.errors import ConfigError, DataError
+from pipeline.runs import flatten
 
 NAME = "real_sets"
 RECORD_FORMAT = "benchmarks.real_set/1"
@@ -251,17 +252,6 @@ def commands(
     ]
 
 
-def dotted(settings: dict[str, Any], prefix: str = "") -> list[str]:
-    """The dotted keys a nested settings dict sets."""
-    keys = []
-    for key, value in settings.items():
-        if isinstance(value, dict) and value:
-            keys += dotted(value, f"{prefix}{key}.")
-        else:
-            keys.append(f"{prefix}{key}")
-    return keys
-
-
 def resolved_config(train: list[str]) -> dict[str, Any]:
     """The config the training command resolves (config/config.yaml, the presets, the user's
     file, then its settings), validated: a bad setting stops measure before it trains."""
@@ -273,7 +263,7 @@ def resolved_config(train: list[str]) -> dict[str, Any]:
 def check_overrides(overrides: Sequence[str]) -> None:
     """Settings measure's own options set (epochs, precision, image size) are refused: the
     record's fields and file name say what those options gave."""
-    for key in dotted(parse_overrides(overrides)):
+    for key in (item.split("=", 1)[0] for item in flatten(parse_overrides(overrides))):
         for own, option in OWN_SETTINGS.items():
             if key == own or key.startswith(own + ".") or own.startswith(key + "."):
                 raise ConfigError(
