@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import platform
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -224,31 +228,36 @@ def run_backend(
     models: list[str],
     settings: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """Every model x precision x mode on one backend, timed one after another in this
-    process, fp32 first for each model; one record each, in that order.
+    """Every model x precision x mode on one backend in this process; one record each, fp32's
+    first, then each other precision's, each with its modes in order.
 
-    The batch is rendered once and the numerics' fp32 reference trained once per model; each
-    combination still times a freshly built model (the seed a process of its own would use).
-    A precision whose warm-up or timed steps already show it slower than fp32 in the same mode
-    stops there (`slower_than`), and its record says why.
+    For each model and mode, every precision gets a freshly built model (the seed a process
+    of its own would use) and its own warm-up, fp32's first; then their timed blocks of
+    BLOCK_STEPS steps alternate in rounds (`timing.interleaved_runs`, order reversed every
+    round), so that the speed-up is paired round by round (`stats.speedup_between`) and what
+    the machine does meanwhile cancels out of it. The batch is rendered once and the
+    numerics' fp32 reference trained once per model. A precision whose warm-up or timed steps
+    already show it slower than fp32 stops there (`slower_than`), and its record says why.
     """
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
     shared = _Shared(device, settings)
+    ordered = sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32")
     records = []
     for model_name in models:
         shared.forget_numerics()
-        fp32_samples: dict[str, list[float]] = {}
-        for precision in sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32"):
-            for mode in dict.fromkeys(modes):
-                reference = fp32_samples.get(mode) if precision != "fp32" else None
-                record = _run_one(shared, precision, mode, model_name, reference)
-                if precision == "fp32" and record["status"] == "ok":
-                    fp32_samples[mode] = [ms / 1000 for ms in record["timing"]["samples_ms"]]
-                records.append(record)
+        by_mode = {
+            mode: _run_interleaved(shared, ordered, mode, model_name)
+            for mode in dict.fromkeys(modes)
+        }
+        records += [by_mode[mode][precision] for precision in ordered for mode in by_mode]
     return records
 
+
+# Steps of one precision timed in a row before the next precision's block: a block's median
+# shrugs off one slow step (the first after a switch of model), and 30 steps make 10 rounds.
+BLOCK_STEPS = 3
 
 # A new model's first steps run slower than its settled ones (oneDNN builds its primitives,
 # the allocator grows), by well under this factor: a precision whose fastest warm-up step is
@@ -257,34 +266,39 @@ SETTLING_GAIN_LIMIT = 3.0
 
 
 def slower_than(
-    reference_s: list[float], precision: str
-) -> tuple[timing.StopRule, timing.StopRule]:
+    reference_warmup_s: list[float], reference: timing.Timed, precision: str
+) -> tuple[timing.StopRule, Callable[[timing.Timed], str | None]]:
     """The rules that end a precision's warm-up and timing once its own steps show that it is
-    slower than fp32 (`reference_s`: fp32's timed steps, same backend, model and mode).
+    slower than fp32 (same backend, model and mode): `reference_warmup_s` are fp32's warm-up
+    step times (its settled last SETTLE_WINDOW give the median), `reference` fp32's timed
+    steps in the interleaved schedule, growing as they are timed.
 
     Timing stops only on `stats.speedup`'s own verdict 'slower' (the whole interval below 1
-    by more than the tolerance) after the fewest steps a claim needs: the verdict the choice
-    reads from the same samples, so a precision that could still be chosen is never stopped.
-    The warm-up only loses its wait for settling: the timed steps still decide.
+    by more than the tolerance), paired by rounds as the choice pairs them, after the fewest
+    steps a claim needs: the verdict the choice reads from the same samples, so a precision
+    that could still be chosen is never stopped. The warm-up only loses its wait for
+    settling: the timed steps still decide.
     """
-    reference_median = float(np.median(reference_s))
+    settled_tail = reference_warmup_s[-stats.SETTLE_WINDOW :]
+    reference_median = float(np.median(settled_tail)) if settled_tail else math.inf
 
     def end_warmup(step_times: list[float]) -> str | None:
         fastest = min(step_times)
-        if fastest <= SETTLING_GAIN_LIMIT * reference_median:
+        if fastest <= SETTLING_GAIN_LIMIT * reference_median:  # always, without fp32 warm-up
             return None
         return (
             f"its fastest warm-up step took {fastest * 1000:.1f} ms, more than "
-            f"{SETTLING_GAIN_LIMIT:g}x fp32's median step ({reference_median * 1000:.1f} ms): "
-            "more than settling gains"
+            f"{SETTLING_GAIN_LIMIT:g}x fp32's median warm-up step ({reference_median * 1000:.1f} "
+            "ms): more than settling gains"
         )
 
-    def stop(samples: list[float]) -> str | None:
-        if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM:
+    def stop(own: timing.Timed) -> str | None:
+        samples = own.samples
+        if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM or not reference.samples:
             return None
-        if np.median(samples) <= reference_median * (1 + stats.SPEEDUP_TOLERANCE):
+        if np.median(samples) <= np.median(reference.samples) * (1 + stats.SPEEDUP_TOLERANCE):
             return None  # not even its median is behind: spare the bootstrap
-        speed = stats.speedup(reference_s, samples)
+        speed = stats.speedup(reference.samples, samples, rounds=(reference.rounds, own.rounds))
         if speed.verdict != "slower":
             return None
         return (
@@ -335,63 +349,149 @@ class _Shared:
         return copy.deepcopy(self._compared[precision])
 
 
-def _run_one(
-    shared: _Shared,
-    precision: str,
-    mode: str,
-    model_name: str,
-    fp32_samples: list[float] | None = None,
-) -> dict[str, Any]:
-    device, settings, layout = shared.device, shared.settings, shared.layout
-    record = _base_record(device, precision, mode, model_name, settings)
-    reason = dev.autocast_unsupported_reason(device, precision)
-    if reason:
-        record.update(status="skipped", reason=reason)
-        log.info("%s %s %s %s: skipped (%s)", model_name, device, precision, mode, reason)
-        return record
+def _run_interleaved(
+    shared: _Shared, precisions: list[str], mode: str, model_name: str
+) -> dict[str, dict[str, Any]]:
+    """The records of one model and mode: each precision built and warmed up in turn, then
+    timed in interleaved rounds against the others."""
+    device, settings = shared.device, shared.settings
+    records: dict[str, dict[str, Any]] = {}
+    ready: dict[str, _Ready] = {}
+    held_mb = None  # device memory held before the first model: the batch, the reference
+    for precision in precisions:
+        record = _base_record(device, precision, mode, model_name, settings)
+        records[precision] = record
+        reason = dev.autocast_unsupported_reason(device, precision)
+        if reason:
+            record.update(status="skipped", reason=reason)
+            log.info("%s %s %s %s: skipped (%s)", model_name, device, precision, mode, reason)
+            continue
+        allocated = dev.memory_stats(device).get("allocated_mb", 0.0)
+        held_mb = allocated if held_mb is None else held_mb
+        fp32 = ready.get("fp32")
+        try:
+            ready[precision] = _warmed_up(
+                shared, record, fp32, exclude_mb=max(0.0, allocated - held_mb)
+            )
+        except (RuntimeError, NotImplementedError) as error:
+            _skip(record, error)
+    if not ready:
+        return records
+    timed = timing.interleaved_runs(
+        {precision: r.step for precision, r in ready.items()},
+        device,
+        block_steps=BLOCK_STEPS,
+        max_steps=settings["steps"],
+        budget_s=settings["time_budget_s"],
+        stops={p: r.stop for p, r in ready.items()},
+        cannot_run=cannot_run_reason,
+        timed={p: r.timed for p, r in ready.items()},
+    )
+    schedule_id = uuid.uuid4().hex
+    for precision, prepared in ready.items():
+        record = records[precision]
+        if timed[precision].failed or not timed[precision].samples:
+            record.update(status="skipped", reason=timed[precision].failed, numerics=None)
+            log.warning(
+                "%s %s %s %s: skipped (%s)", model_name, device, precision, mode, record["reason"]
+            )
+            continue
+        _finish(record, prepared, timed[precision], schedule_id, settings["steps"])
+    return records
 
+
+@dataclass
+class _Ready:
+    """A precision built and warmed up, waiting for its timed blocks."""
+
+    step: Callable[[], Any]
+    warmup: dict[str, Any]
+    conditions: timing.RunConditions
+    stop: Callable[[timing.Timed], str | None] | None
+    timed: timing.Timed
+
+
+def _skip(record: dict[str, Any], error: BaseException) -> None:
+    reason = cannot_run_reason(error)
+    if reason is None:
+        raise error
+    record.update(status="skipped", reason=reason, numerics=None)
+    log.warning(
+        "%s %s %s %s: skipped (%s)",
+        record["model"],
+        record["device"],
+        record["precision"],
+        record["mode"],
+        reason,
+    )
+
+
+def _warmed_up(
+    shared: _Shared, record: dict[str, Any], fp32: _Ready | None, exclude_mb: float
+) -> _Ready:
+    """Build a fresh model for the record's precision and warm its step up. Its device peak
+    and host peak RSS are taken over this warm-up (the same step as the timed ones, alone on
+    the device: the other precisions' models wait, and their memory is left out)."""
+    device, settings, layout = shared.device, shared.settings, shared.layout
+    precision, mode = record["precision"], record["mode"]
     images, targets = shared.batch()
     torch.manual_seed(0)
     np.random.seed(0)
-    model_config = {**settings["model_options"], "name": model_name}
+    model_config = {**settings["model_options"], "name": record["model"]}
     model = build_from_config(model_config, settings["num_classes"])
     model = model.to(device, memory_format=layout)
     record["parameters"] = parameter_count(model)
-    end_warmup, stop = slower_than(fp32_samples, precision) if fp32_samples else (None, None)
-    memory = dev.PeakMemory(device)
+    end_warmup = stop = None
+    if fp32 is not None and precision != "fp32":
+        end_warmup, stop = slower_than(fp32.warmup["step_times"], fp32.timed, precision)
+    memory = dev.PeakMemory(device, exclude_mb=exclude_mb)
     dev.reset_host_peak_rss()
-    try:
-        if precision != "fp32":
-            record["numerics"] = shared.numerics(model, precision)
-        step = _step(model, images, targets, device, precision, mode, settings, layout)
-        conditions = timing.RunConditions()
-        samples, details = timing.timed_runs(
-            step,
-            device,
-            warmup=settings["warmup_steps"],
-            max_steps=settings["steps"],
-            budget_s=settings["time_budget_s"],
-            warmup_budget_s=settings["warmup_budget_s"],
-            memory=memory,
-            end_warmup=end_warmup,
-            stop=stop,
-        )
-    except (RuntimeError, NotImplementedError) as error:
-        reason = cannot_run_reason(error)
-        if reason is None:
-            raise
-        record.update(status="skipped", reason=reason, numerics=None)
-        log.warning(
-            "%s %s %s %s: skipped (%s)", model_name, device, precision, mode, record["reason"]
-        )
-        return record
+    if precision != "fp32":
+        record["numerics"] = shared.numerics(model, precision)
+    step = _step(model, images, targets, device, precision, mode, settings, layout)
+    conditions = timing.RunConditions()
+    warmed = timing.warm_up(
+        step,
+        device,
+        warmup=settings["warmup_steps"],
+        budget_s=settings["warmup_budget_s"],
+        memory=memory,
+        end_warmup=end_warmup,
+    )
+    record.update(memory=memory.as_dict(), host_peak_rss_mb=dev.host_peak_rss_mb())
+    return _Ready(step, warmed, conditions, stop, timing.Timed())
+
+
+def _finish(
+    record: dict[str, Any],
+    ready: _Ready,
+    timed: timing.Timed,
+    schedule_id: str,
+    max_steps: int,
+) -> None:
+    """Fill an ok record from its warm-up and its share of the interleaved schedule."""
+    samples, warmup = timed.samples, ready.warmup
     summary = stats.summarize(samples)
+    details = {
+        "warmup_steps": warmup["warmup_steps"],
+        "warmup_s": warmup["warmup_s"],
+        "warmup_settled": warmup["warmup_settled"],
+        "total_s": warmup["warmup_s"] + timed.spent_s,
+        "budget_limited": len(samples) < max_steps and timed.stopped_early is None,
+        "warmup_ended_early": warmup["warmup_ended_early"],
+        "stopped_early": timed.stopped_early,
+    }
     record.update(
-        timing={**summary, **details, "samples_ms": [s * 1000 for s in samples]},
-        throughput_images_per_s=settings["batch_size"] / (summary["median_ms"] / 1000),
-        memory=memory.as_dict(),
-        host_peak_rss_mb=dev.host_peak_rss_mb(),
-        conditions=conditions.finish(),
+        timing={
+            **summary,
+            **details,
+            "samples_ms": [s * 1000 for s in samples],
+            "rounds": list(timed.rounds),
+            "schedule_id": schedule_id,
+            "block_steps": BLOCK_STEPS,
+        },
+        throughput_images_per_s=record["batch_size"] / (summary["median_ms"] / 1000),
+        conditions=ready.conditions.finish(),
     )
     flags = stats.quality_words(summary)
     flags += [
@@ -403,18 +503,19 @@ def _run_one(
         if details[key]
     ]
     log.info(
-        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d after %d warm-up steps%s%s), %.0f img/s%s",
-        model_name,
-        device,
-        precision,
-        mode,
+        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d in %d rounds after %d warm-up steps%s%s), "
+        "%.0f img/s%s",
+        record["model"],
+        record["device"],
+        record["precision"],
+        record["mode"],
         summary["median_ms"],
         summary["iqr_ms"],
         summary["count"],
+        len(set(timed.rounds)),
         details["warmup_steps"],
         "" if details["warmup_settled"] else ", not settled",
         ", budget-limited" if details["budget_limited"] else "",
         record["throughput_images_per_s"],
         "; " + "; ".join(flags) if flags else "",
     )
-    return record

@@ -507,10 +507,17 @@ class PeakMemory:
     CUDA reads torch's own peak counters (exact). MPS has no peak API up to torch 2.14, so
     it keeps the largest of the samples taken at each `update()`: a lower bound
     (`exact=False`) that every output must label as such. CPU has no device memory: 0.0.
+
+    `exclude_mb`: memory that other work holds throughout the span (the bench's other
+    precisions' models, kept for interleaved timing), left out of `peak_mb`; the reserved
+    pool cannot be told apart, so `reserved_mb` keeps it.
     """
 
-    def __init__(self, device: DeviceLike, reader: MemoryReader | None = None) -> None:
+    def __init__(
+        self, device: DeviceLike, reader: MemoryReader | None = None, exclude_mb: float = 0.0
+    ) -> None:
         self.device = as_device(device)
+        self.exclude_mb = exclude_mb
         self.backend = backend_name(self.device)
         self._accelerator = (
             self.backend == "mps" and reader is None and _mps_accelerator_peak_available()
@@ -548,10 +555,12 @@ class PeakMemory:
     @property
     def peak_mb(self) -> float:
         if self.backend == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / _MB
-        if self._accelerator:
-            return torch.accelerator.max_memory_allocated() / _MB
-        return self._sampled_peak
+            peak = torch.cuda.max_memory_allocated(self.device) / _MB
+        elif self._accelerator:
+            peak = torch.accelerator.max_memory_allocated() / _MB
+        else:
+            peak = self._sampled_peak
+        return max(0.0, peak - self.exclude_mb) if peak else peak
 
     @property
     def reserved_mb(self) -> float:

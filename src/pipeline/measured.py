@@ -118,10 +118,6 @@ def unmeasured_choice(backend: str, model: str, auto_precision: str) -> Precisio
     )
 
 
-def _samples(record: Mapping[str, Any]) -> list[float]:
-    return [ms / 1000 for ms in record["timing"]["samples_ms"]]
-
-
 def choose_precision(
     records: Iterable[tuple[Mapping[str, Any], str | Path]],
     backend: str,
@@ -202,8 +198,8 @@ def _choose_among(
     preferred = eligible[0]  # candidates come in REDUCED's order
     if preferred is ahead:
         return ahead, candidates
-    head_to_head = stats.speedup(
-        _samples(by_precision[preferred.precision][0]), _samples(by_precision[ahead.precision][0])
+    head_to_head = stats.speedup_between(
+        by_precision[preferred.precision][0]["timing"], by_precision[ahead.precision][0]["timing"]
     )
     if head_to_head.verdict == "faster":
         return ahead, candidates
@@ -228,7 +224,7 @@ def _judge(
     record, path = found
     if record["status"] != "ok":
         return Candidate(precision, False, f"could not run: {record['reason']}", None, path)
-    speed = stats.speedup(_samples(reference), _samples(record))
+    speed = stats.speedup_between(reference["timing"], record["timing"])
     as_dict = {**speed.as_dict(), "text": speed.text}
     numerics = record.get("numerics") or {}
     if not numerics.get("acceptable", False):

@@ -113,6 +113,17 @@ def settled(step_times: Sequence[float], window: int = SETTLE_WINDOW) -> bool:
     return abs(recent / before - 1) <= SETTLE_TOLERANCE
 
 
+INDEPENDENT_METHOD = (
+    f"percentile bootstrap of the ratio of medians, {BOOTSTRAP_RESAMPLES} resamples of each set"
+)
+PAIRED_METHOD = (
+    "percentile bootstrap over rounds of the median of per-round ratios (reference block median "
+    f"over candidate block median, blocks interleaved in one process), {BOOTSTRAP_RESAMPLES} "
+    "resamples"
+)
+MIN_ROUNDS_TO_PAIR = 3  # fewer rounds timed in common: the sets are resampled independently
+
+
 @dataclass(frozen=True)
 class Speedup:
     """How much faster a candidate ran than a reference, with a bootstrap interval.
@@ -123,6 +134,10 @@ class Speedup:
     'too few samples' where either set has fewer than MIN_SAMPLES_FOR_A_CLAIM steps, unless a
     well-timed set and at least two steps of the other do not even overlap (a much slower,
     budget-limited precision).
+
+    `paired_rounds` is the number of interleaved rounds the ratio and interval were paired
+    over (`paired_speedup`); None where the two sets were resampled independently (records
+    timed one after another, from different processes, or with too few rounds in common).
     """
 
     ratio: float
@@ -133,9 +148,8 @@ class Speedup:
     candidate_count: int
     confidence: float = CONFIDENCE
     tolerance: float = SPEEDUP_TOLERANCE
-    method: str = (
-        f"percentile bootstrap of the ratio of medians, {BOOTSTRAP_RESAMPLES} resamples of each set"
-    )
+    method: str = INDEPENDENT_METHOD
+    paired_rounds: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,32 +176,9 @@ class Speedup:
         return f"indistinguishable ({self.ratio:.2f}x, {interval})"
 
 
-def speedup(
-    reference_s: Sequence[float],
-    candidate_s: Sequence[float],
-    *,
-    tolerance: float = SPEEDUP_TOLERANCE,
-    confidence: float = CONFIDENCE,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
-) -> Speedup:
-    """Speed-up of `candidate` over `reference` from their step times, with its interval.
-
-    Both sets are resampled independently (they come from separate runs), and the interval is
-    the percentile interval of the ratio of medians: no assumption about the shape of the
-    step-time distribution, which on shared machines has long right tails. Seeded: the same
-    samples always give the same interval.
-    """
-    reference = np.asarray(reference_s, dtype=np.float64)
-    candidate = np.asarray(candidate_s, dtype=np.float64)
-    if reference.size == 0 or candidate.size == 0:
-        raise ValueError("A speed-up needs at least one timed step on each side.")
-    rng = np.random.default_rng(seed)
-    ref_medians = np.median(rng.choice(reference, (resamples, reference.size)), axis=1)
-    cand_medians = np.median(rng.choice(candidate, (resamples, candidate.size)), axis=1)
-    ratios = ref_medians / cand_medians
-    low, high = percentile_interval(ratios, confidence)
-    ratio = float(np.median(reference) / np.median(candidate))
+def _verdict(
+    reference: np.ndarray, candidate: np.ndarray, low: float, high: float, tolerance: float
+) -> str:
     sizes = sorted((reference.size, candidate.size))
     enough = sizes[0] >= MIN_SAMPLES_FOR_A_CLAIM
     # a budget-limited slow side with a few steps, all beyond every step of a well-timed side
@@ -197,16 +188,129 @@ def speedup(
         and (reference.min() > candidate.max() or candidate.min() > reference.max())
     )
     if not (enough or apart):
-        verdict = "too few samples"
-    elif low > 1 + tolerance:
-        verdict = "faster"
-    elif high < 1 / (1 + tolerance):
-        verdict = "slower"
-    else:
-        verdict = "indistinguishable"
+        return "too few samples"
+    if low > 1 + tolerance:
+        return "faster"
+    if high < 1 / (1 + tolerance):
+        return "slower"
+    return "indistinguishable"
+
+
+def speedup(
+    reference_s: Sequence[float],
+    candidate_s: Sequence[float],
+    *,
+    rounds: tuple[Sequence[int], Sequence[int]] | None = None,
+    tolerance: float = SPEEDUP_TOLERANCE,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Speedup:
+    """Speed-up of `candidate` over `reference` from their step times, with its interval.
+
+    With `rounds` (each sample's round of an interleaved schedule, reference's and
+    candidate's, as the two were timed in one process) and at least MIN_ROUNDS_TO_PAIR rounds
+    in common, the figure is `paired_speedup`'s. Otherwise both sets are resampled
+    independently (they come from separate runs), and the interval is the percentile interval
+    of the ratio of medians: no assumption about the shape of the step-time distribution,
+    which on shared machines has long right tails. Seeded: the same samples always give the
+    same interval. The verdict rules are the same either way.
+    """
+    reference = np.asarray(reference_s, dtype=np.float64)
+    candidate = np.asarray(candidate_s, dtype=np.float64)
+    if reference.size == 0 or candidate.size == 0:
+        raise ValueError("A speed-up needs at least one timed step on each side.")
+    if rounds is not None:
+        paired = paired_speedup(
+            reference, candidate, *rounds, confidence=confidence, resamples=resamples, seed=seed
+        )
+        if paired is not None:
+            ratio, low, high, pairs = paired
+            verdict = _verdict(reference, candidate, low, high, tolerance)
+            return Speedup(
+                ratio,
+                low,
+                high,
+                verdict,
+                int(reference.size),
+                int(candidate.size),
+                confidence,
+                tolerance,
+                PAIRED_METHOD,
+                pairs,
+            )
+    rng = np.random.default_rng(seed)
+    ref_medians = np.median(rng.choice(reference, (resamples, reference.size)), axis=1)
+    cand_medians = np.median(rng.choice(candidate, (resamples, candidate.size)), axis=1)
+    low, high = percentile_interval(ref_medians / cand_medians, confidence)
+    ratio = float(np.median(reference) / np.median(candidate))
+    verdict = _verdict(reference, candidate, low, high, tolerance)
     return Speedup(
         ratio, low, high, verdict, int(reference.size), int(candidate.size), confidence, tolerance
     )
+
+
+def round_ratios(
+    reference_s: Sequence[float],
+    candidate_s: Sequence[float],
+    reference_rounds: Sequence[int],
+    candidate_rounds: Sequence[int],
+) -> np.ndarray:
+    """Per round that timed both, the reference's block median over the candidate's, in
+    round order: the drift of the machine between rounds cancels out of each ratio."""
+    reference, candidate = np.asarray(reference_s, float), np.asarray(candidate_s, float)
+    ref_rounds, cand_rounds = np.asarray(reference_rounds), np.asarray(candidate_rounds)
+    if ref_rounds.shape != reference.shape or cand_rounds.shape != candidate.shape:
+        raise ValueError("Every timed step needs its round.")
+    common = np.intersect1d(ref_rounds, cand_rounds)
+    return np.asarray(
+        [
+            np.median(reference[ref_rounds == r]) / np.median(candidate[cand_rounds == r])
+            for r in common
+        ]
+    )
+
+
+def paired_speedup(
+    reference_s: Sequence[float],
+    candidate_s: Sequence[float],
+    reference_rounds: Sequence[int],
+    candidate_rounds: Sequence[int],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float, int] | None:
+    """(ratio, low, high, rounds) of an interleaved schedule: the median of the per-round
+    ratios (`round_ratios`) and its percentile interval over rounds resampled with
+    replacement; None with fewer than MIN_ROUNDS_TO_PAIR rounds in common.
+
+    Blocks of one round ran next to each other, so what the machine did over the seconds
+    of the run (frequency, other tenants, heat) is in both halves of a ratio, and the rounds,
+    not the steps, are the independent units: steps within a block are correlated, and
+    resampling them as independent gives intervals far too narrow.
+    """
+    ratios = round_ratios(reference_s, candidate_s, reference_rounds, candidate_rounds)
+    if ratios.size < MIN_ROUNDS_TO_PAIR:
+        return None
+    rng = np.random.default_rng(seed)
+    resampled = np.median(rng.choice(ratios, (resamples, ratios.size)), axis=1)
+    low, high = percentile_interval(resampled, confidence)
+    return float(np.median(ratios)), low, high, int(ratios.size)
+
+
+def speedup_between(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> Speedup:
+    """The speed-up of one benchmark record's timing (its `timing` object) over another's:
+    paired by rounds where the two were interleaved in one schedule (the same
+    `schedule_id`), else the independent bootstrap (records of the old sequential format,
+    another process, another backend)."""
+    reference_s = [ms / 1000 for ms in reference["samples_ms"]]
+    candidate_s = [ms / 1000 for ms in candidate["samples_ms"]]
+    same = reference.get("schedule_id") is not None and reference.get(
+        "schedule_id"
+    ) == candidate.get("schedule_id")
+    rounds = (reference["rounds"], candidate["rounds"]) if same else None
+    return speedup(reference_s, candidate_s, rounds=rounds)
 
 
 # ---- detection F1, precision and recall over images ------------------------------------------

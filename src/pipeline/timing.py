@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,60 @@ FOREIGN_CPU_SHARE_LIMIT = 0.15  # share of all cores busy with other processes d
 StopRule = Callable[[list[float]], str | None]
 
 
+def warm_up(
+    step: Callable[[], Any],
+    device: dev.DeviceLike,
+    *,
+    warmup: int,
+    budget_s: float,
+    memory: dev.PeakMemory | None = None,
+    end_warmup: StopRule | None = None,
+) -> dict[str, Any]:
+    """Run untimed steps: at least `warmup`, then until `settled()` (the first steps of a new
+    model are slow while oneDNN builds its primitives and the allocator grows), for at most
+    `budget_s`; at least one step when `warmup` > 0. The device is synchronized after every
+    step, and `memory` sampled. `end_warmup` sees the step times once the fewest have run:
+    a reason it gives ends the warm-up there (`warmup_ended_early`).
+
+    The details also keep the step times (`step_times`, not part of a record).
+    """
+    started = time.perf_counter()
+    times: list[float] = []
+    is_settled = warmup == 0
+    ended_early = None
+    while warmup > 0:
+        t0 = time.perf_counter()
+        step()
+        dev.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if memory is not None:
+            memory.update()
+        if len(times) >= warmup and settled(times):
+            is_settled = True
+            break
+        if len(times) >= warmup and end_warmup is not None:
+            ended_early = end_warmup(times)
+            if ended_early:
+                break
+        if time.perf_counter() - started > budget_s:
+            break
+    return {
+        "warmup_steps": len(times),
+        "warmup_s": time.perf_counter() - started,
+        "warmup_settled": is_settled,
+        "warmup_ended_early": ended_early,
+        "step_times": times,
+    }
+
+
+def _timed_step(step: Callable[[], Any], device: dev.DeviceLike) -> float:
+    dev.synchronize(device)
+    t0 = time.perf_counter()
+    step()
+    dev.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def timed_runs(
     step: Callable[[], Any],
     device: dev.DeviceLike,
@@ -35,48 +90,26 @@ def timed_runs(
     end_warmup: StopRule | None = None,
     stop: StopRule | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
-    """Warm up until the step time settles, then time up to `max_steps` steps within `budget_s`.
+    """Warm up until the step time settles (`warm_up`, for at most `warmup_budget_s`, default
+    `budget_s`), then time up to `max_steps` steps within `budget_s`.
 
-    Warm-up runs at least `warmup` steps and then until `settled()` (the first steps of a new
-    model are slow while oneDNN builds its primitives and the allocator grows), for at most
-    `warmup_budget_s` (default: `budget_s`); at least one step is warmed up when `warmup` > 0.
-    The device is synchronized after every warm-up step and before and after every timed step,
-    so queued work is never attributed to the wrong step. At least one step is always timed,
-    even past the budget. `memory` is sampled after every step, outside the timed region.
-
-    `end_warmup` sees the warm-up's step times once its fewest steps have run, `stop` the
-    timed samples after every timed step (both outside the timed region): a reason they give
-    ends that phase early, and the details say why (`warmup_ended_early`, `stopped_early`).
+    The device is synchronized before and after every timed step, so queued work is never
+    attributed to the wrong step. At least one step is always timed, even past the budget.
+    `memory` is sampled after every step, outside the timed region. `stop` sees the timed
+    samples after every timed step (outside the timed region): a reason it gives ends the
+    timing early, and the details say why (`stopped_early`).
     """
     started = time.perf_counter()
     cap = budget_s if warmup_budget_s is None else warmup_budget_s
-    warmup_times: list[float] = []
-    is_settled = warmup == 0
-    warmup_ended_early = stopped_early = None
-    while warmup > 0:
-        t0 = time.perf_counter()
-        step()
-        dev.synchronize(device)
-        warmup_times.append(time.perf_counter() - t0)
-        if memory is not None:
-            memory.update()
-        if len(warmup_times) >= warmup and settled(warmup_times):
-            is_settled = True
-            break
-        if len(warmup_times) >= warmup and end_warmup is not None:
-            warmup_ended_early = end_warmup(warmup_times)
-            if warmup_ended_early:
-                break
-        if time.perf_counter() - started > cap:
-            break
+    warmed_up = warm_up(
+        step, device, warmup=warmup, budget_s=cap, memory=memory, end_warmup=end_warmup
+    )
+    del warmed_up["step_times"]
     warmed = time.perf_counter()
     samples: list[float] = []
+    stopped_early = None
     while len(samples) < max_steps:
-        dev.synchronize(device)
-        t0 = time.perf_counter()
-        step()
-        dev.synchronize(device)
-        samples.append(time.perf_counter() - t0)
+        samples.append(_timed_step(step, device))
         if memory is not None:
             memory.update()
         if stop is not None and len(samples) < max_steps:
@@ -86,14 +119,85 @@ def timed_runs(
         if time.perf_counter() - warmed > budget_s:
             break
     return samples, {
-        "warmup_steps": len(warmup_times),
-        "warmup_s": warmed - started,
-        "warmup_settled": is_settled,
+        **warmed_up,
         "total_s": time.perf_counter() - started,
         "budget_limited": len(samples) < max_steps and stopped_early is None,
-        "warmup_ended_early": warmup_ended_early,
         "stopped_early": stopped_early,
     }
+
+
+@dataclass
+class Timed:
+    """One step's timed samples in an interleaved schedule, with the round of each."""
+
+    samples: list[float] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    spent_s: float = 0.0
+    stopped_early: str | None = None
+    failed: str | None = None
+
+
+def balanced_order(names: Sequence[str], round_index: int) -> list[str]:
+    """The order of the blocks in a round: as given in even rounds, reversed in odd ones, so
+    that every step runs as often early as late in a round (ABBA for two) and a machine that
+    speeds up or slows down steadily favours none."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
+
+
+def interleaved_runs(
+    steps: Mapping[str, Callable[[], Any]],
+    device: dev.DeviceLike,
+    *,
+    block_steps: int,
+    max_steps: int,
+    budget_s: float,
+    stops: Mapping[str, Callable[[Timed], str | None] | None] | None = None,
+    cannot_run: Callable[[BaseException], str | None] | None = None,
+    timed: Mapping[str, Timed] | None = None,
+) -> dict[str, Timed]:
+    """Time already warmed-up steps in rounds of one block of `block_steps` steps each, in
+    `balanced_order`, until each has `max_steps` steps or one has spent `budget_s` on its own
+    timed steps (checked after every round, so every round is complete and at least one is
+    timed); synchronized around every step, as `timed_runs`.
+
+    `stops[name]` sees that step's `Timed` after each of its steps: a reason ends its timing
+    there (`stopped_early`) and the others go on. A step that raises an error `cannot_run`
+    gives a reason for leaves the schedule with it (`failed`); other errors propagate.
+    `timed`: the (empty) `Timed` of each step to fill, where a stop rule reads another's.
+    """
+    timed = {name: (timed or {}).get(name) or Timed() for name in steps}
+    active = list(steps)
+    round_index = 0
+    while active:
+        for name in balanced_order(active, round_index):
+            own = timed[name]
+            rule = (stops or {}).get(name)
+            for _ in range(min(block_steps, max_steps - len(own.samples))):
+                try:
+                    elapsed = _timed_step(steps[name], device)
+                except Exception as error:
+                    reason = cannot_run(error) if cannot_run is not None else None
+                    if reason is None:
+                        raise
+                    own.failed = reason
+                    break
+                own.samples.append(elapsed)
+                own.rounds.append(round_index)
+                own.spent_s += elapsed
+                if rule is not None and len(own.samples) < max_steps:
+                    own.stopped_early = rule(own)
+                    if own.stopped_early:
+                        break
+        active = [
+            name
+            for name in active
+            if not (timed[name].stopped_early or timed[name].failed)
+            and len(timed[name].samples) < max_steps
+        ]
+        if any(timed[name].spent_s > budget_s for name in active):
+            break
+        round_index += 1
+    return timed
 
 
 def _busy_jiffies() -> float | None:

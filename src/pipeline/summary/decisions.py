@@ -21,7 +21,7 @@ from pipeline.report.formatting import (
     number,
     setting_label,
 )
-from pipeline.stats import Speedup, quality_words, speedup
+from pipeline.stats import Speedup, quality_words, speedup_between
 from pipeline.summary.load import PRECISIONS
 
 # ---- the recommended training setting ----------------------------------------------------
@@ -70,7 +70,7 @@ def speed_between(reference: pd.Series, candidate: pd.Series) -> Speedup | None:
     """How much faster `candidate` ran than `reference`, with the interval (None without samples)."""
     if not reference["samples_s"] or not candidate["samples_s"]:
         return None
-    return speedup(reference["samples_s"], candidate["samples_s"])
+    return speedup_between(reference["record"]["timing"], candidate["record"]["timing"])
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pipeline import measured
 from pipeline.errors import DataError, PipelineError, ResultsFileError
 from pipeline.report.formatting import number
 from pipeline.runs import PRECISIONS
-from pipeline.stats import Speedup, speedup
+from pipeline.stats import Speedup, speedup_between
 
 BACKENDS = ("cuda", "mps", "cpu")  # the order the report lists them in
 MODES = ("train", "infer")
@@ -261,7 +261,7 @@ def bench_frame(records: list[tuple[dict[str, Any], Path]]) -> pd.DataFrame:
     if frame.empty:
         return frame.assign(vs_backend_fp32=None, vs_cpu_fp32=None)
     fp32 = {
-        (row["model"], row["mode"], row["backend"]): row["samples_s"]
+        (row["model"], row["mode"], row["backend"]): row["record"]["timing"]
         for _, row in frame.iterrows()
         if row["status"] == "ok" and row["precision"] == "fp32" and row["samples_s"]
     }
@@ -270,7 +270,7 @@ def bench_frame(records: list[tuple[dict[str, Any], Path]]) -> pd.DataFrame:
         reference = fp32.get((row["model"], row["mode"], backend))
         if reference is None or not row["samples_s"]:
             return None
-        return speedup(reference, row["samples_s"])
+        return speedup_between(reference, row["record"]["timing"])  # paired where interleaved
 
     frame["vs_backend_fp32"] = [against(row, row["backend"]) for _, row in frame.iterrows()]
     frame["vs_cpu_fp32"] = [against(row, "cpu") for _, row in frame.iterrows()]
