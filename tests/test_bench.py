@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 import torch
 from jsonschema import Draft202012Validator
@@ -650,6 +651,175 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert choice.precision == "bf16", choice.reason
     fp16 = next(c for c in choice.candidates if c.precision == "fp16")
     assert fp16.speedup["verdict"] == "slower"
+
+
+def machine_steps(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float], speed
+) -> None:
+    """Steps of `ms[precision]` (+-2%, seeded) on a machine whose step times are scaled by
+    `speed(now)` (drift, a jump)."""
+
+    def fake_step(model, images, targets, device, precision, mode, settings, layout):
+        jitter = np.random.default_rng(len(precision) + ord(precision[0]))
+
+        def step() -> None:
+            scale = speed(clock.now) * (1 + 0.02 * jitter.standard_normal())
+            clock.now += ms[precision] / 1000 * scale
+
+        return step
+
+    monkeypatch.setattr(bench, "_step", fake_step)
+
+
+MACHINES = {
+    # another tenant arrives 2 s in: what fp32 timed on its own ran on the quiet machine
+    "jump": lambda now: 1.0 if now < 2.0 else 1.4,
+    # the clock falls steadily (heat, a growing co-tenant)
+    "drift": lambda now: 1.0 + 0.25 * now,
+}
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_a_machine_that_slows_mid_run_leaves_the_speed_up_interval_around_the_true_ratio(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, machine: str
+) -> None:
+    """fp32 and bf16 take 50 and 50/1.5 ms on the same machine at every moment; timed one
+    after another, bf16 would take the slowdown alone and look barely faster."""
+    machine_steps(monkeypatch, clock, {"fp32": 50.0, "bf16": 50.0 / 1.5}, MACHINES[machine])
+    acceptable = {"acceptable": True, "problem": None}
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: acceptable)
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0)
+    settings["warmup_budget_s"] = 1000.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "bf16"], ["train"], ["tiny_conv"], settings
+    )
+    choice = measured.choose_precision(
+        [(record, "bench.json") for record in records], "cpu", "tiny_conv", {}
+    )
+    speed = next(c for c in choice.candidates if c.precision == "bf16").speedup
+    assert speed["low"] <= 1.5 <= speed["high"], speed["text"]
+    assert speed["paired_rounds"] == 30 // bench.BLOCK_STEPS
+    assert choice.precision == "bf16"
+
+
+def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> None:
+    ran: list[str] = []
+
+    def step_of(name: str):
+        def step() -> None:
+            ran.append(name)
+            clock.now += 0.01
+
+        return step
+
+    timed = timing.interleaved_runs(
+        {name: step_of(name) for name in "ABC"},
+        "cpu",
+        block_steps=2,
+        max_steps=8,
+        budget_s=100.0,
+    )
+    assert "".join(ran) == "AABBCCCCBBAAAABBCCCCBBAA"
+    for name in "ABC":
+        assert timed[name].rounds == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert timed[name].samples == pytest.approx([0.01] * 8)
+        # over every two rounds each name sits as often early as late: its mean place is the middle
+        places = [ran.index(name, 6 * r) // 2 - 3 * r for r in range(4)]
+        assert sum(places) / len(places) == pytest.approx(1.0)
+
+
+def test_interleaving_ends_every_step_at_the_budget_of_the_first_to_spend_it(
+    clock: FakeClock,
+) -> None:
+    def step_of(seconds: float):
+        def step() -> None:
+            clock.now += seconds
+
+        return step
+
+    timed = timing.interleaved_runs(
+        {"slow": step_of(0.1), "fast": step_of(0.01)},
+        "cpu",
+        block_steps=3,
+        max_steps=30,
+        budget_s=0.5,
+    )
+    # slow spends 0.3 s per round: past 0.5 s after its second round, which still ends whole
+    assert len(timed["slow"].samples) == len(timed["fast"].samples) == 6
+    assert timed["slow"].rounds == timed["fast"].rounds == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_step_that_cannot_run_leaves_the_schedule_and_the_others_go_on(
+    clock: FakeClock,
+) -> None:
+    calls = iter(range(100))
+
+    def failing() -> None:
+        if next(calls) == 4:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        clock.now += 0.01
+
+    def fine() -> None:
+        clock.now += 0.01
+
+    timed = timing.interleaved_runs(
+        {"fp32": fine, "bf16": failing},
+        "cpu",
+        block_steps=3,
+        max_steps=9,
+        budget_s=100.0,
+        cannot_run=bench.cannot_run_reason,
+    )
+    assert timed["bf16"].failed.startswith("RuntimeError: CUDA out of memory")
+    assert len(timed["bf16"].samples) == 4 and len(timed["fp32"].samples) == 9
+    with pytest.raises(ValueError, match="a real bug"):
+
+        def buggy() -> None:
+            raise ValueError("a real bug")
+
+        timing.interleaved_runs(
+            {"x": buggy},
+            "cpu",
+            block_steps=1,
+            max_steps=1,
+            budget_s=1.0,
+            cannot_run=bench.cannot_run_reason,
+        )
+
+
+def test_interleaved_runs_on_simulated_cuda_synchronize_around_every_step(fake_cuda) -> None:
+    ran: list[tuple[str, int]] = []
+
+    def step_of(name: str):
+        return lambda: ran.append((name, len(fake_cuda.synchronized)))
+
+    timed = timing.interleaved_runs(
+        {"a": step_of("a"), "b": step_of("b")},
+        torch.device("cuda", 1),
+        block_steps=1,
+        max_steps=2,
+        budget_s=100.0,
+    )
+    assert [name for name, _ in ran] == ["a", "b", "b", "a"]
+    # one synchronization before each step (none queued is timed) and one after it
+    assert [synced for _, synced in ran] == [1, 3, 5, 7]
+    assert fake_cuda.synchronized == [torch.device("cuda", 1)] * 8
+    assert timed["a"].rounds == timed["b"].rounds == [0, 1]
+
+
+def test_interleaved_runs_on_simulated_mps_synchronize_the_device(fake_mps) -> None:
+    timing.interleaved_runs(
+        {"a": lambda: None, "b": lambda: None}, "mps", block_steps=2, max_steps=2, budget_s=1.0
+    )
+    assert fake_mps.synchronized == 2 * 2 * 2
+
+
+def test_a_peak_leaves_out_what_other_precisions_models_hold(fake_cuda) -> None:
+    fake_cuda.allocate(70 * MB)  # fp32's model and optimizer state, waiting for its blocks
+    memory = PeakMemory("cuda:0", exclude_mb=70.0)
+    fake_cuda.allocate(30 * MB)
+    fake_cuda.free(30 * MB)
+    assert memory.peak_mb == pytest.approx(30.0)
 
 
 @pytest.mark.parametrize("fp16_ms", [50.0, 51.5, 40.0])

@@ -162,6 +162,87 @@ def test_a_speed_up_needs_samples_on_both_sides() -> None:
         stats.speedup([], [0.1])
 
 
+def _interleaved(ratio: float, rounds: int, machine: list[float], seed: int = 0):
+    """Blocks of 3 steps of a reference (50 ms) and a candidate `ratio` times faster, one
+    block each per round, on a machine whose speed factor in round r is machine[r]."""
+    rng = np.random.default_rng(seed)
+    ref, cand, ref_rounds, cand_rounds = [], [], [], []
+    for r in range(rounds):
+        noise = 1 + 0.01 * rng.standard_normal(6)
+        ref += list(0.050 * machine[r] * noise[:3])
+        cand += list(0.050 / ratio * machine[r] * noise[3:])
+        ref_rounds += [r] * 3
+        cand_rounds += [r] * 3
+    return ref, cand, ref_rounds, cand_rounds
+
+
+def test_a_paired_speed_up_is_the_median_of_per_round_ratios_within_its_interval() -> None:
+    machine = [1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 1.4, 0.8, 1.2, 1.0]  # drifts a lot between rounds
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 10, machine)
+    result = stats.speedup(ref, cand, rounds=(ref_rounds, cand_rounds))
+    ratios = stats.round_ratios(ref, cand, ref_rounds, cand_rounds)
+    assert result.paired_rounds == 10 and result.method == stats.PAIRED_METHOD
+    assert result.ratio == pytest.approx(float(np.median(ratios)))
+    assert result.low <= result.ratio <= result.high
+    assert result.low < 1.5 < result.high
+    assert result.verdict == "faster"
+    # the machine's drift between rounds is no part of the paired interval, and it swamps
+    # the unpaired one: the two sets resampled independently cannot even tell it faster
+    unpaired = stats.speedup(ref, cand)
+    assert unpaired.paired_rounds is None and unpaired.method == stats.INDEPENDENT_METHOD
+    assert (result.high - result.low) < (unpaired.high - unpaired.low) / 3
+
+
+def test_the_paired_interval_is_reproducible() -> None:
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.2, 8, [1.0] * 8, seed=3)
+    rounds = (ref_rounds, cand_rounds)
+    assert stats.speedup(ref, cand, rounds=rounds) == stats.speedup(ref, cand, rounds=rounds)
+
+
+def test_rounds_only_one_side_timed_are_not_paired() -> None:
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 6, [1.0] * 6)
+    # the candidate stopped after its fourth round: rounds 4 and 5 have no partner
+    cut = cand_rounds.index(4)
+    ratios = stats.round_ratios(ref, cand[:cut], ref_rounds, cand_rounds[:cut])
+    assert len(ratios) == 4
+    result = stats.speedup(ref, cand[:cut], rounds=(ref_rounds, cand_rounds[:cut]))
+    assert result.paired_rounds == 4
+
+
+def test_with_too_few_rounds_in_common_the_sets_are_resampled_independently() -> None:
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, stats.MIN_ROUNDS_TO_PAIR - 1, [1.0] * 5)
+    paired = stats.speedup(ref, cand, rounds=(ref_rounds, cand_rounds))
+    assert paired == stats.speedup(ref, cand)
+    assert paired.paired_rounds is None
+
+
+def test_every_step_needs_its_round() -> None:
+    with pytest.raises(ValueError, match="round"):
+        stats.speedup([0.05] * 6, [0.04] * 6, rounds=([0, 0, 0, 1, 1, 1], [0, 1]))
+
+
+def _timing(samples_s: list[float], rounds: list[int] | None, schedule: str | None) -> dict:
+    timing = {"samples_ms": [s * 1000 for s in samples_s]}
+    if rounds is not None:
+        timing.update(rounds=rounds, schedule_id=schedule, block_steps=3)
+    return timing
+
+
+def test_records_are_paired_only_when_timed_in_one_schedule() -> None:
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 6, [1.0, 1.2, 0.9, 1.1, 1.0, 1.3])
+    together = stats.speedup_between(_timing(ref, ref_rounds, "a"), _timing(cand, cand_rounds, "a"))
+    assert together.paired_rounds == 6
+    apart = stats.speedup_between(_timing(ref, ref_rounds, "a"), _timing(cand, cand_rounds, "b"))
+    old = stats.speedup_between(_timing(ref, None, None), _timing(cand, None, None))
+    independent = stats.speedup(ref, cand)
+    assert apart.paired_rounds is None and apart.ratio == pytest.approx(independent.ratio)
+    # records of the sequential format (no rounds) still give the independent figure
+    assert old.paired_rounds is None
+    assert (old.ratio, old.low, old.high) == pytest.approx(
+        (independent.ratio, independent.low, independent.high)
+    )
+
+
 # ---- detection F1 over images ---------------------------------------------------------------
 
 
