@@ -1,14 +1,16 @@
 """Bench repeatability: do two consecutive benchmark runs tell the same story?
 
-Each run is what the workflow's bench rule runs, as subprocesses with the bench command's
+Each run is what the workflow's bench rule runs, as a subprocess with the bench command's
 defaults (the training configuration, steady-state warm-up): `python -m pipeline bench
---device cpu --mode train` once for fp32 and once for the candidate precision (default
-bf16). Two runs in a row, side by side in one script, and for each:
+--device cpu --precision fp32,CANDIDATE --mode train --out-dir DIR`, one process timing fp32
+and the candidate precision (default bf16) in interleaved rounds. Two runs in a row, side by
+side in one script, and for each:
 
 - every record's drift check (median of the second half of its timed steps over the
   first half's): target within 5% wherever a record has the 4 or more steps it needs;
-- the candidate's speed-up over fp32 with its bootstrap interval, as the report and
-  `precision: measured` state it: target, the two runs' intervals overlap;
+- the candidate's speed-up over fp32 with its interval, as the report and
+  `precision: measured` state it (paired by rounds, `stats.speedup_between`): target, the
+  two runs' intervals overlap;
 - the fp32 medians of the two runs: target larger / smaller <= 1.10.
 """
 
@@ -50,10 +52,12 @@ def parse_args(argv: list[str]):
     return args
 
 
-def bench_once(precision: str, extra: list[str], out: Path) -> dict[str, Any]:
+def bench_once(candidate: str, extra: list[str], out_dir: Path) -> dict[str, Any]:
+    """One bench process timing fp32 and `candidate` together; each precision's record."""
     command = [
         *(sys.executable, "-m", "pipeline", "bench", "--device", "cpu"),
-        *("--precision", precision, "--mode", "train", *extra, "--out", str(out)),
+        *("--precision", f"fp32,{candidate}", "--mode", "train", *extra),
+        *("--out-dir", str(out_dir)),
     ]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=harness.REPO, capture_output=True, text=True, check=False)
@@ -63,14 +67,14 @@ def bench_once(precision: str, extra: list[str], out: Path) -> dict[str, Any]:
             f"'{' '.join(command)}' exited with status {done.returncode}:\n"
             f"{done.stderr.strip()[-2000:]}"
         )
-    record = json.loads(out.read_text(encoding="utf-8"))["records"][0]
-    if record["status"] != "ok":
-        raise PipelineError(f"The {precision} benchmark was skipped: {record['reason']}")
-    return {"wall_s": wall, "command": command, "record": record}
-
-
-def samples_s(result: dict[str, Any]) -> list[float]:
-    return [ms / 1000 for ms in result["record"]["timing"]["samples_ms"]]
+    found = {}
+    for precision in ("fp32", candidate):
+        path = out_dir / f"cpu-{precision}-train.json"
+        record = json.loads(path.read_text(encoding="utf-8"))["records"][0]
+        if record["status"] != "ok":
+            raise PipelineError(f"The {precision} benchmark was skipped: {record['reason']}")
+        found[precision] = {"wall_s": wall, "command": command, "record": record}
+    return found
 
 
 def main(argv: list[str]) -> int:
@@ -78,18 +82,18 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     print(
         f"{NAME}: {args.repeats} pair(s) of consecutive runs of python -m pipeline bench --device "
-        f"cpu --mode train, fp32 then {args.candidate}, each with {' '.join(args.bench_args) or 'the defaults'}",
+        f"cpu --mode train, fp32 and {args.candidate} interleaved in one process, each with "
+        f"{' '.join(args.bench_args) or 'the defaults'}",
         flush=True,
     )
     runs = []
     conditions = timing.RunConditions()
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(2 * args.repeats):
-            pair = {
-                p: bench_once(p, args.bench_args, Path(tmp) / f"{index}-{p}.json")
-                for p in ("fp32", args.candidate)
-            }
-            speed = stats.speedup(samples_s(pair["fp32"]), samples_s(pair[args.candidate]))
+            pair = bench_once(args.candidate, args.bench_args, Path(tmp) / str(index))
+            speed = stats.speedup_between(
+                pair["fp32"]["record"]["timing"], pair[args.candidate]["record"]["timing"]
+            )
             runs.append({"records": pair, "speedup": {**speed.as_dict(), "text": speed.text}})
     conditions = conditions.finish()  # the bench subprocesses are ours, not other work
     harness.warn_if_loaded(conditions, "the runs")
@@ -113,7 +117,12 @@ def main(argv: list[str]) -> int:
                     f"{result['wall_s']:.1f}",
                 ]
             )
-        rows.append([f"run {number} {args.candidate} vs fp32", run["speedup"]["text"], *[""] * 5])
+        speed = run["speedup"]
+        paired = (
+            f"paired over {speed['paired_rounds']} rounds" if speed["paired_rounds"] else "unpaired"
+        )
+        rows.append([f"run {number} {args.candidate} vs fp32", f"{speed['text']}, {paired}"])
+        rows[-1] += [""] * 5
     print(
         harness.table(
             ("run", "median ms", "IQR/median", "n", "warm-up", "drift 2nd/1st half", "wall s"),
@@ -192,6 +201,7 @@ def main(argv: list[str]) -> int:
         "bench_args": args.bench_args,
         # the bench command as the workflow runs it, without this run's temporary --out
         "bench_command": shlex.join(["python", *runs[0]["records"]["fp32"]["command"][1:-2]]),
+        "paired_rounds": [run["speedup"]["paired_rounds"] for run in runs],
     }
     harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
     record = {

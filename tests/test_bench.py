@@ -702,6 +702,40 @@ def test_a_machine_that_slows_mid_run_leaves_the_speed_up_interval_around_the_tr
     assert choice.precision == "bf16"
 
 
+def _timed(ms: list[float], rounds: list[int]) -> timing.Timed:
+    return timing.Timed(samples=[v / 1000 for v in ms], rounds=rounds)
+
+
+def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_before_pairing() -> (
+    None
+):
+    """The machine got 1.5x slower right after fp32's first block: the candidate's five steps
+    are all behind fp32's three, yet they were timed on another machine, so to speak."""
+    fp32 = _timed([50.0, 50.5, 49.5], [0, 0, 0])
+    _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
+    later = _timed([78.0, 78.5, 77.5, 78.2, 77.8], [0, 0, 0, 1, 1])
+    assert stop(later) is None
+    # paired over three rounds on the slower machine, it is as fast as fp32: never stopped
+    fp32.samples += [v / 1000 for v in (75.0, 75.5, 74.5, 75.2, 74.8, 75.1)]
+    fp32.rounds += [1, 1, 1, 2, 2, 2]
+    later.samples += [v / 1000 for v in (78.1, 77.9, 78.0, 78.3)]
+    later.rounds += [1, 2, 2, 2]
+    assert stop(later) is None
+    # ... and where the paired rounds show it slower beyond the tolerance, it stops
+    slower = _timed(
+        [v * 1.3 for v in (78.0, 78.5, 77.5, 78.2, 77.8, 78.1, 77.9, 78.0, 78.3)], later.rounds
+    )
+    reason = stop(slower)
+    assert reason is not None and "slower" in reason
+
+
+def test_a_precision_many_times_slower_stops_before_any_round_is_paired() -> None:
+    fp32 = _timed([50.0, 50.5, 49.5], [0, 0, 0])
+    _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
+    reason = stop(_timed([700.0, 705.0, 698.0, 702.0, 701.0], [0, 0, 0, 1, 1]))
+    assert reason.startswith(f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, fp16 is 14.")
+
+
 def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> None:
     ran: list[str] = []
 
@@ -728,7 +762,7 @@ def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> 
         assert sum(places) / len(places) == pytest.approx(1.0)
 
 
-def test_interleaving_ends_every_step_at_the_budget_of_the_first_to_spend_it(
+def test_a_step_that_spent_its_budget_leaves_the_schedule_and_the_others_go_on(
     clock: FakeClock,
 ) -> None:
     def step_of(seconds: float):
@@ -745,8 +779,8 @@ def test_interleaving_ends_every_step_at_the_budget_of_the_first_to_spend_it(
         budget_s=0.5,
     )
     # slow spends 0.3 s per round: past 0.5 s after its second round, which still ends whole
-    assert len(timed["slow"].samples) == len(timed["fast"].samples) == 6
-    assert timed["slow"].rounds == timed["fast"].rounds == [0, 0, 0, 1, 1, 1]
+    assert len(timed["slow"].samples) == 6 and timed["slow"].rounds == [0, 0, 0, 1, 1, 1]
+    assert len(timed["fast"].samples) == 30 and timed["fast"].rounds[-1] == 9
 
 
 def test_a_step_that_cannot_run_leaves_the_schedule_and_the_others_go_on(

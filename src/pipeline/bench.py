@@ -274,10 +274,12 @@ def slower_than(
     steps in the interleaved schedule, growing as they are timed.
 
     Timing stops only on `stats.speedup`'s own verdict 'slower' (the whole interval below 1
-    by more than the tolerance), paired by rounds as the choice pairs them, after the fewest
-    steps a claim needs: the verdict the choice reads from the same samples, so a precision
-    that could still be chosen is never stopped. The warm-up only loses its wait for
-    settling: the timed steps still decide.
+    by more than the tolerance) after the fewest steps a claim needs: the verdict the choice
+    reads from the same samples, so a precision that could still be chosen is never stopped.
+    Before MIN_ROUNDS_TO_PAIR rounds can be paired, the unpaired verdict stops only a
+    precision many times slower (every step beyond SETTLING_GAIN_LIMIT x fp32's median, as a
+    CPU without native bf16/fp16 is): a few blocks taken seconds apart see the machine's
+    drift. The warm-up only loses its wait for settling: the timed steps still decide.
     """
     settled_tail = reference_warmup_s[-stats.SETTLE_WINDOW :]
     reference_median = float(np.median(settled_tail)) if settled_tail else math.inf
@@ -301,6 +303,10 @@ def slower_than(
         speed = stats.speedup(reference.samples, samples, rounds=(reference.rounds, own.rounds))
         if speed.verdict != "slower":
             return None
+        if speed.paired_rounds is None and min(samples) <= SETTLING_GAIN_LIMIT * float(
+            np.median(reference.samples)
+        ):
+            return None  # unpaired blocks of a few rounds see the machine's drift: wait to pair
         return (
             f"after {len(samples)} timed steps, {precision} is {speed.text} against fp32, "
             "so it cannot be the faster precision"

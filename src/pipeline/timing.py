@@ -156,9 +156,10 @@ def interleaved_runs(
     timed: Mapping[str, Timed] | None = None,
 ) -> dict[str, Timed]:
     """Time already warmed-up steps in rounds of one block of `block_steps` steps each, in
-    `balanced_order`, until each has `max_steps` steps or one has spent `budget_s` on its own
-    timed steps (checked after every round, so every round is complete and at least one is
-    timed); synchronized around every step, as `timed_runs`.
+    `balanced_order`, synchronized around every step as `timed_runs`. A step leaves the
+    schedule once it has `max_steps` samples or has spent `budget_s` on its own timed steps
+    (checked after every round, so its blocks are whole and it has at least one); the others
+    go on, as each would have had its own budget timed alone.
 
     `stops[name]` sees that step's `Timed` after each of its steps: a reason ends its timing
     there (`stopped_early`) and the others go on. A step that raises an error `cannot_run`
@@ -193,9 +194,8 @@ def interleaved_runs(
             for name in active
             if not (timed[name].stopped_early or timed[name].failed)
             and len(timed[name].samples) < max_steps
+            and timed[name].spent_s <= budget_s
         ]
-        if any(timed[name].spent_s > budget_s for name in active):
-            break
         round_index += 1
     return timed
 
