@@ -435,3 +435,44 @@ def test_malformed_per_image_counts_leave_the_check_without_a_verdict_not_the_re
     (check,) = accuracy.accuracy_checks([scored("cpu-fp32", 0.937, 0.963), broken])
     assert check.verdict == "not comparable"
     assert check.why_unpaired == "their per-image counts are malformed: rerun the evaluation"
+
+
+def _interleaved(record: dict[str, Any], schedule: str, machine: list[float]) -> dict[str, Any]:
+    """`record` as the interleaved bench writes it: blocks of 2 steps per round, on a machine
+    whose speed factor in round r is machine[r] (the fixture's steps, scaled)."""
+    timing = record["timing"]
+    steps = timing["samples_ms"][: 2 * len(machine)]
+    rounds = [index // 2 for index in range(len(steps))]
+    timing.update(
+        samples_ms=[ms * machine[r] for ms, r in zip(steps, rounds, strict=True)],
+        rounds=rounds,
+        schedule_id=schedule,
+        block_steps=2,
+    )
+    return record
+
+
+def test_speed_ups_are_paired_by_round_where_records_were_interleaved_and_say_so_where_not() -> (
+    None
+):
+    machine = [1.0, 1.6, 0.9, 1.3, 1.0, 1.5, 1.1, 0.8]
+    fp32 = _interleaved(bench_record("cpu", "fp32", "train", 60.0), "s1", machine)
+    bf16 = _interleaved(bench_record("cpu", "bf16", "train", 40.0), "s1", machine)
+    paired = frame_of(fp32, bf16).iloc[1]["vs_backend_fp32"]
+    assert paired.paired_rounds == len(machine) and paired.verdict == "faster"
+    assert paired.ratio == pytest.approx(1.5)
+    assert paired.low <= paired.ratio <= paired.high + 1e-12
+    # the same figures from two schedules (or the old sequential records) are not paired:
+    # the machine's speed changes between rounds make their interval far wider
+    other = _interleaved(bench_record("cpu", "bf16", "train", 40.0), "s2", machine)
+    unpaired = frame_of(fp32, other).iloc[1]["vs_backend_fp32"]
+    old = frame_of(
+        bench_record("cpu", "fp32", "train", 60.0), bench_record("cpu", "bf16", "train", 40.0)
+    )
+    assert unpaired.paired_rounds is None and old.iloc[1]["vs_backend_fp32"].paired_rounds is None
+    assert unpaired.high - unpaired.low > 3 * (paired.high - paired.low)
+    from pipeline.report import bench_views
+    from pipeline.summary.build import speed
+
+    assert "paired over 8 interleaved rounds" in bench_views.speedup(speed(paired))["text"]
+    assert "unpaired" in bench_views.speedup(speed(unpaired))["text"]

@@ -220,8 +220,17 @@ def speedup(speed: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "value": speed,
         "verdict": verdict if verdict in ("faster", "slower") else None,
-        "text": None if speed is None else speed["text"],
+        "text": None if speed is None else f"{speed['text']}; {pairing_text(speed)}",
     }
+
+
+def pairing_text(speed: dict[str, Any]) -> str:
+    """How the interval was had: paired by interleaved rounds, or from two sets timed apart
+    (records of the sequential bench, or of another process or backend)."""
+    rounds = speed.get("paired_rounds")
+    if rounds:
+        return f"paired over {rounds} interleaved rounds"
+    return "unpaired: the two were not timed interleaved, so the machine's drift is in it"
 
 
 def numerics_view(precision: str, numerics: dict[str, Any] | None) -> dict[str, Any]:
