@@ -369,8 +369,7 @@ def _run_interleaved(
         records[precision] = record
         reason = dev.autocast_unsupported_reason(device, precision)
         if reason:
-            record.update(status="skipped", reason=reason)
-            log.info("%s %s %s %s: skipped (%s)", model_name, device, precision, mode, reason)
+            _skipped(record, reason, logging.INFO)
             continue
         allocated = dev.memory_stats(device).get("allocated_mb", 0.0)
         held_mb = allocated if held_mb is None else held_mb
@@ -380,7 +379,9 @@ def _run_interleaved(
                 shared, record, fp32, exclude_mb=max(0.0, allocated - held_mb)
             )
         except (RuntimeError, NotImplementedError) as error:
-            _skip(record, error)
+            if cannot_run_reason(error) is None:
+                raise
+            _skipped(record, cannot_run_reason(error))
     if not ready:
         return records
     timed = timing.interleaved_runs(
@@ -396,13 +397,10 @@ def _run_interleaved(
     schedule_id = uuid.uuid4().hex
     for precision, prepared in ready.items():
         record = records[precision]
-        if timed[precision].failed or not timed[precision].samples:
-            record.update(status="skipped", reason=timed[precision].failed, numerics=None)
-            log.warning(
-                "%s %s %s %s: skipped (%s)", model_name, device, precision, mode, record["reason"]
-            )
-            continue
-        _finish(record, prepared, timed[precision], schedule_id, settings["steps"])
+        if timed[precision].failed:
+            _skipped(record, timed[precision].failed)
+        else:
+            _finish(record, prepared, timed[precision], schedule_id, settings["steps"])
     return records
 
 
@@ -417,19 +415,10 @@ class _Ready:
     timed: timing.Timed
 
 
-def _skip(record: dict[str, Any], error: BaseException) -> None:
-    reason = cannot_run_reason(error)
-    if reason is None:
-        raise error
+def _skipped(record: dict[str, Any], reason: str, level: int = logging.WARNING) -> None:
     record.update(status="skipped", reason=reason, numerics=None)
-    log.warning(
-        "%s %s %s %s: skipped (%s)",
-        record["model"],
-        record["device"],
-        record["precision"],
-        record["mode"],
-        reason,
-    )
+    where = " ".join(str(record[key]) for key in ("model", "device", "precision", "mode"))
+    log.log(level, "%s: skipped (%s)", where, reason)
 
 
 def _warmed_up(
