@@ -1,8 +1,9 @@
 """Statistics without torch, which the report reads too: robust summaries of step times
 (median and IQR, as torch.utils.benchmark gives them), a drift check, the warm-up settling
-rule, speed-ups with a bootstrap interval, and bootstrap intervals over images of a detection
-run's F1, precision and recall, and of its F1 change between two runs scored on the same images
-(AP's intervals, which resample the same way, are pipeline.evaluation.intervals')."""
+rule, speed-ups with a bootstrap interval (paired by round where the two were interleaved),
+and bootstrap intervals over images of a detection run's F1, precision and recall, and of
+its F1 change between two runs scored on the same images (AP's intervals, which resample the
+same way, are pipeline.evaluation.intervals')."""
 
 from __future__ import annotations
 
