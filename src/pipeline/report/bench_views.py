@@ -17,6 +17,7 @@ from pipeline import runs
 from pipeline.report import charts
 from pipeline.report.formatting import setting_label
 from pipeline.runs import PRECISIONS
+from pipeline.stats import MIN_ROUNDS_TO_PAIR
 
 
 def answer_view(
@@ -230,7 +231,10 @@ def pairing_text(speed: dict[str, Any]) -> str:
     rounds = speed.get("paired_rounds")
     if rounds:
         return f"paired over {rounds} interleaved rounds"
-    return "unpaired: the two were not timed interleaved, so the machine's drift is in it"
+    return (
+        f"unpaired: not timed together in {MIN_ROUNDS_TO_PAIR} or more interleaved rounds, so "
+        "the machine's drift between the two is in the interval"
+    )
 
 
 def numerics_view(precision: str, numerics: dict[str, Any] | None) -> dict[str, Any]:
