@@ -848,6 +848,37 @@ def test_interleaved_runs_on_simulated_mps_synchronize_the_device(fake_mps) -> N
     assert fake_mps.synchronized == 2 * 2 * 2
 
 
+def test_each_precisions_peak_leaves_out_the_models_warmed_before_it(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """Every precision's model stays on the device while the blocks alternate: what the ones
+    built before it hold is taken out of its peak (a device's allocated memory, simulated)."""
+    fake_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": 45.0, "bf16": 30.0})
+    held = {"allocated_mb": 5.0}  # the batch, before any model
+    build = bench.build_from_config
+
+    def built(*args, **kwargs):
+        held["allocated_mb"] += 10.0  # each model and its optimizer state
+        return build(*args, **kwargs)
+
+    excluded: dict[str, float] = {}
+
+    class Spy(PeakMemory):
+        def __init__(self, device, reader=None, exclude_mb: float = 0.0) -> None:
+            super().__init__(device, reader, exclude_mb)
+            excluded[f"model {len(excluded) + 1}"] = exclude_mb
+
+    monkeypatch.setattr(bench, "build_from_config", built)
+    monkeypatch.setattr(dev, "memory_stats", lambda device: dict(held))
+    monkeypatch.setattr(dev, "PeakMemory", Spy)
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: None)
+    settings = plan(numerics_steps=0, warmup_steps=1, steps=3)
+    bench.run_backend(
+        torch.device("cpu"), ["fp32", "fp16", "bf16"], ["train"], ["tiny_conv"], settings
+    )
+    assert excluded == {"model 1": 0.0, "model 2": 10.0, "model 3": 20.0}
+
+
 def test_a_peak_leaves_out_what_other_precisions_models_hold(fake_cuda) -> None:
     fake_cuda.allocate(70 * MB)  # fp32's model and optimizer state, waiting for its blocks
     memory = PeakMemory("cuda:0", exclude_mb=70.0)
