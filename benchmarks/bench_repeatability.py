@@ -117,18 +117,17 @@ def main(argv: list[str]) -> int:
                     f"{result['wall_s']:.1f}",
                 ]
             )
-        speed = run["speedup"]
-        paired = (
-            f"paired over {speed['paired_rounds']} rounds" if speed["paired_rounds"] else "unpaired"
-        )
-        rows.append([f"run {number} {args.candidate} vs fp32", f"{speed['text']}, {paired}"])
-        rows[-1] += [""] * 5
     print(
         harness.table(
             ("run", "median ms", "IQR/median", "n", "warm-up", "drift 2nd/1st half", "wall s"),
             rows,
         )
     )
+    for number, run in enumerate(runs, start=1):
+        speed = run["speedup"]
+        rounds = speed["paired_rounds"]
+        paired = f"paired over {rounds} interleaved rounds" if rounds else "unpaired"
+        print(f"run {number} {args.candidate} vs fp32: {speed['text']}, {paired}")
     worst_drift = max(drifts, default=0.0)
     drift_ok, line = harness.verdict("worst |drift - 1| of the records", worst_drift, 0.05)
     print(line)

@@ -710,29 +710,31 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
     None
 ):
     """The machine got 1.5x slower right after fp32's first block: the candidate's five steps
-    are all behind fp32's three, yet they were timed on another machine, so to speak."""
-    fp32 = _timed([50.0, 50.5, 49.5], [0, 0, 0])
+    are all behind fp32's two, yet they were timed on another machine, so to speak."""
+    fp32 = _timed([50.0, 50.5], [0, 0])
     _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
-    later = _timed([78.0, 78.5, 77.5, 78.2, 77.8], [0, 0, 0, 1, 1])
+    later = _timed([78.0, 78.5, 77.5, 78.2, 77.8], [0, 0, 1, 1, 2])
     assert stop(later) is None
-    # paired over three rounds on the slower machine, it is as fast as fp32: never stopped
-    fp32.samples += [v / 1000 for v in (75.0, 75.5, 74.5, 75.2, 74.8, 75.1)]
-    fp32.rounds += [1, 1, 1, 2, 2, 2]
-    later.samples += [v / 1000 for v in (78.1, 77.9, 78.0, 78.3)]
-    later.rounds += [1, 2, 2, 2]
+    # paired over the rounds that follow, on the slower machine, it is as fast as fp32
+    rounds = stats.MIN_ROUNDS_TO_PAIR + 1
+    fp32.samples += [0.075 * (1 + 0.01 * (i % 3)) for i in range(2 * rounds - 2)]
+    fp32.rounds += [r for r in range(1, rounds) for _ in range(2)]
+    later.samples += [0.078 * (1 + 0.01 * (i % 2)) for i in range(2 * rounds - 5)]
+    later.rounds += [2] + [r for r in range(3, rounds) for _ in range(2)]
     assert stop(later) is None
     # ... and where the paired rounds show it slower beyond the tolerance, it stops
-    slower = _timed(
-        [v * 1.3 for v in (78.0, 78.5, 77.5, 78.2, 77.8, 78.1, 77.9, 78.0, 78.3)], later.rounds
-    )
+    slower = timing.Timed([s * 1.3 for s in later.samples], later.rounds)
     reason = stop(slower)
     assert reason is not None and "slower" in reason
+    assert stats.speedup(
+        fp32.samples, slower.samples, rounds=(fp32.rounds, slower.rounds)
+    ).paired_rounds
 
 
 def test_a_precision_many_times_slower_stops_before_any_round_is_paired() -> None:
-    fp32 = _timed([50.0, 50.5, 49.5], [0, 0, 0])
+    fp32 = _timed([50.0, 50.5, 49.5, 49.8], [0, 0, 1, 1])
     _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
-    reason = stop(_timed([700.0, 705.0, 698.0, 702.0, 701.0], [0, 0, 0, 1, 1]))
+    reason = stop(_timed([700.0, 705.0, 698.0, 702.0, 701.0], [0, 0, 1, 1, 2]))
     assert reason.startswith(f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, fp16 is 14.")
 
 

@@ -200,13 +200,13 @@ def test_the_paired_interval_is_reproducible() -> None:
 
 
 def test_rounds_only_one_side_timed_are_not_paired() -> None:
-    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 6, [1.0] * 6)
-    # the candidate stopped after its fourth round: rounds 4 and 5 have no partner
-    cut = cand_rounds.index(4)
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 8, [1.0] * 8)
+    # the candidate stopped after its sixth round: rounds 6 and 7 have no partner
+    cut = cand_rounds.index(6)
     ratios = stats.round_ratios(ref, cand[:cut], ref_rounds, cand_rounds[:cut])
-    assert len(ratios) == 4
+    assert len(ratios) == 6
     result = stats.speedup(ref, cand[:cut], rounds=(ref_rounds, cand_rounds[:cut]))
-    assert result.paired_rounds == 4
+    assert result.paired_rounds == 6
 
 
 def test_with_too_few_rounds_in_common_the_sets_are_resampled_independently() -> None:

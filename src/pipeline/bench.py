@@ -255,9 +255,11 @@ def run_backend(
     return records
 
 
-# Steps of one precision timed in a row before the next precision's block: a block's median
-# shrugs off one slow step (the first after a switch of model), and 30 steps make 10 rounds.
-BLOCK_STEPS = 3
+# Steps of one precision timed in a row before the next precision's block. Short blocks make
+# many rounds (30 steps: 15), and the bootstrap over rounds needs many to hold its confidence
+# (tests/test_stats.py simulates it); whatever a switch of model costs the first step of a
+# block, every precision's blocks pay alike.
+BLOCK_STEPS = 2
 
 # A new model's first steps run slower than its settled ones (oneDNN builds its primitives,
 # the allocator grows), by well under this factor: a precision whose fastest warm-up step is

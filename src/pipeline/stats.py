@@ -122,7 +122,8 @@ PAIRED_METHOD = (
     f"over candidate block median, blocks interleaved in one process), {BOOTSTRAP_RESAMPLES} "
     "resamples"
 )
-MIN_ROUNDS_TO_PAIR = 3  # fewer rounds timed in common: the sets are resampled independently
+MIN_ROUNDS_TO_PAIR = 5  # fewer rounds in common: the sets are resampled independently (the
+# percentile bootstrap of a median over 3 or 4 rounds holds far less than its confidence)
 
 
 @dataclass(frozen=True)
