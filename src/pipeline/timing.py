@@ -1,6 +1,7 @@
 """Honest timing on any backend: warm up until the step time has settled, synchronize around
-every timed region, keep every sample, bound everything by a budget, and record the conditions
-of the run (did other work share the machine?). The statistics are in `pipeline.stats`."""
+every timed region, keep every sample, time steps to be compared in interleaved rounds of a
+balanced order, bound everything by a budget, and record the conditions of the run (did other
+work share the machine?). The statistics are in `pipeline.stats`."""
 
 from __future__ import annotations
 
