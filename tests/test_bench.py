@@ -524,7 +524,7 @@ def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
     assert sorted(files) == sorted(
         f"cpu-{p}-{m}.json" for p in ("fp32", "fp16", "bf16") for m in ("train", "infer")
     )
-    started = {}
+    started, schedules = {}, {}
     for name, document in files.items():
         assert_valid(validator, document)
         _, precision, mode = name.removesuffix(".json").split("-")
@@ -536,7 +536,13 @@ def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
                 "ok",
             )
             started[record["model"], precision, mode] = record["conditions"]["started"]
+            timed = record["timing"]
+            assert len(timed["rounds"]) == len(timed["samples_ms"])
+            schedules.setdefault((record["model"], mode), set()).add(timed["schedule_id"])
     assert len(batches) == 1  # the batch is rendered once for every model and combination
+    # the precisions of one model and mode share a schedule, so their speed-ups pair
+    assert all(len(ids) == 1 for ids in schedules.values())
+    assert len(set.union(*schedules.values())) == len(schedules) == 4
     for model in ("tiny_conv", "resnet18"):
         for mode in ("train", "infer"):  # fp32 warms up first among the precisions of a mode
             assert started[model, "fp32", mode] < min(
