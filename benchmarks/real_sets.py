@@ -472,7 +472,7 @@ def main(argv: list[str]) -> int:
         f"{real.name} {record['precision']} {epochs} epochs in "
         f"{record['training']['wall_time_s']:.0f} s: AP@.5 {found['ap50']:.3f}, "
         f"AP@[.5:.95] {found['ap']:.3f}, F1 {found['at_score_threshold']['f1']:.3f} at "
-        f"{found['at_score_threshold']['threshold']}, "
+        f"{found['at_score_threshold']['threshold']:.2f}, "
         f"{found['at_operating_point']['f1']:.3f} at {found['at_operating_point']['threshold']:.2f} "
         f"(chosen on validation); record {args.record}"
     )
