@@ -20,7 +20,11 @@ TINY_CONV_OPTIONS = ("width", "max_stride")  # config keys of model.*
 
 
 def build_model(
-    name: str, num_classes: int, label_mode: str = "multilabel", **options
+    name: str,
+    num_classes: int,
+    label_mode: str = "multilabel",
+    iou_score: bool = False,
+    **options,
 ) -> centernet.CenterNet:
     """Build a registered detector with fresh weights (weights=None for torchvision parts)."""
     if name not in MODELS:
@@ -33,7 +37,7 @@ def build_model(
         )
     if num_classes < 1:
         raise ConfigError(f"A detector needs at least one class, got num_classes={num_classes}.")
-    return MODELS[name](num_classes, label_mode, **options)
+    return MODELS[name](num_classes, label_mode, iou_score=iou_score, **options)
 
 
 def memory_format(channels_last: bool) -> torch.memory_format:
@@ -68,10 +72,19 @@ def check_input_size(model_config: Mapping[str, Any], image_size: int) -> None:
 
 
 def build_from_config(model_config: Mapping[str, Any], num_classes: int) -> centernet.CenterNet:
-    """The model a config's `model` section describes (the trainer, eval and profile agree)."""
+    """The model a config's `model` section describes (the trainer, eval and profile agree).
+
+    A checkpoint's config written before `model.iou_score` existed has no such key: its model
+    had no IoU branch."""
     options = (
         {key: model_config[key] for key in TINY_CONV_OPTIONS}
         if model_config["name"] == "tiny_conv"
         else {}
     )
-    return build_model(model_config["name"], num_classes, model_config["label_mode"], **options)
+    return build_model(
+        model_config["name"],
+        num_classes,
+        model_config["label_mode"],
+        iou_score=bool(model_config.get("iou_score", False)),
+        **options,
+    )

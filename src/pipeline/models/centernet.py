@@ -19,6 +19,12 @@ neighbours' centres agree with the peak's and average its error down, while thei
 out smaller than the peak's (benchmarks/box_limits.py measures both). The box branch is
 trained densely around each centre (TTFNet-style), which converges far faster than
 supervising the centre cell alone: on a CPU, training time is the budget.
+
+With `iou_score` (config `model.iou_score`) an IoU branch, as in IoU-aware single-stage
+detectors, predicts per class and cell the IoU of the box decoded there with its object, from
+the box head's hidden features (one 1x1 conv); a detection's score becomes
+heat^(1 - IOU_SCORE_ALPHA) * iou^IOU_SCORE_ALPHA, so that among peaks of equal heat the one
+with the better box ranks first. Without it the score is the heatmap's peak alone.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ _MEAN = (0.5, 0.5, 0.5)
 _STD = (0.25, 0.25, 0.25)
 _STRIDE_16_LEVEL = 2  # every backbone's features are at strides 4, 8, 16 (and 32)
 CENTRE_WINDOW = 3  # cells: decode averages the centres of the peak's 3x3 window (docs/detector.md)
+IOU_SCORE_ALPHA = 0.5  # the IoU branch's share of a detection's score (IoU-aware RetinaNet's)
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
@@ -142,10 +149,16 @@ class TopDownNeck(nn.Module):
 class CenterNet(nn.Module):
     """Backbone + neck + heads: class heatmap logits, and per class a box (dx, dy, log w,
     log h) per cell, the sum of a stride-4 and an upsampled stride-16 box head: box channels
-    4c to 4c+3 are class c's."""
+    4c to 4c+3 are class c's. With `iou_score`, per class and cell the logit of the IoU of the
+    box decoded there with its object ('iou')."""
 
     def __init__(
-        self, backbone: nn.Module, num_classes: int, label_mode: str, neck_channels: int
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        label_mode: str,
+        neck_channels: int,
+        iou_score: bool = False,
     ) -> None:
         super().__init__()
         if label_mode not in LABEL_MODES:
@@ -165,6 +178,8 @@ class CenterNet(nn.Module):
         self.coarse_box_head = nn.Sequential(
             conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4 * num_classes, 1)
         )
+        # off, the model is module for module (and its state dict key for key) the one without it
+        self.iou_head = nn.Conv2d(neck_channels, num_classes, 1) if iou_score else None
         self.register_buffer("mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
         self._init_heads()
@@ -185,10 +200,14 @@ class CenterNet(nn.Module):
         x = images.float() / 255.0 if images.dtype == torch.uint8 else images
         x = (x - self.mean) / self.std
         features, coarse = self.neck(self.backbone(x))
-        box = self.box_head(features) + F.interpolate(
+        hidden = self.box_head[0](features)
+        box = self.box_head[1](hidden) + F.interpolate(
             self.coarse_box_head(coarse), size=features.shape[-2:], mode="bilinear"
         )
-        return {"heatmap": self.heatmap_head(features), "box": box}
+        outputs = {"heatmap": self.heatmap_head(features), "box": box}
+        if self.iou_head is not None:
+            outputs["iou"] = self.iou_head(hidden)
+        return outputs
 
     def class_probs(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-class probabilities [B,C,h,w]: sigmoid (multilabel) or softmax without background (single)."""
@@ -196,6 +215,17 @@ class CenterNet(nn.Module):
         if self.label_mode == "multilabel":
             return logits.sigmoid()
         return logits.softmax(dim=1)[:, : self.num_classes]
+
+    def detection_scores(
+        self, outputs: dict[str, torch.Tensor], probs: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per class and cell the score a detection there gets [B,C,h,w]: the class probability,
+        or with the IoU branch heat^(1 - IOU_SCORE_ALPHA) * iou^IOU_SCORE_ALPHA."""
+        probs = self.class_probs(outputs) if probs is None else probs
+        if self.iou_head is None:
+            return probs
+        iou = outputs["iou"].float().sigmoid()
+        return probs.pow(1 - IOU_SCORE_ALPHA) * iou.pow(IOU_SCORE_ALPHA)
 
     def image_scores(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Image-level class scores [B,C]: the highest heatmap value of each class."""
@@ -208,7 +238,8 @@ class CenterNet(nn.Module):
         max_detections: int = 100,
         centre_window: int = CENTRE_WINDOW,
     ) -> list[dict[str, torch.Tensor]]:
-        """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells, with their boxes.
+        """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells by their
+        `detection_scores`, with their boxes.
 
         A detection's size is the one its class's box channels give at the peak cell; its centre
         is the average of the centres those channels give at the cells of a `centre_window` x
@@ -219,7 +250,9 @@ class CenterNet(nn.Module):
             raise ValueError(f"centre_window must be an odd number >= 1, got {centre_window!r}")
         probs = self.class_probs(outputs)
         batch, classes, h, w = probs.shape
-        peaks = probs * (F.max_pool2d(probs, 3, stride=1, padding=1) == probs)
+        peaks = self.detection_scores(outputs, probs) * (
+            F.max_pool2d(probs, 3, stride=1, padding=1) == probs
+        )
         k = min(max_detections, classes * h * w)
         scores, flat = peaks.reshape(batch, -1).topk(k, dim=1)
         labels = flat // (h * w)
@@ -260,14 +293,20 @@ class CenterNet(nn.Module):
 
 
 def tiny_conv(
-    num_classes: int, label_mode: str, width: int = 32, max_stride: int = 32
+    num_classes: int,
+    label_mode: str,
+    width: int = 32,
+    max_stride: int = 32,
+    iou_score: bool = False,
 ) -> CenterNet:
     """max_stride 32: a stride-32 stage for objects up to most of the input; 16: the earlier
     tiny_conv's backbone and neck (objects up to about 50 px)."""
     if max_stride not in (16, 32):
         raise ValueError(f"tiny_conv's max_stride must be 16 or 32, got {max_stride!r}")
-    return CenterNet(TinyBackbone(width, max_stride), num_classes, label_mode, neck_channels=width)
+    return CenterNet(
+        TinyBackbone(width, max_stride), num_classes, label_mode, width, iou_score=iou_score
+    )
 
 
-def resnet18(num_classes: int, label_mode: str) -> CenterNet:
-    return CenterNet(ResNetBackbone(), num_classes, label_mode, neck_channels=64)
+def resnet18(num_classes: int, label_mode: str, iou_score: bool = False) -> CenterNet:
+    return CenterNet(ResNetBackbone(), num_classes, label_mode, 64, iou_score=iou_score)
