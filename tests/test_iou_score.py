@@ -187,6 +187,24 @@ def test_the_branch_changes_neither_the_heatmap_nor_the_boxes_of_the_same_weight
     assert torch.equal(without["box"], with_branch["box"])
 
 
+def test_the_branchs_loss_trains_the_branch_alone_not_the_features_it_reads() -> None:
+    """It judges the boxes without reshaping the features the heatmap and boxes share."""
+    torch.manual_seed(0)
+    model = build_from_config(model_config(iou_score=True), CLASSES).train()
+    images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    targets = [
+        {"boxes": torch.tensor([[8.0, 8.0, 30.0, 26.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.tensor([[20.0, 30.0, 50.0, 60.0]]), "labels": torch.tensor([2])},
+    ]
+    outputs = model(images)
+    loss = DetectionLoss.for_model(model)(outputs, targets)
+    # the branch's term alone: the total less what it was without the IoU output
+    rest = DetectionLoss.for_model(model)({k: outputs[k] for k in ("heatmap", "box")}, targets)
+    (loss["total"] - rest["total"]).backward()
+    reached = {name for name, p in model.named_parameters() if p.grad is not None and p.grad.any()}
+    assert reached == {"iou_head.weight", "iou_head.bias"}
+
+
 # --- training, evaluation and checkpoints ---------------------------------------------------
 
 

@@ -24,7 +24,10 @@ With `iou_score` (config `model.iou_score`) an IoU branch, as in IoU-aware singl
 detectors, predicts per class and cell the IoU of the box decoded there with its object, from
 the box head's hidden features (one 1x1 conv); a detection's score becomes
 heat^(1 - IOU_SCORE_ALPHA) * iou^IOU_SCORE_ALPHA, so that among peaks of equal heat the one
-with the better box ranks first. Without it the score is the heatmap's peak alone.
+with the better box ranks first. Without it the score is the heatmap's peak alone. The branch
+reads those features detached: trained through them, its loss reshaped the features the
+heatmap shares and cost AP@.5 (benchmarks/iou_score_alpha.py, alpha 0), so it judges the boxes
+without changing what finds them.
 """
 
 from __future__ import annotations
@@ -206,7 +209,7 @@ class CenterNet(nn.Module):
         )
         outputs = {"heatmap": self.heatmap_head(features), "box": box}
         if self.iou_head is not None:
-            outputs["iou"] = self.iou_head(hidden)
+            outputs["iou"] = self.iou_head(hidden.detach())
         return outputs
 
     def class_probs(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
