@@ -258,3 +258,33 @@ def test_a_checkpoint_from_before_iou_score_existed_still_evaluates(
     )
     assert model.iou_head is None
     assert evaluate(here, older)["metrics"]["num_images"] > 0
+
+
+def test_iou_score_alpha_decodes_at_each_alpha_and_puts_the_shipped_one_back(
+    trained: Trainer, here: Path
+) -> None:
+    from benchmark_modules import load
+
+    from pipeline.models import centernet
+
+    bench = load("iou_score_alpha")
+    shipped = centernet.IOU_SCORE_ALPHA
+    at = {alpha: bench.evaluate_at(trained.paths["best"], alpha, 1, here) for alpha in (0.0, 1.0)}
+    assert shipped == centernet.IOU_SCORE_ALPHA
+    assert at[0.0] != at[1.0]  # the heatmap alone, the predicted IoU alone
+    assert set(at[0.0]) == {"ap50", "ap", "f1", "score_threshold"}
+
+
+def test_iou_score_alpha_refuses_a_run_trained_without_the_branch(
+    trained: Trainer, here: Path
+) -> None:
+    from benchmark_modules import load
+
+    from pipeline.errors import DataError
+
+    state = checkpoint.load(trained.paths["best"])
+    state["model"] = {k: v for k, v in state["model"].items() if not k.startswith("iou_head.")}
+    state["config"]["model"]["iou_score"] = False
+    without = checkpoint.save(here / "without.pth", state)
+    with pytest.raises(DataError, match=r"without model\.iou_score"):
+        load("iou_score_alpha").evaluate_at(without, 0.5, 1, here)
