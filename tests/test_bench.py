@@ -379,6 +379,7 @@ def test_the_benchmark_times_what_training_runs_unless_a_bench_key_overrides_it(
         "label_mode": "multilabel",
         "width": 8,
         "max_stride": 32,
+        "iou_score": False,
     }
     assert (configuration["batch_size"], record["batch_size"]) == (3, 3)  # train.batch_size
     assert configuration["channels_last"] is False and configuration["num_classes"] == 2
