@@ -172,6 +172,17 @@ def test_iou_score_off_or_absent_builds_the_model_without_a_branch_weight_for_we
     assert set(on.state_dict()) - set(off.state_dict()) == {"iou_head.weight", "iou_head.bias"}
 
 
+def test_turning_the_branch_on_leaves_every_other_weight_and_later_draw_as_they_were() -> None:
+    torch.manual_seed(0)
+    off = build_from_config(model_config(), CLASSES).state_dict()
+    after_off = torch.rand(4)
+    torch.manual_seed(0)
+    on = build_from_config(model_config(iou_score=True), CLASSES).state_dict()
+    after_on = torch.rand(4)
+    assert all(torch.equal(on[key], value) for key, value in off.items())
+    assert torch.equal(after_on, after_off)  # the loader's shuffling, augmentation
+
+
 def test_the_branch_changes_neither_the_heatmap_nor_the_boxes_of_the_same_weights() -> None:
     torch.manual_seed(0)
     off = build_from_config(model_config(), CLASSES).eval()
@@ -209,12 +220,31 @@ def test_the_branchs_loss_trains_the_branch_alone_not_the_features_it_reads() ->
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
-    data_root = make_data(tmp_path_factory.mktemp("data") / "shapes")
-    config = tiny_config(data_root, "model.iou_score=true")
-    trainer = Trainer(config, tmp_path_factory.mktemp("run"))
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("data") / "shapes")
+
+
+def fitted(data_root: Path, run_dir: Path, *settings: str) -> Trainer:
+    trainer = Trainer(tiny_config(data_root, *settings), run_dir)
     trainer.fit()
     return trainer
+
+
+@pytest.fixture(scope="module")
+def trained(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Trainer:
+    return fitted(data_root, tmp_path_factory.mktemp("run"), "model.iou_score=true")
+
+
+def test_with_the_branch_the_heatmap_and_boxes_train_bit_for_bit_as_without_it(
+    trained: Trainer, data_root: Path, tmp_path: Path
+) -> None:
+    """Only the scores differ: the branch's features are detached, its weights drawn from a
+    fork of the RNG, and its gradient clipped apart from the detector's (clipping is on)."""
+    assert trained.config["train"]["grad_clip"]
+    without = fitted(data_root, tmp_path / "run")
+    off, on = (checkpoint.load(t.paths["last"])["model"] for t in (without, trained))
+    assert set(on) - set(off) == {"iou_head.weight", "iou_head.bias"}
+    assert [key for key, value in off.items() if not torch.equal(on[key], value)] == []
 
 
 @pytest.fixture

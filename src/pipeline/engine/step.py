@@ -126,7 +126,10 @@ class TrainStep:
         self.scaler.scale(total).backward()
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            # a model may clip groups of its parameters apart (CenterNet: its IoU branch)
+            groups = getattr(self.model, "clip_groups", lambda: [self.model.parameters()])()
+            for group in groups:
+                torch.nn.utils.clip_grad_norm_(group, self.grad_clip)
         if self.skips_on_device and not self.scaler.is_enabled():
             self.optimizer.found_inf = (~finite).float()  # the fused kernel skips on 1
             try:

@@ -182,7 +182,13 @@ class CenterNet(nn.Module):
             conv_bn(neck_channels, neck_channels), nn.Conv2d(neck_channels, 4 * num_classes, 1)
         )
         # off, the model is module for module (and its state dict key for key) the one without it
-        self.iou_head = nn.Conv2d(neck_channels, num_classes, 1) if iou_score else None
+        self.iou_head = None
+        if iou_score:
+            # drawn from a fork of the RNG: every other weight and every later draw (shuffling,
+            # augmentation) is as without the branch, so that (its features detached) the
+            # heatmap and boxes train as they would without it and only the scores differ
+            with torch.random.fork_rng(devices=[]):
+                self.iou_head = nn.Conv2d(neck_channels, num_classes, 1)
         self.register_buffer("mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
         self._init_heads()
@@ -211,6 +217,15 @@ class CenterNet(nn.Module):
         if self.iou_head is not None:
             outputs["iou"] = self.iou_head(hidden.detach())
         return outputs
+
+    def clip_groups(self) -> list[list[nn.Parameter]]:
+        """Parameters whose gradients are clipped together: the detector's, and the IoU
+        branch's apart, so that the branch's gradient never scales the detector's update."""
+        if self.iou_head is None:
+            return [list(self.parameters())]
+        branch = {id(p) for p in self.iou_head.parameters()}
+        detector = [p for p in self.parameters() if id(p) not in branch]
+        return [detector, list(self.iou_head.parameters())]
 
     def class_probs(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-class probabilities [B,C,h,w]: sigmoid (multilabel) or softmax without background (single)."""
