@@ -4,8 +4,9 @@ re-decoded at several IOU_SCORE_ALPHA (0: the heatmap alone, 1: the predicted Io
 For each `real_sets.py measure` record given (trained with `model.iou_score=true`), its run
 folder's best.pth is evaluated as `python -m pipeline evaluate` does, once per alpha, with the
 operating point picked again on validation at that alpha (the one saved was picked at the
-shipped alpha). Alpha 0 on the same weights tells what training with the branch changed from
-what scoring with it changes. Prints every run and the means over runs per alpha, and records
+shipped alpha). Alpha 0 is the heatmap alone: since the heatmap and boxes train as without the
+branch, it is the run without the key, and each alpha's difference from it is what scoring alone
+changes. Prints every run and the means over runs per alpha, and records
 the means (no target: a comparison).
 
     python benchmarks/iou_score_alpha.py --set eggs \\
