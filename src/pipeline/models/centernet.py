@@ -45,7 +45,7 @@ _STRIDE_16_LEVEL = 2  # every backbone's features are at strides 4, 8, 16 (and 3
 CENTRE_WINDOW = 3  # cells: decode averages the centres of the peak's 3x3 window (docs/detector.md)
 # The IoU branch's share of a detection's score: re-decoding the same weights at 0 to 0.7
 # (benchmarks/iou_score_alpha.py, records/iou_score_alpha/) raised AP@[.5:.95] on eggs at every
-# share; AP@.5 and F1 at the operating point held at 0.3 and fell at 0.5 and above.
+# share; AP@.5 and F1 at the operating point held on average at 0.3 and fell at 0.5 and above.
 IOU_SCORE_ALPHA = 0.3
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
