@@ -14,7 +14,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,15 +114,6 @@ def setup_torch(args: argparse.Namespace) -> torch.device:
     return dev.resolve_device(args.device)
 
 
-def timed(step: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call, with the device synchronized on both sides of it."""
-    dev.synchronize(device)
-    start = time.perf_counter()
-    step()
-    dev.synchronize(device)
-    return time.perf_counter() - start
-
-
 def alternate(
     sides: dict[str, Callable[[], object]],
     device: torch.device,
@@ -142,7 +132,7 @@ def alternate(
     blocks = []
     for index in range(rounds):
         for name in names if index % 2 == 0 else names[::-1]:
-            samples = [timed(sides[name], device) for _ in range(block)]
+            samples = [timing.timed_step(sides[name], device) for _ in range(block)]
             blocks.append({"round": index, "side": name, "skip": skip, "samples_s": samples})
     return blocks
 

@@ -295,7 +295,7 @@ def train_row(args, made: dict[str, Any], config: dict[str, Any], device) -> dic
     def side(kind):
         def block(index: int) -> float:
             times = [
-                harness.timed(lambda: trainer.train_step(*next_batch(kind)), device)
+                timing.timed_step(lambda: trainer.train_step(*next_batch(kind)), device)
                 for _ in range(args.steps)
             ]
             return statistics.median(times) * 1000

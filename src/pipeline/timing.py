@@ -71,7 +71,8 @@ def warm_up(
     }
 
 
-def _timed_step(step: Callable[[], Any], device: dev.DeviceLike) -> float:
+def timed_step(step: Callable[[], Any], device: dev.DeviceLike) -> float:
+    """Seconds of one call, with the device synchronized on both sides of it."""
     dev.synchronize(device)
     t0 = time.perf_counter()
     step()
@@ -110,7 +111,7 @@ def timed_runs(
     samples: list[float] = []
     stopped_early = None
     while len(samples) < max_steps:
-        samples.append(_timed_step(step, device))
+        samples.append(timed_step(step, device))
         if memory is not None:
             memory.update()
         if stop is not None and len(samples) < max_steps:
@@ -176,7 +177,7 @@ def interleaved_runs(
             rule = (stops or {}).get(name)
             for _ in range(min(block_steps, max_steps - len(own.samples))):
                 try:
-                    elapsed = _timed_step(steps[name], device)
+                    elapsed = timed_step(steps[name], device)
                 except Exception as error:
                     reason = cannot_run(error) if cannot_run is not None else None
                     if reason is None:
