@@ -1,10 +1,12 @@
 """Bench repeatability: do two consecutive benchmark runs tell the same story?
 
-Each run is what the workflow's bench rule runs, as a subprocess with the bench command's
-defaults (the training configuration, steady-state warm-up): `python -m pipeline bench
---device cpu --precision fp32,CANDIDATE --mode train --out-dir DIR`, one process timing fp32
-and the candidate precision (default bf16) in interleaved rounds. Two runs in a row, side by
-side in one script, and for each:
+Each run is what the workflow's bench rule runs on a CPU, as a subprocess with the bench
+command's defaults (the training configuration, steady-state warm-up) and the shipped
+config's `bench.precisions` and `bench.modes`: `python -m pipeline bench --device cpu
+--precision fp32,fp16,bf16 --mode train,infer --out-dir DIR` as shipped, one process timing
+the precisions of each mode in interleaved rounds (what else a process times moves its step
+times, so the run times what the rule times). The training records of fp32 and the candidate
+(default bf16) are read. Two runs in a row, side by side in one script, and for each:
 
 - every record's drift check (median of the second half of its timed steps over the
   first half's): target within 5% wherever a record has the 4 or more steps it needs;
@@ -28,6 +30,7 @@ from typing import Any
 import harness
 
 from pipeline import stats, timing
+from pipeline.config import load_config
 from pipeline.errors import PipelineError
 
 NAME = "bench_repeatability"
@@ -53,10 +56,14 @@ def parse_args(argv: list[str]):
 
 
 def bench_once(candidate: str, extra: list[str], out_dir: Path) -> dict[str, Any]:
-    """One bench process timing fp32 and `candidate` together; each precision's record."""
+    """One bench process timing what the bench rule times (the candidate included); the
+    training records of fp32 and `candidate`."""
+    shipped = load_config(None)["bench"]
+    precisions = list(dict.fromkeys(["fp32", *shipped["precisions"], candidate]))
+    modes = list(dict.fromkeys(["train", *shipped["modes"]]))
     command = [
         *(sys.executable, "-m", "pipeline", "bench", "--device", "cpu"),
-        *("--precision", f"fp32,{candidate}", "--mode", "train", *extra),
+        *("--precision", ",".join(precisions), "--mode", ",".join(modes), *extra),
         *("--out-dir", str(out_dir)),
     ]
     start = time.perf_counter()
@@ -82,8 +89,8 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     print(
         f"{NAME}: {args.repeats} pair(s) of consecutive runs of python -m pipeline bench --device "
-        f"cpu --mode train, fp32 and {args.candidate} interleaved in one process, each with "
-        f"{' '.join(args.bench_args) or 'the defaults'}",
+        f"cpu with the shipped bench.precisions and bench.modes (fp32 and {args.candidate} "
+        f"read), each with {' '.join(args.bench_args) or 'the defaults'}",
         flush=True,
     )
     runs = []
