@@ -128,10 +128,9 @@ def alternate(
     always runs first. The first `skip` steps of every block are timed and kept, but not
     counted (see `counted`): they can carry the other side's after-effects.
     """
-    names = list(sides)
     blocks = []
     for index in range(rounds):
-        for name in names if index % 2 == 0 else names[::-1]:
+        for name in timing.balanced_order(list(sides), index):
             samples = [timing.timed_step(sides[name], device) for _ in range(block)]
             blocks.append({"round": index, "side": name, "skip": skip, "samples_s": samples})
     return blocks

@@ -381,9 +381,10 @@ def _run_interleaved(
                 shared, record, fp32, exclude_mb=max(0.0, allocated - held_mb)
             )
         except (RuntimeError, NotImplementedError) as error:
-            if cannot_run_reason(error) is None:
+            reason = cannot_run_reason(error)
+            if reason is None:
                 raise
-            _skipped(record, cannot_run_reason(error))
+            _skipped(record, reason)
     if not ready:
         return records
     timed = timing.interleaved_runs(
