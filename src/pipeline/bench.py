@@ -468,17 +468,15 @@ def _finish(
     max_steps: int,
 ) -> None:
     """Fill an ok record from its warm-up and its share of the interleaved schedule."""
-    samples, warmup = timed.samples, ready.warmup
+    samples = timed.samples
     summary = stats.summarize(samples)
-    details = {
-        "warmup_steps": warmup["warmup_steps"],
-        "warmup_s": warmup["warmup_s"],
-        "warmup_settled": warmup["warmup_settled"],
-        "total_s": warmup["warmup_s"] + timed.spent_s,
-        "budget_limited": len(samples) < max_steps and timed.stopped_early is None,
-        "warmup_ended_early": warmup["warmup_ended_early"],
-        "stopped_early": timed.stopped_early,
-    }
+    details = timing.step_details(
+        ready.warmup,
+        total_s=ready.warmup["warmup_s"] + timed.spent_s,
+        count=len(samples),
+        max_steps=max_steps,
+        stopped_early=timed.stopped_early,
+    )
     record.update(
         timing={
             **summary,

@@ -80,6 +80,25 @@ def timed_step(step: Callable[[], Any], device: dev.DeviceLike) -> float:
     return time.perf_counter() - t0
 
 
+def step_details(
+    warmed: dict[str, Any],
+    *,
+    total_s: float,
+    count: int,
+    max_steps: int,
+    stopped_early: str | None = None,
+) -> dict[str, Any]:
+    """The keys a record's `timing` carries beside the step statistics (schema `timed_steps`):
+    the warm-up's (`warm_up`'s details, less its step times) and how timing `count` of
+    `max_steps` steps ended."""
+    return {
+        **{key: value for key, value in warmed.items() if key != "step_times"},
+        "total_s": total_s,
+        "budget_limited": count < max_steps and stopped_early is None,
+        "stopped_early": stopped_early,
+    }
+
+
 def timed_runs(
     step: Callable[[], Any],
     device: dev.DeviceLike,
@@ -98,7 +117,6 @@ def timed_runs(
     """
     started = time.perf_counter()
     warmed_up = warm_up(step, device, warmup=warmup, budget_s=budget_s, memory=memory)
-    del warmed_up["step_times"]
     warmed = time.perf_counter()
     samples: list[float] = []
     while len(samples) < max_steps:
@@ -107,12 +125,10 @@ def timed_runs(
             memory.update()
         if time.perf_counter() - warmed > budget_s:
             break
-    return samples, {
-        **warmed_up,
-        "total_s": time.perf_counter() - started,
-        "budget_limited": len(samples) < max_steps,
-        "stopped_early": None,  # nothing stops it early; bench records carry the same key
-    }
+    total_s = time.perf_counter() - started
+    return samples, step_details(
+        warmed_up, total_s=total_s, count=len(samples), max_steps=max_steps
+    )
 
 
 @dataclass
