@@ -20,7 +20,7 @@ import torch
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, cli, formats, measured, stats, timing
+from pipeline import bench, bench_record, cli, formats, measured, stats, timing
 from pipeline import device as dev
 from pipeline import numerics as numerics_
 from pipeline.config import load_config
@@ -69,7 +69,7 @@ def plan(**bench_keys: Any) -> dict[str, Any]:
     """What `bench.run` takes: a tiny training config's settings, with bench keys on top."""
     keys = {"batch_size": 2, "image_size": 32, "warmup_steps": 1, "steps": 2, **bench_keys}
     config = load_config(None, ["model.width=8", *(f"bench.{k}={v}" for k, v in keys.items())])
-    return bench.settings_from_config(config, num_classes=4)
+    return bench_record.settings_from_config(config, num_classes=4)
 
 
 def _tiny_model_and_batch() -> tuple[torch.nn.Module, torch.Tensor, list[dict]]:
@@ -991,7 +991,9 @@ def test_bf16_on_a_simulated_gpu_without_bf16_is_a_schema_valid_skipped_record(
     assert "no bf16 support" in record["reason"]
     assert record["backend"] == "cuda" and record["device"] == "cuda:0"
     assert record["device_description"] == "CUDA: NVIDIA Fake A100, 80 GiB, sm_80"
-    assert_valid(validator, json.loads(json.dumps({"format": bench.FORMAT, "records": [record]})))
+    assert_valid(
+        validator, json.loads(json.dumps({"format": bench_record.FORMAT, "records": [record]}))
+    )
 
 
 def test_mps_autocast_on_old_torch_is_a_skipped_record(
