@@ -27,7 +27,8 @@ import torch
 
 from pipeline import bench_record, stats, timing
 from pipeline import device as dev
-from pipeline.data.synthetic import SyntheticSpec, render_sample
+from pipeline.data.shapes import render_sample
+from pipeline.data.synthetic import SyntheticSpec
 from pipeline.engine.step import TrainStep, build_optimizer
 from pipeline.models import build_from_config, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
