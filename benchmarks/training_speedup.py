@@ -96,10 +96,9 @@ def trainer_speedup(config: dict[str, Any], device: torch.device, candidate: str
             for precision in ("fp32", candidate)
         }
     sides = {precision: looping_steps(t) for precision, t in trainers.items()}
-    harness.warm_up(sides, device, args.warmup)
-    conditions = timing.RunConditions()
-    blocks = harness.alternate(sides, device, rounds=args.rounds, block=args.block)
-    conditions = conditions.finish()
+    blocks, conditions = harness.measure(
+        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
+    )
 
     def side(name: str) -> tuple[list[float], list[int]]:
         mine = [b for b in blocks if b["side"] == name]
