@@ -19,7 +19,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline import timing
 from pipeline.config import load_config
 from pipeline.engine.trainer import Trainer
 from pipeline.models import parameter_count
@@ -94,10 +93,9 @@ def main(comparison: Comparison, argv: list[str]) -> int:
         f"{args.block} steps per side (ABBA)",
         flush=True,
     )
-    harness.warm_up(sides, device, args.warmup)
-    conditions = timing.RunConditions()
-    blocks = harness.alternate(sides, device, rounds=args.rounds, block=args.block)
-    conditions = conditions.finish()
+    blocks, conditions = harness.measure(
+        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
+    )
     harness.warn_if_loaded(conditions, "the measurement")
 
     result = {

@@ -143,6 +143,23 @@ def warm_up(sides: dict[str, Callable[[], object]], device: torch.device, steps:
         dev.synchronize(device)
 
 
+def measure(
+    sides: dict[str, Callable[[], object]],
+    device: torch.device,
+    *,
+    warmup: int,
+    rounds: int,
+    block: int,
+    skip: int = 0,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`warm_up` every side, then `alternate` them; returns the blocks and the run conditions
+    (`timing.RunConditions`) of the timed rounds alone, taken as soon as they end."""
+    warm_up(sides, device, warmup)
+    conditions = timing.RunConditions()
+    blocks = alternate(sides, device, rounds=rounds, block=block, skip=skip)
+    return blocks, conditions.finish()
+
+
 def counted(blocks: Sequence[dict[str, Any]], side: str) -> list[float]:
     """The counted samples of one side, in the order they were taken."""
     return [s for b in blocks if b["side"] == side for s in b["samples_s"][b["skip"] :]]

@@ -1,8 +1,9 @@
 """Host work of the default chain: making the synthetic set and feeding training, this tree's
 code (side A) against a baseline revision's (side B), side by side in one process.
 
-Side B is the baseline's own `pipeline/data/synthetic.py`, `pipeline/data/dataset.py` and
-`pipeline/models/targets.py`, read with `git show` (default: ff74fe1, the last commit before generation and augmentation were made
+Side B is the baseline's own `pipeline/data/synthetic.py` (with `pipeline/data/shapes.py`
+where it has one), `pipeline/data/dataset.py` and `pipeline/models/targets.py`, read with
+`git show` (default: ff74fe1, the last commit before generation and augmentation were made
 cheaper). Rows, each timed in blocks that alternate ABBA for R rounds:
 
 - render: `render_sample` of the default spec (training images), ms per image;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +47,7 @@ from pipeline.config import load_config
 from pipeline.cpus import usable_cpu_count
 from pipeline.data import dataset as tree_dataset
 from pipeline.data import load_splits
+from pipeline.data import shapes as tree_shapes
 from pipeline.data import synthetic as tree_synthetic
 from pipeline.engine.trainer import Trainer
 from pipeline.models import targets as tree_targets
@@ -85,6 +88,19 @@ def baseline_module(revision: str, path: str, name: str) -> types.ModuleType:
     return module
 
 
+def baseline_renderer(revision: str, synthetic: types.ModuleType) -> types.ModuleType:
+    """The baseline's module that renders a sample: its `pipeline/data/shapes.py` where it has
+    one (then its `synthetic`'s generate renders with it too, not with this tree's), else its
+    `synthetic` itself, where render_sample lived before."""
+    try:
+        harness.git("cat-file", "-e", f"{revision}:src/pipeline/data/shapes.py")
+    except subprocess.CalledProcessError:
+        return synthetic
+    shapes = baseline_module(revision, "pipeline/data/shapes.py", "baseline_shapes")
+    synthetic.render_sample = shapes.render_sample
+    return shapes
+
+
 def alternate(sides: dict[str, Callable[[int], float]], rounds: int) -> dict[str, list[float]]:
     """Each side's figure per round, ABBA; a side is called with the round's number."""
     samples: dict[str, list[float]] = {name: [] for name in sides}
@@ -107,11 +123,13 @@ def timed_each(fn: Callable[[int], object], items: range) -> float:
     return (time.perf_counter() - start) / len(items) * 1000
 
 
-def render_row(args, old: types.ModuleType) -> tuple[dict[str, Any], list[np.ndarray]]:
+def render_row(
+    args, old: types.ModuleType, old_renderer: types.ModuleType
+) -> tuple[dict[str, Any], list[np.ndarray]]:
     spec, old_spec = tree_synthetic.SyntheticSpec(), old.SyntheticSpec()
     for index in range(args.images):  # equal output, and a warm-up
-        a_pixels, a_objects = tree_synthetic.render_sample(spec, "train", index)
-        b_pixels, b_objects = old.render_sample(old_spec, "train", index)
+        a_pixels, a_objects = tree_shapes.render_sample(spec, "train", index)
+        b_pixels, b_objects = old_renderer.render_sample(old_spec, "train", index)
         if not (np.array_equal(a_pixels, b_pixels) and a_objects == b_objects):
             raise RuntimeError(f"render_sample differs from {args.baseline}'s at index {index}")
     span = args.images
@@ -121,8 +139,10 @@ def render_row(args, old: types.ModuleType) -> tuple[dict[str, Any], list[np.nda
             lambda i: module.render_sample(spec, "train", i), range(r * span, (r + 1) * span)
         )
 
-    samples = alternate({"A": side(tree_synthetic, spec), "B": side(old, old_spec)}, args.rounds)
-    images = [tree_synthetic.render_sample(spec, "train", i)[0] for i in range(span)]
+    samples = alternate(
+        {"A": side(tree_shapes, spec), "B": side(old_renderer, old_spec)}, args.rounds
+    )
+    images = [tree_shapes.render_sample(spec, "train", i)[0] for i in range(span)]
     return row("render_sample, ms per image", "ms", samples), images
 
 
@@ -319,6 +339,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     device = harness.setup_torch(args)
     old_synthetic = baseline_module(args.baseline, "pipeline/data/synthetic.py", "baseline_synth")
+    old_renderer = baseline_renderer(args.baseline, old_synthetic)
     old_dataset = baseline_module(args.baseline, "pipeline/data/dataset.py", "baseline_dataset")
     old_targets = baseline_module(args.baseline, "pipeline/models/targets.py", "baseline_targets")
     print(
@@ -328,7 +349,7 @@ def main(argv: list[str]) -> int:
     )
     conditions = timing.RunConditions()
     rows: dict[str, dict[str, Any]] = {}
-    rows["render"], images = render_row(args, old_synthetic)
+    rows["render"], images = render_row(args, old_synthetic, old_renderer)
     rows["png"] = png_row(args, images)
     with tempfile.TemporaryDirectory() as root:
         rows.update(generate_rows(args, old_synthetic, Path(root)))

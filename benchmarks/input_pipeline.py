@@ -28,7 +28,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline import timing
 from pipeline.config import load_config
 from pipeline.engine.trainer import Trainer
 
@@ -132,10 +131,10 @@ def measure(row: str, trainer: Trainer, args, device: torch.device) -> dict[str,
         f"first {skip} steps of each block not counted",
         flush=True,
     )
-    harness.warm_up(sides, device, args.warmup)
-    conditions = timing.RunConditions()
-    blocks = harness.alternate(sides, device, rounds=args.rounds, block=args.block, skip=skip)
-    conditions = conditions.finish()  # before the workers shut down: their CPU is ours
+    # the conditions end before the workers shut down: their CPU is ours
+    blocks, conditions = harness.measure(
+        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block, skip=skip
+    )
     harness.warn_if_loaded(conditions, f"the {row} row")
     a = harness.side_summary("DataLoader + step", harness.counted(blocks, "A"))
     b = harness.side_summary("in memory + step", harness.counted(blocks, "B"))

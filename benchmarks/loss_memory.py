@@ -27,7 +27,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline import timing
 from pipeline.bench import rendered_batch
 from pipeline.config import load_config
 from pipeline.engine.step import build_optimizer
@@ -141,10 +140,7 @@ def peak_loss_mb(loss, outputs, targets) -> float:
 
 
 def measure(sides, device, rounds: int, block: int, warmup: int):
-    harness.warm_up(sides, device, warmup)
-    conditions = timing.RunConditions()
-    blocks = harness.alternate(sides, device, rounds=rounds, block=block)
-    conditions = conditions.finish()
+    blocks, conditions = harness.measure(sides, device, warmup=warmup, rounds=rounds, block=block)
     result = {
         side: harness.side_summary(label, harness.counted(blocks, side))
         for side, label in SIDES.items()

@@ -23,7 +23,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline import timing
 from pipeline.config import load_config
 from pipeline.engine.step import build_optimizer, build_scheduler
 from pipeline.engine.trainer import Trainer
@@ -129,10 +128,9 @@ def main(argv: list[str]) -> int:
         f"{args.rounds} rounds x {args.block} steps per side (ABBA)",
         flush=True,
     )
-    harness.warm_up(sides, device, args.warmup)
-    conditions = timing.RunConditions()
-    blocks = harness.alternate(sides, device, rounds=args.rounds, block=args.block)
-    conditions = conditions.finish()
+    blocks, conditions = harness.measure(
+        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
+    )
     harness.warn_if_loaded(conditions, "the measurement")
 
     result = {

@@ -30,7 +30,7 @@ from typing import Any
 import harness
 import torch
 
-from pipeline import bench, stats, timing
+from pipeline import bench, bench_record, stats, timing
 from pipeline import device as dev
 from pipeline.config import load_config
 from pipeline.engine.trainer import Trainer
@@ -65,7 +65,7 @@ def parse_args(argv: list[str]):
 
 def bench_speedup(config: dict[str, Any], device: torch.device, candidate: str, classes: int):
     """The bench's paired speed-up of `candidate` over fp32 for the config's model."""
-    settings = bench.settings_from_config(config, classes)
+    settings = bench_record.settings_from_config(config, classes)
     model = config["model"]["name"]
     records = bench.run_backend(device, ["fp32", candidate], ["train"], [model], settings)
     timed = {r["precision"]: r for r in records}
@@ -96,10 +96,9 @@ def trainer_speedup(config: dict[str, Any], device: torch.device, candidate: str
             for precision in ("fp32", candidate)
         }
     sides = {precision: looping_steps(t) for precision, t in trainers.items()}
-    harness.warm_up(sides, device, args.warmup)
-    conditions = timing.RunConditions()
-    blocks = harness.alternate(sides, device, rounds=args.rounds, block=args.block)
-    conditions = conditions.finish()
+    blocks, conditions = harness.measure(
+        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
+    )
 
     def side(name: str) -> tuple[list[float], list[int]]:
         mine = [b for b in blocks if b["side"] == name]

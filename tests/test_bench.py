@@ -20,7 +20,7 @@ import torch
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, cli, formats, measured, stats, timing
+from pipeline import bench, bench_record, cli, formats, measured, stats, timing
 from pipeline import device as dev
 from pipeline import numerics as numerics_
 from pipeline.config import load_config
@@ -69,7 +69,7 @@ def plan(**bench_keys: Any) -> dict[str, Any]:
     """What `bench.run` takes: a tiny training config's settings, with bench keys on top."""
     keys = {"batch_size": 2, "image_size": 32, "warmup_steps": 1, "steps": 2, **bench_keys}
     config = load_config(None, ["model.width=8", *(f"bench.{k}={v}" for k, v in keys.items())])
-    return bench.settings_from_config(config, num_classes=4)
+    return bench_record.settings_from_config(config, num_classes=4)
 
 
 def _tiny_model_and_batch() -> tuple[torch.nn.Module, torch.Tensor, list[dict]]:
@@ -126,9 +126,7 @@ def test_timed_runs_warms_up_until_settled_then_stops_at_max_steps(clock: FakeCl
     }
 
 
-def test_a_stop_rule_ends_the_warm_up_after_its_fewest_steps_and_timing_when_it_says_so(
-    clock: FakeClock,
-) -> None:
+def test_a_stop_rule_ends_the_warm_up_after_its_fewest_steps(clock: FakeClock) -> None:
     def step() -> None:
         clock.now += 0.5
 
@@ -138,20 +136,10 @@ def test_a_stop_rule_ends_the_warm_up_after_its_fewest_steps_and_timing_when_it_
         seen.append(len(times))
         return "far behind"
 
-    samples, details = timing.timed_runs(
-        step,
-        "cpu",
-        warmup=3,
-        max_steps=30,
-        budget_s=100.0,
-        end_warmup=end_warmup,
-        stop=lambda samples: "behind for good" if len(samples) == 4 else None,
-    )
+    details = timing.warm_up(step, "cpu", warmup=3, budget_s=100.0, end_warmup=end_warmup)
     assert seen == [3]  # asked only once the fewest warm-up steps have run
     assert details["warmup_steps"] == 3 and details["warmup_settled"] is False
     assert details["warmup_ended_early"] == "far behind"
-    assert len(samples) == 4 and details["stopped_early"] == "behind for good"
-    assert details["budget_limited"] is False  # the rule stopped it, not the budget
 
 
 def test_warm_up_goes_on_while_the_step_time_still_falls(clock: FakeClock) -> None:
@@ -174,9 +162,7 @@ def test_an_unsettled_warm_up_stops_at_its_budget_and_says_so(clock: FakeClock) 
     def step() -> None:
         clock.now += next(times)
 
-    samples, details = timing.timed_runs(
-        step, "cpu", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=3.0
-    )
+    samples, details = timing.timed_runs(step, "cpu", warmup=1, max_steps=2, budget_s=3.0)
     assert details["warmup_settled"] is False
     assert details["warmup_steps"] == 5  # 1 + 0.5 + 1 + 0.5 = 3.0 is within it, 4.0 is past it
     assert len(samples) == 2
@@ -207,13 +193,11 @@ def test_timed_runs_stops_at_the_budget_after_a_timed_step(clock: FakeClock) -> 
     def step() -> None:
         clock.now += 1.0
 
-    samples, details = timing.timed_runs(
-        step, "cpu", warmup=1, max_steps=10, budget_s=2.5, warmup_budget_s=0.5
-    )
-    assert details["warmup_steps"] == 1  # past its own budget after one step
+    samples, details = timing.timed_runs(step, "cpu", warmup=1, max_steps=10, budget_s=2.5)
+    assert details["warmup_steps"] == 3  # past the budget after three unsettled steps
     assert samples == [1.0, 1.0, 1.0]  # the timing budget counts from the end of the warm-up
     assert details["budget_limited"] is True
-    assert details["total_s"] == 4.0
+    assert details["total_s"] == 6.0
 
 
 def test_timed_runs_times_one_step_even_when_warmup_spent_the_budget(clock: FakeClock) -> None:
@@ -248,11 +232,10 @@ def test_timed_runs_synchronizes_before_and_after_every_timed_step(
         clock.now += 1.0
 
     monkeypatch.setattr(dev, "synchronize", synchronize)
-    samples, _ = timing.timed_runs(
-        step, "cuda:1", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.1
-    )
+    samples, details = timing.timed_runs(step, "cuda:1", warmup=1, max_steps=2, budget_s=100.0)
+    assert details["warmup_steps"] == 2 * stats.SETTLE_WINDOW  # equal steps settle it
     assert events == [
-        *("step", "sync cuda:1"),  # warm-up: drain the queue once
+        *("step", "sync cuda:1") * details["warmup_steps"],  # warm-up: drain after each step
         *("sync cuda:1", "step", "sync cuda:1"),
         *("sync cuda:1", "step", "sync cuda:1"),
     ]
@@ -265,8 +248,7 @@ def test_timed_runs_on_simulated_cuda_synchronizes_the_device(fake_cuda) -> None
         torch.device("cuda", 1),
         warmup=2,
         max_steps=3,
-        budget_s=100.0,
-        warmup_budget_s=0.5,
+        budget_s=0.5,
     )
     assert len(samples) == 3 and details["warmup_steps"] >= 2
     warmed = details["warmup_steps"]
@@ -274,9 +256,7 @@ def test_timed_runs_on_simulated_cuda_synchronizes_the_device(fake_cuda) -> None
 
 
 def test_timed_runs_on_simulated_mps_synchronizes_the_device(fake_mps) -> None:
-    samples, details = timing.timed_runs(
-        lambda: None, "mps", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.5
-    )
+    samples, details = timing.timed_runs(lambda: None, "mps", warmup=1, max_steps=2, budget_s=0.5)
     assert len(samples) == 2
     assert fake_mps.synchronized == details["warmup_steps"] + 2 * 2
 
@@ -1011,7 +991,9 @@ def test_bf16_on_a_simulated_gpu_without_bf16_is_a_schema_valid_skipped_record(
     assert "no bf16 support" in record["reason"]
     assert record["backend"] == "cuda" and record["device"] == "cuda:0"
     assert record["device_description"] == "CUDA: NVIDIA Fake A100, 80 GiB, sm_80"
-    assert_valid(validator, json.loads(json.dumps({"format": bench.FORMAT, "records": [record]})))
+    assert_valid(
+        validator, json.loads(json.dumps({"format": bench_record.FORMAT, "records": [record]}))
+    )
 
 
 def test_mps_autocast_on_old_torch_is_a_skipped_record(
@@ -1033,7 +1015,7 @@ def test_sampled_steps_give_the_exact_cuda_peak_of_the_timed_steps(fake_cuda) ->
         fake_cuda.free(30 * MB)
 
     samples, _ = timing.timed_runs(
-        step, "cuda:0", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.5, memory=memory
+        step, "cuda:0", warmup=1, max_steps=2, budget_s=0.5, memory=memory
     )
     assert len(samples) == 2
     assert fake_cuda.resets == [torch.device("cuda", 0)]
@@ -1056,9 +1038,7 @@ def test_sampled_steps_give_a_labelled_lower_bound_on_mps(
         fake_mps.driver_allocated = 64 * MB
 
     memory = PeakMemory("mps")
-    timing.timed_runs(
-        step, "mps", warmup=1, max_steps=2, budget_s=100.0, warmup_budget_s=0.0, memory=memory
-    )
+    timing.timed_runs(step, "mps", warmup=0, max_steps=3, budget_s=100.0, memory=memory)
     assert memory.as_dict() == {
         "peak_mb": 40.0,
         "reserved_mb": 64.0,

@@ -40,8 +40,9 @@ from pipeline.data.dataset import (
     make_loader,
     read_image,
 )
+from pipeline.data.shapes import render_sample
 from pipeline.data.sources import ImageRecord, SplitAnnotations, load_coco, load_voc
-from pipeline.data.synthetic import SyntheticSpec, render_sample
+from pipeline.data.synthetic import SyntheticSpec
 from pipeline.errors import ConfigError, DataError
 
 PALETTE_COLOUR = (200, 30, 60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from benchmark_modules import load
 
-from pipeline.data import synthetic
+from pipeline.data import shapes, synthetic
 
 host_work = load("host_work")
 
@@ -13,12 +13,15 @@ host_work = load("host_work")
 def test_the_baseline_side_is_the_revisions_module_and_renders_as_this_trees_at_head() -> None:
     old = host_work.baseline_module("HEAD", "pipeline/data/synthetic.py", "head_synthetic")
     assert old.__file__ == "HEAD:src/pipeline/data/synthetic.py"
-    assert old.render_sample is not synthetic.render_sample
+    renderer = host_work.baseline_renderer("HEAD", old)
+    assert renderer.__file__ == "HEAD:src/pipeline/data/shapes.py"
+    assert renderer.render_sample is not shapes.render_sample
+    assert old.render_sample is renderer.render_sample  # the revision's generate renders with it
     spec = synthetic.SyntheticSpec(image_size=64, max_object_size=32)
     old_spec = old.SyntheticSpec(image_size=64, max_object_size=32)
     for index in range(3):
-        pixels, objects = synthetic.render_sample(spec, "val", index)
-        old_pixels, old_objects = old.render_sample(old_spec, "val", index)
+        pixels, objects = shapes.render_sample(spec, "val", index)
+        old_pixels, old_objects = renderer.render_sample(old_spec, "val", index)
         assert np.array_equal(pixels, old_pixels) and objects == old_objects
 
 

@@ -17,7 +17,8 @@ from PIL import Image
 from pycocotools.coco import COCO
 
 from pipeline.config import load_config, read_yaml
-from pipeline.data.synthetic import SHAPES, SyntheticSpec, generate, render_sample
+from pipeline.data.shapes import SHAPES, render_sample
+from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError
 from pipeline.evaluation.coco import SIZE_BUCKETS
 

@@ -8,8 +8,8 @@ overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; 
 the forward pass under `inference_mode`, as evaluation and profiling run it. Warm-up runs
 until the step time settles; the device is synchronized around every timed step; every
 sample is kept and summarised with its spread and drift; a time budget bounds a much slower
-CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The record
-format is `schemas/bench.schema.yaml`.
+CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
+are built by `pipeline.bench_record`.
 """
 
 from __future__ import annotations
@@ -17,58 +17,24 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import platform
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import torch
 
+from pipeline import bench_record, stats, timing
 from pipeline import device as dev
-from pipeline import stats, timing
-from pipeline.data.synthetic import SyntheticSpec, render_sample
+from pipeline.data.shapes import render_sample
+from pipeline.data.synthetic import SyntheticSpec
 from pipeline.engine.step import TrainStep, build_optimizer
-from pipeline.environment import cpu_model
-from pipeline.measured import BENCH_FORMAT as FORMAT
 from pipeline.models import build_from_config, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
 from pipeline.numerics import NumericsReference
-from pipeline.runs import benchmarked_models
 
-log = logging.getLogger("pipeline")
 MODES = ("train", "infer")
-# Keys of `bench` that, where set (not null), override what the training config says.
-OVERRIDES = ("batch_size", "image_size", "channels_last", "num_classes")
-
-
-def settings_from_config(config: dict[str, Any], num_classes: int) -> dict[str, Any]:
-    """What to time and how: training's configuration, with the set `bench.*` keys on top."""
-    bench, train = config["bench"], config["train"]
-    derived = {
-        "models": benchmarked_models(config),
-        "batch_size": train["batch_size"],
-        "image_size": config["data"]["image_size"],
-        "channels_last": train["channels_last"],
-        "num_classes": num_classes,
-    }
-    overridden = [key for key in OVERRIDES if bench.get(key) is not None]
-    return {
-        **derived,
-        **{key: bench[key] for key in overridden},
-        "overridden": overridden,
-        "model_options": config["model"],
-        "train": train,
-        "deterministic": config["deterministic"],
-        "compile": bench["compile"],
-        "warmup_steps": bench["warmup_steps"],
-        "warmup_budget_s": bench["warmup_budget_s"],
-        "steps": bench["steps"],
-        "time_budget_s": bench["time_budget_s"],
-        "numerics_steps": bench["numerics_steps"],
-    }
 
 
 def rendered_batch(
@@ -119,76 +85,6 @@ def _infer_step(model: torch.nn.Module, images: torch.Tensor, device, precision:
             model(images)
 
     return step
-
-
-def configuration(model_name: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """What a record timed, beside it: the step training will take, or what overrode it."""
-    options = settings["model_options"]
-    return {
-        "source": (
-            "training config with bench." + ", bench.".join(settings["overridden"])
-            if settings["overridden"]
-            else "training config"
-        ),
-        "overridden": settings["overridden"],
-        "model": {**options, "name": model_name},
-        "num_classes": settings["num_classes"],
-        "batch_size": settings["batch_size"],
-        "image_size": settings["image_size"],
-        "channels_last": settings["channels_last"],
-        "grad_clip": settings["train"]["grad_clip"],
-        "optimizer": settings["train"]["optimizer"],
-        "deterministic": settings["deterministic"],
-        "compile": settings["compile"],
-    }
-
-
-def _native(device: torch.device) -> dict[str, bool] | None:
-    if device.type != "cpu":
-        return None
-    return {p: dev.cpu_native_precision(p).native for p in ("bf16", "fp16")}
-
-
-def _base_record(
-    device: torch.device, precision: str, mode: str, model_name: str, settings: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "status": "ok",
-        "reason": None,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "backend": device.type,
-        "device": str(device),
-        "device_description": dev.describe_device(device),
-        "precision": precision,
-        "mode": mode,
-        "model": model_name,
-        "parameters": None,
-        "batch_size": settings["batch_size"],
-        "image_size": settings["image_size"],
-        "channels_last": settings["channels_last"],
-        "compile": settings["compile"],
-        "configuration": configuration(model_name, settings),
-        "settings": {
-            **timing.torch_settings(),
-            "warmup_steps": settings["warmup_steps"],
-            "warmup_budget_s": settings["warmup_budget_s"],
-            "max_steps": settings["steps"],
-            "time_budget_s": settings["time_budget_s"],
-        },
-        "environment": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "cpu_model": cpu_model(),
-            "cpu_native": _native(device),
-        },
-        "timing": None,
-        "throughput_images_per_s": None,
-        "numerics": None,
-        "memory": None,
-        "host_peak_rss_mb": None,
-        "conditions": None,
-    }
 
 
 def _step(model, images, targets, device, precision, mode, settings, layout):
@@ -367,11 +263,11 @@ def _run_interleaved(
     ready: dict[str, _Ready] = {}
     held_mb = None  # device memory held before the first model: the batch, the reference
     for precision in precisions:
-        record = _base_record(device, precision, mode, model_name, settings)
+        record = bench_record.base_record(device, precision, mode, model_name, settings)
         records[precision] = record
         reason = dev.autocast_unsupported_reason(device, precision)
         if reason:
-            _skipped(record, reason, logging.INFO)
+            bench_record.skipped(record, reason, logging.INFO)
             continue
         allocated = dev.memory_stats(device).get("allocated_mb", 0.0)
         held_mb = allocated if held_mb is None else held_mb
@@ -384,7 +280,7 @@ def _run_interleaved(
             reason = cannot_run_reason(error)
             if reason is None:
                 raise
-            _skipped(record, reason)
+            bench_record.skipped(record, reason)
     if not ready:
         return records
     timed = timing.interleaved_runs(
@@ -401,9 +297,17 @@ def _run_interleaved(
     for precision, prepared in ready.items():
         record = records[precision]
         if timed[precision].failed:
-            _skipped(record, timed[precision].failed)
+            bench_record.skipped(record, timed[precision].failed)
         else:
-            _finish(record, prepared, timed[precision], schedule_id, settings["steps"])
+            bench_record.finish(
+                record,
+                prepared.warmup,
+                prepared.conditions,
+                timed[precision],
+                schedule_id=schedule_id,
+                max_steps=settings["steps"],
+                block_steps=BLOCK_STEPS,
+            )
     return records
 
 
@@ -416,12 +320,6 @@ class _Ready:
     conditions: timing.RunConditions
     stop: Callable[[timing.Timed], str | None] | None
     timed: timing.Timed
-
-
-def _skipped(record: dict[str, Any], reason: str, level: int = logging.WARNING) -> None:
-    record.update(status="skipped", reason=reason, numerics=None)
-    where = " ".join(str(record[key]) for key in ("model", "device", "precision", "mode"))
-    log.log(level, "%s: skipped (%s)", where, reason)
 
 
 def _warmed_up(
@@ -458,62 +356,3 @@ def _warmed_up(
     )
     record.update(memory=memory.as_dict(), host_peak_rss_mb=dev.host_peak_rss_mb())
     return _Ready(step, warmed, conditions, stop, timing.Timed())
-
-
-def _finish(
-    record: dict[str, Any],
-    ready: _Ready,
-    timed: timing.Timed,
-    schedule_id: str,
-    max_steps: int,
-) -> None:
-    """Fill an ok record from its warm-up and its share of the interleaved schedule."""
-    samples, warmup = timed.samples, ready.warmup
-    summary = stats.summarize(samples)
-    details = {
-        "warmup_steps": warmup["warmup_steps"],
-        "warmup_s": warmup["warmup_s"],
-        "warmup_settled": warmup["warmup_settled"],
-        "total_s": warmup["warmup_s"] + timed.spent_s,
-        "budget_limited": len(samples) < max_steps and timed.stopped_early is None,
-        "warmup_ended_early": warmup["warmup_ended_early"],
-        "stopped_early": timed.stopped_early,
-    }
-    record.update(
-        timing={
-            **summary,
-            **details,
-            "samples_ms": [s * 1000 for s in samples],
-            "rounds": list(timed.rounds),
-            "schedule_id": schedule_id,
-            "block_steps": BLOCK_STEPS,
-        },
-        throughput_images_per_s=record["batch_size"] / (summary["median_ms"] / 1000),
-        conditions=ready.conditions.finish(),
-    )
-    flags = stats.quality_words(summary)
-    flags += [
-        f"{what}: {details[key]}"
-        for what, key in (
-            ("warm-up ended early", "warmup_ended_early"),
-            ("stopped early", "stopped_early"),
-        )
-        if details[key]
-    ]
-    log.info(
-        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d in %d rounds after %d warm-up steps%s%s), "
-        "%.0f img/s%s",
-        record["model"],
-        record["device"],
-        record["precision"],
-        record["mode"],
-        summary["median_ms"],
-        summary["iqr_ms"],
-        summary["count"],
-        len(set(timed.rounds)),
-        details["warmup_steps"],
-        "" if details["warmup_settled"] else ", not settled",
-        ", budget-limited" if details["budget_limited"] else "",
-        record["throughput_images_per_s"],
-        "; " + "; ".join(flags) if flags else "",
-    )

@@ -21,7 +21,7 @@ from pipeline.stats import settled
 HIGH_LOAD_PER_CORE = 0.5  # 1-minute load average per core above which others shared the machine
 FOREIGN_CPU_SHARE_LIMIT = 0.15  # share of all cores busy with other processes during a run
 
-# Sees the step times so far; a reason (text) ends that phase of timed_runs, None lets it go on.
+# Sees the warm-up's step times so far; a reason (text) ends the warm-up, None lets it go on.
 StopRule = Callable[[list[float]], str | None]
 
 
@@ -80,6 +80,25 @@ def timed_step(step: Callable[[], Any], device: dev.DeviceLike) -> float:
     return time.perf_counter() - t0
 
 
+def step_details(
+    warmed: dict[str, Any],
+    *,
+    total_s: float,
+    count: int,
+    max_steps: int,
+    stopped_early: str | None = None,
+) -> dict[str, Any]:
+    """The keys a record's `timing` carries beside the step statistics (schema `timed_steps`):
+    the warm-up's (`warm_up`'s details, less its step times) and how timing `count` of
+    `max_steps` steps ended."""
+    return {
+        **{key: value for key, value in warmed.items() if key != "step_times"},
+        "total_s": total_s,
+        "budget_limited": count < max_steps and stopped_early is None,
+        "stopped_early": stopped_early,
+    }
+
+
 def timed_runs(
     step: Callable[[], Any],
     device: dev.DeviceLike,
@@ -87,45 +106,29 @@ def timed_runs(
     warmup: int,
     max_steps: int,
     budget_s: float,
-    warmup_budget_s: float | None = None,
     memory: dev.PeakMemory | None = None,
-    end_warmup: StopRule | None = None,
-    stop: StopRule | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
-    """Warm up until the step time settles (`warm_up`, for at most `warmup_budget_s`, default
-    `budget_s`), then time up to `max_steps` steps within `budget_s`.
+    """Warm up until the step time settles (`warm_up`, for at most `budget_s`), then time up
+    to `max_steps` steps within another `budget_s`.
 
     The device is synchronized before and after every timed step, so queued work is never
     attributed to the wrong step. At least one step is always timed, even past the budget.
-    `memory` is sampled after every step, outside the timed region. `stop` sees the timed
-    samples after every timed step (outside the timed region): a reason it gives ends the
-    timing early, and the details say why (`stopped_early`).
+    `memory` is sampled after every step, outside the timed region.
     """
     started = time.perf_counter()
-    cap = budget_s if warmup_budget_s is None else warmup_budget_s
-    warmed_up = warm_up(
-        step, device, warmup=warmup, budget_s=cap, memory=memory, end_warmup=end_warmup
-    )
-    del warmed_up["step_times"]
+    warmed_up = warm_up(step, device, warmup=warmup, budget_s=budget_s, memory=memory)
     warmed = time.perf_counter()
     samples: list[float] = []
-    stopped_early = None
     while len(samples) < max_steps:
         samples.append(timed_step(step, device))
         if memory is not None:
             memory.update()
-        if stop is not None and len(samples) < max_steps:
-            stopped_early = stop(samples)
-            if stopped_early:
-                break
         if time.perf_counter() - warmed > budget_s:
             break
-    return samples, {
-        **warmed_up,
-        "total_s": time.perf_counter() - started,
-        "budget_limited": len(samples) < max_steps and stopped_early is None,
-        "stopped_early": stopped_early,
-    }
+    total_s = time.perf_counter() - started
+    return samples, step_details(
+        warmed_up, total_s=total_s, count=len(samples), max_steps=max_steps
+    )
 
 
 @dataclass

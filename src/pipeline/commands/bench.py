@@ -110,12 +110,12 @@ def main(argv: list[str]) -> int:
         overrides.append(f"bench.{key}={json.dumps(value)}")
     config = config_from_args(args, *overrides)
 
-    from pipeline import bench
+    from pipeline import bench, bench_record
     from pipeline import device as dev
     from pipeline.data import class_count
     from pipeline.models import check_input_size
 
-    plan = bench.settings_from_config(config, class_count(config))
+    plan = bench_record.settings_from_config(config, class_count(config))
     for name in plan["models"]:
         check_input_size({**plan["model_options"], "name": name}, plan["image_size"])
     device = dev.resolve_device(args.device)
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
         files.setdefault((record["precision"], record["mode"]), []).append(record)
     for (precision, mode), records in files.items():
         path = args.out or Path(args.out_dir) / f"{device.type}-{precision}-{mode}.json"
-        atomic.write_json(path, {"format": bench.FORMAT, "records": records})
+        atomic.write_json(path, {"format": bench_record.FORMAT, "records": records})
     return 0
 
 
