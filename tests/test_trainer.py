@@ -264,6 +264,33 @@ def test_one_seed_trains_one_model_whether_cached_loaded_by_workers_or_determini
         assert different == [], name
 
 
+def test_a_resume_without_deterministic_kernels_ends_bit_identical_on_a_cpu(
+    data_root: Path, tmp_path: Path
+) -> None:
+    """The shipped deterministic=false: on a CPU a resumed run still sees the batches and
+    takes the steps an uninterrupted one does, scale jitter and colour distortion included."""
+    config = tiny_config(
+        data_root,
+        f"train.epochs={EPOCHS}",
+        "deterministic=false",
+        "data.augment.scale_min=0.5",
+        "data.augment.scale_max=1.5",
+        "data.augment.photometric=0.5",
+    )
+    uninterrupted = Trainer(config, tmp_path / "uninterrupted")
+    uninterrupted.fit()
+    with pytest.raises(KeyboardInterrupt):
+        InterruptedInEpoch2(config, tmp_path / "interrupted").fit()
+    resumed = Trainer(config, tmp_path / "interrupted")
+    assert resumed.resume(required=True) is True
+    resumed.fit()
+    expected, got = uninterrupted.model.state_dict(), resumed.model.state_dict()
+    assert [key for key in expected if not torch.equal(got[key], expected[key])] == []
+    assert without_measurements(read_rows(resumed.paths["metrics"])) == without_measurements(
+        read_rows(uninterrupted.paths["metrics"])
+    )
+
+
 # --- time budget ------------------------------------------------------------------------------
 
 
