@@ -1075,6 +1075,43 @@ def test_loader_yields_batches_in_the_sampler_order_and_keeps_a_short_last_batch
     assert ids == [split.records[i].image_id for i in order]
 
 
+# every kind of augmentation: flips and shuffles drawn from numpy, scale jitter and colour
+# distortion from torch's RNG (torchvision's transforms.v2)
+EVERY_AUGMENTATION = Augment(
+    hflip=0.5, vflip=0.5, transpose=0.5, channel_shuffle=0.5, scale_min=0.5, scale_max=1.5,
+    photometric=0.5,
+)  # fmt: skip
+
+
+def _epoch_batches(split: SplitAnnotations, cache: bool, workers: int) -> list[Any]:
+    dataset = DetectionDataset(split, 32, augment=EVERY_AUGMENTATION, cache=cache, seed=5)
+    loader = make_loader(
+        dataset, 2, shuffle=True, seed=5, num_workers=workers, pin_memory=False, drop_last=False
+    )
+    batches = []
+    for epoch in (1, 2):
+        loader.sampler.set_epoch(epoch)
+        for images, targets in loader:
+            fields = [(t["image_id"], t["boxes"].tolist(), t["labels"].tolist()) for t in targets]
+            batches.append((images, fields))
+    return batches
+
+
+def test_the_batches_depend_on_seed_epoch_and_index_alone_not_on_workers_or_cache(
+    coco_root: Path,
+) -> None:
+    """Worker processes start with RNG states of their own, and a cached sample skips the
+    decoding: neither may change an augmented batch (data.cache and data.num_workers are speed
+    settings, which a resumed run may change)."""
+    split = load_coco(coco_root / "instances_train.json", coco_root)
+    reference = _epoch_batches(split, cache=True, workers=0)
+    assert len(reference) == 2 * 3  # 5 images in batches of 2, two epochs
+    for cache, workers in [(False, 0), (True, 2), (False, 2)]:
+        batches = _epoch_batches(split, cache, workers)
+        assert [fields for _, fields in batches] == [fields for _, fields in reference]
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(batches, reference, strict=True))
+
+
 def test_drop_last_is_ignored_when_the_data_set_is_smaller_than_a_batch(coco_root: Path) -> None:
     split = load_coco(coco_root / "instances_val.json", coco_root)
     loader = make_loader(

@@ -226,6 +226,71 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     )
 
 
+def test_one_seed_trains_one_model_whether_cached_loaded_by_workers_or_deterministic(
+    data_root: Path, tmp_path: Path
+) -> None:
+    """data.cache and data.num_workers decide how fast samples come, and deterministic=true
+    on a CPU only forbids kernels a CPU does not use: none of them may change the weights,
+    with scale jitter and colour distortion (torch's RNG) as well as flips (numpy's)."""
+    settings = (
+        f"train.epochs={EPOCHS}",
+        "seed=3",
+        "data.augment.scale_min=0.5",
+        "data.augment.scale_max=1.5",
+        "data.augment.photometric=0.5",
+    )
+    variants = {
+        "cached, in this process": ("data.cache=true", "data.num_workers=0", "deterministic=false"),
+        "decoded by 2 workers": ("data.cache=false", "data.num_workers=2", "deterministic=false"),
+        "cached, deterministic": ("data.cache=true", "data.num_workers=0", "deterministic=true"),
+    }
+    weights, losses = {}, {}
+    for name, variant in variants.items():
+        trainer = Trainer(
+            tiny_config(data_root, *settings, *variant), tmp_path / name.replace(" ", "")
+        )
+        trainer.fit()
+        weights[name] = trainer.model.state_dict()
+        losses[name] = [row["loss"] for row in read_rows(trainer.paths["metrics"]) if "loss" in row]
+    reference = next(iter(variants))
+    assert len(losses[reference]) == EPOCHS * STEPS_PER_EPOCH
+    for name in variants:
+        assert losses[name] == losses[reference], name
+        different = [
+            k
+            for k in weights[reference]
+            if not torch.equal(weights[name][k], weights[reference][k])
+        ]
+        assert different == [], name
+
+
+def test_a_resume_without_deterministic_kernels_ends_bit_identical_on_a_cpu(
+    data_root: Path, tmp_path: Path
+) -> None:
+    """The shipped deterministic=false: on a CPU a resumed run still sees the batches and
+    takes the steps an uninterrupted one does, scale jitter and colour distortion included."""
+    config = tiny_config(
+        data_root,
+        f"train.epochs={EPOCHS}",
+        "deterministic=false",
+        "data.augment.scale_min=0.5",
+        "data.augment.scale_max=1.5",
+        "data.augment.photometric=0.5",
+    )
+    uninterrupted = Trainer(config, tmp_path / "uninterrupted")
+    uninterrupted.fit()
+    with pytest.raises(KeyboardInterrupt):
+        InterruptedInEpoch2(config, tmp_path / "interrupted").fit()
+    resumed = Trainer(config, tmp_path / "interrupted")
+    assert resumed.resume(required=True) is True
+    resumed.fit()
+    expected, got = uninterrupted.model.state_dict(), resumed.model.state_dict()
+    assert [key for key in expected if not torch.equal(got[key], expected[key])] == []
+    assert without_measurements(read_rows(resumed.paths["metrics"])) == without_measurements(
+        read_rows(uninterrupted.paths["metrics"])
+    )
+
+
 # --- time budget ------------------------------------------------------------------------------
 
 
