@@ -201,14 +201,14 @@ def main(argv: list[str]) -> int:
             "bench.speedup",
             f"bench: {candidate} speed-up over fp32 (paired over {benched.paired_rounds} rounds)",
             benched.ratio,
-            "x",
+            "speed-up",
             interval=(benched.low, benched.high),
         ),
         harness.figure(
             "trainer.speedup",
             f"Trainer steps: {candidate} speed-up over fp32 (paired over {trained.paired_rounds} rounds)",
             trained.ratio,
-            "x",
+            "speed-up",
             interval=(trained.low, trained.high),
         ),
         harness.figure(
@@ -237,7 +237,7 @@ def main(argv: list[str]) -> int:
                 f"separate training processes: median of {len(ratios)} pairs' ratios "
                 "(the interval: their smallest and largest)",
                 float(sorted(ratios)[len(ratios) // 2]),
-                "x",
+                "speed-up",
                 interval=(min(ratios), max(ratios)),
             )
         )
