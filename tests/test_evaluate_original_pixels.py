@@ -184,3 +184,37 @@ def test_evaluate_on_non_square_images_gives_pycocotools_ap_in_the_images_own_pi
     assert ap50 > 0.5  # the objects were found: a figure that could differ
     assert metrics["ap50"] == pytest.approx(ap50, abs=1e-4)
     assert metrics["ap"] == pytest.approx(ap, abs=1e-4)
+
+
+def test_evaluate_drops_detections_below_the_score_floor_from_its_figures_and_predictions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval.min_score applies where `evaluate` decodes: the predictions file holds no detection
+    below it, and the figures are pycocotools' on exactly the detections the file holds."""
+    root = write_coco(tmp_path / "coco")
+    config = tiny_config(root, "data.format=coco", "train.epochs=1")
+    Trainer(config, tmp_path / "run").fit()
+    model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
+    monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
+    written = {}
+    for floor in (0.0, 0.5):
+        out, predictions = tmp_path / f"eval-{floor}.json", tmp_path / f"predictions-{floor}.json"
+        assert cli.main([*argv, "--out", str(out), "--predictions", str(predictions),
+                         f"eval.min_score={floor}"]) == 0  # fmt: skip
+        written[floor] = (
+            json.loads(out.read_text())["metrics"],
+            json.loads(predictions.read_text()),
+        )
+    scores = {
+        floor: [s for image in found["images"] for s in image["detections"]["scores"]]
+        for floor, (_, found) in written.items()
+    }
+    assert min(scores[0.0]) < 0.5 <= min(scores[0.5])  # the floor had something to drop
+    assert sorted(scores[0.5]) == sorted(s for s in scores[0.0] if s >= 0.5)
+    metrics, found = written[0.5]
+    assert metrics["min_score"] == 0.5 and metrics["num_detections"] == len(scores[0.5])
+    ap, ap50 = pycocotools_ap(root / "instances_test.json", found)
+    assert metrics["ap50"] == pytest.approx(ap50, abs=1e-4)
+    assert metrics["ap"] == pytest.approx(ap, abs=1e-4)
