@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
             "largest_change",
             "largest change of an AP or F1 figure, any run",
             largest,
-            "abs",
+            "fraction",
             target=("<=", args.tolerance),
         )
     ]
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
                     f"{row['run']}.{side}.val_threshold",
                     f"{row['run']}, {words}: best-F1 threshold picked on validation",
                     found["val_threshold"],
-                    "score",
+                    "fraction",
                 ),
                 harness.figure(
                     f"{row['run']}.{side}.seconds",
