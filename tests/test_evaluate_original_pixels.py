@@ -19,6 +19,7 @@ from PIL import Image
 from tiny_runs import global_torch_state, one_cpu_thread, pipeline_logger_restored, tiny_config
 
 from pipeline import cli
+from pipeline.commands import evaluate as evaluate_command
 from pipeline.data import load_split
 from pipeline.data.dataset import DetectionDataset
 from pipeline.engine import checkpoint
@@ -218,3 +219,19 @@ def test_evaluate_drops_detections_below_the_score_floor_from_its_figures_and_pr
     ap, ap50 = pycocotools_ap(root / "instances_test.json", found)
     assert metrics["ap50"] == pytest.approx(ap50, abs=1e-4)
     assert metrics["ap"] == pytest.approx(ap, abs=1e-4)
+
+
+def test_the_predictions_files_numbers_are_each_rounded_as_pythons_round_rounds_them() -> None:
+    """The file rounds every image's numbers at once (numpy): scores to 4 places and boxes to 2
+    must come out as Python's round gives them, image by image, empty images included."""
+    rng = np.random.default_rng(3)
+    scores = [rng.random(n).astype(np.float32) for n in (5, 0, 17, 1)]
+    scores[2][:4] = [0.00005, 0.12345, 0.99995, 0.5]  # float32 near decimal ties
+    boxes = [rng.uniform(0, 640, (len(s), 4)).astype(np.float32) for s in scores]
+    counts = [len(s) for s in scores]
+    assert evaluate_command._rounded_rows(scores, 4, counts) == [
+        [round(v, 4) for v in s.tolist()] for s in scores
+    ]
+    assert evaluate_command._rounded_rows(boxes, 2, counts) == [
+        [[round(v, 2) for v in row] for row in b.astype(np.float64).tolist()] for b in boxes
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -908,6 +909,26 @@ def test_the_score_floor_drops_detections_below_it_from_every_figure_and_the_det
     # class 1 ranked its 0.1 FP last: below the floor it moved no AP
     assert metrics["ap50"] == pytest.approx(every["ap50"])
     assert (every["min_score"], metrics["min_score"]) == (0.0, 0.65)
+
+
+def test_an_evaluation_pass_runs_without_the_cyclic_collector_and_turns_it_back_on(
+    loader: DataLoader,
+) -> None:
+    """Every detection makes objects, none in a cycle: a full collection would walk them all
+    and everything else the process holds, again and again."""
+    seen: list[bool] = []
+
+    class Watching(FakeDetector):
+        def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, Any]]:
+            seen.append(gc.isenabled())
+            return super().decode(outputs, max_detections)
+
+    assert gc.isenabled()
+    Evaluator(["circle", "square"], label_mode="single", image_size=SIZE).evaluate(
+        Watching(), loader, "cpu"
+    )
+    assert seen == [False, False]
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize("floor", [-0.1, 1.0, 1.5])

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError
-from pipeline.evaluation.coco import coco_ap
+from pipeline.evaluation.coco import coco_ap, without_cyclic_gc
 from pipeline.evaluation.image_level import image_level_f1
 from pipeline.evaluation.matching import (
     FIGURE_PROTOCOLS,
@@ -136,6 +136,7 @@ class Evaluator:
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @without_cyclic_gc()
     def evaluate(
         self,
         model: torch.nn.Module,
