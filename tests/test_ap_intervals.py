@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from pipeline.evaluation import intervals
 from pipeline.evaluation.coco import coco_ap
@@ -186,3 +187,26 @@ def test_intervals_on_several_threads_are_those_on_one() -> None:
     )
     assert intervals_of(one) == intervals_of(two)
     assert sum(value is not None for value in intervals_of(one).values()) >= 18
+
+
+def test_classes_computed_side_by_side_share_the_cpus_with_blas_and_give_them_back(
+    monkeypatch,
+) -> None:
+    """Two workers on two threads: BLAS (the sums' matrix products) runs one thread in each,
+    not two more apiece (ten times slower where other work shares the machine), and its own
+    setting is back afterwards."""
+    rankings = captured_rankings(monkeypatch, 60)
+    assert len(rankings) >= 2
+    seen: list[int] = []
+    ranked_ap = intervals.ranked_ap
+
+    def watching(*args: Any, **kwargs: Any) -> np.ndarray:
+        seen.extend(pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas")
+        return ranked_ap(*args, **kwargs)
+
+    monkeypatch.setattr(intervals, "ranked_ap", watching)
+    with threadpool_limits(2, user_api="blas"):
+        intervals.resampled_ap(rankings, 60, resamples=50, threads=2)
+        after = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    assert seen and set(seen) == {1}
+    assert after and set(after) == {2}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from pipeline.evaluation.weighted_sums import SumsAt, Weights
 from pipeline.stats import (
@@ -349,7 +350,14 @@ def resampled_ap(
         plan = _plan(ranking, images)
         return np.concatenate([ranked_ap(ranking, block, plan=plan) for block in blocks], axis=2)
 
-    with ThreadPoolExecutor(max(1, min(threads, len(rankings)))) as pool:
+    workers = max(1, min(threads, len(rankings)))
+    # BLAS (the sums' matrix products) would start threads of its own in every worker: more
+    # threads than CPUs, each product waiting on a thread another one's core is running (ten
+    # times slower where other work shares the machine); the workers share the CPUs out
+    with (
+        threadpool_limits(max(1, threads // workers), user_api="blas"),
+        ThreadPoolExecutor(workers) as pool,
+    ):
         return APSamples(np.stack(list(pool.map(every_block, rankings)), axis=2))
 
 
