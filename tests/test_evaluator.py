@@ -911,23 +911,31 @@ def test_the_score_floor_drops_detections_below_it_from_every_figure_and_the_det
     assert (every["min_score"], metrics["min_score"]) == (0.0, 0.65)
 
 
-def test_an_evaluation_pass_runs_without_the_cyclic_collector_and_turns_it_back_on(
-    loader: DataLoader,
+def test_an_evaluation_passs_metrics_run_without_the_cyclic_collector_and_turn_it_back_on(
+    loader: DataLoader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every detection makes objects, none in a cycle: a full collection would walk them all
-    and everything else the process holds, again and again."""
-    seen: list[bool] = []
+    """Every detection makes objects (pycocotools' dicts, the matches), none in a cycle: a
+    full collection would walk them all and everything else the process holds, again and
+    again. The loop over the loader keeps it (its workers run as long as the loader does)."""
+    seen: dict[str, list[bool]] = {"decode": [], "metrics": []}
 
     class Watching(FakeDetector):
         def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, Any]]:
-            seen.append(gc.isenabled())
+            seen["decode"].append(gc.isenabled())
             return super().decode(outputs, max_detections)
 
+    counting = evaluator_module.precision_recall_f1
+
+    def watching(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen["metrics"].append(gc.isenabled())
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "precision_recall_f1", watching)
     assert gc.isenabled()
     Evaluator(["circle", "square"], label_mode="single", image_size=SIZE).evaluate(
         Watching(), loader, "cpu"
     )
-    assert seen == [False, False]
+    assert seen == {"decode": [True, True], "metrics": [False]}
     assert gc.isenabled()
 
 

@@ -11,7 +11,6 @@ eval.score_threshold names a threshold.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -62,20 +61,11 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from pipeline.evaluation.coco import without_cyclic_gc
-
-    # loading the splits, the passes and the files they write make objects per annotation and
-    # per detection, none in a cycle: full collections would walk them, and all the rest
-    with without_cyclic_gc():
-        return _evaluate(args)
-
-
-def _evaluate(args: argparse.Namespace) -> int:
     from pipeline import device as dev
     from pipeline.data import has_test_split, require_objects
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
-    from pipeline.evaluation.coco import size_bucket_text
+    from pipeline.evaluation.coco import size_bucket_text, without_cyclic_gc
     from pipeline.evaluation.loop import Evaluator
     from pipeline.models import memory_format
     from pipeline.stats import interval_text
@@ -98,14 +88,17 @@ def _evaluate(args: argparse.Namespace) -> int:
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]
-    val = require_objects(
-        _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
-    )
-    test = (
-        _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "test")
-        if has_test_split(config)
-        else None
-    )
+    # the splits' annotations and the files written below make objects per annotation and per
+    # detection, none in a cycle: a full collection would walk them all, and all the rest
+    with without_cyclic_gc():
+        val = require_objects(
+            _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
+        )
+        test = (
+            _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "test")
+            if has_test_split(config)
+            else None
+        )
     model_cfg = config["model"]
     checkpoint.check_compatible(
         state,
@@ -180,11 +173,12 @@ def _evaluate(args: argparse.Namespace) -> int:
         "peak_memory": memory.as_dict(),
         "host_peak_rss_mb": dev.host_peak_rss_mb(),
     }
-    if args.predictions:
-        # compact: indented, every image's detections would make the file several times larger
-        predictions = _predictions(loader.dataset, detections, class_names)
-        atomic.write_json(args.predictions, predictions, indent=None)
-    atomic.write_json(args.out, result)
+    with without_cyclic_gc():
+        if args.predictions:
+            # compact: indented, every image's detections would make the file several times larger
+            predictions = _predictions(loader.dataset, detections, class_names)
+            atomic.write_json(args.predictions, predictions, indent=None)
+        atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f (%s); at validation's "
         "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s; %s protocol), AP %.3f (%s; COCO); "

@@ -136,7 +136,6 @@ class Evaluator:
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    @without_cyclic_gc()
     def evaluate(
         self,
         model: torch.nn.Module,
@@ -204,6 +203,7 @@ class Evaluator:
         )
         return metrics, dets
 
+    @without_cyclic_gc()  # an object or several per detection, none in a cycle
     def _metrics(
         self,
         gts: list[dict[str, Any]],
