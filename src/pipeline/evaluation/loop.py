@@ -68,9 +68,10 @@ def _clip(boxes: np.ndarray, region: Any) -> np.ndarray:
 def _at_least(found: dict[str, Any], min_score: float) -> dict[str, Any]:
     """An image's detections without those scoring below `min_score` (eval.min_score).
 
-    A detector's top 100 per image are mostly near-zero scores: they move no AP figure to
-    speak of (each adds precision only at recalls already reached, or none), yet matching,
-    pycocotools, the intervals and the predictions file would each pay for every one."""
+    A detector's top 100 per image are mostly near-zero scores, nearly all false positives
+    ranked after its last true positive, where they change no AP figure (the rare true
+    positive adds a sliver of recall at a precision near nothing); yet matching, pycocotools,
+    the intervals and the predictions file would each pay for every one."""
     if min_score <= 0.0:
         return found
     keep = found["scores"] >= min_score
