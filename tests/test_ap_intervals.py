@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from pipeline.evaluation import intervals
 from pipeline.evaluation.coco import coco_ap
@@ -177,8 +178,9 @@ def test_every_resamples_all_point_ap_is_the_voc_devkits_on_the_reweighed_matche
         assert found == pytest.approx(expected, abs=1e-12, nan_ok=True)
 
 
-def test_intervals_on_several_threads_are_those_on_one() -> None:
-    """The classes' intervals computed side by side give every interval bit for bit."""
+def test_intervals_on_several_threads_are_those_on_one(monkeypatch) -> None:
+    """Blocks of resamples computed side by side give every interval bit for bit."""
+    monkeypatch.setattr(intervals, "_RESAMPLE_BLOCK", 1)  # ten blocks of the fewest resamples
     gts, dets = interval_scene(90, seed=8)
     one, two = (
         coco_ap(gts, dets, len(CLASSES), (128, 128), CLASSES, 0.5, True, threads=threads)
@@ -186,3 +188,26 @@ def test_intervals_on_several_threads_are_those_on_one() -> None:
     )
     assert intervals_of(one) == intervals_of(two)
     assert sum(value is not None for value in intervals_of(one).values()) >= 18
+
+
+def test_blocks_computed_side_by_side_share_the_cpus_with_blas_and_give_them_back(
+    monkeypatch,
+) -> None:
+    """Two workers on two threads: BLAS (the sums' matrix products) runs one thread in each,
+    not two more apiece (ten times slower where other work shares the machine), and its own
+    setting is back afterwards."""
+    rankings = captured_rankings(monkeypatch, 60)
+    seen: list[int] = []
+    ranked_ap = intervals.ranked_ap
+
+    def watching(*args: Any, **kwargs: Any) -> np.ndarray:
+        seen.extend(pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas")
+        return ranked_ap(*args, **kwargs)
+
+    monkeypatch.setattr(intervals, "ranked_ap", watching)
+    monkeypatch.setattr(intervals, "_RESAMPLE_BLOCK", 1)  # blocks of the fewest resamples
+    with threadpool_limits(2, user_api="blas"):
+        intervals.resampled_ap(rankings, 60, resamples=400, threads=2)
+        after = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    assert seen and set(seen) == {1}
+    assert after and set(after) == {2}

@@ -434,6 +434,9 @@ def test_an_unknown_key_in_a_config_file_names_the_file(tmp_path: Path) -> None:
         ("data.image_size=0", "data.image_size", "0"),
         ("data.image_size=-64", "data.image_size", "-64"),
         ("eval.batch_size=0", "eval.batch_size", "0"),
+        ("eval.min_score=-0.01", "eval.min_score", "-0.01"),
+        ("eval.min_score=1", "eval.min_score", "1"),
+        ("eval.min_score=1.5", "eval.min_score", "1.5"),
         ("train.lr=0", "train.lr", "0"),
         ("model.name=yolo", "model.name", "'yolo'"),
         ("train.optimizer=lamb", "train.optimizer", "'lamb'"),
@@ -461,6 +464,20 @@ def test_min_objects_above_max_objects_is_named_with_both_values() -> None:
     message = str(caught.value)
     assert "data.synthetic.min_objects = 5" in message
     assert "max_objects = 2" in message
+
+
+def test_a_score_threshold_below_the_score_floor_is_refused_naming_both() -> None:
+    """Detections under eval.min_score are gone before anything counts them: a lower
+    threshold would silently count as the floor."""
+    with pytest.raises(
+        ConfigError, match=r"eval.score_threshold = 0.005 and eval.min_score = 0.01"
+    ):
+        load_config(None, ["eval.score_threshold=0.005"])
+    assert load_config(None, ["eval.score_threshold=0.005", "eval.min_score=0"])["eval"] == {
+        **load_config(None)["eval"],
+        "score_threshold": 0.005,
+        "min_score": 0,
+    }
 
 
 def test_object_sizes_out_of_order_or_larger_than_the_image_are_rejected() -> None:
@@ -513,6 +530,7 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
         "score_threshold": None,
         "iou_threshold": 0.5,
         "max_detections": 100,
+        "min_score": 0.01,
         "protocol": "auto",
     }
     test_keys = {"test_split", "test_annotations", "test_images_dir"}  # evaluation's alone

@@ -36,6 +36,7 @@ from pipeline.data.dataset import (
     augment_sample,
     collate,
     default_num_workers,
+    fit_to_input,
     loader_for,
     make_loader,
     read_image,
@@ -1507,3 +1508,14 @@ def test_the_training_loader_draws_the_same_augmented_batches_as_it_always_has(
         loader.sampler.set_epoch(epoch)
         batches.extend(loader)
     assert _batches_digest(batches, pixels) == expected
+
+
+def test_an_image_already_at_input_size_is_handed_on_as_decoded_with_its_boxes() -> None:
+    """Nothing to resize or pad: the decoded tensor itself, and the boxes as float32 [N, 4],
+    without torchvision's wrappers (their cost per image is most of a small image's)."""
+    image = torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8)
+    fitted, boxes = fit_to_input(image, np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64), 32)
+    assert fitted is image
+    assert boxes.dtype == torch.float32 and boxes.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    smaller, moved = fit_to_input(image, np.array([[0, 0, 32, 16]], np.float32), 16)
+    assert smaller.shape == (3, 16, 16) and moved.tolist() == [[0.0, 0.0, 16.0, 8.0]]

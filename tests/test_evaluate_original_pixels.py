@@ -19,6 +19,7 @@ from PIL import Image
 from tiny_runs import global_torch_state, one_cpu_thread, pipeline_logger_restored, tiny_config
 
 from pipeline import cli
+from pipeline.commands import evaluate as evaluate_command
 from pipeline.data import load_split
 from pipeline.data.dataset import DetectionDataset
 from pipeline.engine import checkpoint
@@ -184,3 +185,53 @@ def test_evaluate_on_non_square_images_gives_pycocotools_ap_in_the_images_own_pi
     assert ap50 > 0.5  # the objects were found: a figure that could differ
     assert metrics["ap50"] == pytest.approx(ap50, abs=1e-4)
     assert metrics["ap"] == pytest.approx(ap, abs=1e-4)
+
+
+def test_evaluate_drops_detections_below_the_score_floor_from_its_figures_and_predictions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval.min_score applies where `evaluate` decodes: the predictions file holds no detection
+    below it, and the figures are pycocotools' on exactly the detections the file holds."""
+    root = write_coco(tmp_path / "coco")
+    config = tiny_config(root, "data.format=coco", "train.epochs=1")
+    Trainer(config, tmp_path / "run").fit()
+    model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
+    monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
+    written = {}
+    for floor in (0.0, 0.5):
+        out, predictions = tmp_path / f"eval-{floor}.json", tmp_path / f"predictions-{floor}.json"
+        assert cli.main([*argv, "--out", str(out), "--predictions", str(predictions),
+                         f"eval.min_score={floor}"]) == 0  # fmt: skip
+        written[floor] = (
+            json.loads(out.read_text())["metrics"],
+            json.loads(predictions.read_text()),
+        )
+    scores = {
+        floor: [s for image in found["images"] for s in image["detections"]["scores"]]
+        for floor, (_, found) in written.items()
+    }
+    assert min(scores[0.0]) < 0.5 <= min(scores[0.5])  # the floor had something to drop
+    assert sorted(scores[0.5]) == sorted(s for s in scores[0.0] if s >= 0.5)
+    metrics, found = written[0.5]
+    assert metrics["min_score"] == 0.5 and metrics["num_detections"] == len(scores[0.5])
+    ap, ap50 = pycocotools_ap(root / "instances_test.json", found)
+    assert metrics["ap50"] == pytest.approx(ap50, abs=1e-4)
+    assert metrics["ap"] == pytest.approx(ap, abs=1e-4)
+
+
+def test_the_predictions_files_numbers_are_each_rounded_as_pythons_round_rounds_them() -> None:
+    """The file rounds every image's numbers at once (numpy): scores to 4 places and boxes to 2
+    must come out as Python's round gives them, image by image, empty images included."""
+    rng = np.random.default_rng(3)
+    scores = [rng.random(n).astype(np.float32) for n in (5, 0, 17, 1)]
+    scores[2][:4] = [0.00005, 0.12345, 0.99995, 0.5]  # float32 near decimal ties
+    boxes = [rng.uniform(0, 640, (len(s), 4)).astype(np.float32) for s in scores]
+    counts = [len(s) for s in scores]
+    assert evaluate_command._rounded_rows(scores, 4, counts) == [
+        [round(v, 4) for v in s.tolist()] for s in scores
+    ]
+    assert evaluate_command._rounded_rows(boxes, 2, counts) == [
+        [[round(v, 2) for v in row] for row in b.astype(np.float64).tolist()] for b in boxes
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -882,6 +883,66 @@ def test_evaluator_synchronizes_the_device_around_each_timed_forward(
     evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
     evaluator.evaluate(Recording(), loader, "cpu")
     assert events == ["sync cpu", "forward", "sync cpu"] * 2
+
+
+def test_the_score_floor_drops_detections_below_it_from_every_figure_and_the_detections(
+    loader: DataLoader,
+) -> None:
+    """eval.min_score: what scores below it is gone as decoded, so neither P/R/F1, AP, the
+    best-F1 sweep nor the detections handed back (the predictions file) see it."""
+    kept_all = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    floored = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE, min_score=0.65)
+    every, every_found = kept_all.evaluate(FakeDetector(), loader, "cpu")
+    metrics, found = floored.evaluate(FakeDetector(), loader, "cpu")
+    # 0.1 (an FP of class 1) and 0.6 (the wrong-class FP) fall below 0.65
+    assert (every["num_detections"], metrics["num_detections"]) == (5, 3)
+    assert [d["scores"].size for d in every_found] == [1, 1, 2, 1]
+    assert [d["scores"].size for d in found] == [1, 1, 1, 0]
+    assert all((d["scores"] >= 0.65).all() for d in found)
+    assert found[2]["boxes"].tolist() == [[0.0, 10.0, 8.0, 30.0]] and found[3]["boxes"].shape == (
+        0,
+        4,
+    )
+    # the wrong-class FP at 0.6 counted at threshold 0.3 before; now it is gone
+    assert (every["micro"]["fp"], metrics["micro"]["fp"]) == (1, 0)
+    assert metrics["best_f1_threshold"] >= 0.65
+    # class 1 ranked its 0.1 FP last: below the floor it moved no AP
+    assert metrics["ap50"] == pytest.approx(every["ap50"])
+    assert (every["min_score"], metrics["min_score"]) == (0.0, 0.65)
+
+
+def test_an_evaluation_passs_metrics_run_without_the_cyclic_collector_and_turn_it_back_on(
+    loader: DataLoader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every detection makes objects (pycocotools' dicts, the matches), none in a cycle: a
+    full collection would walk them all and everything else the process holds, again and
+    again. The loop over the loader keeps it (its workers run as long as the loader does)."""
+    seen: dict[str, list[bool]] = {"decode": [], "metrics": []}
+
+    class Watching(FakeDetector):
+        def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, Any]]:
+            seen["decode"].append(gc.isenabled())
+            return super().decode(outputs, max_detections)
+
+    counting = evaluator_module.precision_recall_f1
+
+    def watching(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen["metrics"].append(gc.isenabled())
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "precision_recall_f1", watching)
+    assert gc.isenabled()
+    Evaluator(["circle", "square"], label_mode="single", image_size=SIZE).evaluate(
+        Watching(), loader, "cpu"
+    )
+    assert seen == {"decode": [True, True], "metrics": [False]}
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("floor", [-0.1, 1.0, 1.5])
+def test_evaluator_refuses_a_score_floor_outside_0_to_1(floor: float) -> None:
+    with pytest.raises(ConfigError, match=r"eval\.min_score"):
+        Evaluator(["a"], label_mode="single", image_size=SIZE, min_score=floor)
 
 
 def test_evaluator_refuses_an_unknown_label_mode() -> None:

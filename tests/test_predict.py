@@ -93,7 +93,9 @@ def test_predict_on_a_folder_matches_evaluations_predictions_in_each_images_own_
 ) -> None:
     evaluated = tmp_path / "predictions.json"
     argv = ["evaluate", "--checkpoint", str(trained.paths["best"]), "--data", str(photos)]
-    assert run(*argv, "--out", str(tmp_path / "eval.json"), "--predictions", str(evaluated)) == 0
+    # every detection kept, as predict --score-threshold 0 keeps them
+    out = ["--out", str(tmp_path / "eval.json"), "--predictions", str(evaluated)]
+    assert run(*argv, *out, "eval.min_score=0") == 0
     expected = by_file(json.loads(evaluated.read_text())["images"])
     index = json.loads((predicted / "images.json").read_text())
     detections = json.loads((predicted / "detections.json").read_text())

@@ -236,6 +236,18 @@ def check_relations(config: dict[str, Any], source: str) -> None:
             f"Config keys data.augment.scale_min = {augment['scale_min']} and scale_max = "
             f"{augment['scale_max']} in {source} are not valid: scale_min must not exceed scale_max."
         )
+    evaluation = config["eval"]
+    if (
+        evaluation["score_threshold"] is not None
+        and evaluation["score_threshold"] < evaluation["min_score"]
+    ):
+        raise ConfigError(
+            f"Config keys eval.score_threshold = {evaluation['score_threshold']} and eval.min_score = "
+            f"{evaluation['min_score']} in {source} are not valid: detections scoring below "
+            "eval.min_score are dropped before any figure is counted, so a lower score threshold "
+            "would count the same detections as eval.min_score itself. Lower eval.min_score (0 "
+            "keeps every detection) or raise eval.score_threshold."
+        )
     synthetic = config["data"]["synthetic"]
     if synthetic["min_objects"] > synthetic["max_objects"]:
         raise ConfigError(
@@ -262,7 +274,13 @@ SPEED_SETTINGS = {"data": ("num_workers", "cache", "cache_budget"), "eval": ("ba
 # Top-level keys and whole sections that training's result depends on; of `eval`, the keys
 # that training's validation reads (it picks best.pth by them).
 RESULT_KEYS = ("seed", "deterministic", "precision", "data", "model", "train")
-VALIDATION_EVAL_KEYS = ("score_threshold", "iou_threshold", "max_detections", "protocol")
+VALIDATION_EVAL_KEYS = (
+    "score_threshold",
+    "iou_threshold",
+    "max_detections",
+    "min_score",
+    "protocol",
+)
 # Data keys training never reads: the held-out test split is the evaluation's alone.
 TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
 

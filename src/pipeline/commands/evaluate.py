@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     from pipeline.data import has_test_split, require_objects
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
-    from pipeline.evaluation.coco import size_bucket_text
+    from pipeline.evaluation.coco import size_bucket_text, without_cyclic_gc
     from pipeline.evaluation.loop import Evaluator
     from pipeline.models import memory_format
     from pipeline.stats import interval_text
@@ -88,14 +88,17 @@ def main(argv: list[str]) -> int:
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]
-    val = require_objects(
-        _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
-    )
-    test = (
-        _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "test")
-        if has_test_split(config)
-        else None
-    )
+    # the splits' annotations and the files written below make objects per annotation and per
+    # detection, none in a cycle: a full collection would walk them all, and all the rest
+    with without_cyclic_gc():
+        val = require_objects(
+            _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
+        )
+        test = (
+            _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "test")
+            if has_test_split(config)
+            else None
+        )
     model_cfg = config["model"]
     checkpoint.check_compatible(
         state,
@@ -170,11 +173,12 @@ def main(argv: list[str]) -> int:
         "peak_memory": memory.as_dict(),
         "host_peak_rss_mb": dev.host_peak_rss_mb(),
     }
-    if args.predictions:
-        # compact: indented, every image's detections would make the file several times larger
-        predictions = _predictions(loader.dataset, detections, class_names)
-        atomic.write_json(args.predictions, predictions, indent=None)
-    atomic.write_json(args.out, result)
+    with without_cyclic_gc():
+        if args.predictions:
+            # compact: indented, every image's detections would make the file several times larger
+            predictions = _predictions(loader.dataset, detections, class_names)
+            atomic.write_json(args.predictions, predictions, indent=None)
+        atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f (%s); at validation's "
         "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s; %s protocol), AP %.3f (%s; COCO); "
@@ -233,14 +237,26 @@ def _split_with_the_checkpoints_classes(
 
 
 def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:
-    """Ground truth and detections per image, in the image's own pixels (what a viewer draws)."""
+    """Ground truth and detections per image, in the image's own pixels (what a viewer draws).
+
+    Every image's numbers are rounded and made lists at once: per image, numpy's per-call
+    cost would be most of the work. Scores are float32: times 10**4 exactly in float64, so
+    numpy's rounding to 4 places is Python's round."""
     import numpy as np
 
     by_id = {d["image_id"]: d for d in detections}
-    none_found = {"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0, int)}
+    none_found = {
+        "boxes": np.zeros((0, 4), np.float32),
+        "scores": np.zeros(0, np.float32),
+        "labels": np.zeros(0, np.int64),
+    }
+    found = [by_id.get(record.image_id, none_found) for record in dataset.records]
+    counts = [len(f["scores"]) for f in found]
+    boxes = [dataset.to_original(index, f["boxes"]) for index, f in enumerate(found)]
+    every_box = _rounded_rows(boxes, 2, counts)
+    every_score = _rounded_rows([np.asarray(f["scores"]) for f in found], 4, counts)
     images = []
     for index, record in enumerate(dataset.records):
-        found = by_id.get(record.image_id, none_found)
         images.append(
             {
                 "image_id": record.image_id,
@@ -254,13 +270,20 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
                     "ignore_labels": record.ignore_labels.tolist(),
                 },
                 "detections": {
-                    "boxes": dataset.to_original(index, found["boxes"])
-                    .astype("float64")
-                    .round(2)
-                    .tolist(),
-                    "scores": [round(s, 4) for s in found["scores"].tolist()],
-                    "labels": found["labels"].tolist(),
+                    "boxes": every_box[index],
+                    "scores": every_score[index],
+                    "labels": found[index]["labels"].tolist(),
                 },
             }
         )
     return {"format": PREDICTIONS_FORMAT, "class_names": class_names, "images": images}
+
+
+def _rounded_rows(parts: list, decimals: int, counts: list[int]) -> list[list]:
+    """Each part (an image's rows) in float64 rounded to `decimals`, as lists, made in one go."""
+    import numpy as np
+
+    every = np.concatenate([np.asarray(part, np.float64) for part in parts]).round(decimals)
+    as_list = every.tolist()
+    ends = np.cumsum(counts).tolist()
+    return [as_list[end - count : end] for end, count in zip(ends, counts, strict=True)]

@@ -142,19 +142,17 @@ def fit_to_input(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Resize to a `size` square (keeping the aspect ratio and padding, or stretching), boxes alike."""
     height, width = image.shape[-2:]
+    boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+    if (height, width) == (size, size):  # nothing to do: torchvision's wrappers cost more
+        return image, boxes
     img = tv_tensors.Image(image)
-    bbs = tv_tensors.BoundingBoxes(
-        torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4),
-        format="XYXY",
-        canvas_size=(height, width),
-    )
-    if (height, width) != (size, size):
-        geometry = Geometry.of(height, width, size, mode)
-        img = TF.resize(img, list(geometry.resized), antialias=True)
-        bbs = TF.resize(bbs, list(geometry.resized))
-        if any(geometry.padding(size)):
-            img = TF.pad(img, geometry.padding(size), fill=PAD_VALUE)
-            bbs = TF.pad(bbs, geometry.padding(size))
+    bbs = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width))
+    geometry = Geometry.of(height, width, size, mode)
+    img = TF.resize(img, list(geometry.resized), antialias=True)
+    bbs = TF.resize(bbs, list(geometry.resized))
+    if any(geometry.padding(size)):
+        img = TF.pad(img, geometry.padding(size), fill=PAD_VALUE)
+        bbs = TF.pad(bbs, geometry.padding(size))
     return img.as_subclass(torch.Tensor), bbs.as_subclass(torch.Tensor)
 
 

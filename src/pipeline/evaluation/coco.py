@@ -245,9 +245,11 @@ def _silent(*_: Any) -> None:
 
 
 @contextlib.contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
-    """pycocotools makes a dict per detection and per image, class and area range: the cyclic
-    collector would walk them all again at every full collection, and none forms a cycle."""
+def without_cyclic_gc() -> Iterator[None]:
+    """Evaluation makes an object or several per detection (pycocotools' dicts, a predictions
+    file's lists), none of them in a cycle: the cyclic collector would walk them all, and
+    every object the process holds, again at every full collection. Nested, the outermost
+    one turns it back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -257,7 +259,7 @@ def _without_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-@_without_cyclic_gc()
+@without_cyclic_gc()
 def coco_ap(
     gts: Iterable[Record],
     dets: Iterable[Record],

@@ -41,7 +41,7 @@ class _Flat:
     detections: np.ndarray  # int64 [E]: each entry's detections
     objects: np.ndarray  # int64 [E]: each entry's objects that count (not ignored there)
     scores: np.ndarray  # float64 [N]: every entry's detections, in its ranking order
-    matches: np.ndarray  # [T, N]: matched object id per IoU threshold (0: none)
+    matched: np.ndarray  # bool [T, N]: matched to an object (ignored or not) per IoU threshold
     ignored: np.ndarray  # bool [T, N]
 
 
@@ -63,21 +63,23 @@ def _flat_results(evaluation: Any) -> _Flat:
             _per_entry(~gt_ignored, objects),
             _concatenated([np.asarray(e["dtScores"], dtype=np.float64) for e in kept], np.float64),
             _columns(
-                [np.asarray(e["dtMatches"]).reshape(thresholds, -1) for e in kept], thresholds
-            ),
+                [np.asarray(e["dtMatches"]).reshape(thresholds, -1) > 0 for e in kept], thresholds
+            ).astype(bool),
             _columns(
                 [np.asarray(e["dtIgnore"], dtype=bool).reshape(thresholds, -1) for e in kept],
                 thresholds,
             ).astype(bool),
         )
-    states = [entry.__getstate__() for entry in evaluation._evalImgs_cpp]
-    detections = np.fromiter((len(state[2]) for state in states), np.int64, len(states))
-    objects = np.fromiter((len(state[3]) for state in states), np.int64, len(states))
+    # each field of every entry side by side: a list of lists per field, read end to end
+    fields = list(zip(*(entry.__getstate__() for entry in evaluation._evalImgs_cpp), strict=True))
+    if not fields:
+        fields = [()] * 6
+    detections = np.fromiter(map(len, fields[2]), np.int64, len(fields[2]))
+    objects = np.fromiter(map(len, fields[3]), np.int64, len(fields[3]))
     every = int(detections.sum())
 
     def read(field: int, dtype: type, count: int) -> np.ndarray:
-        values = itertools.chain.from_iterable(state[field] for state in states)
-        return np.fromiter(values, dtype, count)
+        return np.fromiter(itertools.chain.from_iterable(fields[field]), dtype, count)
 
     gt_ignored = read(3, bool, int(objects.sum()))
     # each entry's [T, D] rows, flattened one after another, read as [T, N] columns
@@ -89,7 +91,7 @@ def _flat_results(evaluation: Any) -> _Flat:
         detections,
         _per_entry(~gt_ignored, objects),
         read(2, np.float64, every),
-        read(0, np.float64, thresholds * every)[where],
+        read(0, bool, thresholds * every)[where],  # matched object ids, 0 for none
         read(4, bool, thresholds * every)[where],
     )
 
@@ -122,7 +124,7 @@ def walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) ->
     flat = _flat_results(evaluation)
     entry = np.repeat(np.arange(flat.detections.size), flat.detections)  # [N]
     place = entry % (areas * images)  # area * images + image
-    hit = (flat.matches[at_50] > 0) & ~flat.ignored[at_50] & (flat.scores >= score_threshold)
+    hit = flat.matched[at_50] & ~flat.ignored[at_50] & (flat.scores >= score_threshold)
     found = np.bincount(place[hit], minlength=areas * images).reshape(areas, images)
     objects = flat.objects.reshape(classes, areas, images)
     ranked: list[ClassRanking] = []
@@ -136,9 +138,7 @@ def walk(evaluation: Any, at_50: int, score_threshold: float, rankings: bool) ->
             scores = flat.scores[blocks[0]]
             order = np.argsort(-scores, kind="mergesort")  # as accumulate sorts
             counted = ~np.stack([flat.ignored[:, block] for block in blocks])[:, :, order]
-            is_tp = (np.stack([flat.matches[:, block] for block in blocks])[:, :, order] > 0) & (
-                counted
-            )
+            is_tp = np.stack([flat.matched[:, block] for block in blocks])[:, :, order] & counted
             end = int(np.flatnonzero(is_tp.any(axis=(0, 1)))[-1]) + 1 if is_tp.any() else 0
             image_index = (entry[blocks[0]] % images)[order]
             ranked.append(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from pipeline.evaluation.weighted_sums import SumsAt, Weights
 from pipeline.stats import (
@@ -338,19 +339,28 @@ def resampled_ap(
 ) -> APSamples:
     """Every class's AP in every area range at every IoU for each resample of the images: the
     same resamples (`stats.bootstrap_weights`, seeded) as the F1 intervals draw. `threads`:
-    classes computed side by side (numpy lets go of the GIL in its loops), the same figures."""
+    a class's blocks of resamples computed side by side (numpy lets go of the GIL in its
+    loops), the same figures; class by class, so that one class's plan (as large as its
+    detections) lives at a time, and a set of one class or of one large and many small keeps
+    every thread busy."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     width = max(images, *(ranking.true_positives for ranking in rankings))
     blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
-
-    def every_block(ranking: ClassRanking) -> np.ndarray:
-        """[A, T, R]; the plan (as large as a class's detections) lives while its class is read."""
-        plan = _plan(ranking, images)
-        return np.concatenate([ranked_ap(ranking, block, plan=plan) for block in blocks], axis=2)
-
-    with ThreadPoolExecutor(max(1, min(threads, len(rankings)))) as pool:
-        return APSamples(np.stack(list(pool.map(every_block, rankings)), axis=2))
+    workers = max(1, min(threads, len(blocks)))
+    by_class = []
+    # BLAS (the sums' matrix products) would start threads of its own in every worker: more
+    # threads than CPUs, each product waiting on a thread another one's core is running (ten
+    # times slower where other work shares the machine); the workers share the CPUs out
+    with (
+        threadpool_limits(max(1, threads // workers), user_api="blas"),
+        ThreadPoolExecutor(workers) as pool,
+    ):
+        for ranking in rankings:
+            plan = _plan(ranking, images)
+            found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
+            by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
+    return APSamples(np.stack(by_class, axis=2))
 
 
 def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:

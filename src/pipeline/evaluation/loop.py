@@ -12,7 +12,7 @@ import torch
 
 from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError
-from pipeline.evaluation.coco import coco_ap
+from pipeline.evaluation.coco import coco_ap, without_cyclic_gc
 from pipeline.evaluation.image_level import image_level_f1
 from pipeline.evaluation.matching import (
     FIGURE_PROTOCOLS,
@@ -65,6 +65,21 @@ def _clip(boxes: np.ndarray, region: Any) -> np.ndarray:
     return np.clip(boxes, low, high)
 
 
+def _at_least(found: dict[str, Any], min_score: float) -> dict[str, Any]:
+    """An image's detections without those scoring below `min_score` (eval.min_score).
+
+    A detector's top 100 per image are mostly near-zero scores, nearly all false positives
+    ranked after its last true positive, where they change no AP figure (the rare true
+    positive adds a sliver of recall at a precision near nothing); yet matching, pycocotools,
+    the intervals and the predictions file would each pay for every one."""
+    if min_score <= 0.0:
+        return found
+    keep = found["scores"] >= min_score
+    if keep.all():
+        return found
+    return {key: value[keep] if key != "image_id" else value for key, value in found.items()}
+
+
 class Evaluator:
     """Runs a model over a loader and turns its detections into the metrics every stage reports."""
 
@@ -79,6 +94,7 @@ class Evaluator:
         max_detections: int = 100,
         image_threshold: float = 0.5,
         protocol: str = "coco",
+        min_score: float = 0.0,
     ) -> None:
         if label_mode not in LABEL_MODES:
             raise ConfigError(
@@ -88,6 +104,8 @@ class Evaluator:
             raise ConfigError(f"eval.protocol={protocol!r} is not one of {PROTOCOLS}.")
         if not class_names:
             raise ConfigError("The evaluator needs at least one class name.")
+        if not 0.0 <= min_score < 1.0:
+            raise ConfigError(f"eval.min_score={min_score!r} must be at least 0 and below 1.")
         self.class_names = list(class_names)
         self.label_mode = label_mode
         self.image_size = int(image_size)
@@ -97,6 +115,8 @@ class Evaluator:
         self.max_detections = int(max_detections)
         self.image_threshold = float(image_threshold)
         self.protocol = protocol
+        # detections scoring below it are dropped as decoded: no metric, no file sees them
+        self.min_score = float(min_score)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
@@ -110,6 +130,7 @@ class Evaluator:
             iou_threshold=settings["iou_threshold"],
             max_detections=settings["max_detections"],
             protocol=resolve_protocol(settings["protocol"], config["data"]["format"]),
+            min_score=settings["min_score"],
         )
 
     @property
@@ -164,7 +185,10 @@ class Evaluator:
                         )
                     for prediction, target in zip(decoded, targets, strict=True):
                         image_id = int(target["image_id"])
-                        found = _record(image_id, prediction, ("boxes", "scores", "labels"))
+                        found = _at_least(
+                            _record(image_id, prediction, ("boxes", "scores", "labels")),
+                            self.min_score,
+                        )
                         if "region" in target:
                             found["boxes"] = _clip(found["boxes"], target["region"])
                         dets.append(found)
@@ -180,6 +204,7 @@ class Evaluator:
         )
         return metrics, dets
 
+    @without_cyclic_gc()  # an object or several per detection, none in a cycle
     def _metrics(
         self,
         gts: list[dict[str, Any]],
@@ -286,6 +311,7 @@ class Evaluator:
             "num_ignored_detections": counts["num_ignored_detections"],
             "per_image": counts["per_image"],
             "score_threshold": counts["score_threshold"],
+            "min_score": self.min_score,
             "iou_threshold": self.iou_threshold,
             "protocol": self.protocol,
             "figure_protocols": FIGURE_PROTOCOLS[self.protocol],
