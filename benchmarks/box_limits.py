@@ -223,8 +223,7 @@ def decode_times(model, outputs, max_detections: int, rounds: int) -> dict[int, 
         for window in WINDOWS
     }
     cpu = torch.device("cpu")
-    harness.warm_up(sides, cpu, 2)
-    blocks = harness.alternate(sides, cpu, rounds=rounds, block=3)
+    blocks, _ = harness.measure(sides, cpu, warmup=2, rounds=rounds, block=3)
     return {int(name): harness.median_s(harness.counted(blocks, name)) / images for name in sides}
 
 

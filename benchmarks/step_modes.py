@@ -25,6 +25,7 @@ import harness
 from pipeline import bench, timing
 from pipeline.bench_record import settings_from_config
 from pipeline.config import load_config
+from pipeline.data import class_count
 
 NAME = "step_modes"
 
@@ -53,7 +54,7 @@ def time_instances(args) -> list[dict[str, Any]]:
     """In this process: --models fresh instances timed one after another, as the bench does."""
     device = harness.setup_torch(args)
     config = load_config(None, [f"device={device}", f"seed={args.seed}", *args.settings])
-    settings = settings_from_config(config, len(config["data"]["synthetic"]["classes"]))
+    settings = settings_from_config(config, class_count(config))  # as the bench command
     model = config["model"]["name"]
     instances = []
     for _ in range(args.models):
