@@ -27,7 +27,6 @@ Target: everything else at most as long as the forward pass.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +36,6 @@ import harness
 import numpy as np
 import torch
 
-from pipeline import cli as pipeline_cli
 from pipeline import timing
 from pipeline.config import load_config
 from pipeline.data import load_split
@@ -243,11 +241,7 @@ def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
         ]  # fmt: skip
         for _run in range(2):  # the first pays the imports: report_time's evaluate stage has them
             conditions = timing.RunConditions()
-            start = time.perf_counter()
-            if pipeline_cli.main(argv) != 0:
-                raise SystemExit(f"python -m pipeline {' '.join(argv)} failed")
-            total_s = time.perf_counter() - start
-        result = json.loads(out.read_text())
+            result, total_s = harness.evaluate_in_process(argv, out)
     passes = [result["metrics"], *([result["val_metrics"]] if result["val_metrics"] else [])]
     forward_s = sum(metrics["timing"]["model_s"] for metrics in passes)
     return {

@@ -9,11 +9,13 @@ the command (`write_record`), which the tables in docs/ are generated from.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from pipeline import atomic, formats, stats, timing
+from pipeline import cli as pipeline_cli
 from pipeline import device as dev
 from pipeline.environment import cpu_model, machine, machine_id
 from pipeline.errors import PipelineError
@@ -290,6 +293,16 @@ def run_logged(command: list[str], log: Path) -> None:
         raise PipelineError(
             f"{' '.join(command)} exited {done.returncode}; the end of its output ({log}):\n{tail}"
         )
+
+
+def evaluate_in_process(argv: list[str], out: Path) -> tuple[dict[str, Any], float]:
+    """`python -m pipeline ARGV` (an `evaluate` writing its eval JSON to `out`) in this process:
+    that JSON and the command's wall seconds."""
+    start = time.perf_counter()
+    if pipeline_cli.main(argv) != 0:
+        raise SystemExit(f"python -m pipeline {' '.join(argv)} failed")
+    seconds = time.perf_counter() - start
+    return json.loads(out.read_text(encoding="utf-8")), seconds
 
 
 def run(main: Callable[[list[str]], int]) -> None:

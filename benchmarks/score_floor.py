@@ -13,15 +13,12 @@ kept too (the first evaluation of all is run once untimed: it pays the imports).
 
 from __future__ import annotations
 
-import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import harness
 
-from pipeline import cli as pipeline_cli
 from pipeline import timing
 from pipeline.config import load_config
 
@@ -78,11 +75,7 @@ def evaluate(given: str, floor: float, threads: str, scratch: Path) -> dict[str,
         *(["--data", data] if data else []), "--predictions", str(scratch / "predictions.json"),
         f"eval.min_score={floor}",
     ]  # fmt: skip
-    start = time.perf_counter()
-    if pipeline_cli.main(argv) != 0:
-        raise SystemExit(f"python -m pipeline {' '.join(argv)} failed")
-    seconds = time.perf_counter() - start
-    result = json.loads(out.read_text())
+    result, seconds = harness.evaluate_in_process(argv, out)
     metrics, point = result["metrics"], result["operating_point"]
     val = result["val_metrics"] or metrics
     return {
