@@ -11,8 +11,8 @@ times, so the run times what the rule times). The training records of fp32 and t
 - every record's drift check (median of the second half of its timed steps over the
   first half's): target within 5% wherever a record has the 4 or more steps it needs;
 - the candidate's speed-up over fp32 with its interval, as the report and
-  `precision: measured` state it (paired by rounds, `stats.speedup_between`): target, the
-  two runs' intervals overlap;
+  `precision: measured` state it (paired by rounds, over the bench's model instances,
+  `stats.speedup_between`): target, the two runs' intervals overlap;
 - the fp32 medians of the two runs: target larger / smaller <= 1.10.
 """
 
@@ -132,8 +132,9 @@ def main(argv: list[str]) -> int:
     )
     for number, run in enumerate(runs, start=1):
         speed = run["speedup"]
-        rounds = speed["paired_rounds"]
+        rounds, instances = speed["paired_rounds"], speed.get("paired_instances") or 1
         paired = f"paired over {rounds} interleaved rounds" if rounds else "unpaired"
+        paired += f" of {instances} model instance pairs" if rounds and instances > 1 else ""
         print(f"run {number} {args.candidate} vs fp32: {speed['text']}, {paired}")
     worst_drift = max(drifts, default=0.0)
     drift_ok, line = harness.verdict("worst |drift - 1| of the records", worst_drift, 0.05)
@@ -208,6 +209,7 @@ def main(argv: list[str]) -> int:
         # the bench command as the workflow runs it, without this run's temporary --out
         "bench_command": shlex.join(["python", *runs[0]["records"]["fp32"]["command"][1:-2]]),
         "paired_rounds": [run["speedup"]["paired_rounds"] for run in runs],
+        "paired_instances": [run["speedup"].get("paired_instances") for run in runs],
     }
     harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
     record = {

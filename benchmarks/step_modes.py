@@ -55,6 +55,7 @@ def time_instances(args) -> list[dict[str, Any]]:
     device = harness.setup_torch(args)
     config = load_config(None, [f"device={device}", f"seed={args.seed}", *args.settings])
     settings = settings_from_config(config, class_count(config))  # as the bench command
+    settings["instances"] = 1  # one model per bench call: the instances are this loop's
     model = config["model"]["name"]
     instances = []
     for _ in range(args.models):

@@ -199,7 +199,8 @@ def main(argv: list[str]) -> int:
     figures = [
         harness.figure(
             "bench.speedup",
-            f"bench: {candidate} speed-up over fp32 (paired over {benched.paired_rounds} rounds)",
+            f"bench: {candidate} speed-up over fp32 (paired over {benched.paired_rounds} rounds"
+            f"{benched.over_instances})",
             benched.ratio,
             "speed-up",
             interval=(benched.low, benched.high),

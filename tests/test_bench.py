@@ -590,14 +590,14 @@ def test_a_combination_the_backend_cannot_run_still_gets_its_record_beside_the_o
 
 
 def fake_steps(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float]) -> None:
-    """Replace the timed step by one that takes `ms[precision]` on the fake clock, +-2%."""
+    """Replace the timed step by one that takes `ms[precision]` on the fake clock, +-2% (one
+    jitter sequence per precision, whichever of its model instances steps)."""
     jitter = (1.0, 1.02, 0.99, 1.01, 0.98)
+    calls = {precision: iter(range(10**6)) for precision in ms}
 
     def fake_step(model, images, targets, device, precision, mode, settings, layout):
-        calls = iter(range(10**6))
-
         def step() -> None:
-            clock.now += ms[precision] / 1000 * jitter[next(calls) % len(jitter)]
+            clock.now += ms[precision] / 1000 * jitter[next(calls[precision]) % len(jitter)]
 
         return step
 
@@ -626,11 +626,14 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert slow["stopped_early"].endswith("so it cannot be the faster precision")
     assert slow["warmup_steps"] == 5 and slow["warmup_settled"] is False
     assert "more than settling gains" in slow["warmup_ended_early"]
+    # ... and no second model instance: its first one's steps already stop it
+    assert slow["instances_timed"] == 1 and set(slow["instances"]) == {0}
     # the precision that wins, and fp32 itself, are timed in full after a settled warm-up
     for precision in ("fp32", "bf16"):
         timed = by_precision[precision]["timing"]
         assert timed["count"] == 30 and timed["warmup_settled"] is True
         assert timed["stopped_early"] is None and timed["warmup_ended_early"] is None
+        assert timed["instances_timed"] == settings["instances"]
     # the choice reads the same verdict from the records: bf16, with fp16 slower
     choice = measured.choose_precision(
         [(record, "bench.json") for record in records], "cpu", "tiny_conv", {}
@@ -687,6 +690,104 @@ def test_a_machine_that_slows_mid_run_leaves_the_speed_up_interval_around_the_tr
     assert speed["low"] <= 1.5 <= speed["high"], speed["text"]
     assert speed["paired_rounds"] == 30 // bench.BLOCK_STEPS
     assert choice.precision == "bf16"
+
+
+def instance_steps(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float], modes: list[float]
+) -> list[tuple[str, int]]:
+    """Steps of `ms[precision]` times the speed mode of the model instance they step
+    (`modes[k]` for the k-th model built of a precision), +-2%; returns (precision, seed)
+    of every model built, in order."""
+    built: list[tuple[str, int]] = []
+    count: dict[str, int] = {}
+
+    def fake_step(model, images, targets, device, precision, mode, settings, layout):
+        built.append((precision, torch.initial_seed()))
+        mode_factor = modes[count.setdefault(precision, 0)]
+        count[precision] += 1
+        jitter = np.random.default_rng(len(built))
+
+        def step() -> None:
+            clock.now += ms[precision] / 1000 * mode_factor * (1 + 0.02 * jitter.standard_normal())
+
+        return step
+
+    monkeypatch.setattr(bench, "_step", fake_step)
+    return built
+
+
+def test_each_precision_is_timed_on_fresh_instances_seeded_alike_and_paired_by_instance(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, validator
+) -> None:
+    """Three instances per precision, each in a speed mode of its own (the same modes for
+    both precisions, so the true speed-up is 1.5 whatever the instance): instance k of fp32
+    and of bf16 are built from seed k, time the same rounds, and the interval is over their
+    pairs; only the first instances' warm-ups measure memory."""
+    built = instance_steps(monkeypatch, clock, {"fp32": 50.0, "bf16": 50.0 / 1.5}, [1.0, 1.25, 0.9])
+    acceptable = {"acceptable": True, "problem": None}
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: acceptable)
+    measured_peaks: list[float] = []
+
+    class Spy(PeakMemory):
+        def __init__(self, device, reader=None, exclude_mb: float = 0.0) -> None:
+            super().__init__(device, reader, exclude_mb)
+            measured_peaks.append(exclude_mb)
+
+    monkeypatch.setattr(dev, "PeakMemory", Spy)
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0, instances=3)
+    settings["warmup_budget_s"] = 1000.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "bf16"], ["train"], ["tiny_conv"], settings
+    )
+    # every precision's first instance before any second one; instance k from seed k
+    assert built == [(p, k) for k in range(3) for p in ("fp32", "bf16")]
+    assert len(measured_peaks) == 2
+    for record in records:
+        faked = {"numerics": None}  # the faked numerics are no part of this test
+        assert_valid(validator, {"format": record["format"], "records": [{**record, **faked}]})
+        timed = record["timing"]
+        assert record["settings"]["instances"] == 3 and timed["instances_timed"] == 3
+        assert len(timed["instances"]) == len(timed["samples_ms"]) == 30
+        # an ABBA pair of rounds per instance, in turn
+        assert timed["instances"] == [timing.instance_of_round(r, 3) for r in timed["rounds"]]
+        assert timed["warmup_steps"] >= 3 * 10  # each instance warmed up until it settled
+    fp32, bf16 = (r["timing"] for r in records)
+    assert fp32["rounds"] == bf16["rounds"] and fp32["instances"] == bf16["instances"]
+    speed = stats.speedup_between(fp32, bf16)
+    assert speed.paired_instances == 3 and speed.paired_rounds == 15
+    assert speed.low <= 1.5 <= speed.high and "over 3 model instances" in speed.text
+    choice = measured.choose_precision(
+        [(record, "bench.json") for record in records], "cpu", "tiny_conv", {}
+    )
+    assert choice.precision == "bf16" and "over 3 model instances" in choice.reason
+
+
+def test_one_instance_times_every_round_on_one_model_and_pairs_over_rounds_as_before(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    built = instance_steps(monkeypatch, clock, {"fp32": 50.0, "bf16": 40.0}, [1.0, 1.3])
+    settings = plan(numerics_steps=0, warmup_steps=1, steps=20, time_budget_s=1000.0, instances=1)
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "bf16"], ["infer"], ["tiny_conv"], settings
+    )
+    assert built == [("fp32", 0), ("bf16", 0)]
+    fp32, bf16 = (r["timing"] for r in records)
+    assert fp32["instances"] == [0] * 20 and bf16["instances_timed"] == 1
+    speed = stats.speedup_between(fp32, bf16)
+    before = stats.speedup(
+        [v / 1000 for v in fp32["samples_ms"]],
+        [v / 1000 for v in bf16["samples_ms"]],
+        rounds=(fp32["rounds"], bf16["rounds"]),
+    )
+    assert speed == before and speed.paired_instances == 1
+
+
+def test_no_more_instances_are_built_than_the_timed_steps_reach() -> None:
+    """Each instance times an ABBA pair of rounds of BLOCK_STEPS steps: 30 steps reach 8."""
+    assert bench.instances_to_build({"instances": 3, "steps": 30}) == 3
+    assert bench.instances_to_build({"instances": 20, "steps": 30}) == 8
+    assert bench.instances_to_build({"instances": 3, "steps": 3}) == 1
+    assert bench.instances_to_build({"instances": 1, "steps": 1}) == 1
 
 
 def _timed(ms: list[float], rounds: list[int]) -> timing.Timed:
@@ -749,6 +850,28 @@ def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> 
         # over every two rounds each name sits as often early as late: its mean place is the middle
         places = [ran.index(name, 6 * r) // 2 - 3 * r for r in range(4)]
         assert sum(places) / len(places) == pytest.approx(1.0)
+
+
+def test_model_instances_take_turns_by_abba_pairs_of_rounds(clock: FakeClock) -> None:
+    ran: list[str] = []
+
+    def step_of(name: str):
+        def step() -> None:
+            ran.append(name)
+            clock.now += 0.01
+
+        return step
+
+    timed = timing.interleaved_runs(
+        {"A": [step_of("A0"), step_of("A1")], "B": [step_of("B0"), step_of("B1")]},
+        "cpu",
+        block_steps=1,
+        max_steps=6,
+        budget_s=100.0,
+    )
+    assert " ".join(ran) == "A0 B0 B0 A0 A1 B1 B1 A1 A0 B0 B0 A0"
+    assert timed["A"].instances == timed["B"].instances == [0, 0, 1, 1, 0, 0]
+    assert timed["A"].rounds == list(range(6))
 
 
 def test_a_step_that_spent_its_budget_leaves_the_schedule_and_the_others_go_on(

@@ -450,6 +450,8 @@ def test_an_unknown_key_in_a_config_file_names_the_file(tmp_path: Path) -> None:
         ("device=CUDA", "device", "'CUDA'"),
         ("device=mps:0:1", "device", "'mps:0:1'"),
         ("bench.backends=[tpu]", "bench.backends", "['tpu']"),
+        ("bench.instances=0", "bench.instances", "0"),
+        ("bench.instances=1.5", "bench.instances", "1.5"),
     ],
 )
 def test_an_invalid_value_is_named_with_its_key(item: str, key: str, value: str) -> None:

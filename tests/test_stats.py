@@ -255,6 +255,104 @@ def test_on_a_wandering_machine_the_paired_interval_covers_the_true_ratio_as_oft
     assert sequential_hits / runs <= 0.6
 
 
+def _instance_schedule(
+    fp32_modes: np.ndarray, bf16_modes: np.ndarray, rounds: int, rng: np.random.Generator
+) -> tuple[list[float], list[float], list[int], list[int]]:
+    """An interleaved schedule of `rounds` rounds (blocks of 2 steps) over model instances
+    that each keep their own speed mode (median step in s): round r times instance pair
+    `timing.instance_of_round`, as the bench does; steps vary 3% around their instance's."""
+    ref, cand, rounds_of, instances = [], [], [], []
+    for r in range(rounds):
+        k = (r // 2) % len(fp32_modes)
+        ref += list(fp32_modes[k] * np.exp(rng.normal(0, 0.03, 2)))
+        cand += list(bf16_modes[k] * np.exp(rng.normal(0, 0.03, 2)))
+        rounds_of += [r, r]
+        instances += [k, k]
+    return ref, cand, rounds_of, instances
+
+
+def test_over_instances_in_their_own_speed_modes_the_interval_covers_the_true_ratio() -> None:
+    """150 simulated benches: every freshly built model lands in a speed mode of its own
+    (instance medians spread 15% around 50 ms for fp32 and 50/1.4 ms for bf16; steps 3%
+    around their instance's), so the true speed-up, 1.4, is the ratio of typical instances.
+    Timed on one instance per precision, the interval over rounds says only how fast that
+    pair ran, and rarely holds 1.4; timed on six instance pairs and resampled over pairs and
+    then rounds, it holds 1.4 nearly as often as it says (a percentile interval over a few
+    clusters runs a little narrow). Three pairs already hold it far more often than one,
+    though well below 95%: no interval over three instances can hold a median much more
+    often than their range does (75%)."""
+    rng = np.random.default_rng(7)
+    runs, true = 150, 1.4
+    hits = {1: 0, 3: 0, 6: 0}
+    for trial in range(runs):
+        fp32_modes = 0.050 * np.exp(rng.normal(0, 0.15, 6))
+        bf16_modes = 0.050 / true * np.exp(rng.normal(0, 0.15, 6))
+        for count in hits:
+            ref, cand, rounds, instances = _instance_schedule(
+                fp32_modes[:count], bf16_modes[:count], 15, rng
+            )
+            speed = stats.speedup(
+                ref,
+                cand,
+                rounds=(rounds, rounds),
+                instances=(instances, instances),
+                resamples=400,
+                seed=trial,
+            )
+            assert speed.paired_instances == count and speed.paired_rounds == 15
+            hits[count] += speed.low <= true <= speed.high
+    assert hits[1] / runs <= 0.3
+    assert hits[6] / runs >= 0.82
+    assert hits[3] / runs >= 0.6
+
+
+def test_one_instance_pair_gives_the_interval_over_rounds_draw_for_draw() -> None:
+    machine = [1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 1.4, 0.8, 1.2, 1.0]
+    ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 10, machine)
+    rounds = (ref_rounds, cand_rounds)
+    one = stats.speedup(ref, cand, rounds=rounds, instances=([0] * len(ref), [0] * len(cand)))
+    assert one == stats.speedup(ref, cand, rounds=rounds)
+    assert one.paired_instances == 1 and one.method == stats.PAIRED_METHOD
+    # the percentile interval of the median of per-round ratios, rounds resampled, as before
+    ratios = stats.round_ratios(ref, cand, ref_rounds, cand_rounds)
+    drawn = np.random.default_rng(0).choice(ratios, (stats.BOOTSTRAP_RESAMPLES, ratios.size))
+    assert (one.low, one.high) == stats.percentile_interval(np.median(drawn, axis=1))
+    assert "model instances" not in one.text
+
+
+def test_rounds_are_clustered_by_the_pair_of_instances_they_timed() -> None:
+    """A candidate left with one instance (its later ones not built) still pairs with each
+    of fp32's: every distinct pair is a cluster; and every step needs its instance."""
+    rounds = [r for r in range(6) for _ in range(2)]
+    fp32_instances = [(r // 2) % 3 for r in rounds]
+    labels = stats.round_instance_pairs(rounds, rounds, fp32_instances, [0] * len(rounds))
+    assert labels.tolist() == [0, 0, 1, 1, 2, 2]
+    ref, cand = [0.05] * 12, [0.04 * (1 + 0.01 * (i % 3)) for i in range(12)]
+    speed = stats.speedup(ref, cand, rounds=(rounds, rounds), instances=(fp32_instances, [0] * 12))
+    assert speed.paired_instances == 3 and speed.method == stats.INSTANCES_METHOD
+    assert "over 3 model instances" in speed.text
+    with pytest.raises(ValueError, match="model instance"):
+        stats.speedup(ref, cand, rounds=(rounds, rounds), instances=(fp32_instances, [0, 1]))
+
+
+def test_records_that_name_their_instances_are_resampled_over_instance_pairs() -> None:
+    rng = np.random.default_rng(3)
+    modes = 0.050 * np.exp(rng.normal(0, 0.15, 3))
+    ref, cand, rounds, instances = _instance_schedule(modes, modes / 1.3, 15, rng)
+    with_instances = stats.speedup_between(
+        {**_timing(ref, rounds, "a"), "instances": instances},
+        {**_timing(cand, rounds, "a"), "instances": instances},
+    )
+    assert with_instances.paired_instances == 3 and with_instances.paired_rounds == 15
+    assert with_instances == stats.speedup(
+        ref, cand, rounds=(rounds, rounds), instances=(instances, instances)
+    )
+    # a record written before instances were timed: one model each, paired over rounds
+    before = stats.speedup_between(_timing(ref, rounds, "a"), _timing(cand, rounds, "a"))
+    assert before.paired_instances == 1
+    assert before == stats.speedup(ref, cand, rounds=(rounds, rounds))
+
+
 def _timing(samples_s: list[float], rounds: list[int] | None, schedule: str | None) -> dict:
     timing = {"samples_ms": [s * 1000 for s in samples_s]}
     if rounds is not None:

@@ -35,6 +35,7 @@ from pipeline.models.loss import DetectionLoss
 from pipeline.numerics import NumericsReference
 
 MODES = ("train", "infer")
+log = logging.getLogger("pipeline")
 
 
 def rendered_batch(
@@ -127,11 +128,13 @@ def run_backend(
     """Every model x precision x mode on one backend in this process; one record each, fp32's
     first, then each other precision's, each with its modes in order.
 
-    For each model and mode, every precision gets a freshly built model (the seed a process
-    of its own would use) and its own warm-up, fp32's first; then their timed blocks of
-    BLOCK_STEPS steps alternate in rounds (`timing.interleaved_runs`, order reversed every
-    round), so that the speed-up is paired round by round (`stats.speedup_between`) and what
-    the machine does meanwhile cancels out of it. The batch is rendered once and the
+    For each model and mode, every precision gets `bench.instances` freshly built models
+    (instance k from seed k, the first from the seed a process of its own would use), each
+    with its own warm-up, fp32's first; then their timed blocks of BLOCK_STEPS steps
+    alternate in rounds (`timing.interleaved_runs`, order reversed every round, instance k of
+    every precision in the same rounds), so that the speed-up is paired round by round and
+    resampled over instance pairs (`stats.speedup_between`) and what the machine does
+    meanwhile cancels out of it. The batch is rendered once and the
     numerics' fp32 reference trained once per model. A precision whose warm-up or timed steps
     already show it slower than fp32 stops there (`slower_than`), and its record says why.
     """
@@ -198,7 +201,14 @@ def slower_than(
             return None
         if np.median(samples) <= np.median(reference.samples) * (1 + stats.SPEEDUP_TOLERANCE):
             return None  # not even its median is behind: spare the bootstrap
-        speed = stats.speedup(reference.samples, samples, rounds=(reference.rounds, own.rounds))
+        paired = reference.instances and own.instances
+        instances = (reference.instances, own.instances) if paired else None
+        speed = stats.speedup(
+            reference.samples,
+            samples,
+            rounds=(reference.rounds, own.rounds),
+            instances=instances,
+        )
         if speed.verdict != "slower":
             return None
         if speed.paired_rounds is None and min(samples) <= SETTLING_GAIN_LIMIT * float(
@@ -253,38 +263,68 @@ class _Shared:
         return copy.deepcopy(self._compared[precision])
 
 
+def instances_to_build(settings: dict[str, Any]) -> int:
+    """`bench.instances`, but no more than the timed steps can reach: every instance times
+    an ABBA pair of rounds (`timing.instance_of_round`) before the next one starts."""
+    rounds = math.ceil(settings["steps"] / BLOCK_STEPS)
+    return max(1, min(settings["instances"], math.ceil(rounds / 2)))
+
+
 def _run_interleaved(
     shared: _Shared, precisions: list[str], mode: str, model_name: str
 ) -> dict[str, dict[str, Any]]:
     """The records of one model and mode: each precision built and warmed up in turn, then
-    timed in interleaved rounds against the others."""
+    timed in interleaved rounds against the others.
+
+    Each precision is timed on several freshly built model instances (`bench.instances`):
+    a new model can settle into a faster or slower mode and keep it, which rounds of one
+    instance never show. Instance k of every precision is built from seed k, so a pair
+    differs only in precision; all precisions' first instances are built and warmed up
+    before any second one, and their warm-ups alone give the records' memory figures. A
+    precision whose warm-up ended early (far slower than fp32) gets no further instance:
+    its first timed steps stop it.
+    """
     device, settings = shared.device, shared.settings
     records: dict[str, dict[str, Any]] = {}
     ready: dict[str, _Ready] = {}
     held_mb = None  # device memory held before the first model: the batch, the reference
-    for precision in precisions:
-        record = bench_record.base_record(device, precision, mode, model_name, settings)
-        records[precision] = record
-        reason = dev.autocast_unsupported_reason(device, precision)
-        if reason:
-            bench_record.skipped(record, reason, logging.INFO)
-            continue
-        allocated = dev.memory_stats(device).get("allocated_mb", 0.0)
-        held_mb = allocated if held_mb is None else held_mb
-        fp32 = ready.get("fp32")
-        try:
-            ready[precision] = _warmed_up(
-                shared, record, fp32, exclude_mb=max(0.0, allocated - held_mb)
-            )
-        except (RuntimeError, NotImplementedError) as error:
-            reason = cannot_run_reason(error)
-            if reason is None:
-                raise
-            bench_record.skipped(record, reason)
+    for instance in range(instances_to_build(settings)):
+        for precision in precisions:
+            exclude_mb = None
+            if instance == 0:
+                record = bench_record.base_record(device, precision, mode, model_name, settings)
+                records[precision] = record
+                reason = dev.autocast_unsupported_reason(device, precision)
+                if reason:
+                    bench_record.skipped(record, reason, logging.INFO)
+                    continue
+                allocated = dev.memory_stats(device).get("allocated_mb", 0.0)
+                held_mb = allocated if held_mb is None else held_mb
+                exclude_mb = max(0.0, allocated - held_mb)
+            elif precision not in ready or ready[precision].complete:
+                continue
+            try:
+                _warm_up_instance(shared, records[precision], ready, instance, exclude_mb)
+            except (RuntimeError, NotImplementedError) as error:
+                reason = cannot_run_reason(error)
+                if reason is None:
+                    raise
+                if instance == 0:
+                    bench_record.skipped(records[precision], reason)
+                else:  # timed on the instances it has, as many as fit
+                    ready[precision].complete = True
+                    log.info(
+                        "%s %s: no model instance %d (%s); timed over %d",
+                        precision,
+                        mode,
+                        instance,
+                        reason,
+                        instance,
+                    )
     if not ready:
         return records
     timed = timing.interleaved_runs(
-        {precision: r.step for precision, r in ready.items()},
+        {precision: r.steps for precision, r in ready.items()},
         device,
         block_steps=BLOCK_STEPS,
         max_steps=settings["steps"],
@@ -301,7 +341,7 @@ def _run_interleaved(
         else:
             bench_record.finish(
                 record,
-                prepared.warmup,
+                prepared.warmups,
                 prepared.conditions,
                 timed[precision],
                 schedule_id=schedule_id,
@@ -313,39 +353,50 @@ def _run_interleaved(
 
 @dataclass
 class _Ready:
-    """A precision built and warmed up, waiting for its timed blocks."""
+    """A precision's model instances built and warmed up, waiting for their timed blocks."""
 
-    step: Callable[[], Any]
-    warmup: dict[str, Any]
+    steps: list[Callable[[], Any]]
+    warmups: list[dict[str, Any]]
     conditions: timing.RunConditions
     stop: Callable[[timing.Timed], str | None] | None
     timed: timing.Timed
+    complete: bool = False  # no further instance: its warm-up ended early, or one cannot run
 
 
-def _warmed_up(
-    shared: _Shared, record: dict[str, Any], fp32: _Ready | None, exclude_mb: float
-) -> _Ready:
-    """Build a fresh model for the record's precision and warm its step up. Its device peak
-    and host peak RSS are taken over this warm-up (the same step as the timed ones, alone on
-    the device: the other precisions' models wait, and their memory is left out)."""
+def _warm_up_instance(
+    shared: _Shared,
+    record: dict[str, Any],
+    ready: dict[str, _Ready],
+    instance: int,
+    exclude_mb: float | None,
+) -> None:
+    """Build model instance `instance` (seed `instance`) for the record's precision and warm
+    its step up, into `ready`. The first instance's warm-up gives the record its device peak
+    and host peak RSS (the same step as the timed ones, alone on the device: the other
+    models wait, and the memory they hold, `exclude_mb`, is left out); later ones measure
+    no memory."""
     device, settings, layout = shared.device, shared.settings, shared.layout
     precision, mode = record["precision"], record["mode"]
     images, targets = shared.batch()
-    torch.manual_seed(0)
-    np.random.seed(0)
+    torch.manual_seed(instance)
+    np.random.seed(instance)
     model_config = {**settings["model_options"], "name": record["model"]}
     model = build_from_config(model_config, settings["num_classes"])
     model = model.to(device, memory_format=layout)
-    record["parameters"] = parameter_count(model)
+    fp32 = ready.get("fp32")
     end_warmup = stop = None
     if fp32 is not None and precision != "fp32":
-        end_warmup, stop = slower_than(fp32.warmup["step_times"], fp32.timed, precision)
-    memory = dev.PeakMemory(device, exclude_mb=exclude_mb)
-    dev.reset_host_peak_rss()
-    if precision != "fp32":
-        record["numerics"] = shared.numerics(model, precision)
+        end_warmup, stop = slower_than(fp32.warmups[0]["step_times"], fp32.timed, precision)
+    first = instance == 0
+    memory = None
+    if first:
+        record["parameters"] = parameter_count(model)
+        memory = dev.PeakMemory(device, exclude_mb=exclude_mb or 0.0)
+        dev.reset_host_peak_rss()
+        if precision != "fp32":
+            record["numerics"] = shared.numerics(model, precision)
+        conditions = timing.RunConditions()
     step = _step(model, images, targets, device, precision, mode, settings, layout)
-    conditions = timing.RunConditions()
     warmed = timing.warm_up(
         step,
         device,
@@ -354,5 +405,11 @@ def _warmed_up(
         memory=memory,
         end_warmup=end_warmup,
     )
-    record.update(memory=memory.as_dict(), host_peak_rss_mb=dev.host_peak_rss_mb())
-    return _Ready(step, warmed, conditions, stop, timing.Timed())
+    if first:
+        record.update(memory=memory.as_dict(), host_peak_rss_mb=dev.host_peak_rss_mb())
+        ready[precision] = _Ready([step], [warmed], conditions, stop, timing.Timed())
+    else:
+        ready[precision].steps.append(step)
+        ready[precision].warmups.append(warmed)
+    if warmed["warmup_ended_early"]:
+        ready[precision].complete = True

@@ -47,6 +47,7 @@ def settings_from_config(config: dict[str, Any], num_classes: int) -> dict[str, 
         "steps": bench["steps"],
         "time_budget_s": bench["time_budget_s"],
         "numerics_steps": bench["numerics_steps"],
+        "instances": bench["instances"],
     }
 
 
@@ -106,6 +107,7 @@ def base_record(
             "warmup_budget_s": settings["warmup_budget_s"],
             "max_steps": settings["steps"],
             "time_budget_s": settings["time_budget_s"],
+            "instances": settings["instances"],
         },
         "environment": {
             "torch": torch.__version__,
@@ -130,9 +132,23 @@ def skipped(record: dict[str, Any], reason: str, level: int = logging.WARNING) -
     log.log(level, "%s: skipped (%s)", where, reason)
 
 
+def combined_warmups(warmups: list[dict[str, Any]]) -> dict[str, Any]:
+    """The warm-ups of a precision's model instances (`timing.warm_up`'s details) as the one
+    a record states: steps and seconds summed, settled only where every one settled, ended
+    early where one did (the first reason)."""
+    return {
+        "warmup_steps": sum(w["warmup_steps"] for w in warmups),
+        "warmup_s": sum(w["warmup_s"] for w in warmups),
+        "warmup_settled": all(w["warmup_settled"] for w in warmups),
+        "warmup_ended_early": next(
+            (w["warmup_ended_early"] for w in warmups if w["warmup_ended_early"]), None
+        ),
+    }
+
+
 def finish(
     record: dict[str, Any],
-    warmup: dict[str, Any],
+    warmups: list[dict[str, Any]],
     conditions: timing.RunConditions,
     timed: timing.Timed,
     *,
@@ -140,10 +156,12 @@ def finish(
     max_steps: int,
     block_steps: int,
 ) -> None:
-    """Fill an ok record from its warm-up (`timing.warm_up`'s details), the conditions since
-    it began, and its share of the interleaved schedule (in blocks of `block_steps`)."""
+    """Fill an ok record from the warm-ups of its model instances (`timing.warm_up`'s
+    details), the conditions since the first began, and its share of the interleaved
+    schedule (in blocks of `block_steps`)."""
     samples = timed.samples
     summary = stats.summarize(samples)
+    warmup = combined_warmups(warmups)
     details = timing.step_details(
         warmup,
         total_s=warmup["warmup_s"] + timed.spent_s,
@@ -157,6 +175,8 @@ def finish(
             **details,
             "samples_ms": [s * 1000 for s in samples],
             "rounds": list(timed.rounds),
+            "instances": list(timed.instances),
+            "instances_timed": len(set(timed.instances)),
             "schedule_id": schedule_id,
             "block_steps": block_steps,
         },
@@ -172,9 +192,10 @@ def finish(
         )
         if details[key]
     ]
+    instances = len(set(timed.instances))
     log.info(
-        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d in %d rounds after %d warm-up steps%s%s), "
-        "%.0f img/s%s",
+        "%s %s %s %s: median %.1f ms (IQR %.1f, n=%d in %d rounds of %d model instance%s after "
+        "%d warm-up steps%s%s), %.0f img/s%s",
         record["model"],
         record["device"],
         record["precision"],
@@ -183,6 +204,8 @@ def finish(
         summary["iqr_ms"],
         summary["count"],
         len(set(timed.rounds)),
+        instances,
+        "" if instances == 1 else "s",
         details["warmup_steps"],
         "" if details["warmup_settled"] else ", not settled",
         ", budget-limited" if details["budget_limited"] else "",

@@ -1,6 +1,7 @@
 """Statistics without torch, which the report reads too: robust summaries of step times
 (median and IQR, as torch.utils.benchmark gives them), a drift check, the warm-up settling
-rule, speed-ups with a bootstrap interval (paired by round where the two were interleaved),
+rule, speed-ups with a bootstrap interval (paired by round where the two were interleaved, and
+resampled in two stages where the rounds ran on several model instances),
 and bootstrap intervals over images of a detection run's F1, precision and recall, and of
 its F1 change between two runs scored on the same images (AP's intervals, which resample the
 same way, are pipeline.evaluation.intervals')."""
@@ -122,6 +123,11 @@ PAIRED_METHOD = (
     f"over candidate block median, blocks interleaved in one process), {BOOTSTRAP_RESAMPLES} "
     "resamples"
 )
+INSTANCES_METHOD = (
+    "two-stage percentile bootstrap of the median of per-round ratios (reference block median "
+    "over candidate block median, blocks interleaved in one process): model instance pairs "
+    f"resampled, then rounds within each, {BOOTSTRAP_RESAMPLES} resamples"
+)
 MIN_ROUNDS_TO_PAIR = 5  # fewer rounds in common: the sets are resampled independently (the
 # percentile bootstrap of a median over 3 or 4 rounds holds far less than its confidence)
 
@@ -140,6 +146,8 @@ class Speedup:
     `paired_rounds` is the number of interleaved rounds the ratio and interval were paired
     over (`paired_speedup`); None where the two sets were resampled independently (records
     timed one after another, from different processes, or with too few rounds in common).
+    `paired_instances` is the number of model instance pairs those rounds ran on (1: one
+    model per side, the interval sees no instance-to-instance spread); None where unpaired.
     """
 
     ratio: float
@@ -152,14 +160,24 @@ class Speedup:
     tolerance: float = SPEEDUP_TOLERANCE
     method: str = INDEPENDENT_METHOD
     paired_rounds: int | None = None
+    paired_instances: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
+    def over_instances(self) -> str:
+        """' over 3 model instances' where the interval is over more than one, else ''."""
+        count = self.paired_instances or 1
+        return f" over {count} model instances" if count > 1 else ""
+
+    @property
     def interval_text(self) -> str:
-        """'95% interval 1.80-2.20x' (as a speed-up)."""
-        return f"{self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x"
+        """'95% interval 1.80-2.20x' (as a speed-up), with ' over N model instances' where
+        the rounds ran on several."""
+        return (
+            f"{self.confidence:.0%} interval {self.low:.2f}-{self.high:.2f}x{self.over_instances}"
+        )
 
     @property
     def text(self) -> str:
@@ -168,7 +186,10 @@ class Speedup:
         if self.verdict == "faster":
             return f"{self.ratio:.2f}x faster ({interval})"
         if self.verdict == "slower":
-            slower = f"{self.confidence:.0%} interval {1 / self.high:.2f}-{1 / self.low:.2f}x"
+            slower = (
+                f"{self.confidence:.0%} interval {1 / self.high:.2f}-{1 / self.low:.2f}x"
+                f"{self.over_instances}"
+            )
             return f"{1 / self.ratio:.2f}x slower ({slower})"
         if self.verdict == "too few samples":
             return (
@@ -203,6 +224,7 @@ def speedup(
     candidate_s: Sequence[float],
     *,
     rounds: tuple[Sequence[int], Sequence[int]] | None = None,
+    instances: tuple[Sequence[int], Sequence[int]] | None = None,
     tolerance: float = SPEEDUP_TOLERANCE,
     confidence: float = CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
@@ -212,11 +234,12 @@ def speedup(
 
     With `rounds` (each sample's round of an interleaved schedule, reference's and
     candidate's, as the two were timed in one process) and at least MIN_ROUNDS_TO_PAIR rounds
-    in common, the figure is `paired_speedup`'s. Otherwise both sets are resampled
-    independently (they come from separate runs), and the interval is the percentile interval
-    of the ratio of medians: no assumption about the shape of the step-time distribution,
-    which on shared machines has long right tails. Seeded: the same samples always give the
-    same interval. The verdict rules are the same either way.
+    in common, the figure is `paired_speedup`'s; `instances` (each sample's model instance,
+    both sides) makes its interval one over instance pairs as well. Otherwise both sets are
+    resampled independently (they come from separate runs), and the interval is the
+    percentile interval of the ratio of medians: no assumption about the shape of the
+    step-time distribution, which on shared machines has long right tails. Seeded: the same
+    samples always give the same interval. The verdict rules are the same either way.
     """
     reference = np.asarray(reference_s, dtype=np.float64)
     candidate = np.asarray(candidate_s, dtype=np.float64)
@@ -224,10 +247,16 @@ def speedup(
         raise ValueError("A speed-up needs at least one timed step on each side.")
     if rounds is not None:
         paired = paired_speedup(
-            reference, candidate, *rounds, confidence=confidence, resamples=resamples, seed=seed
+            reference,
+            candidate,
+            *rounds,
+            instances=instances,
+            confidence=confidence,
+            resamples=resamples,
+            seed=seed,
         )
         if paired is not None:
-            ratio, low, high, pairs = paired
+            ratio, low, high, pairs, instance_pairs = paired
             verdict = _verdict(reference, candidate, low, high, tolerance)
             return Speedup(
                 ratio,
@@ -238,8 +267,9 @@ def speedup(
                 int(candidate.size),
                 confidence,
                 tolerance,
-                PAIRED_METHOD,
+                INSTANCES_METHOD if instance_pairs > 1 else PAIRED_METHOD,
                 pairs,
+                instance_pairs,
             )
     rng = np.random.default_rng(seed)
     ref_medians = np.median(rng.choice(reference, (resamples, reference.size)), axis=1)
@@ -252,6 +282,20 @@ def speedup(
     )
 
 
+def _common_rounds(
+    reference_rounds: Sequence[int],
+    candidate_rounds: Sequence[int],
+    steps: tuple[int, int],
+    what: str = "round",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both sides' rounds as arrays, and the rounds both timed; ValueError where a side's
+    rounds do not match its `steps` (its samples, or its instances: `what` it lacks)."""
+    ref_rounds, cand_rounds = np.asarray(reference_rounds), np.asarray(candidate_rounds)
+    if ref_rounds.shape != (steps[0],) or cand_rounds.shape != (steps[1],):
+        raise ValueError(f"Every timed step needs its {what}.")
+    return ref_rounds, cand_rounds, np.intersect1d(ref_rounds, cand_rounds)
+
+
 def round_ratios(
     reference_s: Sequence[float],
     candidate_s: Sequence[float],
@@ -261,10 +305,9 @@ def round_ratios(
     """Per round that timed both, the reference's block median over the candidate's, in
     round order: the drift of the machine between rounds cancels out of each ratio."""
     reference, candidate = np.asarray(reference_s, float), np.asarray(candidate_s, float)
-    ref_rounds, cand_rounds = np.asarray(reference_rounds), np.asarray(candidate_rounds)
-    if ref_rounds.shape != reference.shape or cand_rounds.shape != candidate.shape:
-        raise ValueError("Every timed step needs its round.")
-    common = np.intersect1d(ref_rounds, cand_rounds)
+    ref_rounds, cand_rounds, common = _common_rounds(
+        reference_rounds, candidate_rounds, (reference.size, candidate.size)
+    )
     return np.asarray(
         [
             np.median(reference[ref_rounds == r]) / np.median(candidate[cand_rounds == r])
@@ -273,46 +316,112 @@ def round_ratios(
     )
 
 
+def round_instance_pairs(
+    reference_rounds: Sequence[int],
+    candidate_rounds: Sequence[int],
+    reference_instances: Sequence[int],
+    candidate_instances: Sequence[int],
+) -> np.ndarray:
+    """Per round that timed both (in `round_ratios`' order), the pair of model instances it
+    timed, reference's and candidate's, as one label: the cluster a round belongs to."""
+    ref_rounds, cand_rounds, common = _common_rounds(
+        reference_rounds,
+        candidate_rounds,
+        (len(reference_instances), len(candidate_instances)),
+        "model instance",
+    )
+    ref_instances, cand_instances = np.asarray(reference_instances), np.asarray(candidate_instances)
+    pairs = [
+        (int(ref_instances[ref_rounds == r][0]), int(cand_instances[cand_rounds == r][0]))
+        for r in common
+    ]
+    labels = {pair: index for index, pair in enumerate(dict.fromkeys(pairs))}
+    return np.asarray([labels[pair] for pair in pairs], dtype=np.int64)
+
+
+def cluster_bootstrap_medians(
+    values: np.ndarray, clusters: np.ndarray, rng: np.random.Generator, resamples: int
+) -> np.ndarray:
+    """Medians of `values` resampled in two stages: as many clusters as there are, drawn with
+    replacement, then within each drawn cluster as many of its values as it holds, drawn
+    with replacement. With one cluster the first stage has nothing to choose, and this is
+    the ordinary bootstrap of the median, draw for draw.
+
+    Values of one cluster share what made that cluster differ from the others (a model
+    instance's speed mode): the clusters, not the values, are the independent units, and a
+    resampling of values alone sees none of the spread between them.
+    """
+    labels, inverse = np.unique(clusters, return_inverse=True)
+    if labels.size == 1:
+        return np.median(rng.choice(values, (resamples, values.size)), axis=1)
+    count, sizes = labels.size, np.bincount(inverse)
+    widest = int(sizes.max())
+    padded = np.full((count, widest), np.nan)
+    for cluster in range(count):
+        padded[cluster, : sizes[cluster]] = values[inverse == cluster]
+    picked = rng.integers(0, count, (resamples, count))
+    picked_sizes = sizes[picked][..., None]
+    within = (rng.random((resamples, count, widest)) * picked_sizes).astype(np.int64)
+    drawn = padded[picked[..., None], within]
+    drawn[np.arange(widest) >= picked_sizes] = np.nan  # a smaller cluster draws fewer
+    return np.nanmedian(drawn.reshape(resamples, -1), axis=1)
+
+
 def paired_speedup(
     reference_s: Sequence[float],
     candidate_s: Sequence[float],
     reference_rounds: Sequence[int],
     candidate_rounds: Sequence[int],
     *,
+    instances: tuple[Sequence[int], Sequence[int]] | None = None,
     confidence: float = CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
-) -> tuple[float, float, float, int] | None:
-    """(ratio, low, high, rounds) of an interleaved schedule: the median of the per-round
-    ratios (`round_ratios`) and its percentile interval over rounds resampled with
-    replacement; None with fewer than MIN_ROUNDS_TO_PAIR rounds in common.
+) -> tuple[float, float, float, int, int] | None:
+    """(ratio, low, high, rounds, instance pairs) of an interleaved schedule: the median of
+    the per-round ratios (`round_ratios`) and its percentile interval, resampled with
+    `cluster_bootstrap_medians` (instance pairs, then rounds within each; over rounds alone
+    where one pair of instances, or no `instances`, timed them); None with fewer than
+    MIN_ROUNDS_TO_PAIR rounds in common.
 
     Blocks of one round ran next to each other, so what the machine did over the seconds
     of the run (frequency, other tenants, heat) is in both halves of a ratio, and the rounds,
     not the steps, are the independent units: steps within a block are correlated, and
-    resampling them as independent gives intervals far too narrow.
+    resampling them as independent gives intervals far too narrow. Likewise a freshly built
+    model can settle in a faster or slower mode and keep it: the rounds of one instance pair
+    share it, and only resampling instance pairs puts that spread into the interval.
     """
     ratios = round_ratios(reference_s, candidate_s, reference_rounds, candidate_rounds)
     if ratios.size < MIN_ROUNDS_TO_PAIR:
         return None
+    if instances is None:
+        clusters = np.zeros(ratios.size, dtype=np.int64)
+    else:
+        clusters = round_instance_pairs(reference_rounds, candidate_rounds, *instances)
     rng = np.random.default_rng(seed)
-    resampled = np.median(rng.choice(ratios, (resamples, ratios.size)), axis=1)
+    resampled = cluster_bootstrap_medians(ratios, clusters, rng, resamples)
     low, high = percentile_interval(resampled, confidence)
-    return float(np.median(ratios)), low, high, int(ratios.size)
+    pairs = int(np.unique(clusters).size)
+    return float(np.median(ratios)), low, high, int(ratios.size), pairs
 
 
 def speedup_between(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> Speedup:
     """The speed-up of one benchmark record's timing (its `timing` object) over another's:
     paired by rounds where the two were interleaved in one schedule (the same
-    `schedule_id`), else the independent bootstrap (records of the old sequential format,
-    another process, another backend)."""
+    `schedule_id`), and over instance pairs where the records say which model instance
+    timed each step (`instances`; records written before instances timed one each), else
+    the independent bootstrap (records of the old sequential format, another process,
+    another backend)."""
     reference_s = [ms / 1000 for ms in reference["samples_ms"]]
     candidate_s = [ms / 1000 for ms in candidate["samples_ms"]]
     same = reference.get("schedule_id") is not None and reference.get(
         "schedule_id"
     ) == candidate.get("schedule_id")
     rounds = (reference["rounds"], candidate["rounds"]) if same else None
-    return speedup(reference_s, candidate_s, rounds=rounds)
+    instances = None
+    if same and "instances" in reference and "instances" in candidate:
+        instances = (reference["instances"], candidate["instances"])
+    return speedup(reference_s, candidate_s, rounds=rounds, instances=instances)
 
 
 # ---- detection F1, precision and recall over images ------------------------------------------

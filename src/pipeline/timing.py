@@ -133,10 +133,12 @@ def timed_runs(
 
 @dataclass
 class Timed:
-    """One step's timed samples in an interleaved schedule, with the round of each."""
+    """One step's timed samples in an interleaved schedule, with the round and the model
+    instance of each."""
 
     samples: list[float] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)
+    instances: list[int] = field(default_factory=list)
     spent_s: float = 0.0
     stopped_early: str | None = None
     failed: str | None = None
@@ -149,8 +151,14 @@ def balanced_order(names: Sequence[str], round_index: int) -> list[str]:
     return list(names) if round_index % 2 == 0 else list(reversed(names))
 
 
+def instance_of_round(round_index: int, instances: int) -> int:
+    """The instance a round times: each in turn for two rounds, an ABBA pair, so that every
+    instance runs as often early as late in its rounds."""
+    return round_index // 2 % instances
+
+
 def interleaved_runs(
-    steps: Mapping[str, Callable[[], Any]],
+    steps: Mapping[str, Callable[[], Any] | Sequence[Callable[[], Any]]],
     device: dev.DeviceLike,
     *,
     block_steps: int,
@@ -161,7 +169,9 @@ def interleaved_runs(
     timed: Mapping[str, Timed] | None = None,
 ) -> dict[str, Timed]:
     """Time already warmed-up steps in rounds of one block of `block_steps` steps each, in
-    `balanced_order`, synchronized around every step as `timed_runs`. A step leaves the
+    `balanced_order`, synchronized around every step as `timed_runs`. Where a name has
+    several steps (one per model instance), a round times the one `instance_of_round` says,
+    so instance k of every name shares its rounds with instance k of the others. A step leaves the
     schedule once it has `max_steps` samples or has spent `budget_s` on its own timed steps
     (checked after every round, so its blocks are whole and it has at least one); the others
     go on, as each would have had its own budget timed alone.
@@ -172,15 +182,17 @@ def interleaved_runs(
     `timed`: the (empty) `Timed` of each step to fill, where a stop rule reads another's.
     """
     timed = {name: (timed or {}).get(name) or Timed() for name in steps}
+    instances = {name: [step] if callable(step) else list(step) for name, step in steps.items()}
     active = list(steps)
     round_index = 0
     while active:
         for name in balanced_order(active, round_index):
             own = timed[name]
             rule = (stops or {}).get(name)
+            instance = instance_of_round(round_index, len(instances[name]))
             for _ in range(min(block_steps, max_steps - len(own.samples))):
                 try:
-                    elapsed = timed_step(steps[name], device)
+                    elapsed = timed_step(instances[name][instance], device)
                 except Exception as error:
                     reason = cannot_run(error) if cannot_run is not None else None
                     if reason is None:
@@ -189,6 +201,7 @@ def interleaved_runs(
                     break
                 own.samples.append(elapsed)
                 own.rounds.append(round_index)
+                own.instances.append(instance)
                 own.spent_s += elapsed
                 if rule is not None and len(own.samples) < max_steps:
                     own.stopped_early = rule(own)
