@@ -782,6 +782,25 @@ def test_one_instance_times_every_round_on_one_model_and_pairs_over_rounds_as_be
     assert speed == before and speed.paired_instances == 1
 
 
+def test_a_precision_far_slower_than_fp32_gets_one_instance_even_when_its_budget_ended_the_warm_up(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """On a busy machine a CPU fp16 step can outlast the warm-up budget before its fewest
+    steps: its warm-up's own rule is not asked, yet its steps show it far slower than fp32,
+    and a second and third instance would only cost two more warm-up budgets."""
+    built = instance_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": 700.0}, [1.0, 1.0, 1.0])
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0, instances=3)
+    settings["warmup_budget_s"] = 1.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "fp16"], ["train"], ["tiny_conv"], settings
+    )
+    assert [precision for precision, _ in built].count("fp16") == 1
+    slow = records[1]["timing"]
+    assert slow["warmup_ended_early"] is None and slow["warmup_steps"] < 5
+    assert slow["instances_timed"] == 1 and records[0]["timing"]["instances_timed"] == 3
+    assert "slower" in slow["stopped_early"]
+
+
 def test_no_more_instances_are_built_than_the_timed_steps_reach() -> None:
     """Each instance times an ABBA pair of rounds of BLOCK_STEPS steps: 30 steps reach 8."""
     assert bench.instances_to_build({"instances": 3, "steps": 30}) == 3

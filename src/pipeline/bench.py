@@ -281,8 +281,8 @@ def _run_interleaved(
     instance never show. Instance k of every precision is built from seed k, so a pair
     differs only in precision; all precisions' first instances are built and warmed up
     before any second one, and their warm-ups alone give the records' memory figures. A
-    precision whose warm-up ended early (far slower than fp32) gets no further instance:
-    its first timed steps stop it.
+    precision whose warm-up steps show it far slower than fp32 (`slower_than`) gets no
+    further instance: its first timed steps stop it.
     """
     device, settings = shared.device, shared.settings
     records: dict[str, dict[str, Any]] = {}
@@ -360,7 +360,7 @@ class _Ready:
     conditions: timing.RunConditions
     stop: Callable[[timing.Timed], str | None] | None
     timed: timing.Timed
-    complete: bool = False  # no further instance: its warm-up ended early, or one cannot run
+    complete: bool = False  # no further instance: far slower than fp32, or one cannot run
 
 
 def _warm_up_instance(
@@ -411,5 +411,7 @@ def _warm_up_instance(
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
-    if warmed["warmup_ended_early"]:
+    # Far slower than fp32 (the warm-up's own rule, whether it or the budget ended the
+    # warm-up): its first timed steps stop it, so a further instance would only cost time.
+    if end_warmup is not None and warmed["step_times"] and end_warmup(warmed["step_times"]):
         ready[precision].complete = True
