@@ -801,6 +801,18 @@ def test_a_precision_far_slower_than_fp32_gets_one_instance_even_when_its_budget
     assert "slower" in slow["stopped_early"]
 
 
+def test_the_instances_option_sets_how_many_models_are_timed(tmp_path, validator) -> None:
+    code, document = run_bench(
+        tmp_path, *TINY, "--precision", "fp32", "--steps", "8", "--warmup", "0", "--instances", "2"
+    )
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    assert record["settings"]["instances"] == 2
+    assert record["timing"]["instances"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert record["timing"]["instances_timed"] == 2
+
+
 def test_no_more_instances_are_built_than_the_timed_steps_reach() -> None:
     """Each instance times an ABBA pair of rounds of BLOCK_STEPS steps: 30 steps reach 8."""
     assert bench.instances_to_build({"instances": 3, "steps": 30}) == 3
@@ -1066,6 +1078,7 @@ def test_bench_on_a_missing_backend_exits_2_with_the_device_error(
         (["--model", "yolo"], "Unknown model(s) ['yolo']"),
         (["--image-size", "40"], "multiple of 32"),
         (["--steps", "0"], "--steps must be at least 1"),
+        (["--instances", "0"], "--instances must be at least 1"),
         (["--time-budget", "0"], "--time-budget must be positive"),
         (["--mode", "train,infer"], "--out writes one precision and mode"),
     ],

@@ -24,6 +24,7 @@ OPTIONS = {
     "image_size": "image_size",
     "warmup": "warmup_steps",
     "steps": "steps",
+    "instances": "instances",
     "time_budget": "time_budget_s",
     "channels_last": "channels_last",
     "compile": "compile",
@@ -57,6 +58,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, help="fewest untimed warm-up steps")
     parser.add_argument("--steps", type=int, help="most timed steps")
     parser.add_argument(
+        "--instances",
+        type=int,
+        help="freshly built models timed per precision, the interval over them (bench.instances)",
+    )
+    parser.add_argument(
         "--time-budget",
         type=float,
         metavar="SECONDS",
@@ -86,7 +92,7 @@ def main(argv: list[str]) -> int:
             f"--mode {','.join(modes)} asks for {len(precisions) * len(modes)}: give "
             "--out-dir DIR instead."
         )
-    for name in ("batch_size", "image_size", "steps"):
+    for name in ("batch_size", "image_size", "steps", "instances"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
