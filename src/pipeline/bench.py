@@ -5,10 +5,11 @@ What is timed comes from the training config (model and its options, label mode,
 format, batch and image size, gradient clipping, optimizer, kernel flags); the `bench.*` keys
 override it where set, and every record says which configuration it timed and what was
 overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
-the forward pass under `inference_mode`, as evaluation and profiling run it. Warm-up runs
-until the step time settles; the device is synchronized around every timed step; every
-sample is kept and summarised with its spread and drift; a time budget bounds a much slower
-CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
+the forward pass under `inference_mode`, as evaluation and profiling run it. Each precision
+is timed on `bench.instances` freshly built models (a new model can keep a faster or slower
+speed mode), each warmed up until its step time settles; the device is synchronized around
+every timed step; every sample is kept and summarised with its spread and drift; a time
+budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
 are built by `pipeline.bench_record`.
 """
 
@@ -134,9 +135,9 @@ def run_backend(
     alternate in rounds (`timing.interleaved_runs`, order reversed every round, instance k of
     every precision in the same rounds), so that the speed-up is paired round by round and
     resampled over instance pairs (`stats.speedup_between`) and what the machine does
-    meanwhile cancels out of it. The batch is rendered once and the
-    numerics' fp32 reference trained once per model. A precision whose warm-up or timed steps
-    already show it slower than fp32 stops there (`slower_than`), and its record says why.
+    meanwhile cancels out of it. The batch is rendered once and the numerics' fp32 reference
+    trained once per model. A precision whose warm-up or timed steps already show it slower
+    than fp32 stops there (`slower_than`), and its record says why.
     """
     for mode in modes:
         if mode not in MODES:

@@ -171,8 +171,8 @@ def interleaved_runs(
     """Time already warmed-up steps in rounds of one block of `block_steps` steps each, in
     `balanced_order`, synchronized around every step as `timed_runs`. Where a name has
     several steps (one per model instance), a round times the one `instance_of_round` says,
-    so instance k of every name shares its rounds with instance k of the others. A step leaves the
-    schedule once it has `max_steps` samples or has spent `budget_s` on its own timed steps
+    so instance k of every name shares its rounds with instance k of the others. A name
+    leaves the schedule once it has `max_steps` samples or has spent `budget_s` on its steps
     (checked after every round, so its blocks are whole and it has at least one); the others
     go on, as each would have had its own budget timed alone.
 
