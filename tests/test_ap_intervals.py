@@ -211,3 +211,57 @@ def test_blocks_computed_side_by_side_share_the_cpus_with_blas_and_give_them_bac
         after = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
     assert seen and set(seen) == {1}
     assert after and set(after) == {2}
+
+
+@pytest.mark.parametrize("float32_exact", [1 << 24, 8])  # 8: float64 from the first block
+def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
+    monkeypatch, float32_exact: int
+) -> None:
+    """The sums the intervals read: each resample's weight of the members ranked at or above
+    each position, members of one image falling together between two positions included,
+    the same integers whether summed in float32 or (where float32 could round) float64."""
+    from pipeline.evaluation import weighted_sums
+
+    monkeypatch.setattr(weighted_sums, "_FLOAT32_EXACT", float32_exact)
+    rng = np.random.default_rng(7)
+    images, ranked = 30, 400
+    image_index = rng.integers(0, images, ranked)
+    members = np.flatnonzero(rng.random(ranked) < 0.6)
+    positions = np.unique(rng.choice(ranked, 40, replace=False))
+    weights = rng.integers(0, 5, (images, 17)).astype(np.int32)
+    found = weighted_sums.SumsAt(image_index, members, positions, images)(
+        weighted_sums.Weights(weights)
+    )
+    drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
+    drawn[members] = weights[image_index[members]]
+    expected = np.cumsum(drawn, axis=0)[positions]
+    assert found.dtype == np.int32
+    np.testing.assert_array_equal(found, expected)
+
+
+def test_blocks_computed_side_by_side_run_torch_on_one_thread_each_and_give_them_back(
+    monkeypatch,
+) -> None:
+    """The sums' sparse products are torch's: in each of two workers on two threads, torch
+    runs one thread, not two more apiece, and its own setting is back afterwards."""
+    import torch
+
+    rankings = captured_rankings(monkeypatch, 60)
+    seen: list[int] = []
+    ranked_ap = intervals.ranked_ap
+
+    def watching(*args: Any, **kwargs: Any) -> np.ndarray:
+        seen.append(torch.get_num_threads())
+        return ranked_ap(*args, **kwargs)
+
+    monkeypatch.setattr(intervals, "ranked_ap", watching)
+    monkeypatch.setattr(intervals, "_RESAMPLE_BLOCK", 1)  # blocks of the fewest resamples
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        intervals.resampled_ap(rankings, 60, resamples=400, threads=2)
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+    assert after == 2

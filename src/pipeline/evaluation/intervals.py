@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pipeline.evaluation.weighted_sums import SumsAt, Weights
+from pipeline.evaluation.weighted_sums import SumsAt, Weights, torch_threads
 from pipeline.stats import (
     BOOTSTRAP_RESAMPLES,
     CONFIDENCE,
@@ -349,11 +349,13 @@ def resampled_ap(
     blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
     workers = max(1, min(threads, len(blocks)))
     by_class = []
-    # BLAS (the sums' matrix products) would start threads of its own in every worker: more
-    # threads than CPUs, each product waiting on a thread another one's core is running (ten
-    # times slower where other work shares the machine); the workers share the CPUs out
+    # BLAS and torch (the sums' sparse products) would start threads of their own in every
+    # worker: more threads than CPUs, each product waiting on a thread another one's core is
+    # running (ten times slower where other work shares the machine); the workers share the
+    # CPUs out
     with (
         threadpool_limits(max(1, threads // workers), user_api="blas"),
+        torch_threads(max(1, threads // workers)),
         ThreadPoolExecutor(workers) as pool,
     ):
         for ranking in rankings:

@@ -1,16 +1,16 @@
 """Weighted counts of a ranking's detections for every resample at once: each resample's
 weight (how often it drew each detection's image) of chosen detections, summed up to chosen
-ranks, by whichever of three exact ways costs least for the sizes at hand
-(pipeline.evaluation.intervals reads AP's precision and recall off them)."""
+ranks (pipeline.evaluation.intervals reads AP's precision and recall off them)."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import warnings
+from collections.abc import Iterator
 
 import numpy as np
+import torch
 
-_BLOCK_ELEMENTS = 1 << 22  # resamples x detections gathered at once: 16 MiB of int32 weights
-_DENSE_ADVANTAGE = 100  # a matrix product's multiply-adds per gathered and summed weight, about
 _FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
 # weights summed: at most 100 detections of a class per image (maxDets) times the draws, so
 # int32 holds them up to 20 million images, at half int64's memory traffic
@@ -18,21 +18,21 @@ _SUMS = np.int32
 
 
 class Weights:
-    """A block's image weights [I, R] in the layouts the sums read: rows by image (gathered
-    per detection), and where asked for, rows by resample (summed along) and float32 (matrix
-    products); made once for every class."""
+    """A block's image weights [I, R]: rows by image, as numpy (read per image) and as the
+    floating-point tensors the sums multiply (made once for every class)."""
 
     def __init__(self, by_image: np.ndarray) -> None:
         self.by_image = by_image
         self.largest = int(by_image.max(initial=0))
+        self._tensors: dict[torch.dtype, torch.Tensor] = {}
 
-    @functools.cached_property
-    def by_resample(self) -> np.ndarray:
-        return np.ascontiguousarray(self.by_image.T)
+    def tensor(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._tensors:
+            self._tensors[dtype] = torch.from_numpy(self.by_image.astype(_NUMPY[dtype]))
+        return self._tensors[dtype]
 
-    @functools.cached_property
-    def float32(self) -> np.ndarray:
-        return self.by_image.astype(np.float32)
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 class SumsAt:
@@ -40,55 +40,61 @@ class SumsAt:
     `positions` (ascending), prepared once for every block of resamples: called with a block's
     weights, [P, R].
 
-    Three ways to the same integers, by what costs least. Many members and few positions (a
-    class's counted detections at its run ends): each position's new members by image [P, I]
-    times the weights, one matrix product in float32, exact while every sum stays below 2**24
-    (integers all the way). About as many positions as members (true positives that rarely
-    follow one another): their weights gathered and summed up. Else the members' weights
-    gathered and summed between positions."""
+    Each position's new members by image, a sparse [P, I] matrix of counts, times the weights
+    [I, R]: work in proportion to the members, not to positions x images, then summed down the
+    positions. In float32 while a position's sum cannot reach 2**24 (integers all the way,
+    exact in any order), else float64 (exact up to 2**53)."""
 
     def __init__(
         self, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray, images: int
     ) -> None:
         members = members[: np.searchsorted(members, positions[-1], side="right")]
         self.size = positions.size
-        self.images = image_index[members]  # each member's image
-        self.dense = positions.size * images < _DENSE_ADVANTAGE * members.size
+        self.members = members.size
         segment = np.searchsorted(positions, members, side="left")  # first position at or below
-        if self.dense:
-            self.added = (
-                np.bincount(segment * images + self.images, minlength=positions.size * images)
-                .reshape(positions.size, images)  # each position's members since the one before
-                .astype(np.float32)
-            )
-        self.running = 2 * positions.size >= members.size
-        if self.running:
-            self.read = np.searchsorted(members, positions, side="right")
-        else:  # members outnumber positions twice: none is empty
-            self.starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-            self.segments = segment[self.starts]
+        # each (position, image) once, with how many of its members it holds: a CSR matrix's
+        # columns are sorted and distinct within a row
+        cells, counts = np.unique(segment * images + image_index[members], return_counts=True)
+        rows = np.zeros(positions.size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(cells // images, minlength=positions.size), out=rows[1:])
+        # both made here, where the plan is made (one thread): a worker only multiplies
+        self._matrices = {
+            dtype: _csr(rows, cells % images, counts, (positions.size, images), dtype)
+            for dtype in _NUMPY
+        }
 
     def __call__(self, weights: Weights) -> np.ndarray:
-        if self.dense and self.images.size * weights.largest < _FLOAT32_EXACT:
-            sums = self.added @ weights.float32
-            return np.cumsum(sums, axis=0, dtype=_SUMS)
-        if self.running:
-            running = np.zeros((self.images.size + 1, weights.by_image.shape[1]), dtype=_SUMS)
-            np.cumsum(weights.by_image[self.images], axis=0, out=running[1:])
-            return running[self.read]
-        step = max(1, _BLOCK_ELEMENTS // max(self.images.size, 1))  # resamples gathered at once
-        by_resample = weights.by_resample
-        return np.concatenate(
-            [
-                self._between(by_resample[start : start + step])
-                for start in range(0, len(by_resample), step)
-            ],
-            axis=1,
+        exact32 = self.members * weights.largest < _FLOAT32_EXACT
+        dtype = torch.float32 if exact32 else torch.float64
+        sums = (self._matrices[dtype] @ weights.tensor(dtype)).numpy()
+        return np.cumsum(sums, axis=0, dtype=_SUMS)
+
+
+def _csr(
+    rows: np.ndarray,
+    columns: np.ndarray,
+    values: np.ndarray,
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    with warnings.catch_warnings():  # older torch: CSR support "in beta"; what is used is tested
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(rows),
+            torch.from_numpy(columns),
+            torch.from_numpy(values.astype(_NUMPY[dtype])),
+            size=shape,
+            check_invariants=True,  # in proportion to the members, once per plan
         )
 
-    def _between(self, by_resample: np.ndarray) -> np.ndarray:
-        # [R, M]: the members' weights, each resample's row contiguous (summed along it)
-        rows = by_resample.take(self.images, axis=1)
-        result = np.zeros((self.size, rows.shape[0]), dtype=_SUMS)
-        result[self.segments] = np.add.reduceat(rows, self.starts, axis=1).T
-        return np.cumsum(result, axis=0, out=result)
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's threads (its sparse products') set to `count` for the threads started inside,
+    then put back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
