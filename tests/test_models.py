@@ -180,6 +180,50 @@ def test_a_batch_decodes_to_each_images_own_decoding_exactly(window: int) -> Non
             assert torch.equal(found[key], alone[key]), (i, key)
 
 
+def test_the_peak_test_is_max_pool2ds_3x3_window_at_every_cell() -> None:
+    """Decoding's 3x3 maximum (four elementwise maxima, not max_pool2d's slower kernel) is
+    max_pool2d's, ties, -inf and NaN included, on a channels-last map too."""
+    from pipeline.models.centernet import _largest_around
+
+    generator = torch.Generator().manual_seed(4)
+    values = torch.randint(0, 4, (2, 3, 9, 7), generator=generator).float()  # many ties
+    values[0, 0, 0, 0] = float("-inf")
+    values[1, 2, 4, 4] = float("nan")
+    for case in (values, values.to(memory_format=torch.channels_last)):
+        expected = torch.nn.functional.max_pool2d(case, 3, stride=1, padding=1)
+        assert torch.equal(_largest_around(case).isnan(), expected.isnan())
+        assert torch.equal(_largest_around(case).nan_to_num(), expected.nan_to_num())
+
+
+def test_decodings_gather_reads_what_indexing_reads_in_any_layout() -> None:
+    """values[image, channel, row, col] through one index into the memory: row-major,
+    channels-last and a strided view (copied first) alike."""
+    from pipeline.models.centernet import _gather
+
+    generator = torch.Generator().manual_seed(5)
+    values = torch.randn(3, 8, 6, 5, generator=generator)
+    index = [torch.randint(0, n, (3, 4, 1), generator=generator) for n in values.shape]
+    index[1] = index[1] % 7 + torch.arange(2)  # broadcast along the last dimension, as boxes'
+    for case in (
+        values,
+        values.to(memory_format=torch.channels_last),
+        values[:, ::2].repeat(1, 2, 1, 1)[:, :, :, :5],
+        torch.randn(3, 8, 6, 10, generator=generator)[..., ::2],
+    ):
+        assert torch.equal(_gather(case, *index), case[index[0], index[1], index[2], index[3]])
+
+
+def test_a_nan_score_leaves_the_other_detections_of_its_image_as_they_were() -> None:
+    """topk ranks a NaN first: the detections above 0 are then not the first ones, and each
+    image still keeps exactly its detections scoring above 0."""
+    model = tiny("multilabel").eval()
+    outputs = one_peak_outputs("multilabel")
+    outputs["heatmap"][0, 0, 10, 10] = float("nan")
+    (found,) = model.decode(outputs, max_detections=100)
+    assert found["labels"].tolist() == [2]
+    assert found["scores"].tolist() == [torch.tensor(5.0).sigmoid().item()]
+
+
 def one_peak_outputs(label_mode: str) -> dict[str, torch.Tensor]:
     """A 16x16 map with one object of class 2 at cell (y=5, x=7): box centre (31, 21), 12x8 px."""
     h = w = 16

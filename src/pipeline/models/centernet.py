@@ -63,6 +63,36 @@ def _xyxy(
     return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=-1)
 
 
+def _largest_around(values: torch.Tensor) -> torch.Tensor:
+    """Each cell's largest value in the 3x3 window around it [B,C,h,w] (cells outside the map
+    left out): max_pool2d(values, 3, stride=1, padding=1), as the maximum of the three rows'
+    maxima of three. On a CPU max_pool2d's kernel costs several times these four maxima
+    (it keeps every maximum's index)."""
+    padded = F.pad(values, (1, 1, 1, 1), value=float("-inf"))
+    across = torch.maximum(torch.maximum(padded[..., :-2], padded[..., 1:-1]), padded[..., 2:])
+    return torch.maximum(
+        torch.maximum(across[..., :-2, :], across[..., 1:-1, :]), across[..., 2:, :]
+    )
+
+
+def _gather(
+    values: torch.Tensor,
+    image: torch.Tensor,
+    channel: torch.Tensor,
+    row: torch.Tensor,
+    col: torch.Tensor,
+) -> torch.Tensor:
+    """values[image, channel, row, col] (indices broadcast together), read through one index
+    into the values' memory: four index tensors broadcast and read one by one cost several
+    times that, and a channels-last map is read where it lies, not copied first."""
+    if not (values.is_contiguous() or values.is_contiguous(memory_format=torch.channels_last)):
+        values = values.contiguous()
+    step = values.stride()
+    place = image * step[0] + channel * step[1] + row * step[2] + col * step[3]
+    span = 1 + sum((size - 1) * stride for size, stride in zip(values.shape, step, strict=True))
+    return values.as_strided((span,), (1,))[place]  # the memory the values lie in, in order
+
+
 def decode_boxes(regression: torch.Tensor, stride: int) -> torch.Tensor:
     """xyxy boxes [B,h,w,4] at every cell of one box per cell, [B,4,h,w]."""
     _, _, h, w = regression.shape
@@ -272,9 +302,7 @@ class CenterNet(nn.Module):
             raise ValueError(f"centre_window must be an odd number >= 1, got {centre_window!r}")
         probs = self.class_probs(outputs)
         batch, classes, h, w = probs.shape
-        peaks = self.detection_scores(outputs, probs) * (
-            F.max_pool2d(probs, 3, stride=1, padding=1) == probs
-        )
+        peaks = self.detection_scores(outputs, probs) * (_largest_around(probs) == probs)
         k = min(max_detections, classes * h * w)
         scores, flat = peaks.reshape(batch, -1).topk(k, dim=1)
         labels = flat // (h * w)
@@ -292,18 +320,25 @@ class CenterNet(nn.Module):
         col = (cells % w)[..., None] + cols_off
         inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
         row, col = row.clamp(0, h - 1), col.clamp(0, w - 1)
-        weight = probs[image, labels[..., None], row, col] * inside
+        weight = _gather(probs, image, labels[..., None], row, col) * inside
         # each cell's box from the detection's own class's box channels
-        values = regression[
-            image[..., None], labels[..., None, None] * 4 + coords, row[..., None], col[..., None]
-        ]
+        channel = (labels[..., None] * 4)[..., None] + coords
+        values = _gather(regression, image[..., None], channel, row[..., None], col[..., None])
         boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [B, K, window**2, 4]
         centres = (boxes[..., :2] + boxes[..., 2:]) / 2
         centre = (centres * weight[..., None]).sum(2) / weight.sum(2, keepdim=True)
         half = (boxes[:, :, middle, 2:] - boxes[:, :, middle, :2]) / 2
         picked = torch.cat([centre - half, centre + half], dim=-1)
         picked = torch.minimum(picked.clamp(min=0), size)
+        # topk ranks in descending order, so an image's detections above 0 come first: its
+        # first `found` of them, unless a NaN score (ranked first) breaks the order
         keep = scores > 0
+        found = keep.sum(dim=1)
+        if bool((keep == (torch.arange(k, device=keep.device) < found[:, None])).all()):
+            return [
+                {"boxes": picked[i, :n], "scores": scores[i, :n], "labels": labels[i, :n]}
+                for i, n in enumerate(found.tolist())
+            ]
         return [
             {
                 "boxes": picked[i][keep[i]],
