@@ -218,8 +218,9 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
     monkeypatch, float32_exact: int
 ) -> None:
     """The sums the intervals read: each resample's weight of the members ranked at or above
-    each position, members of one image falling together between two positions included,
-    the same integers whether summed in float32 or (where float32 could round) float64."""
+    each position, members of one image falling together between two positions included, and
+    each resample's objects; the same integers whether summed in float32 or (where float32
+    could round) float64."""
     from pipeline.evaluation import weighted_sums
 
     monkeypatch.setattr(weighted_sums, "_FLOAT32_EXACT", float32_exact)
@@ -237,6 +238,9 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
     expected = np.cumsum(drawn, axis=0)[positions]
     assert found.dtype == np.int32
     np.testing.assert_array_equal(found, expected)
+    counts = rng.integers(0, 9, (4, images))  # objects by image, per area range
+    weighed = weighted_sums.Weights(weights).weighed(counts)
+    np.testing.assert_array_equal(weighed, counts.astype(np.int64) @ weights.astype(np.int64))
 
 
 def test_blocks_computed_side_by_side_run_torch_on_one_thread_each_and_give_them_back(

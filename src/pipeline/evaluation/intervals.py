@@ -260,7 +260,7 @@ def ranked_ap(
     blocks of weights are read (each block's `Weights` made once for every class)."""
     areas, ious, _ = ranking.is_tp.shape
     weights = by_image if isinstance(by_image, Weights) else Weights(by_image)
-    objects = ranking.gt_per_image @ weights.by_image  # [A, R]
+    objects = weights.weighed(ranking.gt_per_image)  # [A, R]
     result = np.full((areas, ious, weights.by_image.shape[1]), np.nan)
     images = weights.by_image.shape[0]
     for a, area in enumerate(plan if plan is not None else _plan(ranking, images)):

@@ -14,7 +14,7 @@ import torch
 _FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
 # weights summed: at most 100 detections of a class per image (maxDets) times the draws, so
 # int32 holds them up to 20 million images, at half int64's memory traffic
-_SUMS = np.int32
+_SUMS = torch.int32
 
 
 class Weights:
@@ -30,6 +30,19 @@ class Weights:
         if dtype not in self._tensors:
             self._tensors[dtype] = torch.from_numpy(self.by_image.astype(_NUMPY[dtype]))
         return self._tensors[dtype]
+
+    def exact_type(self, members: int) -> torch.dtype:
+        """The floating-point type whose sums of `members` of these weights are exact
+        integers: float32 while they cannot reach 2**24, else float64 (up to 2**53)."""
+        return torch.float32 if members * self.largest < _FLOAT32_EXACT else torch.float64
+
+    def weighed(self, counts: np.ndarray) -> np.ndarray:
+        """[..., R] int64: non-negative integer counts by image [..., I] weighed by each
+        resample, as a floating-point matrix product (BLAS: numpy's integer product is a plain
+        loop several times slower), exact (see exact_type)."""
+        dtype = self.exact_type(int(counts.sum()))
+        product = counts.astype(_NUMPY[dtype]) @ self.tensor(dtype).numpy()
+        return product.astype(np.int64)
 
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
@@ -64,10 +77,11 @@ class SumsAt:
         }
 
     def __call__(self, weights: Weights) -> np.ndarray:
-        exact32 = self.members * weights.largest < _FLOAT32_EXACT
-        dtype = torch.float32 if exact32 else torch.float64
-        sums = (self._matrices[dtype] @ weights.tensor(dtype)).numpy()
-        return np.cumsum(sums, axis=0, dtype=_SUMS)
+        dtype = weights.exact_type(self.members)
+        sums = self._matrices[dtype] @ weights.tensor(dtype)
+        # down the positions in torch: numpy's cumsum along the first axis steps through
+        # memory column by column, several times slower
+        return torch.cumsum(sums, dim=0, dtype=_SUMS).numpy()
 
 
 def _csr(
