@@ -445,6 +445,114 @@ def test_faster_coco_eval_gives_pycocotools_figures_intervals_and_matches(monkey
     assert_same_figures(faster, own)
 
 
+def plain_pycocotools(gts: list, dets: list, classes: int, backend: tuple) -> list[float]:
+    """AP, AP@.5, AP@.75 and each class's AP@.5 as a user of COCO's API gets them: results
+    through loadRes, COCOeval's default area ranges and detection limits, summarize."""
+    import contextlib
+    import io
+
+    COCO, COCOeval = backend
+    images = [{"id": g["image_id"], "height": 128, "width": 128} for g in gts]
+    annotations = []
+    for g in gts:
+        for crowd, boxes, labels in (
+            (0, g["boxes"], g["labels"]),
+            (1, g.get("ignore_boxes", []), g.get("ignore_labels", [])),
+        ):
+            for (x1, y1, x2, y2), label in zip(boxes, labels, strict=True):
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": g["image_id"],
+                        "category_id": int(label) + 1,
+                        "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
+                        "area": float(x2 - x1) * float(y2 - y1),
+                        "iscrowd": crowd,
+                    }
+                )
+    results = [
+        {
+            "image_id": d["image_id"],
+            "category_id": int(label) + 1,
+            "bbox": [float(x1), float(y1), float(x2) - float(x1), float(y2) - float(y1)],
+            "score": float(score),
+        }
+        for d in dets
+        for (x1, y1, x2, y2), score, label in zip(
+            np.asarray(d["boxes"], dtype=np.float64), d["scores"], d["labels"], strict=True
+        )
+    ]
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO()
+        truth.dataset = {
+            "images": images,
+            "annotations": annotations,
+            "categories": [{"id": c + 1, "name": str(c)} for c in range(classes)],
+        }
+        truth.createIndex()
+        evaluation = COCOeval(truth, truth.loadRes(results), "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    at_50 = evaluation.eval["precision"][0, :, :, 0, -1]  # [R, K], all areas, 100 detections
+    per_class = [float(at_50[:, k].mean()) for k in range(classes)]
+    return [*(float(v) for v in evaluation.stats[:3]), *per_class]
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_ap_figures_are_those_of_cocos_own_api_on_the_same_results(monkeypatch, backend) -> None:
+    """coco_ap hands COCOeval its detections as COCO.loadRes would have completed them, and
+    leaves empty size buckets out: AP, AP@.5, AP@.75 and each class's AP@.5 are, bit for bit,
+    what COCO's API gives a user loading the same results, crowd regions included."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from pipeline.evaluation import coco
+
+    if backend == "pycocotools":
+        monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, COCOeval))
+        classes = (COCO, COCOeval)
+    else:
+        faster = pytest.importorskip("faster_coco_eval")
+        classes = (faster.COCO, faster.COCOeval_faster)
+    gts, dets = noisy_scene(30, seed=9)
+    for truth in gts[::4]:
+        truth.update(with_ignore(truth, [[90, 90, 120, 120]], [1]))
+    result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    expected = plain_pycocotools(gts, dets, 3, classes)
+    got = [result["ap"], result["ap50"], result["ap75"], *(r["ap50"] for r in result["per_class"])]
+    assert got == expected
+    assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0
+
+
+def test_a_size_bucket_without_objects_is_left_out_of_cocoeval_with_the_same_figures(
+    monkeypatch,
+) -> None:
+    """No object is large here: COCOeval evaluates "all", "small" and "medium" alone (a
+    quarter less work, and of its per-image results to read), and every figure, interval and
+    match is what it gives with the empty bucket evaluated too."""
+    from pipeline.evaluation import coco
+
+    gts, dets = noisy_scene(40, seed=12)  # objects of 8 to 40 px
+    seen: list[list[str]] = []
+    evaluate = coco.walk
+
+    def watching(evaluation: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(list(evaluation.params.areaRngLbl))
+        return evaluate(evaluation, *args, **kwargs)
+
+    monkeypatch.setattr(coco, "walk", watching)
+    names = ["x", "y", "z"]
+    lean = coco_ap(gts, dets, 3, (128, 128), names, score_threshold=0.4, ap_intervals=True)
+    every = coco._area_ranges
+    monkeypatch.setattr(coco, "_area_ranges", lambda buckets=(): every())
+    whole = coco_ap(gts, dets, 3, (128, 128), names, score_threshold=0.4, ap_intervals=True)
+    assert seen == [["all", "small", "medium"], ["all", "small", "medium", "large"]]
+    assert lean["size_buckets"]["large"]["num_gt"] == 0
+    assert lean["size_buckets"]["medium"]["ap50_interval"] is not None
+    assert_same_figures(lean, whole)
+
+
 def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> None:
     widths = []
     for images in (20, 80):

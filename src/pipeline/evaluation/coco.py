@@ -48,17 +48,19 @@ def _xywh(box: np.ndarray) -> list[float]:
     return [x1, y1, x2 - x1, y2 - y1]
 
 
-def _area_ranges() -> tuple[list[list[float]], list[str]]:
-    """pycocotools' areaRng and areaRngLbl for "all" and SIZE_BUCKETS.
+def _area_ranges(buckets: Iterable[str] = SIZE_BUCKETS) -> tuple[list[list[float]], list[str]]:
+    """pycocotools' areaRng and areaRngLbl for "all" and `buckets` (of SIZE_BUCKETS).
 
     pycocotools keeps areas with lower <= area <= upper; an upper bound one float below
     upper**2 makes each bucket [lower**2, upper**2).
     """
-    ranges = [[0.0, _NO_LIMIT**2]]
-    for lower, upper in SIZE_BUCKETS.values():
-        top = _NO_LIMIT**2 if upper is None else float(np.nextafter(upper**2, 0.0))
-        ranges.append([lower**2, top])
-    return ranges, ["all", *SIZE_BUCKETS]
+    ranges, labels = [[0.0, _NO_LIMIT**2]], ["all"]
+    for name, (lower, upper) in SIZE_BUCKETS.items():
+        if name in buckets:
+            top = _NO_LIMIT**2 if upper is None else float(np.nextafter(upper**2, 0.0))
+            ranges.append([lower**2, top])
+            labels.append(name)
+    return ranges, labels
 
 
 def _bucket_counts(areas: np.ndarray) -> dict[str, int]:
@@ -171,6 +173,8 @@ def _ap_intervals(
         }
     buckets = {}
     for name in SIZE_BUCKETS:
+        if name not in labels:  # no objects there: left out of COCOeval, no intervals
+            continue
         area = labels.index(name)
         buckets[name] = {
             "ap50_interval": interval_of(samples.mean_at(area, at_50), images),
@@ -328,13 +332,26 @@ def coco_ap(
         check_labels(labels, num_classes, image_id, "Detections")
         boxes = as_boxes(det["boxes"])
         xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+        # as COCO.loadRes completes a bbox result (area w * h, ids from 1 in order, no
+        # crowd), less the box's polygon that only segmentation reads
         results.extend(
-            {"image_id": image_id, "category_id": category, "bbox": box, "score": score}
-            for box, score, category in zip(
-                xywh.tolist(),
-                as_vector(det["scores"], np.float64).tolist(),
-                (labels + 1).tolist(),
-                strict=True,
+            {
+                "image_id": image_id,
+                "category_id": category,
+                "bbox": box,
+                "score": score,
+                "area": box[2] * box[3],
+                "id": number,
+                "iscrowd": 0,
+            }
+            for number, (box, score, category) in enumerate(
+                zip(
+                    xywh.tolist(),
+                    as_vector(det["scores"], np.float64).tolist(),
+                    (labels + 1).tolist(),
+                    strict=True,
+                ),
+                start=len(results) + 1,  # read once, before extending
             )
         )
 
@@ -390,22 +407,33 @@ def coco_ap(
         }
 
     COCO, COCOeval = cocoeval_classes()
-    dataset = {
-        "info": {},
-        "images": images,
-        "annotations": annotations,
-        "categories": [{"id": c + 1, "name": class_names[c]} for c in range(num_classes)],
-    }
+    categories = [{"id": c + 1, "name": class_names[c]} for c in range(num_classes)]
     with contextlib.redirect_stdout(io.StringIO()):
-        coco_gt = COCO()
-        coco_gt.dataset = dataset
+        coco_gt, coco_dt = COCO(), COCO()
+        coco_gt.dataset = {
+            "info": {},
+            "images": images,
+            "annotations": annotations,
+            "categories": categories,
+        }
+        # loadRes would copy the images and complete every result dict one by one in Python
+        coco_dt.dataset = {
+            "info": {},
+            "images": list(images),
+            "annotations": results,
+            "categories": [dict(category) for category in categories],
+        }
         coco_gt.createIndex()
-        coco_dt = coco_gt.loadRes(results)
+        coco_dt.createIndex()
         evaluation = COCOeval(coco_gt, coco_dt, "bbox")
         if hasattr(evaluation, "separate_eval"):  # faster-coco-eval: keep per-image results
             evaluation.separate_eval = True
             evaluation.print_function = _silent
-        evaluation.params.areaRng, evaluation.params.areaRngLbl = _area_ranges()
+        # a bucket without objects has no figures: COCOeval and its per-image results need
+        # not hold it (the default run's "large" at 128 px)
+        evaluation.params.areaRng, evaluation.params.areaRngLbl = _area_ranges(
+            [name for name, count in counts.items() if count]
+        )
         # every figure is at 100 detections per image: accumulate at 1 and 10 too (the
         # defaults) would triple its work for recall figures nobody reads
         evaluation.params.maxDets = [_MAX_DETECTIONS]
@@ -435,6 +463,10 @@ def coco_ap(
     walked = walk(evaluation, at_50, score_threshold, rankings=ap_intervals)
     bucket_class_ap50: dict[str, list[float | None]] = {}
     for name in SIZE_BUCKETS:
+        if name not in params.areaRngLbl:  # no objects there
+            bucket_class_ap50[name] = [None] * num_classes
+            bucket_ap50[name] = bucket_ap[name] = bucket_recall[name] = None
+            continue
         area = params.areaRngLbl.index(name)
         values = evaluation.eval["precision"][:, :, :, area, -1]  # [T, R, K]
         present = (values > -1).any(axis=(0, 1))  # classes with ground truth in this bucket
