@@ -553,6 +553,15 @@ def test_a_size_bucket_without_objects_is_left_out_of_cocoeval_with_the_same_fig
     assert_same_figures(lean, whole)
 
 
+def test_coco_ap_with_its_intervals_and_matches_is_plain_json(monkeypatch) -> None:
+    """Every value is JSON's own type (no numpy scalar such as COCOeval's category ids): the
+    eval JSON is written in one pass, not encoded, refused and converted first."""
+    gts, dets = noisy_scene(20, seed=6)
+    result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], 0.4, ap_intervals=True)
+    assert [row["label"] for row in result["ap50_matches"]["classes"]] == [0, 1, 2]
+    json.dumps(result, allow_nan=False)
+
+
 def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> None:
     widths = []
     for images in (20, 80):

@@ -192,7 +192,7 @@ def _ap_intervals(
         matches={
             "image_ids": [int(image_id) for image_id in params.imgIds],
             "classes": [
-                ranking.matches(everything, at_50).as_document(category_id - 1)
+                ranking.matches(everything, at_50).as_document(int(category_id) - 1)
                 for category_id, ranking in zip(category_ids, walked.rankings, strict=True)
             ],
         },
