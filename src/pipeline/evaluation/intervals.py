@@ -10,6 +10,7 @@ false positives off those sums.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,7 +125,15 @@ class _RecallPoints:
         self.thresholds = thresholds
         self.count = thresholds.size
         self.table = None
-        if lookups * objects.size > objects.sum():
+        if lookups * objects.size > objects.sum() and thresholds is RECALL_THRESHOLDS:
+            # COCO's points: each count's table made once (resamples, blocks and classes
+            # share counts), laid end to end for this block's counts
+            counts, which = np.unique(objects, return_inverse=True)
+            tables = [_coco_points(int(count)) for count in counts]
+            sizes = np.asarray([table.size for table in tables])
+            self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
+            self.table = np.concatenate(tables)
+        elif lookups * objects.size > objects.sum():
             span = objects + 1
             self.offsets = np.cumsum(span) - span
             found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
@@ -137,6 +146,16 @@ class _RecallPoints:
         if self.table is None:
             return _thresholds_reached(tp / self.objects[None, :], self.thresholds)
         return self.table[tp + self.offsets[None, :]]
+
+
+@functools.lru_cache(maxsize=1 << 12)  # emptied after each evaluation's intervals
+def _coco_points(objects: int) -> np.ndarray:
+    """[objects + 1]: how many of COCO's recall points n true positives of `objects` reach,
+    n = 0..objects, as _RecallPoints reads them (read-only: shared)."""
+    recall = np.arange(objects + 1) / max(objects, 1)
+    table = _thresholds_reached(recall, RECALL_THRESHOLDS).astype(np.uint8)
+    table.flags.writeable = False
+    return table
 
 
 def _average_precision(
@@ -362,6 +381,7 @@ def resampled_ap(
             plan = _plan(ranking, images)
             found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
             by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
+    _coco_points.cache_clear()
     return APSamples(np.stack(by_class, axis=2))
 
 
