@@ -88,9 +88,12 @@ def _gather(
     if not (values.is_contiguous() or values.is_contiguous(memory_format=torch.channels_last)):
         values = values.contiguous()
     step = values.stride()
-    place = image * step[0] + channel * step[1] + row * step[2] + col * step[3]
+    # the small index tensors summed first: one pass over the broadcast shape, not three
+    place = (image * step[0] + channel * step[1]) + (row * step[2] + col * step[3])
     span = 1 + sum((size - 1) * stride for size, stride in zip(values.shape, step, strict=True))
-    return values.as_strided((span,), (1,))[place]  # the memory the values lie in, in order
+    memory = values.as_strided((span,), (1,))  # the memory the values lie in, in order
+    # index_select: several times faster than indexing with a tensor on a CPU
+    return memory.index_select(0, place.reshape(-1)).reshape(place.shape)
 
 
 def decode_boxes(regression: torch.Tensor, stride: int) -> torch.Tensor:
