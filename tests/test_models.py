@@ -196,8 +196,8 @@ def test_the_peak_test_is_max_pool2ds_3x3_window_at_every_cell() -> None:
 
 
 def test_decodings_gather_reads_what_indexing_reads_in_any_layout() -> None:
-    """values[image, channel, row, col] through one index into the memory: row-major,
-    channels-last and a strided view (copied first) alike."""
+    """values[image, channel, row, col] through one flat index: row-major, channels-last and
+    strided views alike."""
     from pipeline.models.centernet import _gather
 
     generator = torch.Generator().manual_seed(5)

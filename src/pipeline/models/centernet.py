@@ -82,18 +82,14 @@ def _gather(
     row: torch.Tensor,
     col: torch.Tensor,
 ) -> torch.Tensor:
-    """values[image, channel, row, col] (indices broadcast together), read through one index
-    into the values' memory: four index tensors broadcast and read one by one cost several
-    times that, and a channels-last map is read where it lies, not copied first."""
-    if not (values.is_contiguous() or values.is_contiguous(memory_format=torch.channels_last)):
-        values = values.contiguous()
-    step = values.stride()
+    """values[image, channel, row, col] (indices broadcast together), read with index_select
+    through one flat index: four index tensors broadcast and read one by one cost several
+    times that on a CPU."""
+    _, channels, height, width = values.shape
     # the small index tensors summed first: one pass over the broadcast shape, not three
-    place = (image * step[0] + channel * step[1]) + (row * step[2] + col * step[3])
-    span = 1 + sum((size - 1) * stride for size, stride in zip(values.shape, step, strict=True))
-    memory = values.as_strided((span,), (1,))  # the memory the values lie in, in order
-    # index_select: several times faster than indexing with a tensor on a CPU
-    return memory.index_select(0, place.reshape(-1)).reshape(place.shape)
+    place = (image * channels + channel) * (height * width) + (row * width + col)
+    flat = values.contiguous().view(-1)  # row-major (a channels-last map copied once)
+    return flat.index_select(0, place.reshape(-1)).reshape(place.shape)
 
 
 def decode_boxes(regression: torch.Tensor, stride: int) -> torch.Tensor:
