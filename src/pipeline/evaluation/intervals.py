@@ -125,7 +125,9 @@ class _RecallPoints:
         self.thresholds = thresholds
         self.count = thresholds.size
         self.table = None
-        if lookups * objects.size > objects.sum() and thresholds is RECALL_THRESHOLDS:
+        if lookups * objects.size <= objects.sum():
+            return
+        if thresholds is RECALL_THRESHOLDS:
             # COCO's points: each count's table made once (resamples, blocks and classes
             # share counts), laid end to end for this block's counts
             counts, which = np.unique(objects, return_inverse=True)
@@ -133,13 +135,13 @@ class _RecallPoints:
             sizes = np.asarray([table.size for table in tables])
             self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
             self.table = np.concatenate(tables)
-        elif lookups * objects.size > objects.sum():
+        else:
             span = objects + 1
             self.offsets = np.cumsum(span) - span
             found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
             self.table = _thresholds_reached(
                 found / np.repeat(self.objects, span), thresholds
-            ).astype(np.min_scalar_type(thresholds.size))  # a byte for COCO's 101: less to move
+            ).astype(np.min_scalar_type(thresholds.size))  # the smallest type: less to move
 
     def __call__(self, tp: np.ndarray) -> np.ndarray:
         """[H, R] the thresholds reached by the true positives [H, R] (at most `objects`)."""
