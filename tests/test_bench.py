@@ -26,6 +26,7 @@ from pipeline import numerics as numerics_
 from pipeline.config import load_config
 from pipeline.device import DeviceTimer, PeakMemory, available_backends
 from pipeline.models import build_model
+from pipeline.summary import decisions
 
 MB = 1024 * 1024
 CONDITION_KEYS = {
@@ -126,7 +127,9 @@ def test_timed_runs_warms_up_until_settled_then_stops_at_max_steps(clock: FakeCl
     }
 
 
-def test_a_stop_rule_ends_the_warm_up_after_its_fewest_steps(clock: FakeClock) -> None:
+def test_a_stop_rule_is_asked_after_every_warm_up_step_and_ends_it_at_its_reason(
+    clock: FakeClock,
+) -> None:
     def step() -> None:
         clock.now += 0.5
 
@@ -134,11 +137,11 @@ def test_a_stop_rule_ends_the_warm_up_after_its_fewest_steps(clock: FakeClock) -
 
     def end_warmup(times: list[float]) -> str | None:
         seen.append(len(times))
-        return "far behind"
+        return "far behind" if len(times) == 2 else None
 
-    details = timing.warm_up(step, "cpu", warmup=3, budget_s=100.0, end_warmup=end_warmup)
-    assert seen == [3]  # asked only once the fewest warm-up steps have run
-    assert details["warmup_steps"] == 3 and details["warmup_settled"] is False
+    details = timing.warm_up(step, "cpu", warmup=5, budget_s=100.0, end_warmup=end_warmup)
+    assert seen == [1, 2]  # before the fewest warm-up steps too: the rule judges its evidence
+    assert details["warmup_steps"] == 2 and details["warmup_settled"] is False
     assert details["warmup_ended_early"] == "far behind"
 
 
@@ -618,13 +621,16 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     by_precision = {r["precision"]: r for r in records}
     assert [r["precision"] for r in records] == ["fp32", "bf16", "fp16"]
     slow = by_precision["fp16"]["timing"]
-    assert slow["count"] == stats.MIN_SAMPLES_FOR_A_CLAIM and slow["budget_limited"] is False
-    assert slow["stopped_early"].startswith(
-        f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, fp16 is 14."
-    )
-    assert "x slower (95% interval" in slow["stopped_early"]
+    # one block of timed steps, every one far behind fp32's: the fewest a verdict rests on
+    assert slow["count"] == stats.MIN_STEPS_APART == bench.BLOCK_STEPS
+    assert slow["budget_limited"] is False and slow["rounds"] == [0, 0]
+    assert slow["stopped_early"].startswith(f"after {stats.MIN_STEPS_APART} timed steps, fp16 is ")
+    ratio = float(slow["stopped_early"].split(" is ")[1].split("x")[0])
+    assert ratio == pytest.approx(14.0, rel=0.05)
+    assert "x slower than fp32's median so far" in slow["stopped_early"]
     assert slow["stopped_early"].endswith("so it cannot be the faster precision")
-    assert slow["warmup_steps"] == 5 and slow["warmup_settled"] is False
+    # its warm-up judged it from its second step (the first builds the primitives)
+    assert slow["warmup_steps"] == bench.FEWEST_STEPS_TO_JUDGE and slow["warmup_settled"] is False
     assert "more than settling gains" in slow["warmup_ended_early"]
     # ... and no second model instance: its first one's steps already stop it
     assert slow["instances_timed"] == 1 and set(slow["instances"]) == {0}
@@ -641,6 +647,57 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert choice.precision == "bf16", choice.reason
     fp16 = next(c for c in choice.candidates if c.precision == "fp16")
     assert fp16.speedup["verdict"] == "slower"
+    assert fp16.speedup["text"].startswith(f"{1 / fp16.speedup['ratio']:.2f}x slower (95% interval")
+    # ... and the summary's flags say why it has so few steps
+    flags = " ".join(decisions.flags_of(by_precision["fp16"]))
+    assert f"stopped early: {stats.MIN_STEPS_APART} of 30 steps" in flags
+    assert f"warm-up ended after {bench.FEWEST_STEPS_TO_JUDGE} steps" in flags
+
+
+def settling_steps(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float], first: list[float]
+) -> None:
+    """Steps of `ms[precision]` (+-1%) on every model built, its first steps `first[i]` times
+    slower (the first builds the primitives, the allocator grows over the next ones)."""
+
+    def fake_step(model, images, targets, device, precision, mode, settings, layout):
+        jitter = np.random.default_rng(len(precision))
+        count = iter(range(10**6))
+
+        def step() -> None:
+            index = next(count)
+            factor = first[index] if index < len(first) else 1.0
+            clock.now += ms[precision] / 1000 * factor * (1 + 0.01 * jitter.standard_normal())
+
+        return step
+
+    monkeypatch.setattr(bench, "_step", fake_step)
+
+
+def test_a_precision_slow_at_first_that_settles_faster_than_fp32_is_timed_in_full_and_chosen(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """Its first step 20x its settled time, its second 2.8x (beyond SETTLING_GAIN_LIMIT x
+    fp32's median in its first step alone, within it from the second): its warm-up waits to
+    settle, every instance is built, every step timed, and it wins."""
+    slow_start = [20.0, 2.8, 2.0, 1.4]
+    settling = {"fp32": 50.0, "bf16": 40.0}
+    settling_steps(monkeypatch, clock, settling, slow_start)
+    acceptable = {"acceptable": True, "problem": None}
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: acceptable)
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0, instances=3)
+    settings["warmup_budget_s"] = 1000.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "bf16"], ["train"], ["tiny_conv"], settings
+    )
+    fp32, bf16 = (r["timing"] for r in records)
+    assert bf16["count"] == 30 and bf16["stopped_early"] is None
+    assert bf16["warmup_ended_early"] is None and bf16["warmup_settled"] is True
+    assert bf16["instances_timed"] == fp32["instances_timed"] == 3
+    choice = measured.choose_precision(
+        [(record, "bench.json") for record in records], "cpu", "tiny_conv", {}
+    )
+    assert choice.precision == "bf16", choice.reason
 
 
 def machine_steps(
@@ -790,13 +847,13 @@ def test_a_precision_far_slower_than_fp32_gets_one_instance_even_when_its_budget
     and a second and third instance would only cost two more warm-up budgets."""
     built = instance_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": 700.0}, [1.0, 1.0, 1.0])
     settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0, instances=3)
-    settings["warmup_budget_s"] = 1.0
+    settings["warmup_budget_s"] = 0.5
     records = bench.run_backend(
         torch.device("cpu"), ["fp32", "fp16"], ["train"], ["tiny_conv"], settings
     )
     assert [precision for precision, _ in built].count("fp16") == 1
     slow = records[1]["timing"]
-    assert slow["warmup_ended_early"] is None and slow["warmup_steps"] < 5
+    assert slow["warmup_ended_early"] is None and slow["warmup_steps"] == 1
     assert slow["instances_timed"] == 1 and records[0]["timing"]["instances_timed"] == 3
     assert "slower" in slow["stopped_early"]
 
@@ -850,11 +907,29 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
     ).paired_rounds
 
 
-def test_a_precision_many_times_slower_stops_before_any_round_is_paired() -> None:
-    fp32 = _timed([50.0, 50.5, 49.5, 49.8], [0, 0, 1, 1])
+def test_a_precision_many_times_slower_stops_after_its_first_block_of_timed_steps() -> None:
+    fp32 = _timed([50.0, 50.5], [0, 0])
     _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
-    reason = stop(_timed([700.0, 705.0, 698.0, 702.0, 701.0], [0, 0, 1, 1, 2]))
-    assert reason.startswith(f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, fp16 is 14.")
+    assert stop(_timed([700.0], [0])) is None  # one step supports no verdict
+    reason = stop(_timed([700.0, 705.0], [0, 0]))
+    assert reason.startswith(f"after {stats.MIN_STEPS_APART} timed steps, fp16 is 13.9")
+    # every step must be beyond SETTLING_GAIN_LIMIT x fp32's median, not just the median
+    within = bench.SETTLING_GAIN_LIMIT * 50.25 * 0.99
+    assert stop(_timed([700.0, within], [0, 0])) is None
+    assert stop(_timed([700.0, within, 705.0], [0, 0, 1])) is None
+
+
+def test_the_warm_up_judges_a_precision_from_its_second_step_not_its_first() -> None:
+    """The first step of a new model builds its primitives: alone, however slow, it ends
+    nothing; from the second on, the fastest step is judged."""
+    end_warmup, _ = bench.slower_than([0.05] * 10, _timed([50.0], [0]), "fp16")
+    assert end_warmup([2.0]) is None
+    assert end_warmup([2.0, 0.14]) is None  # within SETTLING_GAIN_LIMIT x 50 ms: may settle
+    reason = end_warmup([2.0, 0.7])
+    assert reason is not None and "its fastest warm-up step took 700.0 ms" in reason
+    # without fp32 warm-up steps to compare with, never
+    end_warmup, _ = bench.slower_than([], _timed([50.0], [0]), "fp16")
+    assert end_warmup([2.0, 0.7]) is None
 
 
 def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> None:

@@ -162,9 +162,24 @@ def run_backend(
 BLOCK_STEPS = 2
 
 # A new model's first steps run slower than its settled ones (oneDNN builds its primitives,
-# the allocator grows), by well under this factor: a precision whose fastest warm-up step is
-# further behind fp32's median than this cannot catch up by settling.
+# the allocator grows), by well under this factor from its second step on (the first builds
+# the primitives, or compiles the kernels, and can take many times longer): a precision whose
+# fastest step since is further behind fp32's median than this cannot catch up by settling.
 SETTLING_GAIN_LIMIT = 3.0
+FEWEST_STEPS_TO_JUDGE = 2  # warm-up steps the first of which is not judged alone
+
+
+def settled_median(warmup_s: list[float]) -> float:
+    """The median of a warm-up's last SETTLE_WINDOW steps (settled where it settled); inf
+    without steps."""
+    tail = warmup_s[-stats.SETTLE_WINDOW :]
+    return float(np.median(tail)) if tail else math.inf
+
+
+def far_behind(step_times: list[float], reference_warmup_s: list[float]) -> bool:
+    """Whether even the fastest of `step_times` is beyond SETTLING_GAIN_LIMIT x fp32's
+    settled warm-up median (never, without fp32 warm-up steps)."""
+    return min(step_times) > SETTLING_GAIN_LIMIT * settled_median(reference_warmup_s)
 
 
 def slower_than(
@@ -175,32 +190,45 @@ def slower_than(
     step times (its settled last SETTLE_WINDOW give the median), `reference` fp32's timed
     steps in the interleaved schedule, growing as they are timed.
 
-    Timing stops only on `stats.speedup`'s own verdict 'slower' (the whole interval below 1
-    by more than the tolerance) after the fewest steps a claim needs: the verdict the choice
-    reads from the same samples, so a precision that could still be chosen is never stopped.
-    Before MIN_ROUNDS_TO_PAIR rounds can be paired, the unpaired verdict stops only a
-    precision many times slower (every step beyond SETTLING_GAIN_LIMIT x fp32's median, as a
-    CPU without native bf16/fp16 is): a few blocks taken seconds apart see the machine's
-    drift. The warm-up only loses its wait for settling: the timed steps still decide.
+    A precision many times slower (every step beyond SETTLING_GAIN_LIMIT x fp32's median, as
+    a CPU without native fp16 or bf16 is) cannot be the faster one however it settles: its
+    warm-up ends as soon as FEWEST_STEPS_TO_JUDGE steps show it, and its timing once
+    `stats.MIN_STEPS_APART` timed steps do, the fewest from which `stats.speedup` gives a
+    verdict at all (where they lie beyond every step of fp32's full set). Otherwise timing stops only on
+    `stats.speedup`'s own verdict 'slower', paired by round (the whole interval below 1 by
+    more than the tolerance) after the fewest steps a claim needs: the verdict the choice
+    reads from the same samples, so a precision that could still be chosen is never stopped;
+    unpaired blocks of a few rounds, seconds apart, see the machine's drift. The warm-up only
+    loses its wait for settling: the timed steps still decide.
     """
-    settled_tail = reference_warmup_s[-stats.SETTLE_WINDOW :]
-    reference_median = float(np.median(settled_tail)) if settled_tail else math.inf
+    reference_median = settled_median(reference_warmup_s)
 
     def end_warmup(step_times: list[float]) -> str | None:
-        fastest = min(step_times)
-        if fastest <= SETTLING_GAIN_LIMIT * reference_median:  # always, without fp32 warm-up
+        if len(step_times) < FEWEST_STEPS_TO_JUDGE:
+            return None
+        if not far_behind(step_times, reference_warmup_s):
             return None
         return (
-            f"its fastest warm-up step took {fastest * 1000:.1f} ms, more than "
+            f"its fastest warm-up step took {min(step_times) * 1000:.1f} ms, more than "
             f"{SETTLING_GAIN_LIMIT:g}x fp32's median warm-up step ({reference_median * 1000:.1f} "
             "ms): more than settling gains"
         )
 
     def stop(own: timing.Timed) -> str | None:
         samples = own.samples
-        if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM or not reference.samples:
+        if len(samples) < stats.MIN_STEPS_APART or not reference.samples:
             return None
-        if np.median(samples) <= np.median(reference.samples) * (1 + stats.SPEEDUP_TOLERANCE):
+        fp32_median = float(np.median(reference.samples))
+        if min(samples) > SETTLING_GAIN_LIMIT * fp32_median:
+            return (
+                f"after {len(samples)} timed steps, {precision} is "
+                f"{np.median(samples) / fp32_median:.2f}x slower than fp32's median so far "
+                f"({fp32_median * 1000:.1f} ms), every step more than {SETTLING_GAIN_LIMIT:g}x "
+                "it, beyond what settling gains, so it cannot be the faster precision"
+            )
+        if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM:
+            return None
+        if np.median(samples) <= fp32_median * (1 + stats.SPEEDUP_TOLERANCE):
             return None  # not even its median is behind: spare the bootstrap
         paired = reference.instances and own.instances
         instances = (reference.instances, own.instances) if paired else None
@@ -210,11 +238,7 @@ def slower_than(
             rounds=(reference.rounds, own.rounds),
             instances=instances,
         )
-        if speed.verdict != "slower":
-            return None
-        if speed.paired_rounds is None and min(samples) <= SETTLING_GAIN_LIMIT * float(
-            np.median(reference.samples)
-        ):
+        if speed.verdict != "slower" or speed.paired_rounds is None:
             return None  # unpaired blocks of a few rounds see the machine's drift: wait to pair
         return (
             f"after {len(samples)} timed steps, {precision} is {speed.text} against fp32, "
@@ -282,7 +306,7 @@ def _run_interleaved(
     instance never show. Instance k of every precision is built from seed k, so a pair
     differs only in precision; all precisions' first instances are built and warmed up
     before any second one, and their warm-ups alone give the records' memory figures. A
-    precision whose warm-up steps show it far slower than fp32 (`slower_than`) gets no
+    precision whose warm-up steps show it far slower than fp32 (`far_behind`) gets no
     further instance: its first timed steps stop it.
     """
     device, settings = shared.device, shared.settings
@@ -386,8 +410,9 @@ def _warm_up_instance(
     model = model.to(device, memory_format=layout)
     fp32 = ready.get("fp32")
     end_warmup = stop = None
+    fp32_warmup = fp32.warmups[0]["step_times"] if fp32 is not None else []
     if fp32 is not None and precision != "fp32":
-        end_warmup, stop = slower_than(fp32.warmups[0]["step_times"], fp32.timed, precision)
+        end_warmup, stop = slower_than(fp32_warmup, fp32.timed, precision)
     first = instance == 0
     memory = None
     if first:
@@ -412,7 +437,8 @@ def _warm_up_instance(
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
-    # Far slower than fp32 (the warm-up's own rule, whether it or the budget ended the
-    # warm-up): its first timed steps stop it, so a further instance would only cost time.
-    if end_warmup is not None and warmed["step_times"] and end_warmup(warmed["step_times"]):
-        ready[precision].complete = True
+    # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
+    # warm-up, even after one step): its first timed steps stop it, so a further instance
+    # would only cost time.
+    if end_warmup is not None and warmed["step_times"]:
+        ready[precision].complete = far_behind(warmed["step_times"], fp32_warmup)

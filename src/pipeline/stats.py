@@ -25,6 +25,7 @@ SPEEDUP_TOLERANCE = 0.05  # a speed-up is claimed only where its whole interval 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
 MIN_SAMPLES_FOR_A_CLAIM = 5  # fewer timed steps than this in either set: no claim either way
+MIN_STEPS_APART = 2  # ... unless this many of one set lie beyond every step of the other
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -206,7 +207,7 @@ def _verdict(
     enough = sizes[0] >= MIN_SAMPLES_FOR_A_CLAIM
     # a budget-limited slow side with a few steps, all beyond every step of a well-timed side
     apart = (
-        sizes[0] >= 2
+        sizes[0] >= MIN_STEPS_APART
         and sizes[1] >= MIN_SAMPLES_FOR_A_CLAIM
         and (reference.min() > candidate.max() or candidate.min() > reference.max())
     )

@@ -37,8 +37,9 @@ def warm_up(
     """Run untimed steps: at least `warmup`, then until `settled()` (the first steps of a new
     model are slow while oneDNN builds its primitives and the allocator grows), for at most
     `budget_s`; at least one step when `warmup` > 0. The device is synchronized after every
-    step, and `memory` sampled. `end_warmup` sees the step times once the fewest have run:
-    a reason it gives ends the warm-up there (`warmup_ended_early`).
+    step, and `memory` sampled. `end_warmup` sees the step times after every step, before the
+    fewest have run too (it judges how many it needs): a reason it gives ends the warm-up
+    there (`warmup_ended_early`).
 
     The details also keep the step times (`step_times`, not part of a record).
     """
@@ -56,7 +57,7 @@ def warm_up(
         if len(times) >= warmup and settled(times):
             is_settled = True
             break
-        if len(times) >= warmup and end_warmup is not None:
+        if end_warmup is not None:
             ended_early = end_warmup(times)
             if ended_early:
                 break
