@@ -909,7 +909,8 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
 
 def test_a_precision_many_times_slower_stops_after_its_first_block_of_timed_steps() -> None:
     fp32 = _timed([50.0, 50.5], [0, 0])
-    _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
+    end_warmup, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
+    assert end_warmup([2.0, 0.7]) is not None  # its warm-up showed it first
     assert stop(_timed([700.0], [0])) is None  # one step supports no verdict
     reason = stop(_timed([700.0, 705.0], [0, 0]))
     assert reason.startswith(f"after {stats.MIN_STEPS_APART} timed steps, fp16 is 13.9")
@@ -917,6 +918,25 @@ def test_a_precision_many_times_slower_stops_after_its_first_block_of_timed_step
     within = bench.SETTLING_GAIN_LIMIT * 50.25 * 0.99
     assert stop(_timed([700.0, within], [0, 0])) is None
     assert stop(_timed([700.0, within, 705.0], [0, 0, 1])) is None
+
+
+def test_a_burst_of_other_work_in_one_moment_does_not_stop_a_precision_after_one_block() -> None:
+    """Far behind in its timed steps but not in its warm-up, or the other way round: one of
+    two moments seconds apart, so a burst of other work may have caused it."""
+    fp32 = _timed([50.0, 50.5], [0, 0])
+    end_warmup, stop = bench.slower_than([0.05] * 10, fp32, "bf16")
+    assert end_warmup([2.0, 0.06]) is None
+    burst = [700.0, 705.0, 698.0, 702.0]
+    assert all(stop(_timed(burst[:n], [0, 0, 1, 1][:n])) is None for n in (2, 3, 4))
+    # ... still, five steps every one that far behind stop it, unpaired, as before
+    fp32 = _timed([50.0, 50.5, 49.5, 49.8], [0, 0, 1, 1])
+    _, stop = bench.slower_than([0.05] * 10, fp32, "bf16")
+    reason = stop(_timed([*burst, 701.0], [0, 0, 1, 1, 2]))
+    assert reason.startswith(f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, bf16 is 14.")
+    # a warm-up that was far behind, then a first block that is not: timed on
+    end_warmup, stop = bench.slower_than([0.05] * 10, _timed([50.0, 50.5], [0, 0]), "bf16")
+    assert end_warmup([2.0, 0.7]) is not None
+    assert stop(_timed([40.0, 41.0], [0, 0])) is None
 
 
 def test_the_warm_up_judges_a_precision_from_its_second_step_not_its_first() -> None:

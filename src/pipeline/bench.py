@@ -192,21 +192,27 @@ def slower_than(
 
     A precision many times slower (every step beyond SETTLING_GAIN_LIMIT x fp32's median, as
     a CPU without native fp16 or bf16 is) cannot be the faster one however it settles: its
-    warm-up ends as soon as FEWEST_STEPS_TO_JUDGE steps show it, and its timing once
-    `stats.MIN_STEPS_APART` timed steps do, the fewest from which `stats.speedup` gives a
-    verdict at all (where they lie beyond every step of fp32's full set). Otherwise timing stops only on
-    `stats.speedup`'s own verdict 'slower', paired by round (the whole interval below 1 by
-    more than the tolerance) after the fewest steps a claim needs: the verdict the choice
-    reads from the same samples, so a precision that could still be chosen is never stopped;
-    unpaired blocks of a few rounds, seconds apart, see the machine's drift. The warm-up only
-    loses its wait for settling: the timed steps still decide.
+    warm-up ends as soon as FEWEST_STEPS_TO_JUDGE steps show it, and where they did, its
+    timing as soon as `stats.MIN_STEPS_APART` timed steps (its first block, timed right after
+    fp32's in the first round) show it too, the fewest from which `stats.speedup` draws a
+    verdict at all: two moments seconds apart, each against fp32's steps, so that a burst of
+    other work in one of them stops nothing. Otherwise timing stops only on `stats.speedup`'s
+    own verdict 'slower' (the whole interval below 1 by more than the tolerance) after the
+    fewest steps a claim needs: the verdict the choice reads from the same samples, so a
+    precision that could still be chosen is never stopped. Before MIN_ROUNDS_TO_PAIR rounds
+    can be paired, that verdict stops only a precision every one of whose steps is beyond
+    SETTLING_GAIN_LIMIT x fp32's median: a few blocks taken seconds apart see the machine's
+    drift. The warm-up only loses its wait for settling: the timed steps still decide.
     """
     reference_median = settled_median(reference_warmup_s)
+    warmed_far_behind = False  # its warm-up ended early (the last instance's, if several)
 
     def end_warmup(step_times: list[float]) -> str | None:
-        if len(step_times) < FEWEST_STEPS_TO_JUDGE:
-            return None
-        if not far_behind(step_times, reference_warmup_s):
+        nonlocal warmed_far_behind
+        warmed_far_behind = len(step_times) >= FEWEST_STEPS_TO_JUDGE and far_behind(
+            step_times, reference_warmup_s
+        )
+        if not warmed_far_behind:
             return None
         return (
             f"its fastest warm-up step took {min(step_times) * 1000:.1f} ms, more than "
@@ -219,12 +225,14 @@ def slower_than(
         if len(samples) < stats.MIN_STEPS_APART or not reference.samples:
             return None
         fp32_median = float(np.median(reference.samples))
-        if min(samples) > SETTLING_GAIN_LIMIT * fp32_median:
+        far = min(samples) > SETTLING_GAIN_LIMIT * fp32_median
+        if far and warmed_far_behind:
             return (
                 f"after {len(samples)} timed steps, {precision} is "
                 f"{np.median(samples) / fp32_median:.2f}x slower than fp32's median so far "
                 f"({fp32_median * 1000:.1f} ms), every step more than {SETTLING_GAIN_LIMIT:g}x "
-                "it, beyond what settling gains, so it cannot be the faster precision"
+                "it as in its warm-up, beyond what settling gains, so it cannot be the faster "
+                "precision"
             )
         if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM:
             return None
@@ -238,7 +246,9 @@ def slower_than(
             rounds=(reference.rounds, own.rounds),
             instances=instances,
         )
-        if speed.verdict != "slower" or speed.paired_rounds is None:
+        if speed.verdict != "slower":
+            return None
+        if speed.paired_rounds is None and not far:
             return None  # unpaired blocks of a few rounds see the machine's drift: wait to pair
         return (
             f"after {len(samples)} timed steps, {precision} is {speed.text} against fp32, "
