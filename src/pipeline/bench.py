@@ -205,7 +205,7 @@ def slower_than(
     drift. The warm-up only loses its wait for settling: the timed steps still decide.
     """
     reference_median = settled_median(reference_warmup_s)
-    warmed_far_behind = False  # its warm-up ended early (the last instance's, if several)
+    warmed_far_behind = False  # the warm-up these rules end showed it far behind
 
     def end_warmup(step_times: list[float]) -> str | None:
         nonlocal warmed_far_behind
