@@ -608,7 +608,7 @@ def fake_steps(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, 
 
 
 def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
-    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, validator
 ) -> None:
     fake_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": 700.0, "bf16": 30.0})
     acceptable = {"acceptable": True, "problem": None}  # what the choice reads of the numerics
@@ -620,6 +620,8 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     )
     by_precision = {r["precision"]: r for r in records}
     assert [r["precision"] for r in records] == ["fp32", "bf16", "fp16"]
+    faked = {"numerics": None}  # the faked numerics are no part of the record format
+    assert_valid(validator, {"format": records[2]["format"], "records": [{**records[2], **faked}]})
     slow = by_precision["fp16"]["timing"]
     # one block of timed steps, every one far behind fp32's: the fewest a verdict rests on
     assert slow["count"] == stats.MIN_STEPS_APART == bench.BLOCK_STEPS
