@@ -450,5 +450,6 @@ def _warm_up_instance(
     # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
     # warm-up, even after one step): its first timed steps stop it, so a further instance
     # would only cost time.
-    if end_warmup is not None and warmed["step_times"]:
-        ready[precision].complete = far_behind(warmed["step_times"], fp32_warmup)
+    steps = warmed["step_times"]
+    if end_warmup is not None and steps and far_behind(steps, fp32_warmup):
+        ready[precision].complete = True
