@@ -1,51 +1,50 @@
 """Weighted counts of a ranking's detections for every resample at once: each resample's
 weight (how often it drew each detection's image) of chosen detections, summed up to chosen
-ranks (pipeline.evaluation.intervals reads AP's precision and recall off them)."""
+ranks (pipeline.evaluation.intervals reads AP's precision and recall off them).
+
+torch (its sparse products) is imported where a sum is made, not with this module: the summary
+and the report import the intervals' module and must start without torch."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 _FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
-# weights summed: at most 100 detections of a class per image (maxDets) times the draws, so
-# int32 holds them up to 20 million images, at half int64's memory traffic
-_SUMS = torch.int32
 
 
 class Weights:
     """A block's image weights [I, R]: rows by image, as numpy (read per image) and as the
-    floating-point tensors the sums multiply (made once for every class)."""
+    floating-point arrays the sums multiply (made once for every class)."""
 
     def __init__(self, by_image: np.ndarray) -> None:
         self.by_image = by_image
         self.largest = int(by_image.max(initial=0))
-        self._tensors: dict[torch.dtype, torch.Tensor] = {}
+        self._floats: dict[type, np.ndarray] = {}
 
-    def tensor(self, dtype: torch.dtype) -> torch.Tensor:
-        if dtype not in self._tensors:
-            self._tensors[dtype] = torch.from_numpy(self.by_image.astype(_NUMPY[dtype]))
-        return self._tensors[dtype]
+    def floats(self, dtype: type) -> np.ndarray:
+        if dtype not in self._floats:
+            self._floats[dtype] = self.by_image.astype(dtype)
+        return self._floats[dtype]
 
-    def exact_type(self, members: int) -> torch.dtype:
+    def exact_type(self, members: int) -> type:
         """The floating-point type whose sums of `members` of these weights are exact
         integers: float32 while they cannot reach 2**24, else float64 (up to 2**53)."""
-        return torch.float32 if members * self.largest < _FLOAT32_EXACT else torch.float64
+        return np.float32 if members * self.largest < _FLOAT32_EXACT else np.float64
 
     def weighed(self, counts: np.ndarray) -> np.ndarray:
         """[..., R] int64: non-negative integer counts by image [..., I] weighed by each
         resample, as a floating-point matrix product (BLAS: numpy's integer product is a plain
         loop several times slower), exact (see exact_type)."""
         dtype = self.exact_type(int(counts.sum()))
-        product = counts.astype(_NUMPY[dtype]) @ self.tensor(dtype).numpy()
-        return product.astype(np.int64)
-
-
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+        return (counts.astype(dtype) @ self.floats(dtype)).astype(np.int64)
 
 
 class SumsAt:
@@ -71,18 +70,20 @@ class SumsAt:
         rows = np.zeros(positions.size + 1, dtype=np.int64)
         np.cumsum(np.bincount(cells // images, minlength=positions.size), out=rows[1:])
         # made here, where the plan is made (one thread); float64 where a block needs it
-        self._matrices = {
-            torch.float32: _csr(rows, cells % images, counts, (positions.size, images))
-        }
+        self._matrices = {np.float32: _csr(rows, cells % images, counts, (positions.size, images))}
 
     def __call__(self, weights: Weights) -> np.ndarray:
+        import torch
+
         dtype = weights.exact_type(self.members)
         if dtype not in self._matrices:  # two workers may both make it: the same matrix
-            self._matrices[dtype] = self._matrices[torch.float32].to(dtype)
-        sums = self._matrices[dtype] @ weights.tensor(dtype)
+            self._matrices[dtype] = self._matrices[np.float32].to(torch.float64)
+        sums = self._matrices[dtype] @ torch.from_numpy(weights.floats(dtype))
         # down the positions in torch: numpy's cumsum along the first axis steps through
-        # memory column by column, several times slower
-        return torch.cumsum(sums, dim=0, dtype=_SUMS).numpy()
+        # memory column by column, several times slower. Weights summed: at most 100
+        # detections of a class per image (maxDets) times the draws, so int32 holds them up
+        # to 20 million images, at half int64's memory traffic
+        return torch.cumsum(sums, dim=0, dtype=torch.int32).numpy()
 
 
 def _csr(
@@ -90,6 +91,8 @@ def _csr(
 ) -> torch.Tensor:
     """A float32 CSR matrix; its rows' columns are sorted and distinct as made above, so
     torch need not check them (a fifth of a COCO-scale plan's time)."""
+    import torch
+
     with warnings.catch_warnings():  # older torch: CSR support "in beta"; what is used is tested
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
         return torch.sparse_csr_tensor(
@@ -105,6 +108,8 @@ def _csr(
 def torch_threads(count: int) -> Iterator[None]:
     """torch's threads (its sparse products') set to `count` for the threads started inside,
     then put back."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
