@@ -104,14 +104,14 @@ def main(argv: list[str]) -> int:
                 f"{key}.holds_own",
                 f"{name} interval: share of sets it holds the figure of",
                 found["own"],
-                "share",
+                "fraction",
                 target=(">=", 1.0) if key == "centred" else None,
             ),
             harness.figure(
                 f"{key}.holds_mean",
                 f"{name} interval: share of sets it holds the sets' mean AP@.5 of",
                 found["mean"],
-                "share",
+                "fraction",
             ),
             harness.figure(f"{key}.width", f"{name} interval: median width", found["width"], "AP"),
         ]
