@@ -524,3 +524,12 @@ def test_a_centred_interval_holds_its_estimate_with_the_resamples_spread() -> No
     recorded = stats.bootstrap_interval(samples, 300, "m", estimate=0.41)
     assert (recorded["low"], recorded["high"], recorded["shift"]) == (low, high, shift)
     assert "shift" not in stats.bootstrap_interval(samples, 300, "m")
+
+
+def test_a_centred_interval_stays_within_the_figures_range() -> None:
+    """Resamples below a figure near its top (AP 0.99): moved up, the upper bound is held at
+    the figure's own limit, not past it."""
+    samples = np.random.default_rng(2).uniform(0.9, 1.0, 2000)
+    low, high, shift = stats.centred_percentile_interval(samples, 0.99, within=(0.0, 1.0))
+    assert shift < 0 and stats.percentile_interval(samples)[1] - shift > 1.0
+    assert low < 0.99 < high == 1.0

@@ -347,7 +347,9 @@ def interval_of(
         return None
     if estimate is None:
         return bootstrap_interval(finite, images, IMAGES_METHOD)
-    return bootstrap_interval(finite, images, AP_METHOD, estimate=float(estimate))
+    return bootstrap_interval(
+        finite, images, AP_METHOD, estimate=float(estimate), within=(0.0, 1.0)
+    )
 
 
 @dataclass(frozen=True)
