@@ -508,3 +508,28 @@ def test_bootstrap_weights_are_drawn_once_per_size_and_cannot_be_changed_by_a_ca
     assert np.array_equal(first, fresh) and np.array_equal(np.concatenate(again), fresh)
     with pytest.raises(ValueError):
         again[0][0, 0] += 1
+
+
+def test_a_centred_interval_holds_its_estimate_with_the_resamples_spread() -> None:
+    """Resamples lying wholly above the figure (a statistic resampling itself raises): the
+    interval is theirs moved down by their median's distance from the figure, so it holds the
+    figure, as wide as theirs."""
+    samples = np.random.default_rng(1).normal(0.45, 0.01, 2000)
+    low, high, shift = stats.centred_percentile_interval(samples, 0.41)
+    plain = stats.percentile_interval(samples)
+    assert plain[0] > 0.41
+    assert shift == pytest.approx(np.median(samples) - 0.41, abs=1e-15)
+    assert (low, high) == pytest.approx((plain[0] - shift, plain[1] - shift), abs=1e-12)
+    assert low < 0.41 < high
+    recorded = stats.bootstrap_interval(samples, 300, "m", estimate=0.41)
+    assert (recorded["low"], recorded["high"], recorded["shift"]) == (low, high, shift)
+    assert "shift" not in stats.bootstrap_interval(samples, 300, "m")
+
+
+def test_a_centred_interval_stays_within_the_figures_range() -> None:
+    """Resamples below a figure near its top (AP 0.99): moved up, the upper bound is held at
+    the figure's own limit, not past it."""
+    samples = np.random.default_rng(2).uniform(0.9, 1.0, 2000)
+    low, high, shift = stats.centred_percentile_interval(samples, 0.99, within=(0.0, 1.0))
+    assert shift < 0 and stats.percentile_interval(samples)[1] - shift > 1.0
+    assert low < 0.99 < high == 1.0

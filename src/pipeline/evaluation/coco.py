@@ -14,7 +14,7 @@ import contextlib
 import gc
 import io
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -153,23 +153,29 @@ def _ap_intervals(
     at_50: int,
     at_75: int,
     with_recall: Sequence[str],
+    figures: np.ndarray,
     threads: int = 1,
 ) -> _APIntervals:
     """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
     matches kept: a resample reweighs images, it does not match again. Every figure is read
     from the same resamples. A class's or a bucket's interval is over the resamples that drew
     objects of it: with a handful of objects it is wide, which is the point. AP@[.5:.95] is,
-    as pycocotools averages it, the mean over classes of each class's mean over the IoUs."""
+    as pycocotools averages it, the mean over classes of each class's mean over the IoUs.
+    `figures` [A, T, K]: pycocotools' per-class AP (NaN: no objects), which every interval
+    is centred on (`intervals.interval_of`)."""
     labels, category_ids = list(params.areaRngLbl), list(params.catIds)
     images = len(params.imgIds)
-    samples = resampled_ap(walked.rankings, images, threads=threads)
+    samples = replace(resampled_ap(walked.rankings, images, threads=threads), estimate=figures)
     everything = labels.index("all")
     by_class = samples.by_class[everything]  # [T, K, R]
+    estimate = samples.estimate[everything]  # [T, K]
     per_class: list[dict[str, dict[str, Any] | None]] = [{}] * len(category_ids)
     for k, category_id in enumerate(category_ids):
         per_class[category_id - 1] = {
-            "ap50_interval": interval_of(by_class[at_50, k], images),
-            "ap_interval": interval_of(by_class[:, k].mean(axis=0), images),
+            "ap50_interval": interval_of(by_class[at_50, k], images, estimate[at_50, k]),
+            "ap_interval": interval_of(
+                by_class[:, k].mean(axis=0), images, estimate[:, k].mean(axis=0)
+            ),
         }
     buckets = {}
     for name in SIZE_BUCKETS:
@@ -177,16 +183,16 @@ def _ap_intervals(
             continue
         area = labels.index(name)
         buckets[name] = {
-            "ap50_interval": interval_of(samples.mean_at(area, at_50), images),
-            "ap_interval": interval_of(samples.mean_over_ious(area), images),
+            "ap50_interval": _centred(samples.mean_at(area, at_50), images),
+            "ap_interval": _centred(samples.mean_over_ious(area), images),
             "recall_interval": _recall_interval(walked, area, images)
             if name in with_recall
             else None,
         }
     return _APIntervals(
-        ap50=interval_of(samples.mean_at(everything, at_50), images),
-        ap=interval_of(samples.mean_over_ious(everything), images),
-        ap75=interval_of(samples.mean_at(everything, at_75), images),
+        ap50=_centred(samples.mean_at(everything, at_50), images),
+        ap=_centred(samples.mean_over_ious(everything), images),
+        ap75=_centred(samples.mean_at(everything, at_75), images),
         per_class=per_class,
         size_buckets=buckets,
         matches={
@@ -197,6 +203,20 @@ def _ap_intervals(
             ],
         },
     )
+
+
+def _class_figures(precision: np.ndarray) -> np.ndarray:
+    """[A, T, K] each class's AP in each area range at each IoU from COCOeval's precision
+    [T, R, K, A, M] (at the last maxDets); NaN where it had no objects (-1)."""
+    found = precision[..., -1]
+    figures = np.where((found > -1).all(axis=1), found.mean(axis=1), np.nan)  # [T, K, A]
+    return np.moveaxis(figures, -1, 0)
+
+
+def _centred(found: tuple[np.ndarray, float], images: int) -> dict[str, Any] | None:
+    """The interval of a class mean's resamples centred on its figure (`APSamples`' pair)."""
+    samples, estimate = found
+    return interval_of(samples, images, estimate)
 
 
 def _recall_interval(walked: Walked, area: int, images: int) -> dict[str, Any] | None:
@@ -486,6 +506,7 @@ def coco_ap(
             at_50,
             at_75,
             [b for b, r in bucket_recall.items() if r is not None],
+            _class_figures(evaluation.eval["precision"]),
             threads,
         )
         if ap_intervals

@@ -32,7 +32,10 @@ from pipeline.stats import (
 )
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
-AP_METHOD = IMAGES_METHOD + ", pycocotools' matches reweighed"
+AP_METHOD = (
+    IMAGES_METHOD + ", pycocotools' matches reweighed, centred on the figure (the resamples'"
+    " median moved onto it, by `shift`)"
+)
 # resamples x (images or true positives) per block: a block's float64 arrays at run ends stay
 # within a core's cache (about 2 MiB) through the passes over them
 _RESAMPLE_BLOCK = 1 << 18
@@ -320,36 +323,61 @@ def weighted_class_ap(
 
 def class_mean(per_class: np.ndarray) -> np.ndarray:
     """The mean over the classes with objects [R] of per-class AP [K, R], as pycocotools
-    averages; NaN where a resample drew no objects at all."""
+    averages; NaN where a resample drew no objects at all.
+
+    A class a resample drew none of is left out of its mean, as pycocotools leaves it out of
+    a set of images without it: whether a rare class is in the images is part of how the
+    figure moves from one set to another (a mean that turns on two objects must show it).
+    Where the rare classes are found worse this raises the resamples' mean, as the envelope
+    does: the interval is centred on the figure (`interval_of`), its spread kept."""
     counted = np.isfinite(per_class).sum(axis=0)
     totals = np.where(np.isfinite(per_class), per_class, 0.0).sum(axis=0)
     return np.divide(totals, counted, out=np.full(per_class.shape[1], np.nan), where=counted > 0)
 
 
-def interval_of(samples: np.ndarray, images: int) -> dict[str, Any] | None:
+def interval_of(
+    samples: np.ndarray, images: int, estimate: float | None = None
+) -> dict[str, Any] | None:
     """The interval of the finite samples (a resample may draw none of what a figure
-    measures); None without any."""
+    measures); None without any. With the figure's `estimate` (AP's), centred on it
+    (`stats.centred_percentile_interval`: AP on a resample lies above AP on the images it was
+    drawn from); None where the figure is none either."""
     finite = samples[np.isfinite(samples)]
-    if finite.size == 0:
+    if finite.size == 0 or (estimate is not None and not np.isfinite(estimate)):
         return None
-    return bootstrap_interval(finite, images, AP_METHOD)
+    if estimate is None:
+        return bootstrap_interval(finite, images, IMAGES_METHOD)
+    return bootstrap_interval(
+        finite, images, AP_METHOD, estimate=float(estimate), within=(0.0, 1.0)
+    )
 
 
 @dataclass(frozen=True)
 class APSamples:
     """Resampled AP of one evaluation, `by_class` [A, T, K, R]: each class's in each area range
-    at each IoU threshold, NaN where a resample drew none of its objects there."""
+    at each IoU threshold, NaN where a resample drew none of its objects there; `estimate`
+    [A, T, K] the same on the images themselves, pycocotools' figures (NaN: no objects),
+    which the class means' intervals are centred on."""
 
     by_class: np.ndarray
+    estimate: np.ndarray | None = None
 
-    def mean_at(self, area: int, iou: int) -> np.ndarray:
-        """[R] the class mean at one IoU (AP@.5, AP@.75)."""
-        return class_mean(self.by_class[area, iou])
+    def mean_at(self, area: int, iou: int) -> tuple[np.ndarray, float]:
+        """([R], figure) the class mean at one IoU (AP@.5, AP@.75)."""
+        assert self.estimate is not None, "a class mean's figure needs the per-class figures"
+        return class_mean(self.by_class[area, iou]), _mean(self.estimate[area, iou])
 
-    def mean_over_ious(self, area: int) -> np.ndarray:
-        """[R] AP@[.5:.95] as pycocotools averages it: over classes of each class's mean
-        over the IoUs."""
-        return class_mean(self.by_class[area].mean(axis=0))
+    def mean_over_ious(self, area: int) -> tuple[np.ndarray, float]:
+        """([R], figure) AP@[.5:.95] as pycocotools averages it: over classes of each
+        class's mean over the IoUs."""
+        assert self.estimate is not None, "a class mean's figure needs the per-class figures"
+        estimate = self.estimate[area].mean(axis=0)
+        return class_mean(self.by_class[area].mean(axis=0)), _mean(estimate)
+
+
+def _mean(estimate: np.ndarray) -> float:
+    """The class mean of per-class figures [K] (NaN: none has objects)."""
+    return float(class_mean(estimate[:, None])[0]) if estimate.size else float("nan")
 
 
 def resampled_ap(

@@ -58,11 +58,13 @@ def voc_ap(
     samples = resampled_class_ap(classes, images, points) if intervals and images else None
     return {
         "ap50": float(mean) if np.isfinite(mean) else 0.0,
-        "ap50_interval": interval_of(class_mean(samples), images) if samples is not None else None,
+        "ap50_interval": interval_of(class_mean(samples), images, mean)
+        if samples is not None
+        else None,
         "per_class": [
             {
                 "ap50": float(value) if np.isfinite(value) else None,
-                "ap50_interval": interval_of(samples[label], images)
+                "ap50_interval": interval_of(samples[label], images, value)
                 if samples is not None
                 else None,
             }
