@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from pipeline.stats import micro_intervals
+from pipeline.evaluation.image_bootstrap import micro_intervals
 
 SCRIPT_CLASS = "<script>alert(1)</script>"
 CLASS_NAMES = ["circle", SCRIPT_CLASS]

@@ -125,6 +125,19 @@ def test_a_stage_does_not_depend_on_modules_its_command_never_imports(
     assert not any("templates" in path for path in rules["summarize"]["code"])
 
 
+def test_an_edit_to_the_intervals_over_images_reruns_what_scores_images_not_the_timing(
+    rules: dict[str, dict],
+) -> None:
+    """The detection intervals are a module of their own: the bench and the profile, which
+    read only the timing statistics, stay up to date when they change."""
+    over_images = "src/pipeline/evaluation/image_bootstrap.py"
+    for name in ("evaluate_run", "summarize", "report"):
+        assert over_images in rules[name]["code"]
+    for name in ("bench_backend", "profile_run"):
+        assert over_images not in rules[name]["code"]
+        assert "src/pipeline/stats.py" in rules[name]["code"]
+
+
 def test_every_template_stylesheet_and_schema_is_an_input_of_the_rules_that_read_it(
     rules: dict[str, dict],
 ) -> None:

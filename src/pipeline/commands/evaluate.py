@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
     from pipeline.evaluation.coco import size_bucket_text, without_cyclic_gc
+    from pipeline.evaluation.image_bootstrap import interval_text
     from pipeline.evaluation.loop import Evaluator
     from pipeline.models import memory_format
-    from pipeline.stats import interval_text
 
     state = checkpoint.load(args.checkpoint)
     overrides = parse_overrides(args.settings)

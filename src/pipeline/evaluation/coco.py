@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.evaluation.cocoeval_results import Walked, walk
+from pipeline.evaluation.image_bootstrap import bootstrap_weights
 from pipeline.evaluation.intervals import interval_of, resampled_ap
 from pipeline.evaluation.matching import (
     Record,
@@ -28,7 +29,6 @@ from pipeline.evaluation.matching import (
     by_image,
     check_labels,
 )
-from pipeline.stats import bootstrap_weights
 
 # Object size buckets by the square root of the box area in the model's input pixels (after
 # resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
@@ -156,7 +156,7 @@ def _ap_intervals(
     figures: np.ndarray,
     threads: int = 1,
 ) -> _APIntervals:
-    """AP's intervals, resampling images as `stats.micro_intervals` does, with pycocotools'
+    """AP's intervals, resampling images as `image_bootstrap.micro_intervals` does, with pycocotools'
     matches kept: a resample reweighs images, it does not match again. Every figure is read
     from the same resamples. A class's or a bucket's interval is over the resamples that drew
     objects of it: with a handful of objects it is wide, which is the point. AP@[.5:.95] is,

@@ -19,10 +19,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pipeline.evaluation.weighted_sums import SumsAt, Weights, torch_threads
-from pipeline.stats import (
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
+from pipeline.evaluation.image_bootstrap import (
     IMAGES_METHOD,
     PairedChange,
     bootstrap_interval,
@@ -30,6 +27,8 @@ from pipeline.stats import (
     paired_change,
     reference_positions,
 )
+from pipeline.evaluation.weighted_sums import SumsAt, Weights, torch_threads
+from pipeline.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
 AP_METHOD = (
@@ -340,7 +339,7 @@ def interval_of(
 ) -> dict[str, Any] | None:
     """The interval of the finite samples (a resample may draw none of what a figure
     measures); None without any. With the figure's `estimate` (AP's), centred on it
-    (`stats.centred_percentile_interval`: AP on a resample lies above AP on the images it was
+    (`image_bootstrap.centred_percentile_interval`: AP on a resample lies above AP on the images it was
     drawn from); None where the figure is none either."""
     finite = samples[np.isfinite(samples)]
     if finite.size == 0 or (estimate is not None and not np.isfinite(estimate)):
@@ -387,7 +386,7 @@ def resampled_ap(
     threads: int = 1,
 ) -> APSamples:
     """Every class's AP in every area range at every IoU for each resample of the images: the
-    same resamples (`stats.bootstrap_weights`, seeded) as the F1 intervals draw. `threads`:
+    same resamples (`image_bootstrap.bootstrap_weights`, seeded) as the F1 intervals draw. `threads`:
     a class's blocks of resamples computed side by side (numpy lets go of the GIL in its
     loops), the same figures; class by class, so that one class's plan (as large as its
     detections) lives at a time, and a set of one class or of one large and many small keeps
@@ -472,7 +471,7 @@ def ap50_change(
     seed: int = 0,
 ) -> PairedChange:
     """The AP@.5 change from `reference` to `candidate`, each an eval JSON's
-    `metrics.ap50_matches`, resampling images in pairs as `stats.f1_change` does: each
+    `metrics.ap50_matches`, resampling images in pairs as `image_bootstrap.f1_change` does: each
     resample reweighs both runs' own matches at the same images.
 
     ValueError where the two were not scored on the same images and classes.

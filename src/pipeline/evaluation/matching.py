@@ -21,7 +21,7 @@ import torch
 from torchvision.ops import box_iou
 
 from pipeline.errors import DataError
-from pipeline.stats import f1_of_counts, micro_intervals
+from pipeline.evaluation.image_bootstrap import f1_of_counts, micro_intervals
 
 # The operating point of a pass without detections: nothing is kept at any threshold.
 NO_DETECTIONS_THRESHOLD = 1.0

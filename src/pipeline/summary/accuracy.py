@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.evaluation.image_bootstrap import PairedChange, f1_change
 from pipeline.evaluation.intervals import ap50_change
 from pipeline.report.formatting import number
 from pipeline.runs import parse_run
-from pipeline.stats import PairedChange, f1_change
 from pipeline.summary.load import RunResults
 
 # A reduced-precision run that loses at most this much F1 and AP@.5 (in [0, 1]) against its fp32

@@ -20,8 +20,9 @@ import pandas as pd
 
 from pipeline import atomic
 from pipeline.config import accuracy_settings
+from pipeline.evaluation.image_bootstrap import PairedChange
 from pipeline.report.formatting import number
-from pipeline.stats import PairedChange, Speedup
+from pipeline.stats import Speedup
 from pipeline.summary import accuracy, decisions
 from pipeline.summary.load import Results, RunResults, bench_frame, git_state, load_results
 
