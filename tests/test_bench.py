@@ -954,8 +954,8 @@ def test_the_warm_up_judges_a_precision_from_its_second_step_not_its_first() -> 
     assert end_warmup([2.0, 0.7]) is None
 
 
-def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> None:
-    ran: list[str] = []
+def _recording_steps(ran: list[str], clock: FakeClock):
+    """Steps that note their name in `ran` and take 10 ms of `clock` each."""
 
     def step_of(name: str):
         def step() -> None:
@@ -964,6 +964,12 @@ def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> 
 
         return step
 
+    return step_of
+
+
+def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> None:
+    ran: list[str] = []
+    step_of = _recording_steps(ran, clock)
     timed = timing.interleaved_runs(
         {name: step_of(name) for name in "ABC"},
         "cpu",
@@ -982,14 +988,7 @@ def test_blocks_alternate_in_an_order_reversed_every_round(clock: FakeClock) -> 
 
 def test_model_instances_take_turns_by_abba_pairs_of_rounds(clock: FakeClock) -> None:
     ran: list[str] = []
-
-    def step_of(name: str):
-        def step() -> None:
-            ran.append(name)
-            clock.now += 0.01
-
-        return step
-
+    step_of = _recording_steps(ran, clock)
     timed = timing.interleaved_runs(
         {"A": [step_of("A0"), step_of("A1")], "B": [step_of("B0"), step_of("B1")]},
         "cpu",
