@@ -14,14 +14,14 @@ import contextlib
 import gc
 import io
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pipeline.evaluation.cocoeval_results import Walked, walk
 from pipeline.evaluation.image_bootstrap import bootstrap_weights
-from pipeline.evaluation.intervals import interval_of, resampled_ap
+from pipeline.evaluation.intervals import APSamples, interval_of, resampled_ap
 from pipeline.evaluation.matching import (
     Record,
     as_boxes,
@@ -165,10 +165,11 @@ def _ap_intervals(
     is centred on (`intervals.interval_of`)."""
     labels, category_ids = list(params.areaRngLbl), list(params.catIds)
     images = len(params.imgIds)
-    samples = replace(resampled_ap(walked.rankings, images, threads=threads), estimate=figures)
+    samples = resampled_ap(walked.rankings, images, threads=threads)
+    found = APSamples(figures[..., None])  # the figures themselves, as one resample
     everything = labels.index("all")
     by_class = samples.by_class[everything]  # [T, K, R]
-    estimate = samples.estimate[everything]  # [T, K]
+    estimate = figures[everything]  # [T, K]
     per_class: list[dict[str, dict[str, Any] | None]] = [{}] * len(category_ids)
     for k, category_id in enumerate(category_ids):
         per_class[category_id - 1] = {
@@ -183,16 +184,16 @@ def _ap_intervals(
             continue
         area = labels.index(name)
         buckets[name] = {
-            "ap50_interval": _centred(samples.mean_at(area, at_50), images),
-            "ap_interval": _centred(samples.mean_over_ious(area), images),
+            "ap50_interval": _centred(samples, found, images, area, at_50),
+            "ap_interval": _centred(samples, found, images, area),
             "recall_interval": _recall_interval(walked, area, images)
             if name in with_recall
             else None,
         }
     return _APIntervals(
-        ap50=_centred(samples.mean_at(everything, at_50), images),
-        ap=_centred(samples.mean_over_ious(everything), images),
-        ap75=_centred(samples.mean_at(everything, at_75), images),
+        ap50=_centred(samples, found, images, everything, at_50),
+        ap=_centred(samples, found, images, everything),
+        ap75=_centred(samples, found, images, everything, at_75),
         per_class=per_class,
         size_buckets=buckets,
         matches={
@@ -213,10 +214,14 @@ def _class_figures(precision: np.ndarray) -> np.ndarray:
     return np.moveaxis(figures, -1, 0)
 
 
-def _centred(found: tuple[np.ndarray, float], images: int) -> dict[str, Any] | None:
-    """The interval of a class mean's resamples centred on its figure (`APSamples`' pair)."""
-    samples, estimate = found
-    return interval_of(samples, images, estimate)
+def _centred(
+    samples: APSamples, figures: APSamples, images: int, area: int, iou: int | None = None
+) -> dict[str, Any] | None:
+    """The interval of a class mean's resamples in one area range, at one IoU (None: over the
+    IoUs, AP@[.5:.95]), centred on the same class mean of the figures."""
+    if iou is None:
+        return interval_of(samples.mean_over_ious(area), images, figures.mean_over_ious(area)[0])
+    return interval_of(samples.mean_at(area, iou), images, figures.mean_at(area, iou)[0])
 
 
 def _recall_interval(walked: Walked, area: int, images: int) -> dict[str, Any] | None:

@@ -354,29 +354,20 @@ def interval_of(
 @dataclass(frozen=True)
 class APSamples:
     """Resampled AP of one evaluation, `by_class` [A, T, K, R]: each class's in each area range
-    at each IoU threshold, NaN where a resample drew none of its objects there; `estimate`
-    [A, T, K] the same on the images themselves, pycocotools' figures (NaN: no objects),
-    which the class means' intervals are centred on."""
+    at each IoU threshold, NaN where a resample drew none of its objects there. The figures
+    on the images themselves are the same with one "resample" ([A, T, K, 1], NaN: no objects),
+    so that their class means are taken by the same code."""
 
     by_class: np.ndarray
-    estimate: np.ndarray | None = None
 
-    def mean_at(self, area: int, iou: int) -> tuple[np.ndarray, float]:
-        """([R], figure) the class mean at one IoU (AP@.5, AP@.75)."""
-        assert self.estimate is not None, "a class mean's figure needs the per-class figures"
-        return class_mean(self.by_class[area, iou]), _mean(self.estimate[area, iou])
+    def mean_at(self, area: int, iou: int) -> np.ndarray:
+        """[R] the class mean at one IoU (AP@.5, AP@.75)."""
+        return class_mean(self.by_class[area, iou])
 
-    def mean_over_ious(self, area: int) -> tuple[np.ndarray, float]:
-        """([R], figure) AP@[.5:.95] as pycocotools averages it: over classes of each
-        class's mean over the IoUs."""
-        assert self.estimate is not None, "a class mean's figure needs the per-class figures"
-        estimate = self.estimate[area].mean(axis=0)
-        return class_mean(self.by_class[area].mean(axis=0)), _mean(estimate)
-
-
-def _mean(estimate: np.ndarray) -> float:
-    """The class mean of per-class figures [K] (NaN: none has objects)."""
-    return float(class_mean(estimate[:, None])[0]) if estimate.size else float("nan")
+    def mean_over_ious(self, area: int) -> np.ndarray:
+        """[R] AP@[.5:.95] as pycocotools averages it: over classes of each class's mean
+        over the IoUs."""
+        return class_mean(self.by_class[area].mean(axis=0))
 
 
 def resampled_ap(
