@@ -169,34 +169,83 @@ SETTLING_GAIN_LIMIT = 3.0
 FEWEST_STEPS_TO_JUDGE = 2  # warm-up steps the first of which is not judged alone
 
 
-def settled_median(warmup_s: list[float]) -> float:
-    """The median of a warm-up's last SETTLE_WINDOW steps (settled where it settled); inf
-    without steps."""
-    tail = warmup_s[-stats.SETTLE_WINDOW :]
-    return float(np.median(tail)) if tail else math.inf
+# fp32 steps run right after a precision's warm-up step that looks far behind fp32's earlier
+# warm-up: the precision is judged against them, fp32 at the same moment of the machine.
+FRESH_REFERENCE_STEPS = 2
 
 
-def far_behind(step_times: list[float], reference_warmup_s: list[float]) -> bool:
-    """Whether even the fastest of `step_times` is beyond SETTLING_GAIN_LIMIT x fp32's
-    settled warm-up median (never, without fp32 warm-up steps)."""
-    return min(step_times) > SETTLING_GAIN_LIMIT * settled_median(reference_warmup_s)
+class FarBehind:
+    """Whether a precision's fastest warm-up step is beyond SETTLING_GAIN_LIMIT x fp32's
+    median step at the same moment: more than settling can gain.
+
+    fp32's settled warm-up (its last SETTLE_WINDOW steps), taken seconds earlier, only
+    screens: where the precision looks far behind it, `fp32_now` runs FRESH_REFERENCE_STEPS
+    steps of fp32's warm model right away, and those decide and screen the steps after. A
+    machine that became busy since fp32's warm-up slows both alike and condemns nothing, and
+    a precision far slower at every moment (CPU fp16 without native support) costs its two
+    judged steps and these fp32 steps. Never far behind without fp32 steps to compare with;
+    judged against the warm-up alone where `fp32_now` is None or returns no steps.
+    """
+
+    def __init__(
+        self,
+        reference_warmup_s: list[float],
+        fp32_now: Callable[[], list[float]] | None = None,
+    ) -> None:
+        self.reference_s = list(reference_warmup_s[-stats.SETTLE_WINDOW :])
+        self.fresh = False  # whether reference_s were run right after a judged step
+        self._fp32_now = fp32_now
+        self._judged: tuple[tuple[float, ...], bool] | None = None
+
+    @property
+    def reference_median(self) -> float:
+        return float(np.median(self.reference_s)) if self.reference_s else math.inf
+
+    @property
+    def reference_text(self) -> str:
+        """What the precision was judged against, for its record."""
+        if self.fresh:
+            what = f"median of {len(self.reference_s)} steps run right after it"
+        else:
+            what = "median warm-up step"
+        return f"fp32's {what} ({self.reference_median * 1000:.1f} ms)"
+
+    def _beyond(self, step_times: list[float]) -> bool:
+        return min(step_times) > SETTLING_GAIN_LIMIT * self.reference_median
+
+    def __call__(self, step_times: list[float]) -> bool:
+        if not step_times:
+            return False
+        key = tuple(step_times)
+        if self._judged is not None and self._judged[0] == key:
+            return self._judged[1]  # these very steps were judged: no more fp32 steps
+        far = self._beyond(step_times)
+        if far and self._fp32_now is not None:
+            fresh = self._fp32_now()
+            if fresh:
+                self.reference_s, self.fresh = fresh, True
+                far = self._beyond(step_times)
+        self._judged = key, far
+        return far
 
 
 def slower_than(
-    reference_warmup_s: list[float], reference: timing.Timed, precision: str
+    far_behind: FarBehind, reference: timing.Timed, precision: str
 ) -> tuple[timing.StopRule, Callable[[timing.Timed], str | None]]:
     """The rules that end a precision's warm-up and timing once its own steps show that it is
-    slower than fp32 (same backend, model and mode): `reference_warmup_s` are fp32's warm-up
-    step times (its settled last SETTLE_WINDOW give the median), `reference` fp32's timed
-    steps in the interleaved schedule, growing as they are timed.
+    slower than fp32 (same backend, model and mode): `far_behind` judges its warm-up steps
+    against fp32's steps at the same moment, `reference` holds fp32's timed steps in the
+    interleaved schedule, growing as they are timed.
 
     A precision many times slower (every step beyond SETTLING_GAIN_LIMIT x fp32's median, as
     a CPU without native fp16 or bf16 is) cannot be the faster one however it settles: its
-    warm-up ends as soon as FEWEST_STEPS_TO_JUDGE steps show it, and where they did, its
-    timing as soon as `stats.MIN_STEPS_APART` timed steps (its first block, timed right after
-    fp32's in the first round) show it too, the fewest from which `stats.speedup` draws a
-    verdict at all: two moments seconds apart, each against fp32's steps, so that a burst of
-    other work in one of them stops nothing. Otherwise timing stops only on `stats.speedup`'s
+    warm-up ends as soon as FEWEST_STEPS_TO_JUDGE steps show it (against fp32's steps at
+    that moment, `FarBehind`), and where they did, its timing as soon as
+    `stats.MIN_STEPS_APART` timed steps (its first block, timed right after fp32's in the
+    first round) show it too, the fewest from which `stats.speedup` draws a verdict at all:
+    two moments seconds apart, each against fp32's steps, so that a burst of other work in
+    one of them stops nothing (though one that hits the judged warm-up step and spares the
+    fp32 steps right after it still denies it further model instances). Otherwise timing stops only on `stats.speedup`'s
     own verdict 'slower' (the whole interval below 1 by more than the tolerance) after the
     fewest steps a claim needs: the verdict the choice reads from the same samples, so a
     precision that could still be chosen is never stopped. Before MIN_ROUNDS_TO_PAIR rounds
@@ -204,20 +253,16 @@ def slower_than(
     SETTLING_GAIN_LIMIT x fp32's median: a few blocks taken seconds apart see the machine's
     drift. The warm-up only loses its wait for settling: the timed steps still decide.
     """
-    reference_median = settled_median(reference_warmup_s)
     warmed_far_behind = False  # the warm-up these rules end showed it far behind
 
     def end_warmup(step_times: list[float]) -> str | None:
         nonlocal warmed_far_behind
-        warmed_far_behind = len(step_times) >= FEWEST_STEPS_TO_JUDGE and far_behind(
-            step_times, reference_warmup_s
-        )
+        warmed_far_behind = len(step_times) >= FEWEST_STEPS_TO_JUDGE and far_behind(step_times)
         if not warmed_far_behind:
             return None
         return (
             f"its fastest warm-up step took {min(step_times) * 1000:.1f} ms, more than "
-            f"{SETTLING_GAIN_LIMIT:g}x fp32's median warm-up step ({reference_median * 1000:.1f} "
-            "ms): more than settling gains"
+            f"{SETTLING_GAIN_LIMIT:g}x {far_behind.reference_text}: more than settling gains"
         )
 
     def stop(own: timing.Timed) -> str | None:
@@ -316,8 +361,8 @@ def _run_interleaved(
     instance never show. Instance k of every precision is built from seed k, so a pair
     differs only in precision; all precisions' first instances are built and warmed up
     before any second one, and their warm-ups alone give the records' memory figures. A
-    precision whose warm-up steps show it far slower than fp32 (`far_behind`) gets no
-    further instance: its first timed steps stop it.
+    precision whose warm-up steps show it far slower than fp32 at the same moment
+    (`FarBehind`) gets no further instance: its first timed steps stop it.
     """
     device, settings = shared.device, shared.settings
     records: dict[str, dict[str, Any]] = {}
@@ -408,8 +453,8 @@ def _warm_up_instance(
     """Build model instance `instance` (seed `instance`) for the record's precision and warm
     its step up, into `ready`. The first instance's warm-up gives the record its device peak
     and host peak RSS (the same step as the timed ones, alone on the device: the other
-    models wait, and the memory they hold, `exclude_mb`, is left out); later ones measure
-    no memory."""
+    models wait, and the memory they hold, `exclude_mb`, is left out, as are the fp32 steps
+    that judge it); later ones measure no memory."""
     device, settings, layout = shared.device, shared.settings, shared.layout
     precision, mode = record["precision"], record["mode"]
     images, targets = shared.batch()
@@ -418,11 +463,6 @@ def _warm_up_instance(
     model_config = {**settings["model_options"], "name": record["model"]}
     model = build_from_config(model_config, settings["num_classes"])
     model = model.to(device, memory_format=layout)
-    fp32 = ready.get("fp32")
-    end_warmup = stop = None
-    fp32_warmup = fp32.warmups[0]["step_times"] if fp32 is not None else []
-    if fp32 is not None and precision != "fp32":
-        end_warmup, stop = slower_than(fp32_warmup, fp32.timed, precision)
     first = instance == 0
     memory = None
     if first:
@@ -432,6 +472,14 @@ def _warm_up_instance(
         if precision != "fp32":
             record["numerics"] = shared.numerics(model, precision)
         conditions = timing.RunConditions()
+    fp32 = ready.get("fp32")
+    end_warmup = stop = judge = None
+    if fp32 is not None and precision != "fp32":
+        fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)]  # built from the same seed
+        judge = FarBehind(
+            fp32.warmups[0]["step_times"], lambda: _reference_steps_now(fp32_step, device, memory)
+        )
+        end_warmup, stop = slower_than(judge, fp32.timed, precision)
     step = _step(model, images, targets, device, precision, mode, settings, layout)
     warmed = timing.warm_up(
         step,
@@ -442,14 +490,33 @@ def _warm_up_instance(
         end_warmup=end_warmup,
     )
     if first:
-        record.update(memory=memory.as_dict(), host_peak_rss_mb=dev.host_peak_rss_mb())
+        record.update(memory=memory.as_dict(), host_peak_rss_mb=memory.host_peak_rss_mb)
         ready[precision] = _Ready([step], [warmed], conditions, stop, timing.Timed())
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
     # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
-    # warm-up, even after one step): its first timed steps stop it, so a further instance
-    # would only cost time.
-    steps = warmed["step_times"]
-    if end_warmup is not None and steps and far_behind(steps, fp32_warmup):
+    # warm-up, even after one step; the steps it judged are not judged again): its first
+    # timed steps stop it, so a further instance would only cost time.
+    if judge is not None and judge(warmed["step_times"]):
         ready[precision].complete = True
+
+
+def _reference_steps_now(
+    step: Callable[[], Any], device: torch.device, memory: dev.PeakMemory | None
+) -> list[float]:
+    """FRESH_REFERENCE_STEPS of fp32's warm `step` now, for `FarBehind` alone: no record
+    keeps them, and `memory` (the judged precision's, where it measures) leaves them out.
+    No steps where it cannot run now: the judgement then rests on fp32's warm-up."""
+
+    def run() -> list[float]:
+        return [timing.timed_step(step, device) for _ in range(FRESH_REFERENCE_STEPS)]
+
+    try:
+        return memory.set_aside(run) if memory is not None else run()
+    except (RuntimeError, NotImplementedError) as error:
+        reason = cannot_run_reason(error)
+        if reason is None:
+            raise
+        log.info("fp32 could not step again to judge another precision by (%s)", reason)
+        return []
