@@ -172,6 +172,9 @@ FEWEST_STEPS_TO_JUDGE = 2  # warm-up steps the first of which is not judged alon
 # fp32 steps run right after a precision's warm-up step that looks far behind fp32's earlier
 # warm-up: the precision is judged against them, fp32 at the same moment of the machine.
 FRESH_REFERENCE_STEPS = 2
+# ... and run again where the precision's fastest step has since fallen below this share of
+# the one they judged: the machine has changed, so the fp32 steps of then no longer tell.
+FRESH_AGAIN_BELOW = 0.5
 
 
 class FarBehind:
@@ -179,12 +182,14 @@ class FarBehind:
     median step at the same moment: more than settling can gain.
 
     fp32's settled warm-up (its last SETTLE_WINDOW steps), taken seconds earlier, only
-    screens: where the precision looks far behind it, `fp32_now` runs FRESH_REFERENCE_STEPS
-    steps of fp32's warm model right away, and those decide and screen the steps after. A
-    machine that became busy since fp32's warm-up slows both alike and condemns nothing, and
-    a precision far slower at every moment (CPU fp16 without native support) costs its two
-    judged steps and these fp32 steps. Never far behind without fp32 steps to compare with;
-    judged against the warm-up alone where `fp32_now` is None or returns no steps.
+    screens: where the precision is beyond it, `fp32_now` runs FRESH_REFERENCE_STEPS steps of
+    fp32's warm model right away, and the precision is far behind only if beyond those too.
+    They stand for the steps after until the precision's fastest step falls below
+    FRESH_AGAIN_BELOW x the one they judged (a busy spell has passed). A machine that became
+    busy since fp32's warm-up slows both alike and condemns nothing; a precision far slower
+    at every moment (CPU fp16 without native support) costs its two judged steps and these
+    fp32 steps. Never far behind without fp32 steps to compare with; judged against the
+    warm-up alone where `fp32_now` is None or returns no steps.
     """
 
     def __init__(
@@ -192,41 +197,35 @@ class FarBehind:
         reference_warmup_s: list[float],
         fp32_now: Callable[[], list[float]] | None = None,
     ) -> None:
-        self.reference_s = list(reference_warmup_s[-stats.SETTLE_WINDOW :])
-        self.fresh = False  # whether reference_s were run right after a judged step
+        self.warmup_s = list(reference_warmup_s[-stats.SETTLE_WINDOW :])
+        self.fresh_s: list[float] = []  # fp32's steps run right after the last judged one
         self._fp32_now = fp32_now
-        self._judged: tuple[tuple[float, ...], bool] | None = None
-
-    @property
-    def reference_median(self) -> float:
-        return float(np.median(self.reference_s)) if self.reference_s else math.inf
+        self._fresh_for = math.inf  # the fastest step fresh_s judged
 
     @property
     def reference_text(self) -> str:
-        """What the precision was judged against, for its record."""
-        if self.fresh:
-            what = f"median of {len(self.reference_s)} steps run right after it"
+        """What the precision was last judged against, for its record."""
+        if self.fresh_s:
+            what, steps = f"median of {len(self.fresh_s)} steps run right after it", self.fresh_s
         else:
-            what = "median warm-up step"
-        return f"fp32's {what} ({self.reference_median * 1000:.1f} ms)"
-
-    def _beyond(self, step_times: list[float]) -> bool:
-        return min(step_times) > SETTLING_GAIN_LIMIT * self.reference_median
+            what, steps = "median warm-up step", self.warmup_s
+        return f"fp32's {what} ({_median(steps) * 1000:.1f} ms)"
 
     def __call__(self, step_times: list[float]) -> bool:
         if not step_times:
             return False
-        key = tuple(step_times)
-        if self._judged is not None and self._judged[0] == key:
-            return self._judged[1]  # these very steps were judged: no more fp32 steps
-        far = self._beyond(step_times)
-        if far and self._fp32_now is not None:
+        fastest = min(step_times)
+        if fastest <= SETTLING_GAIN_LIMIT * _median(self.warmup_s):
+            return False
+        if self._fp32_now is not None and fastest < FRESH_AGAIN_BELOW * self._fresh_for:
             fresh = self._fp32_now()
             if fresh:
-                self.reference_s, self.fresh = fresh, True
-                far = self._beyond(step_times)
-        self._judged = key, far
-        return far
+                self.fresh_s, self._fresh_for = fresh, fastest
+        return not self.fresh_s or fastest > SETTLING_GAIN_LIMIT * _median(self.fresh_s)
+
+
+def _median(steps: list[float]) -> float:
+    return float(np.median(steps)) if steps else math.inf
 
 
 def slower_than(
@@ -496,8 +495,8 @@ def _warm_up_instance(
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
     # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
-    # warm-up, even after one step; the steps it judged are not judged again): its first
-    # timed steps stop it, so a further instance would only cost time.
+    # warm-up, even after one step; fp32 steps again only where the machine changed): its
+    # first timed steps stop it, so a further instance would only cost time.
     if judge is not None and judge(warmed["step_times"]):
         ready[precision].complete = True
 
