@@ -1235,6 +1235,29 @@ def test_interleaved_runs_on_simulated_cuda_synchronize_around_every_step(fake_c
     assert timed["a"].rounds == timed["b"].rounds == [0, 1]
 
 
+def test_fp32_steps_that_judge_a_precision_on_simulated_cuda_are_synced_and_set_aside(
+    fake_cuda,
+) -> None:
+    """Synchronized around each step as the timed ones; the judged precision's peak leaves
+    them out; where they cannot run now (out of memory beside its model), no steps, so the
+    judgement rests on fp32's warm-up rather than failing the precision."""
+    memory = PeakMemory("cuda:0")
+
+    def fp32_step() -> None:
+        fake_cuda.allocate(300 * MB)
+        fake_cuda.free(300 * MB)
+
+    times = bench._reference_steps_now(fp32_step, torch.device("cuda", 0), memory)
+    assert len(times) == bench.FRESH_REFERENCE_STEPS
+    assert fake_cuda.synchronized == [torch.device("cuda", 0)] * 2 * len(times)
+    assert memory.peak_mb == 0.0
+
+    def out_of_memory() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    assert bench._reference_steps_now(out_of_memory, torch.device("cuda", 0), memory) == []
+
+
 def test_interleaved_runs_on_simulated_mps_synchronize_the_device(fake_mps) -> None:
     timing.interleaved_runs(
         {"a": lambda: None, "b": lambda: None}, "mps", block_steps=2, max_steps=2, budget_s=1.0
