@@ -803,15 +803,17 @@ def busy_machine(
 ) -> dict[str, float]:
     """fp32 takes 50 ms and bf16 50/1.4 ms at every moment, and the machine is BUSY_FACTOR x
     slower between `busy` seconds after `since`: 'bf16' (its first model is built, right
-    after fp32's warm-up) or 'timing' (the interleaved schedule starts). Returns when that
-    was."""
+    after fp32's warm-up), 'bf16:2' (its second), or 'timing' (the interleaved schedule
+    starts). Returns when that was."""
     burst: dict[str, float] = {}
+    began_count: Counter = Counter()
 
     def speed(now: float) -> float:
         return BUSY_FACTOR if burst and busy[0] <= now - burst["start"] < busy[1] else 1.0
 
     def began(what: str) -> None:
-        if what == since:
+        began_count[what] += 1
+        if since in (what, f"{what}:{began_count[what]}"):
             burst.setdefault("start", clock.now)
 
     machine_steps(monkeypatch, clock, {"fp32": 50.0, "bf16": 50.0 / 1.4}, speed, built=began)
@@ -859,6 +861,22 @@ def test_a_machine_busy_since_fp32s_warm_up_does_not_judge_a_faster_precision_fa
     assert choice.precision == "bf16", choice.reason
 
 
+def test_a_burst_that_hits_only_a_later_instances_judged_warm_up_steps_leaves_it_its_instances(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """bf16's second model's first two warm-up steps run 50x slower, the fp32 steps right
+    after them on the quiet machine again: beyond SETTLING_GAIN_LIMIT x those, but also x
+    bf16's own first instance, so the moment is to blame and no fp32 steps are run for it."""
+    # bf16's two busy steps take 50x 35.7 ms each; the burst ends before fp32 could step
+    busy_machine(monkeypatch, clock, since="bf16:2", busy=(0.0, 2.5))
+    reference_steps = []
+    monkeypatch.setattr(bench, "_reference_steps_now", lambda *a: reference_steps.append(a) or [])
+    records, choice = run_fp32_and_bf16_train()
+    bf16 = records[1]["timing"]
+    assert bf16["warmup_ended_early"] is None and bf16["instances_timed"] == 3
+    assert reference_steps == [] and choice.precision == "bf16", choice.reason
+
+
 def test_a_burst_that_hits_only_a_precisions_first_timed_block_stops_nothing(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -902,6 +920,11 @@ def test_far_behind_runs_fp32_steps_only_where_its_warm_up_screens_the_precision
     assert bench.FarBehind([0.05] * 10, lambda: [])([2.0, 0.7]) is True
     assert bench.FarBehind([0.05] * 10)([2.0, 0.14]) is False
     assert bench.FarBehind([], fp32_now)([2.0, 0.7]) is False and len(calls) == 2
+    # a later instance: far behind only where its own first instance was as slow
+    assert bench.FarBehind([0.05] * 10, fp32_now, [0.036] * 10)([2.0, 1.8]) is False
+    assert len(calls) == 2  # no fp32 steps: the moment, not the precision
+    assert bench.FarBehind([0.05] * 10, fp32_now, [0.7] * 10)([2.0, 0.7]) is True
+    assert len(calls) == 3
 
 
 def instance_steps(

@@ -190,14 +190,21 @@ class FarBehind:
     at every moment (CPU fp16 without native support) costs its two judged steps and these
     fp32 steps. Never far behind without fp32 steps to compare with; judged against the
     warm-up alone where `fp32_now` is None or returns no steps.
+
+    A later model instance of the precision is never far behind where its steps are beyond
+    SETTLING_GAIN_LIMIT x its own first instance's settled warm-up (`first_instance_s`, not
+    far behind, or there would be no other): a burst of other work slowed this one, and no
+    fp32 steps are run for it.
     """
 
     def __init__(
         self,
         reference_warmup_s: list[float],
         fp32_now: Callable[[], list[float]] | None = None,
+        first_instance_s: list[float] | None = None,
     ) -> None:
         self.warmup_s = list(reference_warmup_s[-stats.SETTLE_WINDOW :])
+        self.first_instance_s = list((first_instance_s or [])[-stats.SETTLE_WINDOW :])
         self.fresh_s: list[float] = []  # fp32's steps run right after the last judged one
         self._fp32_now = fp32_now
         self._fresh_for = math.inf  # the fastest step fresh_s judged
@@ -216,6 +223,8 @@ class FarBehind:
             return False
         fastest = min(step_times)
         if fastest <= SETTLING_GAIN_LIMIT * _median(self.warmup_s):
+            return False
+        if self.first_instance_s and fastest > SETTLING_GAIN_LIMIT * _median(self.first_instance_s):
             return False
         if self._fp32_now is not None and fastest < FRESH_AGAIN_BELOW * self._fresh_for:
             fresh = self._fp32_now()
@@ -476,7 +485,9 @@ def _warm_up_instance(
     if fp32 is not None and precision != "fp32":
         fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)]  # built from the same seed
         judge = FarBehind(
-            fp32.warmups[0]["step_times"], lambda: _reference_steps_now(fp32_step, device, memory)
+            fp32.warmups[0]["step_times"],
+            lambda: _reference_steps_now(fp32_step, device, memory),
+            None if first else ready[precision].warmups[0]["step_times"],
         )
         end_warmup, stop = slower_than(judge, fp32.timed, precision)
     step = _step(model, images, targets, device, precision, mode, settings, layout)
