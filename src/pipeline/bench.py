@@ -252,8 +252,8 @@ def slower_than(
     `stats.MIN_STEPS_APART` timed steps (its first block, timed right after fp32's in the
     first round) show it too, the fewest from which `stats.speedup` draws a verdict at all:
     two moments seconds apart, each against fp32's steps, so that a burst of other work in
-    one of them stops nothing (though one that hits the judged warm-up step and spares the
-    fp32 steps right after it still denies it further model instances). Otherwise timing stops only on `stats.speedup`'s
+    one of them stops nothing (though one that hits its first instance's judged warm-up step
+    and spares the fp32 steps right after it still denies it further model instances). Otherwise timing stops only on `stats.speedup`'s
     own verdict 'slower' (the whole interval below 1 by more than the tolerance) after the
     fewest steps a claim needs: the verdict the choice reads from the same samples, so a
     precision that could still be chosen is never stopped. Before MIN_ROUNDS_TO_PAIR rounds
