@@ -21,7 +21,7 @@ import torch
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, bench_record, cli, formats, measured, stats, timing
+from pipeline import bench, bench_record, bench_stops, cli, formats, measured, stats, timing
 from pipeline import device as dev
 from pipeline import numerics as numerics_
 from pipeline.config import load_config
@@ -633,7 +633,10 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert "x slower than fp32's median so far" in slow["stopped_early"]
     assert slow["stopped_early"].endswith("so it cannot be the faster precision")
     # its warm-up judged it from its second step (the first builds the primitives)
-    assert slow["warmup_steps"] == bench.FEWEST_STEPS_TO_JUDGE and slow["warmup_settled"] is False
+    assert (
+        slow["warmup_steps"] == bench_stops.FEWEST_STEPS_TO_JUDGE
+        and slow["warmup_settled"] is False
+    )
     assert "more than settling gains" in slow["warmup_ended_early"]
     # ... and no second model instance: its first one's steps already stop it
     assert slow["instances_timed"] == 1 and set(slow["instances"]) == {0}
@@ -654,7 +657,7 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     # ... and the summary's flags say why it has so few steps
     flags = " ".join(decisions.flags_of(by_precision["fp16"]))
     assert f"stopped early: {stats.MIN_STEPS_APART} of 30 steps" in flags
-    assert f"warm-up ended after {bench.FEWEST_STEPS_TO_JUDGE} steps" in flags
+    assert f"warm-up ended after {bench_stops.FEWEST_STEPS_TO_JUDGE} steps" in flags
 
 
 def test_a_hopeless_precision_costs_two_fp32_steps_more_that_no_record_or_peak_keeps(
@@ -691,10 +694,10 @@ def test_a_hopeless_precision_costs_two_fp32_steps_more_that_no_record_or_peak_k
             torch.device("cpu"), ["fp32", "fp16"], ["train"], ["tiny_conv"], settings
         )
     )
-    assert fp16["warmup_steps"] == bench.FEWEST_STEPS_TO_JUDGE and fp16["count"] == 2
+    assert fp16["warmup_steps"] == bench_stops.FEWEST_STEPS_TO_JUDGE and fp16["count"] == 2
     assert "fp32's median of 2 steps run right after it" in fp16["warmup_ended_early"]
     assert fp16["instances_timed"] == 1 and ran["fp16"] == 2 + 2
-    assert ran["fp32"] == fp32["warmup_steps"] + fp32["count"] + bench.FRESH_REFERENCE_STEPS
+    assert ran["fp32"] == fp32["warmup_steps"] + fp32["count"] + bench_stops.FRESH_REFERENCE_STEPS
     assert fp32["count"] == 30 and len(set_aside) == 1
 
 
@@ -890,7 +893,7 @@ def test_a_burst_that_hits_only_a_precisions_first_timed_block_stops_nothing(
     first_block = bf16["samples_ms"][: bench.BLOCK_STEPS]
     assert bf16["rounds"][: bench.BLOCK_STEPS] == [0] * bench.BLOCK_STEPS
     fp32_first_block = fp32["samples_ms"][: bench.BLOCK_STEPS]  # timed right before bf16's
-    assert min(first_block) > bench.SETTLING_GAIN_LIMIT * max(fp32_first_block)
+    assert min(first_block) > bench_stops.SETTLING_GAIN_LIMIT * max(fp32_first_block)
     assert max(fp32_first_block) < 60.0 and max(bf16["samples_ms"][bench.BLOCK_STEPS :]) < 40.0
     assert bf16["count"] == 30 and bf16["stopped_early"] is None
     assert choice.precision == "bf16", choice.reason
@@ -905,9 +908,9 @@ def test_far_behind_runs_fp32_steps_only_where_its_warm_up_screens_the_precision
 
     def fp32_now() -> list[float]:
         calls.append(now["ms"])
-        return [now["ms"] / 1000] * bench.FRESH_REFERENCE_STEPS
+        return [now["ms"] / 1000] * bench_stops.FRESH_REFERENCE_STEPS
 
-    judge = bench.FarBehind([0.05] * 10, fp32_now)
+    judge = bench_stops.FarBehind([0.05] * 10, fp32_now)
     assert judge([2.0, 0.14]) is False and calls == []
     now["ms"] = 50.0 * BUSY_FACTOR  # the machine became busy: fp32 too
     assert judge([2.0, 1.8]) is False and calls == [2500.0]
@@ -917,13 +920,13 @@ def test_far_behind_runs_fp32_steps_only_where_its_warm_up_screens_the_precision
     assert judge([2.0, 1.8, 1.7, 0.7]) is True and calls == [2500.0, 50.0]
     assert judge([2.0, 1.8, 1.7, 0.7]) is True and len(calls) == 2  # judged already
     # without fp32 steps to run now (or none it could run), the warm-up alone judges
-    assert bench.FarBehind([0.05] * 10, lambda: [])([2.0, 0.7]) is True
-    assert bench.FarBehind([0.05] * 10)([2.0, 0.14]) is False
-    assert bench.FarBehind([], fp32_now)([2.0, 0.7]) is False and len(calls) == 2
+    assert bench_stops.FarBehind([0.05] * 10, lambda: [])([2.0, 0.7]) is True
+    assert bench_stops.FarBehind([0.05] * 10)([2.0, 0.14]) is False
+    assert bench_stops.FarBehind([], fp32_now)([2.0, 0.7]) is False and len(calls) == 2
     # a later instance: far behind only where its own first instance was as slow
-    assert bench.FarBehind([0.05] * 10, fp32_now, [0.036] * 10)([2.0, 1.8]) is False
+    assert bench_stops.FarBehind([0.05] * 10, fp32_now, [0.036] * 10)([2.0, 1.8]) is False
     assert len(calls) == 2  # no fp32 steps: the moment, not the precision
-    assert bench.FarBehind([0.05] * 10, fp32_now, [0.7] * 10)([2.0, 0.7]) is True
+    assert bench_stops.FarBehind([0.05] * 10, fp32_now, [0.7] * 10)([2.0, 0.7]) is True
     assert len(calls) == 3
 
 
@@ -1066,7 +1069,7 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
     """The machine got 1.5x slower right after fp32's first block: the candidate's five steps
     are all behind fp32's two, yet they were timed on another machine, so to speak."""
     fp32 = _timed([50.0, 50.5], [0, 0])
-    _, stop = bench.slower_than(bench.FarBehind([0.05] * 10), fp32, "fp16")
+    _, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "fp16")
     later = _timed([78.0, 78.5, 77.5, 78.2, 77.8], [0, 0, 1, 1, 2])
     assert stop(later) is None
     # paired over the rounds that follow, on the slower machine, it is as fast as fp32
@@ -1087,13 +1090,13 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
 
 def test_a_precision_many_times_slower_stops_after_its_first_block_of_timed_steps() -> None:
     fp32 = _timed([50.0, 50.5], [0, 0])
-    end_warmup, stop = bench.slower_than(bench.FarBehind([0.05] * 10), fp32, "fp16")
+    end_warmup, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "fp16")
     assert end_warmup([2.0, 0.7]) is not None  # its warm-up showed it first
     assert stop(_timed([700.0], [0])) is None  # one step supports no verdict
     reason = stop(_timed([700.0, 705.0], [0, 0]))
     assert reason.startswith(f"after {stats.MIN_STEPS_APART} timed steps, fp16 is 13.9")
     # every step must be beyond SETTLING_GAIN_LIMIT x fp32's median, not just the median
-    within = bench.SETTLING_GAIN_LIMIT * 50.25 * 0.99
+    within = bench_stops.SETTLING_GAIN_LIMIT * 50.25 * 0.99
     assert stop(_timed([700.0, within], [0, 0])) is None
     assert stop(_timed([700.0, within, 705.0], [0, 0, 1])) is None
 
@@ -1102,18 +1105,18 @@ def test_a_burst_of_other_work_in_one_moment_does_not_stop_a_precision_after_one
     """Far behind in its timed steps but not in its warm-up, or the other way round: one of
     two moments seconds apart, so a burst of other work may have caused it."""
     fp32 = _timed([50.0, 50.5], [0, 0])
-    end_warmup, stop = bench.slower_than(bench.FarBehind([0.05] * 10), fp32, "bf16")
+    end_warmup, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "bf16")
     assert end_warmup([2.0, 0.06]) is None
     burst = [700.0, 705.0, 698.0, 702.0]
     assert all(stop(_timed(burst[:n], [0, 0, 1, 1][:n])) is None for n in (2, 3, 4))
     # ... still, five steps every one that far behind stop it, unpaired, as before
     fp32 = _timed([50.0, 50.5, 49.5, 49.8], [0, 0, 1, 1])
-    _, stop = bench.slower_than(bench.FarBehind([0.05] * 10), fp32, "bf16")
+    _, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "bf16")
     reason = stop(_timed([*burst, 701.0], [0, 0, 1, 1, 2]))
     assert reason.startswith(f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, bf16 is 14.")
     # a warm-up that was far behind, then a first block that is not: timed on
-    end_warmup, stop = bench.slower_than(
-        bench.FarBehind([0.05] * 10), _timed([50.0, 50.5], [0, 0]), "bf16"
+    end_warmup, stop = bench_stops.slower_than(
+        bench_stops.FarBehind([0.05] * 10), _timed([50.0, 50.5], [0, 0]), "bf16"
     )
     assert end_warmup([2.0, 0.7]) is not None
     assert stop(_timed([40.0, 41.0], [0, 0])) is None
@@ -1122,13 +1125,15 @@ def test_a_burst_of_other_work_in_one_moment_does_not_stop_a_precision_after_one
 def test_the_warm_up_judges_a_precision_from_its_second_step_not_its_first() -> None:
     """The first step of a new model builds its primitives: alone, however slow, it ends
     nothing; from the second on, the fastest step is judged."""
-    end_warmup, _ = bench.slower_than(bench.FarBehind([0.05] * 10), _timed([50.0], [0]), "fp16")
+    end_warmup, _ = bench_stops.slower_than(
+        bench_stops.FarBehind([0.05] * 10), _timed([50.0], [0]), "fp16"
+    )
     assert end_warmup([2.0]) is None
     assert end_warmup([2.0, 0.14]) is None  # within SETTLING_GAIN_LIMIT x 50 ms: may settle
     reason = end_warmup([2.0, 0.7])
     assert reason is not None and "its fastest warm-up step took 700.0 ms" in reason
     # without fp32 warm-up steps to compare with, never
-    end_warmup, _ = bench.slower_than(bench.FarBehind([]), _timed([50.0], [0]), "fp16")
+    end_warmup, _ = bench_stops.slower_than(bench_stops.FarBehind([]), _timed([50.0], [0]), "fp16")
     assert end_warmup([2.0, 0.7]) is None
 
 
@@ -1271,7 +1276,7 @@ def test_fp32_steps_that_judge_a_precision_on_simulated_cuda_are_synced_and_set_
         fake_cuda.free(300 * MB)
 
     times = bench._reference_steps_now(fp32_step, torch.device("cuda", 0), memory)
-    assert len(times) == bench.FRESH_REFERENCE_STEPS
+    assert len(times) == bench_stops.FRESH_REFERENCE_STEPS
     assert fake_cuda.synchronized == [torch.device("cuda", 0)] * 2 * len(times)
     assert memory.peak_mb == 0.0
 
