@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +21,7 @@ import torch
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, bench_record, cli, formats, measured, stats, timing
+from pipeline import bench, bench_record, bench_stops, cli, formats, measured, stats, timing
 from pipeline import device as dev
 from pipeline import numerics as numerics_
 from pipeline.config import load_config
@@ -632,7 +633,10 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert "x slower than fp32's median so far" in slow["stopped_early"]
     assert slow["stopped_early"].endswith("so it cannot be the faster precision")
     # its warm-up judged it from its second step (the first builds the primitives)
-    assert slow["warmup_steps"] == bench.FEWEST_STEPS_TO_JUDGE and slow["warmup_settled"] is False
+    assert (
+        slow["warmup_steps"] == bench_stops.FEWEST_STEPS_TO_JUDGE
+        and slow["warmup_settled"] is False
+    )
     assert "more than settling gains" in slow["warmup_ended_early"]
     # ... and no second model instance: its first one's steps already stop it
     assert slow["instances_timed"] == 1 and set(slow["instances"]) == {0}
@@ -653,7 +657,48 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     # ... and the summary's flags say why it has so few steps
     flags = " ".join(decisions.flags_of(by_precision["fp16"]))
     assert f"stopped early: {stats.MIN_STEPS_APART} of 30 steps" in flags
-    assert f"warm-up ended after {bench.FEWEST_STEPS_TO_JUDGE} steps" in flags
+    assert f"warm-up ended after {bench_stops.FEWEST_STEPS_TO_JUDGE} steps" in flags
+
+
+def test_a_hopeless_precision_costs_two_fp32_steps_more_that_no_record_or_peak_keeps(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """CPU fp16 14x slower than fp32 at every moment: judged from its second warm-up step
+    against FRESH_REFERENCE_STEPS fp32 steps run right after it (once, though its instance
+    is judged again after the warm-up), which fp32's record does not count and fp16's peak
+    memory leaves out; then its first timed block stops it, on one instance."""
+    fake_steps(monkeypatch, clock, {"fp32": 50.0, "fp16": 700.0})
+    faked, ran = bench._step, Counter()
+
+    def counted(model, images, targets, device, precision, *rest):
+        step = faked(model, images, targets, device, precision, *rest)
+
+        def run() -> None:
+            ran[precision] += 1
+            step()
+
+        return run
+
+    set_aside = []
+    keep = PeakMemory.set_aside
+    monkeypatch.setattr(bench, "_step", counted)
+    monkeypatch.setattr(
+        PeakMemory, "set_aside", lambda self, w: set_aside.append(1) or keep(self, w)
+    )
+    settings = plan(numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0, instances=3)
+    settings["warmup_budget_s"] = 1000.0
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: None)
+    fp32, fp16 = (
+        r["timing"]
+        for r in bench.run_backend(
+            torch.device("cpu"), ["fp32", "fp16"], ["train"], ["tiny_conv"], settings
+        )
+    )
+    assert fp16["warmup_steps"] == bench_stops.FEWEST_STEPS_TO_JUDGE and fp16["count"] == 2
+    assert "fp32's median of 2 steps run right after it" in fp16["warmup_ended_early"]
+    assert fp16["instances_timed"] == 1 and ran["fp16"] == 2 + 2
+    assert ran["fp32"] == fp32["warmup_steps"] + fp32["count"] + bench_stops.FRESH_REFERENCE_STEPS
+    assert fp32["count"] == 30 and len(set_aside) == 1
 
 
 def settling_steps(
@@ -703,12 +748,14 @@ def test_a_precision_slow_at_first_that_settles_faster_than_fp32_is_timed_in_ful
 
 
 def machine_steps(
-    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float], speed
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, ms: dict[str, float], speed, built=None
 ) -> None:
     """Steps of `ms[precision]` (+-2%, seeded) on a machine whose step times are scaled by
-    `speed(now)` (drift, a jump)."""
+    `speed(now)` (drift, a jump); `built(precision)` is told of every model built."""
 
     def fake_step(model, images, targets, device, precision, mode, settings, layout):
+        if built is not None:
+            built(precision)
         jitter = np.random.default_rng(len(precision) + ord(precision[0]))
 
         def step() -> None:
@@ -749,6 +796,138 @@ def test_a_machine_that_slows_mid_run_leaves_the_speed_up_interval_around_the_tr
     assert speed["low"] <= 1.5 <= speed["high"], speed["text"]
     assert speed["paired_rounds"] == 30 // bench.BLOCK_STEPS
     assert choice.precision == "bf16"
+
+
+BUSY_FACTOR = 50.0  # every step of any precision this much slower while the machine is busy
+
+
+def busy_machine(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, *, since: str, busy: tuple[float, float]
+) -> dict[str, float]:
+    """fp32 takes 50 ms and bf16 50/1.4 ms at every moment, and the machine is BUSY_FACTOR x
+    slower between `busy` seconds after `since`: 'bf16' (its first model is built, right
+    after fp32's warm-up), 'bf16:2' (its second), or 'timing' (the interleaved schedule
+    starts). Returns when that was."""
+    burst: dict[str, float] = {}
+    began_count: Counter = Counter()
+
+    def speed(now: float) -> float:
+        return BUSY_FACTOR if burst and busy[0] <= now - burst["start"] < busy[1] else 1.0
+
+    def began(what: str) -> None:
+        began_count[what] += 1
+        if since in (what, f"{what}:{began_count[what]}"):
+            burst.setdefault("start", clock.now)
+
+    machine_steps(monkeypatch, clock, {"fp32": 50.0, "bf16": 50.0 / 1.4}, speed, built=began)
+    interleaved = timing.interleaved_runs
+
+    def timed(*args, **kwargs):
+        began("timing")
+        return interleaved(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "interleaved_runs", timed)
+    acceptable = {"acceptable": True, "problem": None}
+    monkeypatch.setattr(bench._Shared, "numerics", lambda self, model, precision: acceptable)
+    return burst
+
+
+def run_fp32_and_bf16_train(instances: int = 3) -> tuple[list[dict[str, Any]], Any]:
+    """Both precisions' records of 30 timed steps over `instances` models, and the choice."""
+    settings = plan(
+        numerics_steps=0, warmup_steps=5, steps=30, time_budget_s=1000.0, instances=instances
+    )
+    settings["warmup_budget_s"] = 1000.0
+    records = bench.run_backend(
+        torch.device("cpu"), ["fp32", "bf16"], ["train"], ["tiny_conv"], settings
+    )
+    choice = measured.choose_precision(
+        [(record, "bench.json") for record in records], "cpu", "tiny_conv", {}
+    )
+    return records, choice
+
+
+def test_a_machine_busy_since_fp32s_warm_up_does_not_judge_a_faster_precision_far_behind(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """fp32 warmed up on the quiet machine; from bf16's first model on, every step is 50x
+    slower for a while (bf16 still 1.4x faster than fp32 at the same moment): beyond
+    SETTLING_GAIN_LIMIT x fp32's earlier warm-up, not x fp32's steps run right after it.
+    bf16 settles, gets every instance, is timed in full and chosen."""
+    burst = busy_machine(monkeypatch, clock, since="bf16", busy=(0.0, 30.0))
+    records, choice = run_fp32_and_bf16_train()
+    fp32, bf16 = (record["timing"] for record in records)
+    assert burst["start"] > 0  # fp32's first warm-up was quiet
+    assert bf16["warmup_ended_early"] is None and bf16["warmup_settled"] is True
+    assert bf16["instances_timed"] == fp32["instances_timed"] == 3
+    assert bf16["count"] == fp32["count"] == 30 and bf16["stopped_early"] is None
+    assert choice.precision == "bf16", choice.reason
+
+
+def test_a_burst_that_hits_only_a_later_instances_judged_warm_up_steps_leaves_it_its_instances(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """bf16's second model's first two warm-up steps run 50x slower, the fp32 steps right
+    after them on the quiet machine again: beyond SETTLING_GAIN_LIMIT x those, but also x
+    bf16's own first instance, so the moment is to blame and no fp32 steps are run for it."""
+    # bf16's two busy steps take 50x 35.7 ms each; the burst ends before fp32 could step
+    busy_machine(monkeypatch, clock, since="bf16:2", busy=(0.0, 2.5))
+    reference_steps = []
+    monkeypatch.setattr(bench, "_reference_steps_now", lambda *a: reference_steps.append(a) or [])
+    records, choice = run_fp32_and_bf16_train()
+    bf16 = records[1]["timing"]
+    assert bf16["warmup_ended_early"] is None and bf16["instances_timed"] == 3
+    assert reference_steps == [] and choice.precision == "bf16", choice.reason
+
+
+def test_a_burst_that_hits_only_a_precisions_first_timed_block_stops_nothing(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """fp32's first block is quiet and bf16's right after it 50x slower (every step beyond
+    SETTLING_GAIN_LIMIT x fp32's median so far): one moment, its warm-up was not far behind,
+    so bf16 is timed on and chosen."""
+    # fp32's two quiet steps take 0.1 s, bf16's next two 50x 35.7 ms each; then its round 1
+    busy_machine(monkeypatch, clock, since="timing", busy=(0.09, 3.0))
+    records, choice = run_fp32_and_bf16_train(instances=1)
+    fp32, bf16 = (record["timing"] for record in records)
+    first_block = bf16["samples_ms"][: bench.BLOCK_STEPS]
+    assert bf16["rounds"][: bench.BLOCK_STEPS] == [0] * bench.BLOCK_STEPS
+    fp32_first_block = fp32["samples_ms"][: bench.BLOCK_STEPS]  # timed right before bf16's
+    assert min(first_block) > bench_stops.SETTLING_GAIN_LIMIT * max(fp32_first_block)
+    assert max(fp32_first_block) < 60.0 and max(bf16["samples_ms"][bench.BLOCK_STEPS :]) < 40.0
+    assert bf16["count"] == 30 and bf16["stopped_early"] is None
+    assert choice.precision == "bf16", choice.reason
+
+
+def test_far_behind_runs_fp32_steps_only_where_its_warm_up_screens_the_precision_out() -> None:
+    """Within SETTLING_GAIN_LIMIT x fp32's warm-up: judged at no cost. Beyond it: fp32 steps
+    run now decide, and stand until the precision's fastest step halves (the machine
+    changed): then fp32 steps again."""
+    now = {"ms": 50.0}
+    calls: list[float] = []
+
+    def fp32_now() -> list[float]:
+        calls.append(now["ms"])
+        return [now["ms"] / 1000] * bench_stops.FRESH_REFERENCE_STEPS
+
+    judge = bench_stops.FarBehind([0.05] * 10, fp32_now)
+    assert judge([2.0, 0.14]) is False and calls == []
+    now["ms"] = 50.0 * BUSY_FACTOR  # the machine became busy: fp32 too
+    assert judge([2.0, 1.8]) is False and calls == [2500.0]
+    assert "fp32's median of 2 steps run right after it (2500.0 ms)" in judge.reference_text
+    assert judge([2.0, 1.8, 1.7]) is False and calls == [2500.0]  # the same moment, near enough
+    now["ms"] = 50.0  # quiet again: a precision 14x slower than fp32 is caught now
+    assert judge([2.0, 1.8, 1.7, 0.7]) is True and calls == [2500.0, 50.0]
+    assert judge([2.0, 1.8, 1.7, 0.7]) is True and len(calls) == 2  # judged already
+    # without fp32 steps to run now (or none it could run), the warm-up alone judges
+    assert bench_stops.FarBehind([0.05] * 10, lambda: [])([2.0, 0.7]) is True
+    assert bench_stops.FarBehind([0.05] * 10)([2.0, 0.14]) is False
+    assert bench_stops.FarBehind([], fp32_now)([2.0, 0.7]) is False and len(calls) == 2
+    # a later instance: far behind only where its own first instance was as slow
+    assert bench_stops.FarBehind([0.05] * 10, fp32_now, [0.036] * 10)([2.0, 1.8]) is False
+    assert len(calls) == 2  # no fp32 steps: the moment, not the precision
+    assert bench_stops.FarBehind([0.05] * 10, fp32_now, [0.7] * 10)([2.0, 0.7]) is True
+    assert len(calls) == 3
 
 
 def instance_steps(
@@ -890,7 +1069,7 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
     """The machine got 1.5x slower right after fp32's first block: the candidate's five steps
     are all behind fp32's two, yet they were timed on another machine, so to speak."""
     fp32 = _timed([50.0, 50.5], [0, 0])
-    _, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
+    _, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "fp16")
     later = _timed([78.0, 78.5, 77.5, 78.2, 77.8], [0, 0, 1, 1, 2])
     assert stop(later) is None
     # paired over the rounds that follow, on the slower machine, it is as fast as fp32
@@ -911,13 +1090,13 @@ def test_a_precision_only_a_little_behind_in_unpaired_blocks_is_not_stopped_befo
 
 def test_a_precision_many_times_slower_stops_after_its_first_block_of_timed_steps() -> None:
     fp32 = _timed([50.0, 50.5], [0, 0])
-    end_warmup, stop = bench.slower_than([0.05] * 10, fp32, "fp16")
+    end_warmup, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "fp16")
     assert end_warmup([2.0, 0.7]) is not None  # its warm-up showed it first
     assert stop(_timed([700.0], [0])) is None  # one step supports no verdict
     reason = stop(_timed([700.0, 705.0], [0, 0]))
     assert reason.startswith(f"after {stats.MIN_STEPS_APART} timed steps, fp16 is 13.9")
     # every step must be beyond SETTLING_GAIN_LIMIT x fp32's median, not just the median
-    within = bench.SETTLING_GAIN_LIMIT * 50.25 * 0.99
+    within = bench_stops.SETTLING_GAIN_LIMIT * 50.25 * 0.99
     assert stop(_timed([700.0, within], [0, 0])) is None
     assert stop(_timed([700.0, within, 705.0], [0, 0, 1])) is None
 
@@ -926,17 +1105,19 @@ def test_a_burst_of_other_work_in_one_moment_does_not_stop_a_precision_after_one
     """Far behind in its timed steps but not in its warm-up, or the other way round: one of
     two moments seconds apart, so a burst of other work may have caused it."""
     fp32 = _timed([50.0, 50.5], [0, 0])
-    end_warmup, stop = bench.slower_than([0.05] * 10, fp32, "bf16")
+    end_warmup, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "bf16")
     assert end_warmup([2.0, 0.06]) is None
     burst = [700.0, 705.0, 698.0, 702.0]
     assert all(stop(_timed(burst[:n], [0, 0, 1, 1][:n])) is None for n in (2, 3, 4))
     # ... still, five steps every one that far behind stop it, unpaired, as before
     fp32 = _timed([50.0, 50.5, 49.5, 49.8], [0, 0, 1, 1])
-    _, stop = bench.slower_than([0.05] * 10, fp32, "bf16")
+    _, stop = bench_stops.slower_than(bench_stops.FarBehind([0.05] * 10), fp32, "bf16")
     reason = stop(_timed([*burst, 701.0], [0, 0, 1, 1, 2]))
     assert reason.startswith(f"after {stats.MIN_SAMPLES_FOR_A_CLAIM} timed steps, bf16 is 14.")
     # a warm-up that was far behind, then a first block that is not: timed on
-    end_warmup, stop = bench.slower_than([0.05] * 10, _timed([50.0, 50.5], [0, 0]), "bf16")
+    end_warmup, stop = bench_stops.slower_than(
+        bench_stops.FarBehind([0.05] * 10), _timed([50.0, 50.5], [0, 0]), "bf16"
+    )
     assert end_warmup([2.0, 0.7]) is not None
     assert stop(_timed([40.0, 41.0], [0, 0])) is None
 
@@ -944,13 +1125,15 @@ def test_a_burst_of_other_work_in_one_moment_does_not_stop_a_precision_after_one
 def test_the_warm_up_judges_a_precision_from_its_second_step_not_its_first() -> None:
     """The first step of a new model builds its primitives: alone, however slow, it ends
     nothing; from the second on, the fastest step is judged."""
-    end_warmup, _ = bench.slower_than([0.05] * 10, _timed([50.0], [0]), "fp16")
+    end_warmup, _ = bench_stops.slower_than(
+        bench_stops.FarBehind([0.05] * 10), _timed([50.0], [0]), "fp16"
+    )
     assert end_warmup([2.0]) is None
     assert end_warmup([2.0, 0.14]) is None  # within SETTLING_GAIN_LIMIT x 50 ms: may settle
     reason = end_warmup([2.0, 0.7])
     assert reason is not None and "its fastest warm-up step took 700.0 ms" in reason
     # without fp32 warm-up steps to compare with, never
-    end_warmup, _ = bench.slower_than([], _timed([50.0], [0]), "fp16")
+    end_warmup, _ = bench_stops.slower_than(bench_stops.FarBehind([]), _timed([50.0], [0]), "fp16")
     assert end_warmup([2.0, 0.7]) is None
 
 
@@ -1078,6 +1261,29 @@ def test_interleaved_runs_on_simulated_cuda_synchronize_around_every_step(fake_c
     assert [synced for _, synced in ran] == [1, 3, 5, 7]
     assert fake_cuda.synchronized == [torch.device("cuda", 1)] * 8
     assert timed["a"].rounds == timed["b"].rounds == [0, 1]
+
+
+def test_fp32_steps_that_judge_a_precision_on_simulated_cuda_are_synced_and_set_aside(
+    fake_cuda,
+) -> None:
+    """Synchronized around each step as the timed ones; the judged precision's peak leaves
+    them out; where they cannot run now (out of memory beside its model), no steps, so the
+    judgement rests on fp32's warm-up rather than failing the precision."""
+    memory = PeakMemory("cuda:0")
+
+    def fp32_step() -> None:
+        fake_cuda.allocate(300 * MB)
+        fake_cuda.free(300 * MB)
+
+    times = bench._reference_steps_now(fp32_step, torch.device("cuda", 0), memory)
+    assert len(times) == bench_stops.FRESH_REFERENCE_STEPS
+    assert fake_cuda.synchronized == [torch.device("cuda", 0)] * 2 * len(times)
+    assert memory.peak_mb == 0.0
+
+    def out_of_memory() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    assert bench._reference_steps_now(out_of_memory, torch.device("cuda", 0), memory) == []
 
 
 def test_interleaved_runs_on_simulated_mps_synchronize_the_device(fake_mps) -> None:

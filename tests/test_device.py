@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -494,6 +495,53 @@ def test_cuda_peak_memory_is_exact_and_starts_from_a_reset(fake_cuda) -> None:
         "exact": True,
         "label": "exact",
     }
+
+
+def test_work_set_aside_leaves_its_peak_out_and_keeps_the_peak_before_it(fake_cuda) -> None:
+    """Another model's steps amid a precision's warm-up (the bench's fp32 steps that judge
+    it) do not count toward its peak; the steps before and after do."""
+    peak = PeakMemory("cuda:0")
+    fake_cuda.allocate(100 * MB)  # the precision's step
+    fake_cuda.free(100 * MB)
+
+    def other_model() -> str:
+        fake_cuda.allocate(300 * MB)
+        fake_cuda.free(300 * MB)
+        return "stepped"
+
+    assert peak.set_aside(other_model) == "stepped"
+    assert peak.peak_mb == 100.0 and len(fake_cuda.resets) == 2
+    fake_cuda.allocate(150 * MB)  # the precision's next step goes higher: counted
+    fake_cuda.free(150 * MB)
+    assert peak.peak_mb == 150.0
+    peak.reset()  # a fresh span forgets what was kept too
+    assert peak.peak_mb == 0.0
+
+
+def test_work_set_aside_leaves_the_sampled_mps_peak_as_it_was(fake_mps) -> None:
+    samples = iter([(10.0, 20.0), (50.0, 80.0), (12.0, 90.0), (30.0, 90.0)])
+    peak = PeakMemory("mps", reader=lambda: next(samples))
+    peak.update()
+    peak.set_aside(lambda: None)  # its steps are never sampled; the reset after samples once
+    peak.update()
+    assert peak.peak_mb == 50.0
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_work_set_aside_leaves_its_host_peak_rss_out() -> None:
+    peak = PeakMemory("cpu")
+    assert dev.reset_host_peak_rss() is True
+    before = peak.host_peak_rss_mb
+
+    def ballast() -> None:
+        held = bytearray(200 * MB)
+        held[::4096] = b"x" * len(held[::4096])  # resident, not only reserved
+
+    peak.set_aside(ballast)
+    assert dev.host_peak_rss_mb() < before + 50  # reset after it
+    assert before <= peak.host_peak_rss_mb < before + 50
+    ballast()  # the span's own work counts
+    assert peak.host_peak_rss_mb > before + 150
 
 
 def test_mps_peak_memory_is_the_largest_sample_and_labelled_a_lower_bound(fake_mps) -> None:

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import bench_record, stats, timing
+from pipeline import bench_record, timing
 from pipeline import device as dev
+from pipeline.bench_stops import FRESH_REFERENCE_STEPS, FarBehind, slower_than
 from pipeline.data.shapes import render_sample
 from pipeline.data.synthetic import SyntheticSpec
 from pipeline.engine.step import TrainStep, build_optimizer
@@ -161,102 +162,6 @@ def run_backend(
 # block, every precision's blocks pay alike.
 BLOCK_STEPS = 2
 
-# A new model's first steps run slower than its settled ones (oneDNN builds its primitives,
-# the allocator grows), by well under this factor from its second step on (the first builds
-# the primitives, or compiles the kernels, and can take many times longer): a precision whose
-# fastest step since is further behind fp32's median than this cannot catch up by settling.
-SETTLING_GAIN_LIMIT = 3.0
-FEWEST_STEPS_TO_JUDGE = 2  # warm-up steps the first of which is not judged alone
-
-
-def settled_median(warmup_s: list[float]) -> float:
-    """The median of a warm-up's last SETTLE_WINDOW steps (settled where it settled); inf
-    without steps."""
-    tail = warmup_s[-stats.SETTLE_WINDOW :]
-    return float(np.median(tail)) if tail else math.inf
-
-
-def far_behind(step_times: list[float], reference_warmup_s: list[float]) -> bool:
-    """Whether even the fastest of `step_times` is beyond SETTLING_GAIN_LIMIT x fp32's
-    settled warm-up median (never, without fp32 warm-up steps)."""
-    return min(step_times) > SETTLING_GAIN_LIMIT * settled_median(reference_warmup_s)
-
-
-def slower_than(
-    reference_warmup_s: list[float], reference: timing.Timed, precision: str
-) -> tuple[timing.StopRule, Callable[[timing.Timed], str | None]]:
-    """The rules that end a precision's warm-up and timing once its own steps show that it is
-    slower than fp32 (same backend, model and mode): `reference_warmup_s` are fp32's warm-up
-    step times (its settled last SETTLE_WINDOW give the median), `reference` fp32's timed
-    steps in the interleaved schedule, growing as they are timed.
-
-    A precision many times slower (every step beyond SETTLING_GAIN_LIMIT x fp32's median, as
-    a CPU without native fp16 or bf16 is) cannot be the faster one however it settles: its
-    warm-up ends as soon as FEWEST_STEPS_TO_JUDGE steps show it, and where they did, its
-    timing as soon as `stats.MIN_STEPS_APART` timed steps (its first block, timed right after
-    fp32's in the first round) show it too, the fewest from which `stats.speedup` draws a
-    verdict at all: two moments seconds apart, each against fp32's steps, so that a burst of
-    other work in one of them stops nothing. Otherwise timing stops only on `stats.speedup`'s
-    own verdict 'slower' (the whole interval below 1 by more than the tolerance) after the
-    fewest steps a claim needs: the verdict the choice reads from the same samples, so a
-    precision that could still be chosen is never stopped. Before MIN_ROUNDS_TO_PAIR rounds
-    can be paired, that verdict stops only a precision every one of whose steps is beyond
-    SETTLING_GAIN_LIMIT x fp32's median: a few blocks taken seconds apart see the machine's
-    drift. The warm-up only loses its wait for settling: the timed steps still decide.
-    """
-    reference_median = settled_median(reference_warmup_s)
-    warmed_far_behind = False  # the warm-up these rules end showed it far behind
-
-    def end_warmup(step_times: list[float]) -> str | None:
-        nonlocal warmed_far_behind
-        warmed_far_behind = len(step_times) >= FEWEST_STEPS_TO_JUDGE and far_behind(
-            step_times, reference_warmup_s
-        )
-        if not warmed_far_behind:
-            return None
-        return (
-            f"its fastest warm-up step took {min(step_times) * 1000:.1f} ms, more than "
-            f"{SETTLING_GAIN_LIMIT:g}x fp32's median warm-up step ({reference_median * 1000:.1f} "
-            "ms): more than settling gains"
-        )
-
-    def stop(own: timing.Timed) -> str | None:
-        samples = own.samples
-        if len(samples) < stats.MIN_STEPS_APART or not reference.samples:
-            return None
-        fp32_median = float(np.median(reference.samples))
-        far = min(samples) > SETTLING_GAIN_LIMIT * fp32_median
-        if far and warmed_far_behind:
-            return (
-                f"after {len(samples)} timed steps, {precision} is "
-                f"{np.median(samples) / fp32_median:.2f}x slower than fp32's median so far "
-                f"({fp32_median * 1000:.1f} ms), every step more than {SETTLING_GAIN_LIMIT:g}x "
-                "it as in its warm-up, beyond what settling gains, so it cannot be the faster "
-                "precision"
-            )
-        if len(samples) < stats.MIN_SAMPLES_FOR_A_CLAIM:
-            return None
-        if np.median(samples) <= fp32_median * (1 + stats.SPEEDUP_TOLERANCE):
-            return None  # not even its median is behind: spare the bootstrap
-        paired = reference.instances and own.instances
-        instances = (reference.instances, own.instances) if paired else None
-        speed = stats.speedup(
-            reference.samples,
-            samples,
-            rounds=(reference.rounds, own.rounds),
-            instances=instances,
-        )
-        if speed.verdict != "slower":
-            return None
-        if speed.paired_rounds is None and not far:
-            return None  # unpaired blocks of a few rounds see the machine's drift: wait to pair
-        return (
-            f"after {len(samples)} timed steps, {precision} is {speed.text} against fp32, "
-            "so it cannot be the faster precision"
-        )
-
-    return end_warmup, stop
-
 
 class _Shared:
     """What the combinations of one process share: the kernel flags and the rendered batch
@@ -316,8 +221,8 @@ def _run_interleaved(
     instance never show. Instance k of every precision is built from seed k, so a pair
     differs only in precision; all precisions' first instances are built and warmed up
     before any second one, and their warm-ups alone give the records' memory figures. A
-    precision whose warm-up steps show it far slower than fp32 (`far_behind`) gets no
-    further instance: its first timed steps stop it.
+    precision whose warm-up steps show it far slower than fp32 at the same moment
+    (`FarBehind`) gets no further instance: its first timed steps stop it.
     """
     device, settings = shared.device, shared.settings
     records: dict[str, dict[str, Any]] = {}
@@ -408,8 +313,8 @@ def _warm_up_instance(
     """Build model instance `instance` (seed `instance`) for the record's precision and warm
     its step up, into `ready`. The first instance's warm-up gives the record its device peak
     and host peak RSS (the same step as the timed ones, alone on the device: the other
-    models wait, and the memory they hold, `exclude_mb`, is left out); later ones measure
-    no memory."""
+    models wait, and the memory they hold, `exclude_mb`, is left out, as are the fp32 steps
+    that judge it); later ones measure no memory."""
     device, settings, layout = shared.device, shared.settings, shared.layout
     precision, mode = record["precision"], record["mode"]
     images, targets = shared.batch()
@@ -418,11 +323,6 @@ def _warm_up_instance(
     model_config = {**settings["model_options"], "name": record["model"]}
     model = build_from_config(model_config, settings["num_classes"])
     model = model.to(device, memory_format=layout)
-    fp32 = ready.get("fp32")
-    end_warmup = stop = None
-    fp32_warmup = fp32.warmups[0]["step_times"] if fp32 is not None else []
-    if fp32 is not None and precision != "fp32":
-        end_warmup, stop = slower_than(fp32_warmup, fp32.timed, precision)
     first = instance == 0
     memory = None
     if first:
@@ -432,6 +332,16 @@ def _warm_up_instance(
         if precision != "fp32":
             record["numerics"] = shared.numerics(model, precision)
         conditions = timing.RunConditions()
+    fp32 = ready.get("fp32")
+    end_warmup = stop = judge = None
+    if fp32 is not None and precision != "fp32":
+        fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)]  # built from the same seed
+        judge = FarBehind(
+            fp32.warmups[0]["step_times"],
+            lambda: _reference_steps_now(fp32_step, device, memory),
+            None if first else ready[precision].warmups[0]["step_times"],
+        )
+        end_warmup, stop = slower_than(judge, fp32.timed, precision)
     step = _step(model, images, targets, device, precision, mode, settings, layout)
     warmed = timing.warm_up(
         step,
@@ -442,14 +352,33 @@ def _warm_up_instance(
         end_warmup=end_warmup,
     )
     if first:
-        record.update(memory=memory.as_dict(), host_peak_rss_mb=dev.host_peak_rss_mb())
+        record.update(memory=memory.as_dict(), host_peak_rss_mb=memory.host_peak_rss_mb)
         ready[precision] = _Ready([step], [warmed], conditions, stop, timing.Timed())
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
     # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
-    # warm-up, even after one step): its first timed steps stop it, so a further instance
-    # would only cost time.
-    steps = warmed["step_times"]
-    if end_warmup is not None and steps and far_behind(steps, fp32_warmup):
+    # warm-up, even after one step; fp32 steps again only where the machine changed): its
+    # first timed steps stop it, so a further instance would only cost time.
+    if judge is not None and judge(warmed["step_times"]):
         ready[precision].complete = True
+
+
+def _reference_steps_now(
+    step: Callable[[], Any], device: torch.device, memory: dev.PeakMemory | None
+) -> list[float]:
+    """FRESH_REFERENCE_STEPS of fp32's warm `step` now, for `FarBehind` alone: no record
+    keeps them, and `memory` (the judged precision's, where it measures) leaves them out.
+    No steps where it cannot run now: the judgement then rests on fp32's warm-up."""
+
+    def run() -> list[float]:
+        return [timing.timed_step(step, device) for _ in range(FRESH_REFERENCE_STEPS)]
+
+    try:
+        return memory.set_aside(run) if memory is not None else run()
+    except (RuntimeError, NotImplementedError) as error:
+        reason = cannot_run_reason(error)
+        if reason is None:
+            raise
+        log.info("fp32 could not step again to judge another precision by (%s)", reason)
+        return []

@@ -15,6 +15,7 @@ import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -41,6 +42,7 @@ _CPU_PRIVATE_PROBES = {
     "fp16": ("_is_amx_fp16_supported",),
 }
 _MB = 1024 * 1024
+_T = TypeVar("_T")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # First torch releases with MPS autocast for each dtype, and with GradScaler("mps").
 _MPS_AUTOCAST_SINCE = {"fp16": (2, 5), "bf16": (2, 6)}
@@ -501,6 +503,15 @@ def _mps_accelerator_peak_available() -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """The peaks a span reached before the work a `PeakMemory` set aside."""
+
+    peak_mb: float = 0.0
+    reserved_mb: float = 0.0
+    host_peak_rss_mb: float = 0.0
+
+
 class PeakMemory:
     """Peak device memory over a span of work, and whether the figure is exact.
 
@@ -526,6 +537,7 @@ class PeakMemory:
         self.exact = self.backend != "mps" or self._accelerator
         self._sampled_peak = 0.0
         self._sampled_reserved = 0.0
+        self._kept = _Kept()
         self.reset()
 
     @property
@@ -538,6 +550,7 @@ class PeakMemory:
     def reset(self) -> None:
         self._sampled_peak = 0.0
         self._sampled_reserved = 0.0
+        self._kept = _Kept()
         if self.backend == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self._accelerator:
@@ -552,23 +565,49 @@ class PeakMemory:
             self._sampled_peak = max(self._sampled_peak, allocated)
             self._sampled_reserved = max(self._sampled_reserved, reserved)
 
+    def set_aside(self, work: Callable[[], _T]) -> _T:
+        """Run `work` (another model's steps, amid this span) without its memory in the span's
+        peaks: the peaks so far are kept, and the counters, and this process's host peak RSS
+        where the system can reset it, start afresh after it."""
+        kept = _Kept(
+            max(self._kept.peak_mb, self._counted_peak_mb()),
+            max(self._kept.reserved_mb, self.reserved_mb),
+            max(self._kept.host_peak_rss_mb, host_peak_rss_mb()),
+        )
+        try:
+            return work()
+        finally:
+            self.reset()
+            reset_host_peak_rss()
+            self._kept = kept
+
+    def _counted_peak_mb(self) -> float:
+        if self.backend == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / _MB
+        if self._accelerator:
+            return torch.accelerator.max_memory_allocated() / _MB
+        return self._sampled_peak
+
     @property
     def peak_mb(self) -> float:
-        if self.backend == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device) / _MB
-        elif self._accelerator:
-            peak = torch.accelerator.max_memory_allocated() / _MB
-        else:
-            peak = self._sampled_peak
+        peak = max(self._kept.peak_mb, self._counted_peak_mb())
         return max(0.0, peak - self.exclude_mb) if peak else peak
 
     @property
     def reserved_mb(self) -> float:
         if self.backend == "cuda":
-            return torch.cuda.max_memory_reserved(self.device) / _MB
-        if self._accelerator:
-            return torch.accelerator.max_memory_reserved() / _MB
-        return self._sampled_reserved
+            reserved = torch.cuda.max_memory_reserved(self.device) / _MB
+        elif self._accelerator:
+            reserved = torch.accelerator.max_memory_reserved() / _MB
+        else:
+            reserved = self._sampled_reserved
+        return max(self._kept.reserved_mb, reserved)
+
+    @property
+    def host_peak_rss_mb(self) -> float:
+        """This process's peak resident memory (`host_peak_rss_mb()`), less what work set
+        aside added where the system could reset the peak after it."""
+        return max(self._kept.host_peak_rss_mb, host_peak_rss_mb())
 
     def as_dict(self) -> dict[str, float | bool | str]:
         return {
