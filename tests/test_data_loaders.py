@@ -42,7 +42,13 @@ from pipeline.data.dataset import (
     read_image,
 )
 from pipeline.data.shapes import render_sample
-from pipeline.data.sources import ImageRecord, SplitAnnotations, load_coco, load_voc
+from pipeline.data.sources import (
+    ImageRecord,
+    SplitAnnotations,
+    load_coco,
+    load_voc,
+    with_classes,
+)
 from pipeline.data.synthetic import SyntheticSpec
 from pipeline.errors import ConfigError, DataError
 
@@ -686,6 +692,64 @@ def test_an_image_that_is_not_the_size_its_annotation_says_is_an_error_naming_bo
     message = str(caught.value)
     assert str(path) in message
     assert f"{coco_root / 'wide.png'} is annotated 160x80 but is 80x40" in message
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_split_loaded_unchecked_is_checked_by_its_dataset_with_loadings_own_error(
+    coco_root: Path, cache: bool
+) -> None:
+    # evaluate loads its splits so: where the dataset decodes every file up front, the header
+    # check would read each file a second time; where it does not, the check must still come
+    # before the first image is used
+    (coco_root / "palette.png").unlink()
+    path = coco_root / "instances_val.json"
+    split = load_coco(path, coco_root, check_images=False)  # no error yet
+    relabelled = with_classes(split, split.class_names[::-1])  # as evaluate may: still unchecked
+    with pytest.raises(DataError) as caught:
+        DetectionDataset(relabelled, 32, cache=cache)
+    assert str(caught.value).startswith(
+        f"{path} refers to image file(s) that do not exist: {coco_root / 'palette.png'}. "
+        f"Check the images folder {coco_root} "
+    )
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_split_loaded_unchecked_gives_the_samples_a_checked_one_gives(
+    coco_root: Path, cache: bool
+) -> None:
+    path = coco_root / "instances_val.json"
+    unchecked = load_coco(path, coco_root, check_images=False)
+    assert unchecked.unchecked_images is not None
+    checked = DetectionDataset(load_coco(path, coco_root), 32, cache=cache)
+    dataset = DetectionDataset(unchecked, 32, cache=cache)
+    assert unchecked.unchecked_images is None  # checked once: another dataset does not again
+    for index in range(len(dataset)):
+        (image, target), (want_image, want) = dataset[index], checked[index]
+        assert torch.equal(image, want_image)
+        assert all(torch.equal(target[key], want[key]) for key in ("boxes", "ignore_boxes"))
+
+
+def test_voc_split_loaded_unchecked_leaves_a_missing_image_to_its_dataset(voc_root: Path) -> None:
+    (voc_root / "JPEGImages" / "wide.png").unlink()
+    split = load_voc(voc_root, "val", check_images=False)
+    with pytest.raises(
+        DataError, match=r"refers to image file\(s\) that do not exist: .*wide\.png"
+    ):
+        DetectionDataset(split, 32, cache=True)
+
+
+def test_relabelling_a_split_keeps_its_counts_each_in_its_own_field(coco_root: Path) -> None:
+    annotations = [
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, float("inf"), 12]},
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, 10, float("nan")]},
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, 0, 12]},
+        {"image_id": 1, "category_id": 7, "bbox": [2, 4, 10, 12]},
+    ]
+    path = _write_coco(
+        coco_root, "counts.json", _coco_document({"gray.png": (40, 40)}, annotations)
+    )
+    cats = with_classes(load_coco(path, coco_root), ["cat"])  # leaves out the dog
+    assert (cats.nonfinite_boxes, cats.dropped_boxes, cats.other_class_objects) == (2, 1, 1)
 
 
 def test_the_dataset_refuses_a_file_whose_decoded_size_differs_from_its_record(

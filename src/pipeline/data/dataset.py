@@ -26,7 +26,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from pipeline.data import cache as image_cache
 from pipeline.data.orientation import upright
-from pipeline.data.sources import ImageRecord, SplitAnnotations
+from pipeline.data.sources import ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
@@ -75,21 +75,26 @@ class Augment:
         return v2.Compose(steps) if steps else None
 
 
-def read_image(path: os.PathLike | str) -> torch.Tensor:
-    """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
+def _upright_rgb(path: os.PathLike | str) -> np.ndarray:
+    """Upright RGB uint8 [H,W,3] (EXIF orientation applied); a bad file raises DataError naming it."""
     try:
         with Image.open(path) as img:
             img.load()
-            rgb = upright(img).convert("RGB")
+            img = upright(img)
+            # the decoded pixels as they are where they are RGB already: convert would copy them
+            return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(
             f"Image file {path} is truncated, corrupt or not an image: {error}."
         ) from error
-    # one plane per band, each a plain copy: transposing interleaved RGB to [3,H,W] element
-    # by element costs several times the decoding of a small PNG
-    return torch.from_numpy(np.stack([np.asarray(band) for band in rgb.split()]))
+
+
+def read_image(path: os.PathLike | str) -> torch.Tensor:
+    """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
+    # numpy's copy of the interleaved pixels into planes: torch's permuted copy costs more
+    return torch.from_numpy(np.ascontiguousarray(_upright_rgb(path).transpose(2, 0, 1)))
 
 
 @dataclass(frozen=True)
@@ -237,7 +242,8 @@ class DetectionDataset(Dataset):
         self.augment = augment if augment is not None and augment.enabled else None
         self.library = self.augment.library_transforms(image_size) if self.augment else None
         self.seed = seed
-        self._cache: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        # the decoded images [N,3,S,S] and each sample's boxes and ignore regions
+        self._cache: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.cache_decision = image_cache.decide(
             cache,
             len(self.records),
@@ -245,8 +251,18 @@ class DetectionDataset(Dataset):
             cache_budget,
             memory or image_cache.available_memory,
         )
-        if self.cache_decision.cache:
+        if not self.cache_decision.cache:
+            # decoded one at a time as they are used: every file checked now, as loading does
+            check_image_files(split)
+        elif split.unchecked_images is None:
             self._cache = self._load_all()
+        else:  # decoding every file checks them all: the header check only to word an error
+            try:
+                self._cache = self._load_all()
+            except DataError:
+                check_image_files(split)  # raises the error loading would have raised, if any
+                raise
+            split.unchecked_images = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -260,49 +276,69 @@ class DetectionDataset(Dataset):
         record = self.records[index]
         return self.geometry(index).to_original(boxes, record.height, record.width)
 
-    def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Every sample decoded, in order, on as many threads as torch may use (PIL's decoders
-        and torch's resizing let go of the GIL), each thread one contiguous share: a task per
-        image would cost the pool's hand-over and a fight for the GIL per image, more than
-        a small image's decoding. The first bad file's error, as one at a time: the shares are
-        read back in order, and each stops at its first bad file."""
+    def _load_all(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Every image decoded into one [N,3,S,S] tensor, in order, with each sample's boxes and
+        ignore regions; on as many threads as torch may use (PIL's decoders let go of the GIL),
+        each thread one contiguous share: a task per image would cost the pool's hand-over and a
+        fight for the GIL per image, more than a small image's decoding. The first bad file's
+        error, as one at a time: the shares are read back in order, and each stops at its first
+        bad file."""
         count = len(self.records)
-        threads = min(torch.get_num_threads(), count)
-        if threads <= 1:
-            return [self._load(i) for i in range(count)]
+        images = torch.empty((count, 3, self.image_size, self.image_size), dtype=torch.uint8)
+        threads = max(1, min(torch.get_num_threads(), count))
         bounds = [count * share // threads for share in range(threads + 1)]
 
-        def load_share(share: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-            return [self._load(i) for i in range(bounds[share], bounds[share + 1])]
+        def load_share(share: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [self._load(i, images[i])[1:] for i in range(bounds[share], bounds[share + 1])]
 
+        if threads == 1:
+            return images, load_share(0)
         with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
-            return [sample for part in pool.map(load_share, range(threads)) for sample in part]
+            return images, [
+                boxes for part in pool.map(load_share, range(threads)) for boxes in part
+            ]
 
-    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The input-frame image, boxes and ignore regions; the decoded image is the geometry."""
+    def _load(
+        self, index: int, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input-frame image (written into `out` where given), boxes and ignore regions; the
+        decoded image is the geometry."""
         record = self.records[index]
-        image = read_image(record.path)
-        height, width = image.shape[-2:]
+        pixels = _upright_rgb(record.path)
+        height, width = pixels.shape[:2]
         if (height, width) != (record.height, record.width):
             raise DataError(
                 f"Image file {record.path} is {width}x{height} (EXIF orientation applied), but its "
                 f"annotation says {record.width}x{record.height}: boxes are never rescaled to fit."
             )
+        planes = pixels.transpose(2, 0, 1)
+        if (height, width) == (self.image_size, self.image_size):  # as fit_to_input leaves them
+            boxes = torch.from_numpy(np.array(record.boxes, np.float32).reshape(-1, 4))
+            ignore_boxes = torch.from_numpy(
+                np.array(record.ignore_boxes, np.float32).reshape(-1, 4)
+            )
+            if out is None:
+                return torch.from_numpy(np.ascontiguousarray(planes)), boxes, ignore_boxes
+            out.numpy()[...] = planes  # straight into place: one copy of the pixels
+            return out, boxes, ignore_boxes
         count = len(record.boxes)
-        image, boxes = fit_to_input(
-            image,
+        image, both = fit_to_input(
+            torch.from_numpy(np.ascontiguousarray(planes)),
             np.concatenate([record.boxes, record.ignore_boxes]),
             self.image_size,
             self.resize,
         )
-        return image, boxes[:count], boxes[count:]
+        if out is not None:
+            image = out.copy_(image)
+        return image, both[:count], both[count:]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         record = self.records[index]
-        image, boxes, ignore_boxes = (
-            self._cache[index] if self._cache is not None else self._load(index)
-        )
+        if self._cache is not None:
+            image, (boxes, ignore_boxes) = self._cache[0][index], self._cache[1][index]
+        else:
+            image, boxes, ignore_boxes = self._load(index)
         labels = torch.from_numpy(record.labels)
         ignore_labels = torch.from_numpy(record.ignore_labels)
         if self.augment is not None:

@@ -64,6 +64,9 @@ class SplitAnnotations:
     nonfinite_boxes: int = 0
     # objects of categories the file defines but `class_names` leaves out (data.classes)
     other_class_objects: int = 0
+    # while the image files are not yet checked (loaded with check_images=False): where to look
+    # for a missing one, as the check's error says; see check_image_files
+    unchecked_images: str | None = None
 
     @property
     def negatives(self) -> int:
@@ -110,9 +113,10 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
         records,
         list(class_names),
         split.source,
-        split.dropped_boxes,
-        split.other_class_objects + removed,
-        split.nonfinite_boxes,
+        dropped_boxes=split.dropped_boxes,
+        nonfinite_boxes=split.nonfinite_boxes,
+        other_class_objects=split.other_class_objects + removed,
+        unchecked_images=split.unchecked_images,
     )
 
 
@@ -206,6 +210,20 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
             "swapped, the annotation tool ignored the photo's EXIF orientation: re-export the "
             "annotations from the upright images; otherwise correct width and height."
         )
+
+
+def check_image_files(split: SplitAnnotations) -> None:
+    """The check of every image file's header that loading left to later (`check_images=False`),
+    with the errors loading would have raised; nothing where it ran already.
+
+    For whoever decodes the split: decoding every image up front checks more than the headers
+    (a decoded image of the wrong size is an error too), so a cache that decoded them all needs
+    this only to word an error as loading would have; a split decoded one image at a time as
+    training goes needs it before the first image, as loading did.
+    """
+    if split.unchecked_images is not None:
+        _check_images(split.records, split.source, split.unchecked_images)
+        split.unchecked_images = None
 
 
 def _clipped(
@@ -308,11 +326,17 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
 
 
 def load_coco(
-    annotation_file: str | Path, images_dir: str | Path, classes: list[str] | None = None
+    annotation_file: str | Path,
+    images_dir: str | Path,
+    classes: list[str] | None = None,
+    *,
+    check_images: bool = True,
 ) -> SplitAnnotations:
     """Records from a COCO instances JSON; class order follows category ids unless `classes` is given.
 
     `file_name` entries are relative to `images_dir`. Crowd annotations become ignore regions.
+    `check_images=False` leaves the check of the image files to whoever decodes them
+    (`check_image_files`).
     """
     source = Path(annotation_file)
     if not source.is_file():
@@ -381,12 +405,12 @@ def load_coco(
     for record in split.records:
         _attach(split, record, objects.get(record.image_id, []), crowds.get(record.image_id, []))
     _report(split)
-    _check_images(
-        split.records,
-        source,
+    split.unchecked_images = (
         f"the images folder {images_dir} (data.images_dir or data.<split>_images_dir; "
-        "by default the annotation file's folder)",
+        "by default the annotation file's folder)"
     )
+    if check_images:
+        check_image_files(split)
     return split
 
 
@@ -410,6 +434,8 @@ def load_voc(
     split_name: str,
     classes: list[str] | None = None,
     classes_from: str | None = None,
+    *,
+    check_images: bool = True,
 ) -> SplitAnnotations:
     """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
 
@@ -418,6 +444,8 @@ def load_voc(
     are, where the list is the user's (data.classes); where it comes from elsewhere,
     `classes_from` says where (the training split, a checkpoint), and such an object is an
     error naming its XML file: a class the model never trained on cannot be scored.
+    `check_images=False` leaves the check of the image files to whoever decodes them
+    (`check_image_files`).
     """
     root = Path(root)
     listing = root / "ImageSets" / "Main" / f"{split_name}.txt"
@@ -488,5 +516,7 @@ def load_voc(
         )
         split.records.append(record)
     _report(split)
-    _check_images(split.records, listing, f"{root / 'JPEGImages'} and the <filename> entries")
+    split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
+    if check_images:
+        check_image_files(split)
     return split
