@@ -847,6 +847,23 @@ def test_mapped_detections_are_clipped_to_the_image(coco_root: Path) -> None:
     np.testing.assert_allclose(mapped, [[0, 0, 40, 40], [25, 5, 50, 30]])
 
 
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+def test_all_samples_boxes_map_back_bit_for_bit_as_each_samples_do(
+    coco_root: Path, resize: str
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)  # 40x40, 80x40 and 32x32
+    dataset = DetectionDataset(split, 32, resize=resize, cache=False)
+    rng = np.random.default_rng(0)
+    boxes = [
+        np.sort(rng.uniform(-8, 40, (count, 4)), axis=1).astype(np.float32)[:, [0, 2, 1, 3]]
+        for count in rng.integers(0, 5, len(dataset))
+    ]
+    boxes[0] = np.zeros((0, 4), np.float32)  # an image without detections
+    every = dataset.all_to_original(boxes)
+    one_by_one = np.concatenate([dataset.to_original(i, b) for i, b in enumerate(boxes)])
+    assert every.dtype == np.float32 and every.tobytes() == one_by_one.tobytes()
+
+
 def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Path) -> None:
     split = load_coco(coco_root / "instances_val.json", coco_root)
     cached, lazy = DetectionDataset(split, 32), DetectionDataset(split, 32, cache=False)

@@ -243,9 +243,9 @@ def _split_with_the_checkpoints_classes(
 def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:
     """Ground truth and detections per image, in the image's own pixels (what a viewer draws).
 
-    Every image's numbers are rounded and made lists at once: per image, numpy's per-call
-    cost would be most of the work. Scores are float32: times 10**4 exactly in float64, so
-    numpy's rounding to 4 places is Python's round."""
+    Every image's numbers are mapped, rounded and made lists at once: per image, numpy's
+    per-call cost would be most of the work. Scores are float32: times 10**4 exactly in
+    float64, so numpy's rounding to 4 places is Python's round."""
     import numpy as np
 
     by_id = {d["image_id"]: d for d in detections}
@@ -254,40 +254,54 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
         "scores": np.zeros(0, np.float32),
         "labels": np.zeros(0, np.int64),
     }
-    found = [by_id.get(record.image_id, none_found) for record in dataset.records]
+    records = dataset.records
+    found = [by_id.get(record.image_id, none_found) for record in records]
     counts = [len(f["scores"]) for f in found]
-    boxes = [dataset.to_original(index, f["boxes"]) for index, f in enumerate(found)]
-    every_box = _rounded_rows(boxes, 2, counts)
+    every_box = _rounded_rows([dataset.all_to_original([f["boxes"] for f in found])], 2, counts)
     every_score = _rounded_rows([np.asarray(f["scores"]) for f in found], 4, counts)
-    images = []
-    for index, record in enumerate(dataset.records):
-        images.append(
-            {
-                "image_id": record.image_id,
-                "file": str(record.path),
-                "width": record.width,
-                "height": record.height,
-                "ground_truth": {
-                    "boxes": record.boxes.astype("float64").round(2).tolist(),
-                    "labels": record.labels.tolist(),
-                    "ignore_boxes": record.ignore_boxes.astype("float64").round(2).tolist(),
-                    "ignore_labels": record.ignore_labels.tolist(),
-                },
-                "detections": {
-                    "boxes": every_box[index],
-                    "scores": every_score[index],
-                    "labels": found[index]["labels"].tolist(),
-                },
-            }
-        )
+    every_label = _rows(np.concatenate([np.asarray(f["labels"]) for f in found]), counts)
+    objects = [len(record.boxes) for record in records]
+    regions = [len(record.ignore_boxes) for record in records]
+    truth = _rounded_rows([record.boxes.reshape(-1, 4) for record in records], 2, objects)
+    truth_labels = _rows(np.concatenate([record.labels for record in records]), objects)
+    ignored = _rounded_rows([record.ignore_boxes.reshape(-1, 4) for record in records], 2, regions)
+    ignored_labels = _rows(np.concatenate([record.ignore_labels for record in records]), regions)
+    images = [
+        {
+            "image_id": record.image_id,
+            "file": str(record.path),
+            "width": record.width,
+            "height": record.height,
+            "ground_truth": {
+                "boxes": truth[index],
+                "labels": truth_labels[index],
+                "ignore_boxes": ignored[index],
+                "ignore_labels": ignored_labels[index],
+            },
+            "detections": {
+                "boxes": every_box[index],
+                "scores": every_score[index],
+                "labels": every_label[index],
+            },
+        }
+        for index, record in enumerate(records)
+    ]
     return {"format": PREDICTIONS_FORMAT, "class_names": class_names, "images": images}
 
 
 def _rounded_rows(parts: list, decimals: int, counts: list[int]) -> list[list]:
-    """Each part (an image's rows) in float64 rounded to `decimals`, as lists, made in one go."""
+    """The parts' rows (all images' together, in order) in float64 rounded to `decimals`, as
+    one list per image, made in one go."""
     import numpy as np
 
     every = np.concatenate([np.asarray(part, np.float64) for part in parts]).round(decimals)
+    return _rows(every, counts)
+
+
+def _rows(every, counts: list[int]) -> list[list]:
+    """An array of all images' rows as one list per image (`counts` rows each)."""
+    import numpy as np
+
     as_list = every.tolist()
     ends = np.cumsum(counts).tolist()
     return [as_list[end - count : end] for end, count in zip(ends, counts, strict=True)]

@@ -276,6 +276,29 @@ class DetectionDataset(Dataset):
         record = self.records[index]
         return self.geometry(index).to_original(boxes, record.height, record.width)
 
+    def all_to_original(self, boxes: list[np.ndarray]) -> np.ndarray:
+        """Input-frame boxes of every sample (one [n,4] array each, in order) in their images'
+        own pixels, as `to_original` maps each, one [sum n,4] array: the same float32
+        arithmetic, row by row, with the scales of each image size worked out once, without
+        numpy's per-call cost per image (most of the work for a few boxes each)."""
+        sizes: dict[tuple[int, int], int] = {}
+        which = [sizes.setdefault((r.height, r.width), len(sizes)) for r in self.records]
+        scale, shift, bounds = (np.zeros((len(sizes), 4), np.float32) for _ in range(3))
+        for (height, width), row in sizes.items():
+            geometry = Geometry.of(height, width, self.image_size, self.resize)
+            scale[row] = [width / geometry.resized[1], height / geometry.resized[0]] * 2
+            shift[row] = [geometry.left, geometry.top] * 2
+            bounds[row] = [width, height] * 2
+        counts = [len(part) for part in boxes]
+        rows = np.repeat(np.asarray(which, np.int64), counts)
+        every = np.concatenate(
+            [
+                np.zeros((0, 4), np.float32),
+                *(np.asarray(b, np.float32).reshape(-1, 4) for b in boxes),
+            ]
+        )
+        return ((every - shift[rows]) * scale[rows]).clip(0, bounds[rows])
+
     def _load_all(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Every image decoded into one [N,3,S,S] tensor, in order, with each sample's boxes and
         ignore regions; on as many threads as torch may use (PIL's decoders let go of the GIL),
