@@ -120,19 +120,6 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
     )
 
 
-def _sanitize(
-    boxes: np.ndarray, width: int, height: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Clip boxes to the image; report which keep a positive width and height, and which had a
-    coordinate that is no finite number (an infinite width would otherwise clip to the edge)."""
-    finite = np.isfinite(boxes).all(axis=1)
-    clipped = boxes.copy()
-    clipped[:, [0, 2]] = clipped[:, [0, 2]].clip(0, width)
-    clipped[:, [1, 3]] = clipped[:, [1, 3]].clip(0, height)
-    keep = finite & (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
-    return clipped, keep, finite
-
-
 def _report(split: SplitAnnotations) -> None:
     objects = sum(len(record.boxes) for record in split.records)
     ignored = sum(len(record.ignore_boxes) for record in split.records)
@@ -226,31 +213,48 @@ def check_image_files(split: SplitAnnotations) -> None:
         split.unchecked_images = None
 
 
-def _clipped(
-    items: list[tuple[list[float], int]], record: ImageRecord
-) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Boxes and labels clipped to the image, without the degenerate and the non-finite ones,
-    and how many of each those were."""
-    if not items:
-        return _no_boxes(), _no_labels(), 0, 0
-    boxes, keep, finite = _sanitize(
-        np.array([b for b, _ in items], np.float32), record.width, record.height
-    )
-    labels = np.array([label for _, label in items], np.int64)
-    return boxes[keep], labels[keep], int((~keep & finite).sum()), int((~finite).sum())
+class _Boxes:
+    """A split's boxes as they are read, for `_attach_all`: each with the index of its record
+    in `split.records`, whether it is an ignore region, its xyxy corners and its label."""
+
+    def __init__(self) -> None:
+        self.owners: list[int] = []
+        self.ignored: list[bool] = []
+        self.corners: list[list[float]] = []
+        self.labels: list[int] = []
+
+    def add(self, owner: int, ignored: bool, corners: list[float], label: int) -> None:
+        self.owners.append(owner)
+        self.ignored.append(ignored)
+        self.corners.append(corners)
+        self.labels.append(label)
 
 
-def _attach(
-    split: SplitAnnotations,
-    record: ImageRecord,
-    objects: list[tuple[list[float], int]],
-    ignored: list[tuple[list[float], int]],
-) -> None:
-    record.boxes, record.labels, dropped, nonfinite = _clipped(objects, record)
-    ignore = _clipped(ignored, record)
-    record.ignore_boxes, record.ignore_labels = ignore[:2]
-    split.dropped_boxes += dropped + ignore[2]
-    split.nonfinite_boxes += nonfinite + ignore[3]
+def _attach_all(split: SplitAnnotations, found: _Boxes) -> None:
+    """Every record's objects and ignore regions, each in the order read, clipped to its image,
+    without the degenerate ones and the ones with a coordinate that is no finite number (an
+    infinite width would otherwise clip to the edge), both counted. All records in one go:
+    per image, numpy's per-call cost would be most of the work."""
+    records = split.records
+    count = len(found.owners)
+    owners = np.asarray(found.owners, np.int64)
+    sizes = np.array([(r.width, r.height) for r in records], np.float32).reshape(-1, 2)
+    boxes = np.array(found.corners, np.float32).reshape(count, 4)
+    finite = np.isfinite(boxes).all(axis=1)
+    boxes = boxes.clip(0, np.tile(sizes, 2)[owners])  # x to the width, y to the height
+    keep = finite & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    split.dropped_boxes += int((~keep & finite).sum())
+    split.nonfinite_boxes += int((~finite).sum())
+    # kept boxes grouped by record, objects before ignore regions, each group in reading order
+    group = (2 * owners + np.asarray(found.ignored, bool))[keep]
+    order = np.argsort(group, kind="stable")
+    boxes = boxes[keep][order]
+    labels = np.asarray(found.labels, np.int64).reshape(count)[keep][order]
+    bounds = [0, *np.cumsum(np.bincount(group, minlength=2 * len(records))).tolist()]
+    for index, record in enumerate(records):
+        start, middle, end = bounds[2 * index : 2 * index + 3]
+        record.boxes, record.labels = boxes[start:middle], labels[start:middle]
+        record.ignore_boxes, record.ignore_labels = boxes[middle:end], labels[middle:end]
 
 
 _JSON_TYPES = {
@@ -373,8 +377,8 @@ def load_coco(
     }
 
     records = _coco_images(images, Path(images_dir), source)
-    objects: dict[int, list[tuple[list[float], int]]] = {}
-    crowds: dict[int, list[tuple[list[float], int]]] = {}
+    position = {image_id: index for index, image_id in enumerate(records)}
+    found = _Boxes()
     other_class_objects = 0
     for ann in annotations:
         try:
@@ -397,13 +401,11 @@ def load_coco(
         if category_id not in label_of:
             other_class_objects += not crowd
             continue
-        target = crowds if crowd else objects
-        target.setdefault(image_id, []).append(([x, y, x + w, y + h], label_of[category_id]))
+        found.add(position[image_id], crowd, [x, y, x + w, y + h], label_of[category_id])
     split = SplitAnnotations(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
-    for record in split.records:
-        _attach(split, record, objects.get(record.image_id, []), crowds.get(record.image_id, []))
+    _attach_all(split, found)
     _report(split)
     split.unchecked_images = (
         f"the images folder {images_dir} (data.images_dir or data.<split>_images_dir; "
@@ -495,6 +497,7 @@ def load_voc(
             f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
         )
     split = SplitAnnotations([], class_names, listing)
+    found = _Boxes()
     for image_id, (xml_file, path, width, height, objects, difficult) in enumerate(parsed, 1):
         unknown = sorted({name for name, _ in objects} - set(class_names))
         if unknown and classes_from:
@@ -506,15 +509,15 @@ def load_voc(
                 "use (objects of the others are then left out and counted)."
             )
         split.other_class_objects += sum(1 for name, _ in objects if name not in class_names)
-        record = ImageRecord(image_id, path, width, height)
-        _attach(
-            split,
-            record,
-            [(box, class_names.index(name)) for name, box in objects if name in class_names],
-            # a difficult object of a class outside the list has nothing to be ignored for
-            [(box, class_names.index(name)) for name, box in difficult if name in class_names],
-        )
-        split.records.append(record)
+        owner = len(split.records)
+        split.records.append(ImageRecord(image_id, path, width, height))
+        for name, box in objects:
+            if name in class_names:
+                found.add(owner, False, box, class_names.index(name))
+        for name, box in difficult:  # one of a class outside the list: nothing to ignore it for
+            if name in class_names:
+                found.add(owner, True, box, class_names.index(name))
+    _attach_all(split, found)
     _report(split)
     split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
     if check_images:
