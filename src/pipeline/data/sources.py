@@ -213,43 +213,27 @@ def check_image_files(split: SplitAnnotations) -> None:
         split.unchecked_images = None
 
 
-class _Boxes:
-    """A split's boxes as they are read, for `_attach_all`: each with the index of its record
-    in `split.records`, whether it is an ignore region, its xyxy corners and its label."""
-
-    def __init__(self) -> None:
-        self.owners: list[int] = []
-        self.ignored: list[bool] = []
-        self.corners: list[list[float]] = []
-        self.labels: list[int] = []
-
-    def add(self, owner: int, ignored: bool, corners: list[float], label: int) -> None:
-        self.owners.append(owner)
-        self.ignored.append(ignored)
-        self.corners.append(corners)
-        self.labels.append(label)
-
-
-def _attach_all(split: SplitAnnotations, found: _Boxes) -> None:
+def _attach_all(split: SplitAnnotations, found: list[tuple[int, bool, int, list[float]]]) -> None:
     """Every record's objects and ignore regions, each in the order read, clipped to its image,
     without the degenerate ones and the ones with a coordinate that is no finite number (an
-    infinite width would otherwise clip to the edge), both counted. All records in one go:
-    per image, numpy's per-call cost would be most of the work."""
+    infinite width would otherwise clip to the edge), both counted. `found`: each box as (its
+    record's index in `split.records`, whether it is an ignore region, its label, its xyxy
+    corners). All records in one go: per image, numpy's per-call cost would be most of it."""
     records = split.records
-    count = len(found.owners)
-    owners = np.asarray(found.owners, np.int64)
+    owners = np.array([box[0] for box in found], np.int64)
+    ignored = np.array([box[1] for box in found], bool)
+    labels = np.array([box[2] for box in found], np.int64)
+    boxes = np.array([box[3] for box in found], np.float32).reshape(-1, 4)
     sizes = np.array([(r.width, r.height) for r in records], np.float32).reshape(-1, 2)
-    boxes = np.array(found.corners, np.float32).reshape(count, 4)
     finite = np.isfinite(boxes).all(axis=1)
     boxes = boxes.clip(0, np.tile(sizes, 2)[owners])  # x to the width, y to the height
     keep = finite & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     split.dropped_boxes += int((~keep & finite).sum())
     split.nonfinite_boxes += int((~finite).sum())
     # kept boxes grouped by record, objects before ignore regions, each group in reading order
-    group = (2 * owners + np.asarray(found.ignored, bool))[keep]
+    group = (2 * owners + ignored)[keep]
     order = np.argsort(group, kind="stable")
-    boxes = boxes[keep][order]
-    labels = np.asarray(found.labels, np.int64).reshape(count)[keep][order]
+    boxes, labels = boxes[keep][order], labels[keep][order]
     bounds = [0, *np.cumsum(np.bincount(group, minlength=2 * len(records))).tolist()]
     for index, record in enumerate(records):
         start, middle, end = bounds[2 * index : 2 * index + 3]
@@ -378,7 +362,7 @@ def load_coco(
 
     records = _coco_images(images, Path(images_dir), source)
     position = {image_id: index for index, image_id in enumerate(records)}
-    found = _Boxes()
+    found: list[tuple[int, bool, int, list[float]]] = []
     other_class_objects = 0
     for ann in annotations:
         try:
@@ -401,7 +385,7 @@ def load_coco(
         if category_id not in label_of:
             other_class_objects += not crowd
             continue
-        found.add(position[image_id], crowd, [x, y, x + w, y + h], label_of[category_id])
+        found.append((position[image_id], crowd, label_of[category_id], [x, y, x + w, y + h]))
     split = SplitAnnotations(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
@@ -497,7 +481,7 @@ def load_voc(
             f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
         )
     split = SplitAnnotations([], class_names, listing)
-    found = _Boxes()
+    found: list[tuple[int, bool, int, list[float]]] = []
     for image_id, (xml_file, path, width, height, objects, difficult) in enumerate(parsed, 1):
         unknown = sorted({name for name, _ in objects} - set(class_names))
         if unknown and classes_from:
@@ -511,12 +495,11 @@ def load_voc(
         split.other_class_objects += sum(1 for name, _ in objects if name not in class_names)
         owner = len(split.records)
         split.records.append(ImageRecord(image_id, path, width, height))
-        for name, box in objects:
-            if name in class_names:
-                found.add(owner, False, box, class_names.index(name))
-        for name, box in difficult:  # one of a class outside the list: nothing to ignore it for
-            if name in class_names:
-                found.add(owner, True, box, class_names.index(name))
+        for ignored, named in ((False, objects), (True, difficult)):
+            # a difficult object of a class outside the list has nothing to be ignored for
+            found += [
+                (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
+            ]
     _attach_all(split, found)
     _report(split)
     split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
