@@ -260,8 +260,7 @@ class DetectionDataset(Dataset):
         self.augment = augment if augment is not None and augment.enabled else None
         self.library = self.augment.library_transforms(image_size) if self.augment else None
         self.seed = seed
-        # the decoded images [N,3,S,S] and each sample's boxes and ignore regions
-        self._cache: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._cache: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.cache_decision = image_cache.decide(
             cache,
             len(self.records),
@@ -317,15 +316,16 @@ class DetectionDataset(Dataset):
         )
         return ((every - shift[rows]) * scale[rows]).clip(0, bounds[rows])
 
-    def _load_all(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Every image decoded into one [N,3,S,S] tensor, in order, with each sample's boxes and
-        ignore regions; on as many threads as torch may use (PIL's decoders let go of the GIL),
+    def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every sample decoded, in order, each image a view of one [N,3,S,S] tensor that the
+        decoders write into; on as many threads as torch may use (PIL's decoders let go of the GIL),
         each thread one contiguous share: a task per image would cost the pool's hand-over and a
         fight for the GIL per image, more than a small image's decoding. The first bad file's
         error, as one at a time: the shares are read back in order, and each stops at its first
         bad file."""
         count = len(self.records)
-        images = _empty_images(count, self.image_size)
+        # a view per image, made in one call: indexing the tensor per image costs several times that
+        images = _empty_images(count, self.image_size).unbind(0)
         threads = max(1, min(torch.get_num_threads(), count))
         bounds = [count * share // threads for share in range(threads + 1)]
 
@@ -333,11 +333,11 @@ class DetectionDataset(Dataset):
             return [self._load(i, images[i])[1:] for i in range(bounds[share], bounds[share + 1])]
 
         if threads == 1:
-            return images, load_share(0)
-        with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
-            return images, [
-                boxes for part in pool.map(load_share, range(threads)) for boxes in part
-            ]
+            boxes = load_share(0)
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
+                boxes = [both for part in pool.map(load_share, range(threads)) for both in part]
+        return [(image, *both) for image, both in zip(images, boxes, strict=True)]
 
     def _load(
         self, index: int, out: torch.Tensor | None = None
@@ -376,10 +376,9 @@ class DetectionDataset(Dataset):
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         record = self.records[index]
-        if self._cache is not None:
-            image, (boxes, ignore_boxes) = self._cache[0][index], self._cache[1][index]
-        else:
-            image, boxes, ignore_boxes = self._load(index)
+        image, boxes, ignore_boxes = (
+            self._cache[index] if self._cache is not None else self._load(index)
+        )
         labels = torch.from_numpy(record.labels)
         ignore_labels = torch.from_numpy(record.ignore_labels)
         if self.augment is not None:
