@@ -6,7 +6,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import mmap
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -42,7 +44,13 @@ from pipeline.data.dataset import (
     read_image,
 )
 from pipeline.data.shapes import render_sample
-from pipeline.data.sources import ImageRecord, SplitAnnotations, load_coco, load_voc
+from pipeline.data.sources import (
+    ImageRecord,
+    SplitAnnotations,
+    load_coco,
+    load_voc,
+    with_classes,
+)
 from pipeline.data.synthetic import SyntheticSpec
 from pipeline.errors import ConfigError, DataError
 
@@ -688,6 +696,64 @@ def test_an_image_that_is_not_the_size_its_annotation_says_is_an_error_naming_bo
     assert f"{coco_root / 'wide.png'} is annotated 160x80 but is 80x40" in message
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_split_loaded_unchecked_is_checked_by_its_dataset_with_loadings_own_error(
+    coco_root: Path, cache: bool
+) -> None:
+    # evaluate loads its splits so: where the dataset decodes every file up front, the header
+    # check would read each file a second time; where it does not, the check must still come
+    # before the first image is used
+    (coco_root / "palette.png").unlink()
+    path = coco_root / "instances_val.json"
+    split = load_coco(path, coco_root, check_images=False)  # no error yet
+    relabelled = with_classes(split, split.class_names[::-1])  # as evaluate may: still unchecked
+    with pytest.raises(DataError) as caught:
+        DetectionDataset(relabelled, 32, cache=cache)
+    assert str(caught.value).startswith(
+        f"{path} refers to image file(s) that do not exist: {coco_root / 'palette.png'}. "
+        f"Check the images folder {coco_root} "
+    )
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_split_loaded_unchecked_gives_the_samples_a_checked_one_gives(
+    coco_root: Path, cache: bool
+) -> None:
+    path = coco_root / "instances_val.json"
+    unchecked = load_coco(path, coco_root, check_images=False)
+    assert unchecked.unchecked_images is not None
+    checked = DetectionDataset(load_coco(path, coco_root), 32, cache=cache)
+    dataset = DetectionDataset(unchecked, 32, cache=cache)
+    assert unchecked.unchecked_images is None  # checked once: another dataset does not again
+    for index in range(len(dataset)):
+        (image, target), (want_image, want) = dataset[index], checked[index]
+        assert torch.equal(image, want_image)
+        assert all(torch.equal(target[key], want[key]) for key in ("boxes", "ignore_boxes"))
+
+
+def test_voc_split_loaded_unchecked_leaves_a_missing_image_to_its_dataset(voc_root: Path) -> None:
+    (voc_root / "JPEGImages" / "wide.png").unlink()
+    split = load_voc(voc_root, "val", check_images=False)
+    with pytest.raises(
+        DataError, match=r"refers to image file\(s\) that do not exist: .*wide\.png"
+    ):
+        DetectionDataset(split, 32, cache=True)
+
+
+def test_relabelling_a_split_keeps_its_counts_each_in_its_own_field(coco_root: Path) -> None:
+    annotations = [
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, float("inf"), 12]},
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, 10, float("nan")]},
+        {"image_id": 1, "category_id": 3, "bbox": [2, 4, 0, 12]},
+        {"image_id": 1, "category_id": 7, "bbox": [2, 4, 10, 12]},
+    ]
+    path = _write_coco(
+        coco_root, "counts.json", _coco_document({"gray.png": (40, 40)}, annotations)
+    )
+    cats = with_classes(load_coco(path, coco_root), ["cat"])  # leaves out the dog
+    assert (cats.nonfinite_boxes, cats.dropped_boxes, cats.other_class_objects) == (2, 1, 1)
+
+
 def test_the_dataset_refuses_a_file_whose_decoded_size_differs_from_its_record(
     tmp_path: Path,
 ) -> None:
@@ -781,6 +847,58 @@ def test_mapped_detections_are_clipped_to_the_image(coco_root: Path) -> None:
     dataset = DetectionDataset(split, 32, resize="letterbox")  # 80x40 -> rows 8..24 hold the image
     mapped = dataset.to_original(index, np.array([[-4, 2, 16, 30], [10, 10, 20, 20]], np.float32))
     np.testing.assert_allclose(mapped, [[0, 0, 40, 40], [25, 5, 50, 30]])
+
+
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+def test_all_samples_boxes_map_back_bit_for_bit_as_each_samples_do(
+    coco_root: Path, resize: str
+) -> None:
+    split = load_coco(coco_root / "instances_val.json", coco_root)  # 40x40, 80x40 and 32x32
+    dataset = DetectionDataset(split, 32, resize=resize, cache=False)
+    rng = np.random.default_rng(0)
+    boxes = [
+        np.sort(rng.uniform(-8, 40, (count, 4)), axis=1).astype(np.float32)[:, [0, 2, 1, 3]]
+        for count in rng.integers(0, 5, len(dataset))
+    ]
+    boxes[0] = np.zeros((0, 4), np.float32)  # an image without detections
+    every = dataset.all_to_original(boxes)
+    one_by_one = np.concatenate([dataset.to_original(i, b) for i, b in enumerate(boxes)])
+    assert every.dtype == np.float32 and every.tobytes() == one_by_one.tobytes()
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's flags of the mapping that holds `address` (Linux's /proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head):
+            low, high = (int(end, 16) for end in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(
+    not hasattr(mmap, "MADV_HUGEPAGE") or not Path("/sys/kernel/mm/transparent_hugepage").is_dir(),
+    reason="transparent huge pages are Linux's",
+)
+def test_the_cache_asks_the_kernel_for_huge_pages_so_filling_it_faults_less(
+    tmp_path: Path,
+) -> None:
+    # 2 MiB of images or more: one page fault per 2 MiB instead of 512, where the kernel agrees
+    rng = np.random.default_rng(0)
+    sizes = {}
+    for index in range(50):
+        Image.fromarray(rng.integers(0, 256, (128, 128, 3), np.uint8)).save(
+            tmp_path / f"{index}.png"
+        )
+        sizes[f"{index}.png"] = (128, 128)
+    split = load_coco(_write_coco(tmp_path, "big.json", _coco_document(sizes, [])), tmp_path)
+    dataset = DetectionDataset(split, 128, cache=True)
+    image, _ = dataset[7]
+    assert "hg" in _vm_flags(image.data_ptr())
+    assert torch.equal(image, DetectionDataset(split, 128, cache=False)[7][0])
 
 
 def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Path) -> None:

@@ -8,6 +8,7 @@ traceback without `--debug`, and one with it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torchvision
+from PIL import Image
 from tiny_runs import (
     global_torch_state,
     make_data,
@@ -37,6 +39,7 @@ from pipeline import cli
 from pipeline import device as dev
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
+from pipeline.evaluation.loop import Evaluator
 from pipeline.models import build_from_config
 
 CLASSES = ["circle", "square", "triangle", "cross"]
@@ -819,6 +822,107 @@ def resume_fails(capsys, here: Path, path: Path, data_root: Path) -> str:
 
 
 FAILS = {"eval": eval_fails, "profile": profile_fails}
+
+
+@pytest.fixture
+def no_evaluation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The splits that evaluation started on (none, where the data is refused first)."""
+    started: list[str] = []
+    real = Evaluator.evaluate
+
+    def evaluate(self, model, loader, *args, **kwargs):
+        started.append(str(loader.dataset.records[0].path.parent.name))
+        return real(self, model, loader, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    return started
+
+
+@pytest.mark.parametrize("cache", ["true", "false"])
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_eval_names_a_missing_image_as_loading_does_before_evaluating_cached_or_not(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    no_evaluation: list[str],
+    cache: str,
+    split: str,
+) -> None:
+    # cached, the files are checked as they are decoded; uncached, by their headers up front
+    data = copy_data(data_root, here)
+    (data / split / "000003.png").unlink()
+    message = eval_fails(
+        capsys, here, checkpoints["good"], f"data.root={data}", f"data.cache={cache}"
+    )
+    assert message.startswith(
+        f"{data / f'instances_{split}.json'} refers to image file(s) that do not exist: "
+        f"{data / split / '000003.png'}. Check the images folder {data} "
+    )
+    assert no_evaluation == []
+
+
+@pytest.mark.parametrize("cache", ["true", "false"])
+def test_eval_names_a_test_image_of_another_size_than_annotated_before_evaluating(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    no_evaluation: list[str],
+    cache: str,
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_test.json", lambda d: d["images"][2].update(width=128))
+    message = eval_fails(
+        capsys, here, checkpoints["good"], f"data.root={data}", f"data.cache={cache}"
+    )
+    assert message.startswith(
+        f"{data / 'instances_test.json'}: 1 image(s) are not the size their annotation says: "
+        f"{data / 'test' / '000002.png'} is annotated 128x64 but is 64x64 (width x height, EXIF "
+        "orientation applied). Boxes are never rescaled to fit."
+    )
+    assert no_evaluation == []
+
+
+def test_eval_names_a_truncated_test_image_found_by_the_cache_before_evaluating(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    no_evaluation: list[str],
+) -> None:
+    data = copy_data(data_root, here)
+    image = data / "test" / "000005.png"
+    image.write_bytes(image.read_bytes()[:200])  # its header intact: only decoding finds it
+    message = eval_fails(capsys, here, checkpoints["good"], f"data.root={data}", "data.cache=true")
+    assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
+    assert no_evaluation == []
+
+
+@pytest.mark.parametrize(("cache", "reads"), [("true", 1), ("false", 2)])
+def test_eval_opens_each_image_file_once_where_it_caches_them_and_twice_where_not(
+    here: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    cache: str,
+    reads: int,
+) -> None:
+    # cached, decoding every file checks it: the header check up front would read it twice;
+    # uncached, the headers are checked before the first image is decoded
+    opened: collections.Counter[str] = collections.Counter()
+    real_open = Image.open
+
+    def counted_open(fp, *args, **kwargs):
+        opened[str(fp)] += 1
+        return real_open(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted_open)
+    out = here / "eval.json"
+    argv = ["eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)]
+    settings = (f"data.cache={cache}", "data.num_workers=0")  # decoded in this process
+    assert pipeline(*argv, *settings) == 0, capsys.readouterr().err
+    assert len(opened) == 16 and set(opened.values()) == {reads}  # 8 val and 8 test images
 
 
 def test_eval_of_a_missing_checkpoint_says_it_does_not_exist(

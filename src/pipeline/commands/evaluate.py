@@ -88,16 +88,22 @@ def main(argv: list[str]) -> int:
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]
+    pin = dev.pin_memory_supported(device)
     # the splits' annotations and the files written below make objects per annotation and per
-    # detection, none in a cycle: a full collection would walk them all, and all the rest
+    # detection, none in a cycle: a full collection would walk them all, and all the rest.
+    # Each split's loader comes right after its annotations, before any other work: its dataset
+    # checks the image files (decoding them all, where it caches them), with loading's errors.
     with without_cyclic_gc():
-        val = require_objects(
-            _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
-        )
+        val = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
+        val_loader = loader_for(val, config, train=False, pin_memory=pin)
+        require_objects(val)
         test = (
             _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "test")
             if has_test_split(config)
             else None
+        )
+        test_loader = (
+            loader_for(test, config, train=False, pin_memory=pin) if test is not None else None
         )
     model_cfg = config["model"]
     checkpoint.check_compatible(
@@ -110,30 +116,27 @@ def main(argv: list[str]) -> int:
     model = checkpoint.restore_model(
         state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
     )
-    pin = dev.pin_memory_supported(device)
     # None (a checkpoint without a saved operating point): picked on validation below
     threshold, threshold_source = checkpoint.score_threshold(config, state)
     evaluator = Evaluator.from_config(config, class_names)
     evaluator.score_threshold = threshold
     memory = dev.PeakMemory(device)
-    loader = loader_for(val, config, train=False, pin_memory=pin)
     # validation's AP intervals only where its figures are the headline: beside test's they
     # would be seconds of resampling that nothing reads (its threshold comes from P/R/F1)
     val_metrics, detections = evaluator.evaluate(
-        model, loader, device, precision, ap_intervals=test is None
+        model, val_loader, device, precision, ap_intervals=test is None
     )
     val_threshold = val_metrics["best_f1_threshold"]
     if threshold is None:
         evaluator.score_threshold = val_threshold
-    if test is None:
-        metrics, split, role = val_metrics, val, "val"
+    if test_loader is None:
+        metrics, split, role, loader = val_metrics, val, "val", val_loader
         at_val_threshold = val_metrics["best"]
     else:
-        loader = loader_for(test, config, train=False, pin_memory=pin)
         metrics, detections = evaluator.evaluate(
-            model, loader, device, precision, chosen_threshold=val_threshold, ap_intervals=True
+            model, test_loader, device, precision, chosen_threshold=val_threshold, ap_intervals=True
         )
-        split, role = test, "test"
+        split, role, loader = test, "test", test_loader
         at_val_threshold = metrics["chosen_threshold"]
     memory.update()
     result = {
@@ -215,15 +218,16 @@ def _split_with_the_checkpoints_classes(
     checkpoint lacks, so a COCO split's own classes are read first and compared. Categories
     without objects (left out at training) do not count. A VOC split lists only the classes
     its objects use; loading it in the checkpoint's order refuses any other class (unless
-    data.classes, the user's list, leaves it out), naming its XML file.
+    data.classes, the user's list, leaves it out), naming its XML file. The image files are
+    left to the split's dataset to check (pipeline.data.sources.check_image_files).
     """
     from pipeline.data import load_split
     from pipeline.data.sources import with_classes
     from pipeline.errors import CheckpointError
 
     if config["data"]["format"] == "voc":
-        return load_split(config, which, class_names, f"checkpoint {path}")
-    own = load_split(config, which)
+        return load_split(config, which, class_names, f"checkpoint {path}", check_images=False)
+    own = load_split(config, which, check_images=False)
     lacking = set(class_names) - set(own.class_names)
     unknown = set(own.used_classes) - set(class_names)
     if lacking or unknown:
@@ -239,9 +243,9 @@ def _split_with_the_checkpoints_classes(
 def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:
     """Ground truth and detections per image, in the image's own pixels (what a viewer draws).
 
-    Every image's numbers are rounded and made lists at once: per image, numpy's per-call
-    cost would be most of the work. Scores are float32: times 10**4 exactly in float64, so
-    numpy's rounding to 4 places is Python's round."""
+    Every image's numbers are mapped, rounded and made lists at once: per image, numpy's
+    per-call cost would be most of the work. Scores are float32: times 10**4 exactly in
+    float64, so numpy's rounding to 4 places is Python's round."""
     import numpy as np
 
     by_id = {d["image_id"]: d for d in detections}
@@ -250,40 +254,54 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
         "scores": np.zeros(0, np.float32),
         "labels": np.zeros(0, np.int64),
     }
-    found = [by_id.get(record.image_id, none_found) for record in dataset.records]
+    records = dataset.records
+    found = [by_id.get(record.image_id, none_found) for record in records]
     counts = [len(f["scores"]) for f in found]
-    boxes = [dataset.to_original(index, f["boxes"]) for index, f in enumerate(found)]
-    every_box = _rounded_rows(boxes, 2, counts)
+    every_box = _rounded_rows([dataset.all_to_original([f["boxes"] for f in found])], 2, counts)
     every_score = _rounded_rows([np.asarray(f["scores"]) for f in found], 4, counts)
-    images = []
-    for index, record in enumerate(dataset.records):
-        images.append(
-            {
-                "image_id": record.image_id,
-                "file": str(record.path),
-                "width": record.width,
-                "height": record.height,
-                "ground_truth": {
-                    "boxes": record.boxes.astype("float64").round(2).tolist(),
-                    "labels": record.labels.tolist(),
-                    "ignore_boxes": record.ignore_boxes.astype("float64").round(2).tolist(),
-                    "ignore_labels": record.ignore_labels.tolist(),
-                },
-                "detections": {
-                    "boxes": every_box[index],
-                    "scores": every_score[index],
-                    "labels": found[index]["labels"].tolist(),
-                },
-            }
-        )
+    every_label = _rows(np.concatenate([np.asarray(f["labels"]) for f in found]), counts)
+    objects = [len(record.boxes) for record in records]
+    regions = [len(record.ignore_boxes) for record in records]
+    truth = _rounded_rows([record.boxes.reshape(-1, 4) for record in records], 2, objects)
+    truth_labels = _rows(np.concatenate([record.labels for record in records]), objects)
+    ignored = _rounded_rows([record.ignore_boxes.reshape(-1, 4) for record in records], 2, regions)
+    ignored_labels = _rows(np.concatenate([record.ignore_labels for record in records]), regions)
+    images = [
+        {
+            "image_id": record.image_id,
+            "file": str(record.path),
+            "width": record.width,
+            "height": record.height,
+            "ground_truth": {
+                "boxes": truth[index],
+                "labels": truth_labels[index],
+                "ignore_boxes": ignored[index],
+                "ignore_labels": ignored_labels[index],
+            },
+            "detections": {
+                "boxes": every_box[index],
+                "scores": every_score[index],
+                "labels": every_label[index],
+            },
+        }
+        for index, record in enumerate(records)
+    ]
     return {"format": PREDICTIONS_FORMAT, "class_names": class_names, "images": images}
 
 
 def _rounded_rows(parts: list, decimals: int, counts: list[int]) -> list[list]:
-    """Each part (an image's rows) in float64 rounded to `decimals`, as lists, made in one go."""
+    """The parts' rows (all images' together, in order) in float64 rounded to `decimals`, as
+    one list per image, made in one go."""
     import numpy as np
 
     every = np.concatenate([np.asarray(part, np.float64) for part in parts]).round(decimals)
+    return _rows(every, counts)
+
+
+def _rows(every, counts: list[int]) -> list[list]:
+    """An array of all images' rows as one list per image (`counts` rows each)."""
+    import numpy as np
+
     as_list = every.tolist()
     ends = np.cumsum(counts).tolist()
     return [as_list[end - count : end] for end, count in zip(ends, counts, strict=True)]

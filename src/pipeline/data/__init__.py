@@ -94,23 +94,36 @@ def load_split(
     which: str,
     classes: list[str] | None = None,
     classes_from: str | None = None,
+    *,
+    check_images: bool = True,
 ) -> SplitAnnotations:
     """One split ('train', 'val' or 'test'); `classes` fixes the label order (else the config's,
     else the file's). A COCO split named by its own annotation file needs no data.root.
 
     Objects of classes outside data.classes are left out and counted. A VOC split, whose file
     lists no classes, given the list of `classes_from` (the training split, a checkpoint)
-    instead, refuses objects of other classes, naming their XML file."""
+    instead, refuses objects of other classes, naming their XML file. `check_images=False`
+    leaves the check of the image files to the dataset that decodes them
+    (pipeline.data.sources.check_image_files)."""
     data = config["data"]
     if data["format"] == "voc":
         strict = classes_from if classes and not data["classes"] else None
         return load_voc(
-            _check_root(config), data[f"{which}_split"], classes or data["classes"], strict
+            _check_root(config),
+            data[f"{which}_split"],
+            classes or data["classes"],
+            strict,
+            check_images=check_images,
         )
     classes = classes or data["classes"]
     if not (data["format"] == "coco" and data.get(f"{which}_annotations")):
         _check_root(config)
-    return load_coco(annotation_file(config, which), images_dir(config, which), classes)
+    return load_coco(
+        annotation_file(config, which),
+        images_dir(config, which),
+        classes,
+        check_images=check_images,
+    )
 
 
 def require_objects(split: SplitAnnotations) -> SplitAnnotations:

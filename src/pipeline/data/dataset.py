@@ -9,7 +9,10 @@ so a resumed run sees exactly the batches an uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import mmap
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +29,13 @@ from torchvision.transforms.v2 import functional as TF
 
 from pipeline.data import cache as image_cache
 from pipeline.data.orientation import upright
-from pipeline.data.sources import ImageRecord, SplitAnnotations
+from pipeline.data.sources import ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
 PAD_VALUE = 114
 RESIZE_MODES = ("letterbox", "stretch")
+HUGE_PAGE = 2**21
 
 
 # RandomPhotometricDistort's ranges, without its channel permutation (data.augment.channel_shuffle
@@ -75,21 +79,40 @@ class Augment:
         return v2.Compose(steps) if steps else None
 
 
-def read_image(path: os.PathLike | str) -> torch.Tensor:
-    """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
+def _upright_rgb(path: os.PathLike | str) -> np.ndarray:
+    """Upright RGB uint8 [H,W,3] (EXIF orientation applied); a bad file raises DataError naming it."""
     try:
         with Image.open(path) as img:
             img.load()
-            rgb = upright(img).convert("RGB")
+            img = upright(img)
+            # the decoded pixels as they are where they are RGB already: convert would copy them
+            return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(
             f"Image file {path} is truncated, corrupt or not an image: {error}."
         ) from error
-    # one plane per band, each a plain copy: transposing interleaved RGB to [3,H,W] element
-    # by element costs several times the decoding of a small PNG
-    return torch.from_numpy(np.stack([np.asarray(band) for band in rgb.split()]))
+
+
+def read_image(path: os.PathLike | str) -> torch.Tensor:
+    """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
+    # numpy's copy of the interleaved pixels into planes: torch's permuted copy costs more
+    return torch.from_numpy(np.ascontiguousarray(_upright_rgb(path).transpose(2, 0, 1)))
+
+
+def _empty_images(count: int, image_size: int) -> torch.Tensor:
+    """An uninitialised uint8 [count,3,S,S] tensor for a split's decoded images, where Linux has
+    transparent huge pages in memory it may back with them: filling it then takes a page fault
+    per 2 MiB instead of one per 4 KiB, which is most of the cost of touching fresh memory."""
+    shape = (count, 3, image_size, image_size)
+    size = math.prod(shape)
+    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape, dtype=torch.uint8)
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # a kernel without them: memory as any other
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(memory, dtype=torch.uint8).view(shape)  # keeps `memory` alive
 
 
 @dataclass(frozen=True)
@@ -245,8 +268,18 @@ class DetectionDataset(Dataset):
             cache_budget,
             memory or image_cache.available_memory,
         )
-        if self.cache_decision.cache:
+        if not self.cache_decision.cache:
+            # decoded one at a time as they are used: every file checked now, as loading does
+            check_image_files(split)
+        elif split.unchecked_images is None:
             self._cache = self._load_all()
+        else:  # decoding every file checks them all: the header check only to word an error
+            try:
+                self._cache = self._load_all()
+            except DataError:
+                check_image_files(split)  # raises the error loading would have raised, if any
+                raise
+            split.unchecked_images = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -260,42 +293,85 @@ class DetectionDataset(Dataset):
         record = self.records[index]
         return self.geometry(index).to_original(boxes, record.height, record.width)
 
+    def all_to_original(self, boxes: list[np.ndarray]) -> np.ndarray:
+        """Input-frame boxes of every sample (one [n,4] array each, in order) in their images'
+        own pixels, as `to_original` maps each, one [sum n,4] array: the same float32
+        arithmetic, row by row, with the scales of each image size worked out once, without
+        numpy's per-call cost per image (most of the work for a few boxes each)."""
+        sizes: dict[tuple[int, int], int] = {}
+        which = [sizes.setdefault((r.height, r.width), len(sizes)) for r in self.records]
+        scale, shift, bounds = (np.zeros((len(sizes), 4), np.float32) for _ in range(3))
+        for (height, width), row in sizes.items():
+            geometry = Geometry.of(height, width, self.image_size, self.resize)
+            scale[row] = [width / geometry.resized[1], height / geometry.resized[0]] * 2
+            shift[row] = [geometry.left, geometry.top] * 2
+            bounds[row] = [width, height] * 2
+        counts = [len(part) for part in boxes]
+        rows = np.repeat(np.asarray(which, np.int64), counts)
+        every = np.concatenate(
+            [
+                np.zeros((0, 4), np.float32),
+                *(np.asarray(b, np.float32).reshape(-1, 4) for b in boxes),
+            ]
+        )
+        return ((every - shift[rows]) * scale[rows]).clip(0, bounds[rows])
+
     def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Every sample decoded, in order, on as many threads as torch may use (PIL's decoders
-        and torch's resizing let go of the GIL), each thread one contiguous share: a task per
-        image would cost the pool's hand-over and a fight for the GIL per image, more than
-        a small image's decoding. The first bad file's error, as one at a time: the shares are
-        read back in order, and each stops at its first bad file."""
+        """Every sample decoded, in order, each image a view of one [N,3,S,S] tensor that the
+        decoders write into; on as many threads as torch may use (PIL's decoders let go of the GIL),
+        each thread one contiguous share: a task per image would cost the pool's hand-over and a
+        fight for the GIL per image, more than a small image's decoding. The first bad file's
+        error, as one at a time: the shares are read back in order, and each stops at its first
+        bad file."""
         count = len(self.records)
-        threads = min(torch.get_num_threads(), count)
-        if threads <= 1:
-            return [self._load(i) for i in range(count)]
+        # a view per image, made in one call: indexing the tensor per image costs several times that
+        images = _empty_images(count, self.image_size).unbind(0)
+        threads = max(1, min(torch.get_num_threads(), count))
         bounds = [count * share // threads for share in range(threads + 1)]
 
-        def load_share(share: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-            return [self._load(i) for i in range(bounds[share], bounds[share + 1])]
+        def load_share(share: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [self._load(i, images[i])[1:] for i in range(bounds[share], bounds[share + 1])]
 
-        with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
-            return [sample for part in pool.map(load_share, range(threads)) for sample in part]
+        if threads == 1:
+            boxes = load_share(0)
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
+                boxes = [both for part in pool.map(load_share, range(threads)) for both in part]
+        return [(image, *both) for image, both in zip(images, boxes, strict=True)]
 
-    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The input-frame image, boxes and ignore regions; the decoded image is the geometry."""
+    def _load(
+        self, index: int, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input-frame image (written into `out` where given), boxes and ignore regions; the
+        decoded image is the geometry."""
         record = self.records[index]
-        image = read_image(record.path)
-        height, width = image.shape[-2:]
+        pixels = _upright_rgb(record.path)
+        height, width = pixels.shape[:2]
         if (height, width) != (record.height, record.width):
             raise DataError(
                 f"Image file {record.path} is {width}x{height} (EXIF orientation applied), but its "
                 f"annotation says {record.width}x{record.height}: boxes are never rescaled to fit."
             )
+        planes = pixels.transpose(2, 0, 1)
+        if (height, width) == (self.image_size, self.image_size):  # as fit_to_input leaves them
+            boxes = torch.from_numpy(np.array(record.boxes, np.float32).reshape(-1, 4))
+            ignore_boxes = torch.from_numpy(
+                np.array(record.ignore_boxes, np.float32).reshape(-1, 4)
+            )
+            if out is None:
+                return torch.from_numpy(np.ascontiguousarray(planes)), boxes, ignore_boxes
+            out.numpy()[...] = planes  # straight into place: one copy of the pixels
+            return out, boxes, ignore_boxes
         count = len(record.boxes)
-        image, boxes = fit_to_input(
-            image,
+        image, both = fit_to_input(
+            torch.from_numpy(np.ascontiguousarray(planes)),
             np.concatenate([record.boxes, record.ignore_boxes]),
             self.image_size,
             self.resize,
         )
-        return image, boxes[:count], boxes[count:]
+        if out is not None:
+            image = out.copy_(image)
+        return image, both[:count], both[count:]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
         epoch, index = key if isinstance(key, tuple) else (0, key)

@@ -64,6 +64,9 @@ class SplitAnnotations:
     nonfinite_boxes: int = 0
     # objects of categories the file defines but `class_names` leaves out (data.classes)
     other_class_objects: int = 0
+    # while the image files are not yet checked (loaded with check_images=False): where to look
+    # for a missing one, as the check's error says; see check_image_files
+    unchecked_images: str | None = None
 
     @property
     def negatives(self) -> int:
@@ -110,23 +113,11 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
         records,
         list(class_names),
         split.source,
-        split.dropped_boxes,
-        split.other_class_objects + removed,
-        split.nonfinite_boxes,
+        dropped_boxes=split.dropped_boxes,
+        nonfinite_boxes=split.nonfinite_boxes,
+        other_class_objects=split.other_class_objects + removed,
+        unchecked_images=split.unchecked_images,
     )
-
-
-def _sanitize(
-    boxes: np.ndarray, width: int, height: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Clip boxes to the image; report which keep a positive width and height, and which had a
-    coordinate that is no finite number (an infinite width would otherwise clip to the edge)."""
-    finite = np.isfinite(boxes).all(axis=1)
-    clipped = boxes.copy()
-    clipped[:, [0, 2]] = clipped[:, [0, 2]].clip(0, width)
-    clipped[:, [1, 3]] = clipped[:, [1, 3]].clip(0, height)
-    keep = finite & (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
-    return clipped, keep, finite
 
 
 def _report(split: SplitAnnotations) -> None:
@@ -208,31 +199,46 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
         )
 
 
-def _clipped(
-    items: list[tuple[list[float], int]], record: ImageRecord
-) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Boxes and labels clipped to the image, without the degenerate and the non-finite ones,
-    and how many of each those were."""
-    if not items:
-        return _no_boxes(), _no_labels(), 0, 0
-    boxes, keep, finite = _sanitize(
-        np.array([b for b, _ in items], np.float32), record.width, record.height
-    )
-    labels = np.array([label for _, label in items], np.int64)
-    return boxes[keep], labels[keep], int((~keep & finite).sum()), int((~finite).sum())
+def check_image_files(split: SplitAnnotations) -> None:
+    """The check of every image file's header that loading left to later (`check_images=False`),
+    with the errors loading would have raised; nothing where it ran already.
+
+    For whoever decodes the split: decoding every image up front checks more than the headers
+    (a decoded image of the wrong size is an error too), so a cache that decoded them all needs
+    this only to word an error as loading would have; a split decoded one image at a time as
+    training goes needs it before the first image, as loading did.
+    """
+    if split.unchecked_images is not None:
+        _check_images(split.records, split.source, split.unchecked_images)
+        split.unchecked_images = None
 
 
-def _attach(
-    split: SplitAnnotations,
-    record: ImageRecord,
-    objects: list[tuple[list[float], int]],
-    ignored: list[tuple[list[float], int]],
-) -> None:
-    record.boxes, record.labels, dropped, nonfinite = _clipped(objects, record)
-    ignore = _clipped(ignored, record)
-    record.ignore_boxes, record.ignore_labels = ignore[:2]
-    split.dropped_boxes += dropped + ignore[2]
-    split.nonfinite_boxes += nonfinite + ignore[3]
+def _attach_all(split: SplitAnnotations, found: list[tuple[int, bool, int, list[float]]]) -> None:
+    """Every record's objects and ignore regions, each in the order read, clipped to its image,
+    without the degenerate ones and the ones with a coordinate that is no finite number (an
+    infinite width would otherwise clip to the edge), both counted. `found`: each box as (its
+    record's index in `split.records`, whether it is an ignore region, its label, its xyxy
+    corners). All records in one go: per image, numpy's per-call cost would be most of it."""
+    records = split.records
+    owners = np.array([box[0] for box in found], np.int64)
+    ignored = np.array([box[1] for box in found], bool)
+    labels = np.array([box[2] for box in found], np.int64)
+    boxes = np.array([box[3] for box in found], np.float32).reshape(-1, 4)
+    sizes = np.array([(r.width, r.height) for r in records], np.float32).reshape(-1, 2)
+    finite = np.isfinite(boxes).all(axis=1)
+    boxes = boxes.clip(0, np.tile(sizes, 2)[owners])  # x to the width, y to the height
+    keep = finite & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    split.dropped_boxes += int((~keep & finite).sum())
+    split.nonfinite_boxes += int((~finite).sum())
+    # kept boxes grouped by record, objects before ignore regions, each group in reading order
+    group = (2 * owners + ignored)[keep]
+    order = np.argsort(group, kind="stable")
+    boxes, labels = boxes[keep][order], labels[keep][order]
+    bounds = [0, *np.cumsum(np.bincount(group, minlength=2 * len(records))).tolist()]
+    for index, record in enumerate(records):
+        start, middle, end = bounds[2 * index : 2 * index + 3]
+        record.boxes, record.labels = boxes[start:middle], labels[start:middle]
+        record.ignore_boxes, record.ignore_labels = boxes[middle:end], labels[middle:end]
 
 
 _JSON_TYPES = {
@@ -308,11 +314,17 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
 
 
 def load_coco(
-    annotation_file: str | Path, images_dir: str | Path, classes: list[str] | None = None
+    annotation_file: str | Path,
+    images_dir: str | Path,
+    classes: list[str] | None = None,
+    *,
+    check_images: bool = True,
 ) -> SplitAnnotations:
     """Records from a COCO instances JSON; class order follows category ids unless `classes` is given.
 
     `file_name` entries are relative to `images_dir`. Crowd annotations become ignore regions.
+    `check_images=False` leaves the check of the image files to whoever decodes them
+    (`check_image_files`).
     """
     source = Path(annotation_file)
     if not source.is_file():
@@ -349,8 +361,8 @@ def load_coco(
     }
 
     records = _coco_images(images, Path(images_dir), source)
-    objects: dict[int, list[tuple[list[float], int]]] = {}
-    crowds: dict[int, list[tuple[list[float], int]]] = {}
+    position = {image_id: index for index, image_id in enumerate(records)}
+    found: list[tuple[int, bool, int, list[float]]] = []
     other_class_objects = 0
     for ann in annotations:
         try:
@@ -373,20 +385,18 @@ def load_coco(
         if category_id not in label_of:
             other_class_objects += not crowd
             continue
-        target = crowds if crowd else objects
-        target.setdefault(image_id, []).append(([x, y, x + w, y + h], label_of[category_id]))
+        found.append((position[image_id], crowd, label_of[category_id], [x, y, x + w, y + h]))
     split = SplitAnnotations(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
-    for record in split.records:
-        _attach(split, record, objects.get(record.image_id, []), crowds.get(record.image_id, []))
+    _attach_all(split, found)
     _report(split)
-    _check_images(
-        split.records,
-        source,
+    split.unchecked_images = (
         f"the images folder {images_dir} (data.images_dir or data.<split>_images_dir; "
-        "by default the annotation file's folder)",
+        "by default the annotation file's folder)"
     )
+    if check_images:
+        check_image_files(split)
     return split
 
 
@@ -410,6 +420,8 @@ def load_voc(
     split_name: str,
     classes: list[str] | None = None,
     classes_from: str | None = None,
+    *,
+    check_images: bool = True,
 ) -> SplitAnnotations:
     """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
 
@@ -418,6 +430,8 @@ def load_voc(
     are, where the list is the user's (data.classes); where it comes from elsewhere,
     `classes_from` says where (the training split, a checkpoint), and such an object is an
     error naming its XML file: a class the model never trained on cannot be scored.
+    `check_images=False` leaves the check of the image files to whoever decodes them
+    (`check_image_files`).
     """
     root = Path(root)
     listing = root / "ImageSets" / "Main" / f"{split_name}.txt"
@@ -467,6 +481,7 @@ def load_voc(
             f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
         )
     split = SplitAnnotations([], class_names, listing)
+    found: list[tuple[int, bool, int, list[float]]] = []
     for image_id, (xml_file, path, width, height, objects, difficult) in enumerate(parsed, 1):
         unknown = sorted({name for name, _ in objects} - set(class_names))
         if unknown and classes_from:
@@ -478,15 +493,16 @@ def load_voc(
                 "use (objects of the others are then left out and counted)."
             )
         split.other_class_objects += sum(1 for name, _ in objects if name not in class_names)
-        record = ImageRecord(image_id, path, width, height)
-        _attach(
-            split,
-            record,
-            [(box, class_names.index(name)) for name, box in objects if name in class_names],
+        owner = len(split.records)
+        split.records.append(ImageRecord(image_id, path, width, height))
+        for ignored, named in ((False, objects), (True, difficult)):
             # a difficult object of a class outside the list has nothing to be ignored for
-            [(box, class_names.index(name)) for name, box in difficult if name in class_names],
-        )
-        split.records.append(record)
+            found += [
+                (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
+            ]
+    _attach_all(split, found)
     _report(split)
-    _check_images(split.records, listing, f"{root / 'JPEGImages'} and the <filename> entries")
+    split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
+    if check_images:
+        check_image_files(split)
     return split
