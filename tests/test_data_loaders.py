@@ -6,9 +6,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import mmap
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -864,41 +862,6 @@ def test_all_samples_boxes_map_back_bit_for_bit_as_each_samples_do(
     every = dataset.all_to_original(boxes)
     one_by_one = np.concatenate([dataset.to_original(i, b) for i, b in enumerate(boxes)])
     assert every.dtype == np.float32 and every.tobytes() == one_by_one.tobytes()
-
-
-def _vm_flags(address: int) -> list[str]:
-    """The kernel's flags of the mapping that holds `address` (Linux's /proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)[0]
-        if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head):
-            low, high = (int(end, 16) for end in head.split("-"))
-            inside = low <= address < high
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
-@pytest.mark.skipif(
-    not hasattr(mmap, "MADV_HUGEPAGE") or not Path("/sys/kernel/mm/transparent_hugepage").is_dir(),
-    reason="transparent huge pages are Linux's",
-)
-def test_the_cache_asks_the_kernel_for_huge_pages_so_filling_it_faults_less(
-    tmp_path: Path,
-) -> None:
-    # 2 MiB of images or more: one page fault per 2 MiB instead of 512, where the kernel agrees
-    rng = np.random.default_rng(0)
-    sizes = {}
-    for index in range(50):
-        Image.fromarray(rng.integers(0, 256, (128, 128, 3), np.uint8)).save(
-            tmp_path / f"{index}.png"
-        )
-        sizes[f"{index}.png"] = (128, 128)
-    split = load_coco(_write_coco(tmp_path, "big.json", _coco_document(sizes, [])), tmp_path)
-    dataset = DetectionDataset(split, 128, cache=True)
-    image, _ = dataset[7]
-    assert "hg" in _vm_flags(image.data_ptr())
-    assert torch.equal(image, DetectionDataset(split, 128, cache=False)[7][0])
 
 
 def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Path) -> None:

@@ -9,10 +9,7 @@ so a resumed run sees exactly the batches an uninterrupted run would have seen.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
-import mmap
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +32,6 @@ from pipeline.errors import DataError
 log = logging.getLogger("pipeline")
 PAD_VALUE = 114
 RESIZE_MODES = ("letterbox", "stretch")
-HUGE_PAGE = 2**21
 
 
 # RandomPhotometricDistort's ranges, without its channel permutation (data.augment.channel_shuffle
@@ -99,20 +95,6 @@ def read_image(path: os.PathLike | str) -> torch.Tensor:
     """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
     # numpy's copy of the interleaved pixels into planes: torch's permuted copy costs more
     return torch.from_numpy(np.ascontiguousarray(_upright_rgb(path).transpose(2, 0, 1)))
-
-
-def _empty_images(count: int, image_size: int) -> torch.Tensor:
-    """An uninitialised uint8 [count,3,S,S] tensor for a split's decoded images, where Linux has
-    transparent huge pages in memory it may back with them: filling it then takes a page fault
-    per 2 MiB instead of one per 4 KiB, which is most of the cost of touching fresh memory."""
-    shape = (count, 3, image_size, image_size)
-    size = math.prod(shape)
-    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape, dtype=torch.uint8)
-    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # a kernel without them: memory as any other
-        memory.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(memory, dtype=torch.uint8).view(shape)  # keeps `memory` alive
 
 
 @dataclass(frozen=True)
@@ -325,7 +307,9 @@ class DetectionDataset(Dataset):
         bad file."""
         count = len(self.records)
         # a view per image, made in one call: indexing the tensor per image costs several times that
-        images = _empty_images(count, self.image_size).unbind(0)
+        images = torch.empty(
+            (count, 3, self.image_size, self.image_size), dtype=torch.uint8
+        ).unbind(0)
         threads = max(1, min(torch.get_num_threads(), count))
         bounds = [count * share // threads for share in range(threads + 1)]
 
