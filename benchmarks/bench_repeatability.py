@@ -14,11 +14,18 @@ times, so the run times what the rule times). The training records of fp32 and t
   `precision: measured` state it (paired by rounds, over the bench's model instances,
   `stats.speedup_between`): target, the two runs' intervals overlap;
 - the fp32 medians of the two runs: target larger / smaller <= 1.10.
+
+With --start fork each run is the same command in a child forked from this process (which
+has imported torch but computed nothing, so the child starts its own threads and kernels):
+whether runs of one command disagree as much when nothing but the process is new. Each run's
+line also gives its model instances' median steps, to set the spread within a process beside
+the spread between processes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import numpy as np
 
 from pipeline import stats, timing
 from pipeline.config import load_config
@@ -44,6 +52,12 @@ def parse_args(argv: list[str]):
         "--candidate", default="bf16", choices=("bf16", "fp16"), help="precision against fp32"
     )
     parser.add_argument(
+        "--start",
+        default="spawn",
+        choices=("spawn", "fork"),
+        help="each run a new Python process, or a child forked from this one",
+    )
+    parser.add_argument(
         "bench_args",
         nargs="*",
         metavar="-- BENCH_OPTION",
@@ -55,7 +69,33 @@ def parse_args(argv: list[str]):
     return args
 
 
-def bench_once(candidate: str, extra: list[str], out_dir: Path) -> dict[str, Any]:
+def forked(argv: list[str], log: Path) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGV` run in a child forked from this process, in the repository,
+    its output into `log` (the stderr of the result)."""
+    from pipeline import cli
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into this script
+        status = 1
+        try:
+            with open(log, "w") as sink:
+                os.dup2(sink.fileno(), 1)
+                os.dup2(sink.fileno(), 2)
+                os.chdir(harness.REPO)
+                status = cli.main(argv) or 0
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else 1
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return subprocess.CompletedProcess(argv, code, "", log.read_text(errors="replace"))
+
+
+def bench_once(
+    candidate: str, extra: list[str], out_dir: Path, start: str = "spawn"
+) -> dict[str, Any]:
     """One bench process timing what the bench rule times (the candidate included); the
     training records of fp32 and `candidate`."""
     shipped = load_config(None)["bench"]
@@ -67,7 +107,12 @@ def bench_once(candidate: str, extra: list[str], out_dir: Path) -> dict[str, Any
         *("--out-dir", str(out_dir)),
     ]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=harness.REPO, capture_output=True, text=True, check=False)
+    if start == "fork":
+        done = forked(command[3:], out_dir / "bench.log")
+    else:
+        done = subprocess.run(
+            command, cwd=harness.REPO, capture_output=True, text=True, check=False
+        )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise PipelineError(
@@ -84,6 +129,13 @@ def bench_once(candidate: str, extra: list[str], out_dir: Path) -> dict[str, Any
     return found
 
 
+def instance_medians(summary: dict[str, Any]) -> str:
+    """A record's median step per model instance, in instance order."""
+    samples = np.asarray(summary["samples_ms"])
+    instances = np.asarray(summary.get("instances") or [0] * samples.size)
+    return " ".join(f"{np.median(samples[instances == k]):.1f}" for k in np.unique(instances))
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -97,7 +149,7 @@ def main(argv: list[str]) -> int:
     conditions = timing.RunConditions()
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(2 * args.repeats):
-            pair = bench_once(args.candidate, args.bench_args, Path(tmp) / str(index))
+            pair = bench_once(args.candidate, args.bench_args, Path(tmp) / str(index), args.start)
             speed = stats.speedup_between(
                 pair["fp32"]["record"]["timing"], pair[args.candidate]["record"]["timing"]
             )
@@ -135,7 +187,12 @@ def main(argv: list[str]) -> int:
         rounds, instances = speed["paired_rounds"], speed.get("paired_instances") or 1
         paired = f"paired over {rounds} interleaved rounds" if rounds else "unpaired"
         paired += f" of {instances} model instance pairs" if rounds and instances > 1 else ""
+        instances = "; ".join(
+            f"{precision} {instance_medians(result['record']['timing'])}"
+            for precision, result in run["records"].items()
+        )
         print(f"run {number} {args.candidate} vs fp32: {speed['text']}, {paired}")
+        print(f"  median ms per model instance: {instances}")
     worst_drift = max(drifts, default=0.0)
     drift_ok, line = harness.verdict("worst |drift - 1| of the records", worst_drift, 0.05)
     print(line)
@@ -206,6 +263,7 @@ def main(argv: list[str]) -> int:
         "repeats": args.repeats,
         "candidate": args.candidate,
         "bench_args": args.bench_args,
+        "start": args.start,
         # the bench command as the workflow runs it, without this run's temporary --out
         "bench_command": shlex.join(["python", *runs[0]["records"]["fp32"]["command"][1:-2]]),
         "paired_rounds": [run["speedup"]["paired_rounds"] for run in runs],
