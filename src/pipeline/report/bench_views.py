@@ -208,11 +208,19 @@ def bench_row(entry: dict[str, Any]) -> dict[str, Any]:
     view = {**entry, "skipped": entry["status"] != "ok", "numerics": {}}
     if view["skipped"]:
         return view
+    fp32 = entry["precision"] == "fp32"
     view.update(
-        speedups=[speedup(entry["vs_backend_fp32"]), speedup(entry["vs_cpu_fp32"])],
+        speedups=[
+            REFERENCE_CELL if fp32 else speedup(entry["vs_backend_fp32"]),
+            REFERENCE_CELL if fp32 and entry["backend"] == "cpu" else speedup(entry["vs_cpu_fp32"]),
+        ],
         numerics=numerics_view(entry["precision"], entry["numerics"]),
     )
     return view
+
+
+# The fp32 row of a backend is the reference its speed-ups are measured against (itself: 1x)
+REFERENCE_CELL = {"value": None, "verdict": None, "text": None, "reference": True}
 
 
 def speedup(speed: dict[str, Any] | None) -> dict[str, Any]:
@@ -222,6 +230,7 @@ def speedup(speed: dict[str, Any] | None) -> dict[str, Any]:
         "value": speed,
         "verdict": verdict if verdict in ("faster", "slower") else None,
         "text": None if speed is None else f"{speed['text']}; {pairing_text(speed)}",
+        "reference": False,
     }
 
 
