@@ -50,6 +50,13 @@ def _one_thread():
         yield
 
 
+@pytest.fixture
+def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU bench in this process, as CUDA and MPS run it, for tests whose spies count what
+    the bench does in the test process (a forked child's calls never reach them)."""
+    monkeypatch.setattr(bench, "FORK_CPU_INSTANCES", False)
+
+
 @pytest.fixture(scope="module")
 def validator() -> Draft202012Validator:
     return formats.validator("bench")
@@ -487,6 +494,7 @@ def run_bench_dir(tmp_path: Path, *args: str) -> tuple[int, dict[str, dict[str, 
 EVERY_COMBINATION = ("--precision", "fp32,fp16,bf16", "--mode", "train,infer")
 
 
+@pytest.mark.usefixtures("one_process")
 def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
     tmp_path, validator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -535,6 +543,7 @@ def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
             )
 
 
+@pytest.mark.usefixtures("one_process")
 def test_the_numerics_reference_is_trained_once_and_gives_each_precision_its_own_figures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -660,6 +669,7 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert f"warm-up ended after {bench_stops.FEWEST_STEPS_TO_JUDGE} steps" in flags
 
 
+@pytest.mark.usefixtures("one_process")
 def test_a_hopeless_precision_costs_two_fp32_steps_more_that_no_record_or_peak_keeps(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -847,6 +857,7 @@ def run_fp32_and_bf16_train(instances: int = 3) -> tuple[list[dict[str, Any]], A
     return records, choice
 
 
+@pytest.mark.usefixtures("one_process")
 def test_a_machine_busy_since_fp32s_warm_up_does_not_judge_a_faster_precision_far_behind(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -954,6 +965,7 @@ def instance_steps(
     return built
 
 
+@pytest.mark.usefixtures("one_process")
 def test_each_precision_is_timed_on_fresh_instances_seeded_alike_and_paired_by_instance(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock, validator
 ) -> None:
@@ -1000,6 +1012,7 @@ def test_each_precision_is_timed_on_fresh_instances_seeded_alike_and_paired_by_i
     assert choice.precision == "bf16" and "over 3 model instances" in choice.reason
 
 
+@pytest.mark.usefixtures("one_process")
 def test_one_instance_times_every_round_on_one_model_and_pairs_over_rounds_as_before(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -1020,6 +1033,7 @@ def test_one_instance_times_every_round_on_one_model_and_pairs_over_rounds_as_be
     assert speed == before and speed.paired_instances == 1
 
 
+@pytest.mark.usefixtures("one_process")
 def test_a_precision_far_slower_than_fp32_gets_one_instance_even_when_its_budget_ended_the_warm_up(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -1293,6 +1307,7 @@ def test_interleaved_runs_on_simulated_mps_synchronize_the_device(fake_mps) -> N
     assert fake_mps.synchronized == 2 * 2 * 2
 
 
+@pytest.mark.usefixtures("one_process")
 def test_each_precisions_peak_leaves_out_the_models_warmed_before_it(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:

@@ -20,13 +20,14 @@ import logging
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline import bench_record, timing
+from pipeline import bench_fork, bench_record, timing
 from pipeline import device as dev
 from pipeline.bench_stops import FRESH_REFERENCE_STEPS, FarBehind, slower_than
 from pipeline.data.shapes import render_sample
@@ -190,9 +191,20 @@ class _Shared:
         self._numerics = None
         self._compared = {}
 
+    @property
+    def compared(self) -> dict[str, dict[str, Any]]:
+        """The precisions compared with the model's fp32 reference so far."""
+        return self._compared
+
+    def remember_numerics(self, compared: dict[str, dict[str, Any]]) -> None:
+        """Comparisons made in a forked child, so that no later child makes them again."""
+        self._compared.update(compared)
+
     def numerics(self, model: torch.nn.Module, precision: str) -> dict[str, Any]:
         """`precision` against fp32, the same for every mode (the check trains, whatever mode
         is timed); `model` (freshly built) starts the model's reference if none yet."""
+        if precision in self._compared:
+            return copy.deepcopy(self._compared[precision])
         if self._numerics is None:
             images, targets = self.batch()
             self._numerics = NumericsReference(
@@ -210,6 +222,12 @@ def instances_to_build(settings: dict[str, Any]) -> int:
     return max(1, min(settings["instances"], math.ceil(rounds / 2)))
 
 
+# CPU model instances are timed in forked children (`bench_fork`): a process often holds a
+# precision in one speed mode for all its instances, and a forked child draws its own. Tests
+# of the one-process schedule's bookkeeping in the test process turn it off.
+FORK_CPU_INSTANCES = True
+
+
 def _run_interleaved(
     shared: _Shared, precisions: list[str], mode: str, model_name: str
 ) -> dict[str, dict[str, Any]]:
@@ -222,17 +240,55 @@ def _run_interleaved(
     differs only in precision; all precisions' first instances are built and warmed up
     before any second one, and their warm-ups alone give the records' memory figures. A
     precision whose warm-up steps show it far slower than fp32 at the same moment
-    (`FarBehind`) gets no further instance: its first timed steps stop it.
+    (`FarBehind`) gets no further instance: its first timed steps stop it. On a CPU each
+    instance index is built, warmed up and timed in a child process of its own
+    (`_run_forked`); on CUDA and MPS, which must not fork after their initialisation, all in
+    this process.
     """
-    device, settings = shared.device, shared.settings
+    settings = shared.settings
+    if shared.device.type == "cpu" and FORK_CPU_INSTANCES:
+        return _run_forked(shared, precisions, mode, model_name)
     records: dict[str, dict[str, Any]] = {}
     ready: dict[str, _Ready] = {}
+    _prepare(
+        shared, precisions, mode, range(instances_to_build(settings)), records, ready, model_name
+    )
+    if not ready:
+        return records
+    timing.interleaved_runs(
+        {precision: r.steps for precision, r in ready.items()},
+        shared.device,
+        block_steps=BLOCK_STEPS,
+        max_steps=settings["steps"],
+        budget_s=settings["time_budget_s"],
+        stops={p: r.stop for p, r in ready.items()},
+        cannot_run=cannot_run_reason,
+        timed={p: r.timed for p, r in ready.items()},
+    )
+    _finish(records, ready, settings)
+    return records
+
+
+def _prepare(
+    shared: _Shared,
+    precisions: list[str],
+    mode: str,
+    instances: range | list[int],
+    records: dict[str, dict[str, Any]],
+    ready: dict[str, _Ready],
+    model_name: str | None = None,
+) -> None:
+    """Build and warm up model instances `instances` of every precision into `ready`; the
+    first instance (0) also makes each precision's record into `records`."""
+    device = shared.device
     held_mb = None  # device memory held before the first model: the batch, the reference
-    for instance in range(instances_to_build(settings)):
+    for instance in instances:
         for precision in precisions:
             exclude_mb = None
             if instance == 0:
-                record = bench_record.base_record(device, precision, mode, model_name, settings)
+                record = bench_record.base_record(
+                    device, precision, mode, model_name, shared.settings
+                )
                 records[precision] = record
                 reason = dev.autocast_unsupported_reason(device, precision)
                 if reason:
@@ -261,34 +317,123 @@ def _run_interleaved(
                         reason,
                         instance,
                     )
-    if not ready:
-        return records
-    timed = timing.interleaved_runs(
-        {precision: r.steps for precision, r in ready.items()},
-        device,
-        block_steps=BLOCK_STEPS,
-        max_steps=settings["steps"],
-        budget_s=settings["time_budget_s"],
-        stops={p: r.stop for p, r in ready.items()},
-        cannot_run=cannot_run_reason,
-        timed={p: r.timed for p, r in ready.items()},
-    )
+
+
+def _finish(
+    records: dict[str, dict[str, Any]], ready: dict[str, _Ready], settings: dict[str, Any]
+) -> None:
+    """Each timed precision's record filled from its merged warm-ups and timed steps."""
     schedule_id = uuid.uuid4().hex
     for precision, prepared in ready.items():
         record = records[precision]
-        if timed[precision].failed:
-            bench_record.skipped(record, timed[precision].failed)
+        if prepared.timed.failed:
+            bench_record.skipped(record, prepared.timed.failed)
         else:
             bench_record.finish(
                 record,
                 prepared.warmups,
                 prepared.conditions,
-                timed[precision],
+                prepared.timed,
                 schedule_id=schedule_id,
                 max_steps=settings["steps"],
                 block_steps=BLOCK_STEPS,
             )
+
+
+def _run_forked(
+    shared: _Shared, precisions: list[str], mode: str, model_name: str
+) -> dict[str, dict[str, Any]]:
+    """`_run_interleaved` with model instance k of every precision built, warmed up and timed
+    in the k-th child forked from this process (which runs no torch compute itself), one
+    child after another: each child times the ABBA rounds the one-process schedule gives
+    instance k, within the share of `steps` and `time_budget_s` they would have had, and
+    sends back everything merged so far; the next child starts from it, so its stop rules see
+    every sample before it, and a precision stopped early, failed or judged far behind (no
+    further instance) is not run again. Records are finished here once, as in one process,
+    their samples in the order of their rounds. The conditions span all children."""
+    settings = shared.settings
+    count = instances_to_build(settings)
+    records: dict[str, dict[str, Any]] = {}
+    ready: dict[str, _Ready] = {}
+    conditions = timing.RunConditions()
+    timeout_s = bench_fork.child_timeout_s(settings, len(precisions))
+    steps_so_far = 0
+    for instance in range(count):
+        share = bench_fork.steps_of_instance(instance, count, settings["steps"], BLOCK_STEPS)
+        steps_so_far += share
+        if instance > 0 and not any(_goes_on(r) for r in ready.values()):
+            break
+
+        child = partial(
+            _instance_in_child,
+            shared,
+            precisions,
+            mode,
+            model_name,
+            instance,
+            count,
+            share,
+            steps_so_far,
+            records,
+            ready,
+        )
+        got_records, ready, compared = bench_fork.in_child(
+            child, timeout_s, f"{model_name} {mode} model instance {instance}"
+        )
+        if instance == 0:
+            records = got_records
+            shared.remember_numerics(compared)
+    for prepared in ready.values():
+        prepared.conditions = conditions
+        bench_fork.in_schedule_order(prepared.timed)
+    _finish(records, ready, settings)
     return records
+
+
+def _goes_on(prepared: _Ready) -> bool:
+    """Whether a precision gets a further model instance."""
+    timed = prepared.timed
+    return not (prepared.complete or timed.stopped_early or timed.failed)
+
+
+def _instance_in_child(
+    shared: _Shared,
+    precisions: list[str],
+    mode: str,
+    model_name: str,
+    instance: int,
+    count: int,
+    share: int,
+    steps_so_far: int,
+    records: dict[str, dict[str, Any]],
+    ready: dict[str, _Ready],
+):
+    """In a forked child: model instance `instance` of each precision that goes on, warmed up
+    and timed for `share` more steps, within the budget's share of `steps_so_far`."""
+    settings = shared.settings
+    ready = {p: replace(r, steps=[]) for p, r in ready.items()}
+    if instance == 0:
+        going = precisions
+    else:
+        going = [p for p in precisions if p in ready and _goes_on(ready[p])]
+    _prepare(shared, going, mode, [instance], records, ready, model_name)
+    now = {p: r for p, r in ready.items() if r.steps}
+    if now:
+        budget_s = settings["time_budget_s"] * steps_so_far / settings["steps"]
+        timing.interleaved_runs(
+            {p: r.steps for p, r in now.items()},
+            shared.device,
+            block_steps=BLOCK_STEPS,
+            max_steps={p: len(r.timed.samples) + share for p, r in now.items()},
+            budget_s=budget_s,
+            stops={p: r.stop for p, r in now.items()},
+            cannot_run=cannot_run_reason,
+            timed={p: r.timed for p, r in now.items()},
+            round_ids=lambda local: bench_fork.round_id(local, instance, count),
+            instance_ids=[instance],
+        )
+    back = {p: replace(r, steps=[], stop=None) for p, r in ready.items()}
+    return (records if instance == 0 else None), back, dict(shared.compared)
 
 
 @dataclass
@@ -335,10 +480,11 @@ def _warm_up_instance(
     fp32 = ready.get("fp32")
     end_warmup = stop = judge = None
     if fp32 is not None and precision != "fp32":
-        fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)]  # built from the same seed
+        # built from the same seed (in a forked child, its only instance)
+        fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)] if fp32.steps else None
         judge = FarBehind(
             fp32.warmups[0]["step_times"],
-            lambda: _reference_steps_now(fp32_step, device, memory),
+            None if fp32_step is None else lambda: _reference_steps_now(fp32_step, device, memory),
             None if first else ready[precision].warmups[0]["step_times"],
         )
         end_warmup, stop = slower_than(judge, fp32.timed, precision)
@@ -357,6 +503,8 @@ def _warm_up_instance(
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
+        if ready[precision].stop is None:  # in a forked child, the first instance's was not sent
+            ready[precision].stop = stop
     # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
     # warm-up, even after one step; fp32 steps again only where the machine changed): its
     # first timed steps stop it, so a further instance would only cost time.

@@ -1,0 +1,119 @@
+"""The bench's CPU model instances timed in forked children: each child draws its own speed
+mode as a new process would, at no import cost. The parent must run no torch compute before
+forking (libgomp: a child forked after the parent ran an OpenMP region hangs)."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pipeline import timing
+
+T = TypeVar("T")
+
+
+class ChildFailed(RuntimeError):
+    """A forked bench child raised, died or outlived its time: no record is written."""
+
+
+def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
+    """`work()` run in a child forked from this process, its result pickled back over a pipe.
+
+    The child's error comes back as this error with its traceback; a child that dies without
+    a result, or runs past `timeout_s`, is killed and named.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller
+        os.close(read_end)
+        status = 0
+        try:
+            try:
+                payload = pickle.dumps(("ok", work()))
+            except BaseException:  # everything the child meets goes back
+                payload = pickle.dumps(("error", traceback.format_exc()))
+                status = 1
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(payload)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    os.close(write_end)
+    try:
+        data = _read_all(read_end, time.monotonic() + timeout_s)
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise ChildFailed(
+            f"The bench child timing {what} ran past {timeout_s:.0f} s and was killed; no "
+            "record is written (a child forked after the parent ran OpenMP work hangs)."
+        ) from None
+    finally:
+        os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if not data:
+        raise ChildFailed(
+            f"The bench child timing {what} ended with status {code} and sent no result; "
+            "no record is written."
+        )
+    kind, result = pickle.loads(data)
+    if kind == "error":
+        raise ChildFailed(f"The bench child timing {what} failed; no record is written:\n{result}")
+    return result
+
+
+def _read_all(fd: int, deadline: float) -> bytes:
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def steps_of_instance(instance: int, instances: int, max_steps: int, block_steps: int) -> int:
+    """The steps the one-process schedule gives `instance` of `instances` (each in turn for an
+    ABBA pair of rounds, `timing.instance_of_round`), out of `max_steps` in blocks."""
+    rounds = math.ceil(max_steps / block_steps)
+    return sum(
+        min(block_steps, max_steps - r * block_steps)
+        for r in range(rounds)
+        if r // 2 % instances == instance
+    )
+
+
+def round_id(local_round: int, instance: int, instances: int) -> int:
+    """The round of the one-process schedule that the child of `instance` times as its
+    `local_round`: its ABBA pairs in turn with the other instances', order kept."""
+    return (local_round // 2 * instances + instance) * 2 + local_round % 2
+
+
+def child_timeout_s(settings: dict[str, Any], precisions: int) -> float:
+    """Time a child may take: every precision's warm-up and timing budgets twice over (a step
+    runs whole past a budget), and a minute for building models and the numerics."""
+    return 60.0 + 2 * precisions * (settings["warmup_budget_s"] + settings["time_budget_s"])
+
+
+def in_schedule_order(timed: timing.Timed) -> None:
+    """The children's samples in the order of their rounds, as one process times them: each
+    child's instance then stands in its rounds among the others', and the drift check sees
+    the schedule's halves, not one child's speed mode against another's."""
+    order = sorted(range(len(timed.rounds)), key=timed.rounds.__getitem__)
+    timed.samples = [timed.samples[i] for i in order]
+    timed.rounds = [timed.rounds[i] for i in order]
+    timed.instances = [timed.instances[i] for i in order]
