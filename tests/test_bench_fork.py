@@ -20,6 +20,7 @@ from tiny_runs import one_cpu_thread
 
 from pipeline import bench, bench_fork, bench_record, cli, timing
 from pipeline.config import load_config
+from pipeline.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
 
@@ -105,7 +106,7 @@ def bench_both_ways(monkeypatch, precisions: list[str], settings: dict[str, Any]
 
 
 # what differs between two runs whatever the process: when, where, and the host's real memory
-DIFFER = {"conditions", "memory", "host_peak_rss_mb"}
+DIFFER = {"created", "conditions", "memory", "host_peak_rss_mb"}
 
 
 @pytest.mark.parametrize("steps", [30, 25])
@@ -241,12 +242,28 @@ def test_a_child_that_dies_without_a_result_is_named_with_its_status(
         bench.run_backend(torch.device("cpu"), ["fp32"], ["train"], ["tiny_conv"], settings)
 
 
-@pytest.mark.parametrize("backend", ["fake_cuda", "fake_mps"])
-def test_cuda_and_mps_time_their_instances_in_this_process(
+def test_a_users_error_in_a_child_is_raised_here_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    def wrong() -> None:
+        raise ConfigError("bench.steps=7 is wrong: give an even number.")
+
+    failing_step(monkeypatch, clock, wrong)
+    settings = plan(warmup_steps=1, steps=8, time_budget_s=1000.0, instances=2)
+    with pytest.raises(ConfigError, match=r"^bench.steps=7 is wrong: give an even number.$"):
+        bench.run_backend(torch.device("cpu"), ["fp32"], ["train"], ["tiny_conv"], settings)
+
+
+@pytest.mark.parametrize("backend", ["fake_cuda", "fake_mps", "cpu, fork=False"])
+def test_cuda_mps_and_a_cpu_told_not_to_fork_time_their_instances_in_this_process(
     monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, backend: str
 ) -> None:
-    request.getfixturevalue(backend)
-    device = torch.device("cuda", 0) if backend == "fake_cuda" else torch.device("mps")
+    if backend.startswith("fake"):
+        request.getfixturevalue(backend)
+    device = {"fake_cuda": torch.device("cuda", 0), "fake_mps": torch.device("mps")}.get(
+        backend, torch.device("cpu")
+    )
+    fork = {"fork": False} if backend.startswith("cpu") else {}
     prepared: list[tuple[int, str, list[int]]] = []
 
     def prepare(shared, precisions, mode, instances, records, ready, model_name=None):
@@ -262,7 +279,7 @@ def test_cuda_and_mps_time_their_instances_in_this_process(
     monkeypatch.setattr(bench, "_prepare", prepare)
     monkeypatch.setattr(bench_fork, "in_child", no_fork)
     settings = plan(warmup_steps=1, steps=8, instances=2)
-    records = bench.run_backend(device, ["fp32"], ["train"], ["tiny_conv"], settings)
+    records = bench.run_backend(device, ["fp32"], ["train"], ["tiny_conv"], settings, **fork)
     assert prepared == [(os.getpid(), device.type, [0, 1])]
     assert records[0]["reason"] == "simulated"
     with pytest.raises(AssertionError, match="forked"):  # where the CPU bench forks

@@ -1,5 +1,5 @@
 """Benchmarks of the step that training will take, every precision x mode of a backend in one
-process (fp32 first, so a precision its own samples show slower than fp32 stops early).
+schedule (fp32 first, so a precision its own samples show slower than fp32 stops early).
 
 What is timed comes from the training config (model and its options, label mode, memory
 format, batch and image size, gradient clipping, optimizer, kernel flags); the `bench.*` keys
@@ -7,7 +7,8 @@ override it where set, and every record says which configuration it timed and wh
 overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
 the forward pass under `inference_mode`, as evaluation and profiling run it. Each precision
 is timed on `bench.instances` freshly built models (a new model can keep a faster or slower
-speed mode), each warmed up until its step time settles; the device is synchronized around
+speed mode, and a CPU process one for all its models: there each instance index is timed in
+a forked child, `pipeline.bench_fork`), each warmed up until its step time settles; the device is synchronized around
 every timed step; every sample is kept and summarised with its spread and drift; a time
 budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
 are built by `pipeline.bench_record`.
@@ -127,9 +128,13 @@ def run_backend(
     modes: list[str],
     models: list[str],
     settings: dict[str, Any],
+    *,
+    fork: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every model x precision x mode on one backend in this process; one record each, fp32's
-    first, then each other precision's, each with its modes in order.
+    """Every model x precision x mode on one backend; one record each, fp32's first, then
+    each other precision's, each with its modes in order. On a CPU, each model instance
+    index in a child forked from this process, which must not have run torch compute yet
+    (`_run_forked`); `fork=False` keeps them in this process, for a caller that has.
 
     For each model and mode, every precision gets `bench.instances` freshly built models
     (instance k from seed k, the first from the seed a process of its own would use), each
@@ -145,6 +150,7 @@ def run_backend(
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
     shared = _Shared(device, settings)
+    shared.fork = fork and device.type == "cpu" and FORK_CPU_INSTANCES
     ordered = sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32")
     records = []
     for model_name in models:
@@ -170,6 +176,7 @@ class _Shared:
 
     def __init__(self, device: torch.device, settings: dict[str, Any]) -> None:
         self.device, self.settings = device, settings
+        self.fork = False  # model instances in forked children (`_run_forked`)
         self.layout = memory_format(settings["channels_last"])
         self._batch: tuple[torch.Tensor, list[dict]] | None = None
         self._numerics: NumericsReference | None = None
@@ -246,7 +253,7 @@ def _run_interleaved(
     this process.
     """
     settings = shared.settings
-    if shared.device.type == "cpu" and FORK_CPU_INSTANCES:
+    if shared.fork:
         return _run_forked(shared, precisions, mode, model_name)
     records: dict[str, dict[str, Any]] = {}
     ready: dict[str, _Ready] = {}

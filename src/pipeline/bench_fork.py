@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pipeline import timing
+from pipeline.errors import PipelineError
 
 T = TypeVar("T")
 
@@ -27,8 +28,9 @@ class ChildFailed(RuntimeError):
 def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
     """`work()` run in a child forked from this process, its result pickled back over a pipe.
 
-    The child's error comes back as this error with its traceback; a child that dies without
-    a result, or runs past `timeout_s`, is killed and named.
+    The child's `PipelineError` is raised here as it is, any other error as `ChildFailed`
+    with the child's traceback; a child that dies without a result, or runs past
+    `timeout_s`, is killed and named, as it is where this process is interrupted.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -40,7 +42,10 @@ def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
         try:
             try:
                 payload = pickle.dumps(("ok", work()))
-            except BaseException:  # everything the child meets goes back
+            except PipelineError as error:  # the user's to act on: raised again as it is
+                payload = pickle.dumps(("raise", error))
+                status = 1
+            except BaseException:  # everything else the child meets goes back
                 payload = pickle.dumps(("error", traceback.format_exc()))
                 status = 1
             with os.fdopen(write_end, "wb") as pipe:
@@ -52,9 +57,11 @@ def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
     os.close(write_end)
     try:
         data = _read_all(read_end, time.monotonic() + timeout_s)
-    except TimeoutError:
+    except BaseException as error:  # past its time, or this process interrupted
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        if not isinstance(error, TimeoutError):
+            raise
         raise ChildFailed(
             f"The bench child timing {what} ran past {timeout_s:.0f} s and was killed; no "
             "record is written (a child forked after the parent ran OpenMP work hangs)."
@@ -69,6 +76,8 @@ def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
             "no record is written."
         )
     kind, result = pickle.loads(data)
+    if kind == "raise":
+        raise result
     if kind == "error":
         raise ChildFailed(f"The bench child timing {what} failed; no record is written:\n{result}")
     return result
