@@ -266,7 +266,7 @@ def test_cuda_mps_and_a_cpu_told_not_to_fork_time_their_instances_in_this_proces
     fork = {"fork": False} if backend.startswith("cpu") else {}
     prepared: list[tuple[int, str, list[int]]] = []
 
-    def prepare(shared, precisions, mode, instances, records, ready, model_name=None):
+    def prepare(shared, precisions, mode, model_name, instances, records, ready):
         prepared.append((os.getpid(), shared.device.type, list(instances)))
         for precision in precisions:
             record = bench_record.base_record(device, precision, mode, model_name, shared.settings)

@@ -8,8 +8,8 @@ overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; 
 the forward pass under `inference_mode`, as evaluation and profiling run it. Each precision
 is timed on `bench.instances` freshly built models (a new model can keep a faster or slower
 speed mode, and a CPU process one for all its models: there each instance index is timed in
-a forked child, `pipeline.bench_fork`), each warmed up until its step time settles; the device is synchronized around
-every timed step; every sample is kept and summarised with its spread and drift; a time
+a forked child, `pipeline.bench_fork`), each warmed up until its step time settles; the
+device is synchronized around every timed step; every sample is kept and summarised with its spread and drift; a time
 budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
 are built by `pipeline.bench_record`.
 """
@@ -258,7 +258,7 @@ def _run_interleaved(
     records: dict[str, dict[str, Any]] = {}
     ready: dict[str, _Ready] = {}
     _prepare(
-        shared, precisions, mode, range(instances_to_build(settings)), records, ready, model_name
+        shared, precisions, mode, model_name, range(instances_to_build(settings)), records, ready
     )
     if not ready:
         return records
@@ -280,10 +280,10 @@ def _prepare(
     shared: _Shared,
     precisions: list[str],
     mode: str,
+    model_name: str,
     instances: range | list[int],
     records: dict[str, dict[str, Any]],
     ready: dict[str, _Ready],
-    model_name: str | None = None,
 ) -> None:
     """Build and warm up model instances `instances` of every precision into `ready`; the
     first instance (0) also makes each precision's record into `records`."""
@@ -423,7 +423,7 @@ def _instance_in_child(
         going = precisions
     else:
         going = [p for p in precisions if p in ready and _goes_on(ready[p])]
-    _prepare(shared, going, mode, [instance], records, ready, model_name)
+    _prepare(shared, going, mode, model_name, [instance], records, ready)
     now = {p: r for p, r in ready.items() if r.steps}
     if now:
         budget_s = settings["time_budget_s"] * steps_so_far / settings["steps"]
