@@ -284,3 +284,21 @@ def test_cuda_mps_and_a_cpu_told_not_to_fork_time_their_instances_in_this_proces
     assert records[0]["reason"] == "simulated"
     with pytest.raises(AssertionError, match="forked"):  # where the CPU bench forks
         bench.run_backend(torch.device("cpu"), ["fp32"], ["train"], ["tiny_conv"], settings)
+
+
+def test_the_time_budget_bounds_the_children_together_as_it_bounds_one_process(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Each child may spend the budget's share of the steps timed so far, less what the
+    children before it spent: the total stays within a block of the budget, as in one process,
+    and the steps reach every instance rather than the first ones."""
+    seeded_steps(monkeypatch, clock, {"fp32": 50.0, "bf16": 40.0}, tmp_path / "built.txt")
+    settings = plan(warmup_steps=5, steps=60, time_budget_s=0.5, instances=6)
+    alone, forked = bench_both_ways(monkeypatch, ["fp32", "bf16"], settings)
+    for one, other in zip(alone, forked, strict=True):
+        timed = other["timing"]
+        spent_s = sum(timed["samples_ms"]) / 1000
+        assert one["timing"]["budget_limited"] and timed["budget_limited"]
+        assert 0.5 < spent_s <= 0.5 + bench.BLOCK_STEPS * max(timed["samples_ms"]) / 1000
+        assert abs(timed["count"] - one["timing"]["count"]) <= bench.BLOCK_STEPS
+        assert timed["instances_timed"] > one["timing"]["instances_timed"]

@@ -416,17 +416,23 @@ def _instance_in_child(
     ready: dict[str, _Ready],
 ):
     """In a forked child: model instance `instance` of each precision that goes on, warmed up
-    and timed for `share` more steps, within the budget's share of `steps_so_far`."""
+    and timed for `share` more steps, within the budget's share of `steps_so_far` (one that
+    has already spent it, timed in the children before, is not built here: the budget then
+    bounds the children together, as it bounds the rounds of one process)."""
     settings = shared.settings
+    budget_s = settings["time_budget_s"] * steps_so_far / settings["steps"]
     ready = {p: replace(r, steps=[]) for p, r in ready.items()}
     if instance == 0:
         going = precisions
     else:
-        going = [p for p in precisions if p in ready and _goes_on(ready[p])]
+        going = [
+            p
+            for p in precisions
+            if p in ready and _goes_on(ready[p]) and ready[p].timed.spent_s <= budget_s
+        ]
     _prepare(shared, going, mode, model_name, [instance], records, ready)
     now = {p: r for p, r in ready.items() if r.steps}
     if now:
-        budget_s = settings["time_budget_s"] * steps_so_far / settings["steps"]
         timing.interleaved_runs(
             {p: r.steps for p, r in now.items()},
             shared.device,
