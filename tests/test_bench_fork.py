@@ -8,7 +8,10 @@ work with several threads hangs."""
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -302,3 +305,31 @@ def test_the_time_budget_bounds_the_children_together_as_it_bounds_one_process(
         assert 0.5 < spent_s <= 0.5 + bench.BLOCK_STEPS * max(timed["samples_ms"]) / 1000
         assert abs(timed["count"] - one["timing"]["count"]) <= bench.BLOCK_STEPS
         assert timed["instances_timed"] > one["timing"]["instances_timed"]
+
+
+def test_the_parent_imports_what_a_first_training_step_would_import_in_every_child() -> None:
+    """In a fresh process: after `import_before_forking`, building the bench's first training
+    step imports no large package (torch._dynamo, sympy) that each child would import again."""
+    script = (
+        "import sys, torch\n"
+        "from pipeline import bench, bench_fork, bench_record\n"
+        "from pipeline.config import load_config\n"
+        "from pipeline.models import build_from_config\n"
+        "settings = bench_record.settings_from_config(load_config(None, ['model.width=8']), 4)\n"
+        "bench_fork.import_before_forking()\n"
+        "before = set(sys.modules)\n"
+        "model = build_from_config({**settings['model_options'], 'name': 'tiny_conv'}, 4)\n"
+        "bench._step(model, None, None, torch.device('cpu'), 'fp32', 'train', settings,\n"
+        "            torch.contiguous_format)\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    imported = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    heavy = [name for name in imported if name.split(".")[0] in ("sympy", "mpmath")]
+    assert not heavy and not [name for name in imported if name.startswith("torch._dynamo")]

@@ -363,6 +363,7 @@ def _run_forked(
     records: dict[str, dict[str, Any]] = {}
     ready: dict[str, _Ready] = {}
     conditions = timing.RunConditions()
+    bench_fork.import_before_forking()
     timeout_s = bench_fork.child_timeout_s(settings, len(precisions))
     steps_so_far = 0
     for instance in range(count):

@@ -4,6 +4,7 @@ forking (libgomp: a child forked after the parent ran an OpenMP region hangs).""
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import pickle
@@ -23,6 +24,17 @@ T = TypeVar("T")
 
 class ChildFailed(RuntimeError):
     """A forked bench child raised, died or outlived its time: no record is written."""
+
+
+# What the first training step of a process imports lazily (its optimizer: torch._dynamo and
+# what that brings): imported in the parent, which computes nothing, every child has it from
+# the fork instead of paying the import for each model instance.
+LAZY_IMPORTS = ("torch._dynamo",)
+
+
+def import_before_forking() -> None:
+    for name in LAZY_IMPORTS:
+        importlib.import_module(name)
 
 
 def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
