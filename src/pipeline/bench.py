@@ -433,12 +433,13 @@ def _instance_in_child(
         ]
     _prepare(shared, going, mode, model_name, [instance], records, ready)
     now = {p: r for p, r in ready.items() if r.steps}
+    limits = {p: len(r.timed.samples) + share for p, r in now.items()}
     if now:
         timing.interleaved_runs(
             {p: r.steps for p, r in now.items()},
             shared.device,
             block_steps=BLOCK_STEPS,
-            max_steps={p: len(r.timed.samples) + share for p, r in now.items()},
+            max_steps=limits,
             budget_s=budget_s,
             stops={p: r.stop for p, r in now.items()},
             cannot_run=cannot_run_reason,
@@ -446,6 +447,11 @@ def _instance_in_child(
             round_ids=lambda local: bench_fork.round_id(local, instance, count),
             instance_ids=[instance],
         )
+    for precision, prepared in now.items():  # one process judges every step but the last
+        timed = prepared.timed
+        ended_here = len(timed.samples) == limits[precision] < settings["steps"]
+        if prepared.stop and ended_here and not (timed.stopped_early or timed.failed):
+            timed.stopped_early = prepared.stop(timed)
     back = {p: replace(r, steps=[], stop=None) for p, r in ready.items()}
     return (records if instance == 0 else None), back, dict(shared.compared)
 

@@ -164,7 +164,7 @@ def interleaved_runs(
     *,
     block_steps: int,
     max_steps: int | Mapping[str, int],
-    budget_s: float | Mapping[str, float],
+    budget_s: float,
     stops: Mapping[str, Callable[[Timed], str | None] | None] | None = None,
     cannot_run: Callable[[BaseException], str | None] | None = None,
     timed: Mapping[str, Timed] | None = None,
@@ -184,13 +184,12 @@ def interleaved_runs(
     gives a reason for leaves the schedule with it (`failed`); other errors propagate.
     `timed`: the `Timed` of each step to fill, where a stop rule reads another's; it may
     already hold samples of earlier schedules (a share of one timed in another process), and
-    then `max_steps` and `budget_s`, given per name, count them too. `round_ids` and
+    then `max_steps` (which may be given per name) and `budget_s` count them too. `round_ids` and
     `instance_ids` turn this schedule's round index and instance index into the ones
     recorded, where this schedule is such a share.
     """
     timed = {name: (timed or {}).get(name) or Timed() for name in steps}
     limit = {n: max_steps if isinstance(max_steps, int) else max_steps[n] for n in steps}
-    budget = {n: budget_s[n] if isinstance(budget_s, Mapping) else budget_s for n in steps}
     instances = {name: [step] if callable(step) else list(step) for name, step in steps.items()}
     active = list(steps)
     round_index = 0
@@ -221,7 +220,7 @@ def interleaved_runs(
             for name in active
             if not (timed[name].stopped_early or timed[name].failed)
             and len(timed[name].samples) < limit[name]
-            and timed[name].spent_s <= budget[name]
+            and timed[name].spent_s <= budget_s
         ]
         round_index += 1
     return timed
