@@ -8,28 +8,26 @@ overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; 
 the forward pass under `inference_mode`, as evaluation and profiling run it. Each precision
 is timed on `bench.instances` freshly built models (a new model can keep a faster or slower
 speed mode, and a CPU process one for all its models: there each instance index is timed in
-a forked child, `pipeline.bench_fork`), each warmed up until its step time settles; the
-device is synchronized around every timed step; every sample is kept and summarised with its spread and drift; a time
-budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
-are built by `pipeline.bench_record`.
+a forked child), each warmed up until its step time settles; the device is synchronized
+around every timed step; every sample is kept and summarised with its spread and drift; a
+time budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32
+(`pipeline.numerics`). The rounds, in this process or in forked children, are
+`pipeline.bench_schedule`'s; the records are built by `pipeline.bench_record`.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline import bench_fork, bench_record, timing
+from pipeline import bench_record, bench_schedule, timing
 from pipeline import device as dev
+from pipeline.bench_schedule import Ready
 from pipeline.bench_stops import FRESH_REFERENCE_STEPS, FarBehind, slower_than
 from pipeline.data.shapes import render_sample
 from pipeline.data.synthetic import SyntheticSpec
@@ -64,24 +62,6 @@ def rendered_batch(
         labels = torch.tensor([obj["label"] % num_classes for obj in objects], dtype=torch.long)
         targets.append({"boxes": boxes, "labels": labels})  # on the host, as the loss reads them
     return torch.stack(images).to(device), targets
-
-
-# What torch says when a backend cannot run an op in a dtype, or the batch does not fit.
-_CANNOT_RUN = (
-    "not implemented for",
-    "not supported",
-    "unsupported",
-    "does not support",
-    "out of memory",
-)
-
-
-def cannot_run_reason(error: BaseException) -> str | None:
-    """The reason to record a combination as skipped, or None when the error is a real bug."""
-    first = (str(error).strip().splitlines() or [""])[0]
-    if isinstance(error, torch.OutOfMemoryError) or any(p in first.lower() for p in _CANNOT_RUN):
-        return f"{type(error).__name__}: {first}"
-    return None
 
 
 def _infer_step(model: torch.nn.Module, images: torch.Tensor, device, precision: str):
@@ -134,17 +114,17 @@ def run_backend(
     """Every model x precision x mode on one backend; one record each, fp32's first, then
     each other precision's, each with its modes in order. On a CPU, each model instance
     index in a child forked from this process, which must not have run torch compute yet
-    (`_run_forked`); `fork=False` keeps them in this process, for a caller that has.
+    (`bench_schedule.forked`); `fork=False` keeps them in this process, for a caller that has.
 
     For each model and mode, every precision gets `bench.instances` freshly built models
     (instance k from seed k, the first from the seed a process of its own would use), each
-    with its own warm-up, fp32's first; then their timed blocks of BLOCK_STEPS steps
-    alternate in rounds (`timing.interleaved_runs`, order reversed every round, instance k of
-    every precision in the same rounds), so that the speed-up is paired round by round and
-    resampled over instance pairs (`stats.speedup_between`) and what the machine does
-    meanwhile cancels out of it. The batch is rendered once and the numerics' fp32 reference
-    trained once per model. A precision whose warm-up or timed steps already show it slower
-    than fp32 stops there (`slower_than`), and its record says why.
+    with its own warm-up, fp32's first; then their timed blocks alternate in rounds
+    (`bench_schedule`: order reversed every round, instance k of every precision in the same
+    rounds), so that the speed-up is paired round by round and resampled over instance pairs
+    (`stats.speedup_between`) and what the machine does meanwhile cancels out of it. The
+    batch is rendered once and the numerics' fp32 reference trained once per model. A
+    precision whose warm-up or timed steps already show it slower than fp32 stops there
+    (`slower_than`), and its record says why.
     """
     for mode in modes:
         if mode not in MODES:
@@ -163,20 +143,13 @@ def run_backend(
     return records
 
 
-# Steps of one precision timed in a row before the next precision's block. Short blocks make
-# many rounds (30 steps: 15), and the bootstrap over rounds needs many to hold its confidence
-# (tests/test_stats.py simulates it); whatever a switch of model costs the first step of a
-# block, every precision's blocks pay alike.
-BLOCK_STEPS = 2
-
-
 class _Shared:
     """What the combinations of one process share: the kernel flags and the rendered batch
     (made at the first combination that runs), and the numerics' fp32 reference of a model."""
 
     def __init__(self, device: torch.device, settings: dict[str, Any]) -> None:
         self.device, self.settings = device, settings
-        self.fork = False  # model instances in forked children (`_run_forked`)
+        self.fork = False  # model instances in forked children (`bench_schedule.forked`)
         self.layout = memory_format(settings["channels_last"])
         self._batch: tuple[torch.Tensor, list[dict]] | None = None
         self._numerics: NumericsReference | None = None
@@ -222,13 +195,6 @@ class _Shared:
         return copy.deepcopy(self._compared[precision])
 
 
-def instances_to_build(settings: dict[str, Any]) -> int:
-    """`bench.instances`, but no more than the timed steps can reach: every instance times
-    an ABBA pair of rounds (`timing.instance_of_round`) before the next one starts."""
-    rounds = math.ceil(settings["steps"] / BLOCK_STEPS)
-    return max(1, min(settings["instances"], math.ceil(rounds / 2)))
-
-
 # CPU model instances are timed in forked children (`bench_fork`): a process often holds a
 # precision in one speed mode for all its instances, and a forked child draws its own. Tests
 # of the one-process schedule's bookkeeping in the test process turn it off.
@@ -249,31 +215,16 @@ def _run_interleaved(
     precision whose warm-up steps show it far slower than fp32 at the same moment
     (`FarBehind`) gets no further instance: its first timed steps stop it. On a CPU each
     instance index is built, warmed up and timed in a child process of its own
-    (`_run_forked`); on CUDA and MPS, which must not fork after their initialisation, all in
-    this process.
+    (`bench_schedule.forked`); on CUDA and MPS, which must not fork after their
+    initialisation, all in this process.
     """
-    settings = shared.settings
+
+    def prepare(going: list[str], instances, records, ready) -> None:
+        _prepare(shared, going, mode, model_name, instances, records, ready)
+
     if shared.fork:
-        return _run_forked(shared, precisions, mode, model_name)
-    records: dict[str, dict[str, Any]] = {}
-    ready: dict[str, _Ready] = {}
-    _prepare(
-        shared, precisions, mode, model_name, range(instances_to_build(settings)), records, ready
-    )
-    if not ready:
-        return records
-    timing.interleaved_runs(
-        {precision: r.steps for precision, r in ready.items()},
-        shared.device,
-        block_steps=BLOCK_STEPS,
-        max_steps=settings["steps"],
-        budget_s=settings["time_budget_s"],
-        stops={p: r.stop for p, r in ready.items()},
-        cannot_run=cannot_run_reason,
-        timed={p: r.timed for p, r in ready.items()},
-    )
-    _finish(records, ready, settings)
-    return records
+        return bench_schedule.forked(shared, precisions, prepare, f"{model_name} {mode}")
+    return bench_schedule.in_one_process(shared, precisions, prepare)
 
 
 def _prepare(
@@ -283,7 +234,7 @@ def _prepare(
     model_name: str,
     instances: range | list[int],
     records: dict[str, dict[str, Any]],
-    ready: dict[str, _Ready],
+    ready: dict[str, Ready],
 ) -> None:
     """Build and warm up model instances `instances` of every precision into `ready`; the
     first instance (0) also makes each precision's record into `records`."""
@@ -309,7 +260,7 @@ def _prepare(
             try:
                 _warm_up_instance(shared, records[precision], ready, instance, exclude_mb)
             except (RuntimeError, NotImplementedError) as error:
-                reason = cannot_run_reason(error)
+                reason = bench_record.cannot_run_reason(error)
                 if reason is None:
                     raise
                 if instance == 0:
@@ -326,152 +277,10 @@ def _prepare(
                     )
 
 
-def _finish(
-    records: dict[str, dict[str, Any]], ready: dict[str, _Ready], settings: dict[str, Any]
-) -> None:
-    """Each timed precision's record filled from its merged warm-ups and timed steps."""
-    schedule_id = uuid.uuid4().hex
-    for precision, prepared in ready.items():
-        record = records[precision]
-        if prepared.timed.failed:
-            bench_record.skipped(record, prepared.timed.failed)
-        else:
-            bench_record.finish(
-                record,
-                prepared.warmups,
-                prepared.conditions,
-                prepared.timed,
-                schedule_id=schedule_id,
-                max_steps=settings["steps"],
-                block_steps=BLOCK_STEPS,
-            )
-
-
-def _run_forked(
-    shared: _Shared, precisions: list[str], mode: str, model_name: str
-) -> dict[str, dict[str, Any]]:
-    """`_run_interleaved` with model instance k of every precision built, warmed up and timed
-    in the k-th child forked from this process (which runs no torch compute itself), one
-    child after another: each child times the ABBA rounds the one-process schedule gives
-    instance k, within the share of `steps` and `time_budget_s` they would have had, and
-    sends back everything merged so far; the next child starts from it, so its stop rules see
-    every sample before it, and a precision stopped early, failed or judged far behind (no
-    further instance) is not run again. Records are finished here once, as in one process,
-    their samples in the order of their rounds. The conditions span all children."""
-    settings = shared.settings
-    count = instances_to_build(settings)
-    records: dict[str, dict[str, Any]] = {}
-    ready: dict[str, _Ready] = {}
-    conditions = timing.RunConditions()
-    bench_fork.import_before_forking()
-    timeout_s = bench_fork.child_timeout_s(settings, len(precisions))
-    steps_so_far = 0
-    for instance in range(count):
-        share = bench_fork.steps_of_instance(instance, count, settings["steps"], BLOCK_STEPS)
-        steps_so_far += share
-        if instance > 0 and not any(_goes_on(r) for r in ready.values()):
-            break
-
-        child = partial(
-            _instance_in_child,
-            shared,
-            precisions,
-            mode,
-            model_name,
-            instance,
-            count,
-            share,
-            steps_so_far,
-            records,
-            ready,
-        )
-        got_records, ready, compared = bench_fork.in_child(
-            child, timeout_s, f"{model_name} {mode} model instance {instance}"
-        )
-        if instance == 0:
-            records = got_records
-            shared.remember_numerics(compared)
-    for prepared in ready.values():
-        prepared.conditions = conditions
-        bench_fork.in_schedule_order(prepared.timed)
-    _finish(records, ready, settings)
-    return records
-
-
-def _goes_on(prepared: _Ready) -> bool:
-    """Whether a precision gets a further model instance."""
-    timed = prepared.timed
-    return not (prepared.complete or timed.stopped_early or timed.failed)
-
-
-def _instance_in_child(
-    shared: _Shared,
-    precisions: list[str],
-    mode: str,
-    model_name: str,
-    instance: int,
-    count: int,
-    share: int,
-    steps_so_far: int,
-    records: dict[str, dict[str, Any]],
-    ready: dict[str, _Ready],
-):
-    """In a forked child: model instance `instance` of each precision that goes on, warmed up
-    and timed for `share` more steps, within the budget's share of `steps_so_far` (one that
-    has already spent it, timed in the children before, is not built here: the budget then
-    bounds the children together, as it bounds the rounds of one process)."""
-    settings = shared.settings
-    budget_s = settings["time_budget_s"] * steps_so_far / settings["steps"]
-    ready = {p: replace(r, steps=[]) for p, r in ready.items()}
-    if instance == 0:
-        going = precisions
-    else:
-        going = [
-            p
-            for p in precisions
-            if p in ready and _goes_on(ready[p]) and ready[p].timed.spent_s <= budget_s
-        ]
-    _prepare(shared, going, mode, model_name, [instance], records, ready)
-    now = {p: r for p, r in ready.items() if r.steps}
-    limits = {p: len(r.timed.samples) + share for p, r in now.items()}
-    if now:
-        timing.interleaved_runs(
-            {p: r.steps for p, r in now.items()},
-            shared.device,
-            block_steps=BLOCK_STEPS,
-            max_steps=limits,
-            budget_s=budget_s,
-            stops={p: r.stop for p, r in now.items()},
-            cannot_run=cannot_run_reason,
-            timed={p: r.timed for p, r in now.items()},
-            round_ids=lambda local: bench_fork.round_id(local, instance, count),
-            instance_ids=[instance],
-        )
-    for precision, prepared in now.items():  # one process judges every step but the last
-        timed = prepared.timed
-        ended_here = len(timed.samples) == limits[precision] < settings["steps"]
-        if prepared.stop and ended_here and not (timed.stopped_early or timed.failed):
-            timed.stopped_early = prepared.stop(timed)
-    back = {p: replace(r, steps=[], stop=None) for p, r in ready.items()}
-    return (records if instance == 0 else None), back, dict(shared.compared)
-
-
-@dataclass
-class _Ready:
-    """A precision's model instances built and warmed up, waiting for their timed blocks."""
-
-    steps: list[Callable[[], Any]]
-    warmups: list[dict[str, Any]]
-    conditions: timing.RunConditions
-    stop: Callable[[timing.Timed], str | None] | None
-    timed: timing.Timed
-    complete: bool = False  # no further instance: far slower than fp32, or one cannot run
-
-
 def _warm_up_instance(
     shared: _Shared,
     record: dict[str, Any],
-    ready: dict[str, _Ready],
+    ready: dict[str, Ready],
     instance: int,
     exclude_mb: float | None,
 ) -> None:
@@ -519,7 +328,7 @@ def _warm_up_instance(
     )
     if first:
         record.update(memory=memory.as_dict(), host_peak_rss_mb=memory.host_peak_rss_mb)
-        ready[precision] = _Ready([step], [warmed], conditions, stop, timing.Timed())
+        ready[precision] = Ready([step], [warmed], conditions, stop, timing.Timed())
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
@@ -545,7 +354,7 @@ def _reference_steps_now(
     try:
         return memory.set_aside(run) if memory is not None else run()
     except (RuntimeError, NotImplementedError) as error:
-        reason = cannot_run_reason(error)
+        reason = bench_record.cannot_run_reason(error)
         if reason is None:
             raise
         log.info("fp32 could not step again to judge another precision by (%s)", reason)

@@ -1,11 +1,11 @@
-"""The bench's CPU model instances timed in forked children: each child draws its own speed
-mode as a new process would, at no import cost. The parent must run no torch compute before
-forking (libgomp: a child forked after the parent ran an OpenMP region hangs)."""
+"""The forked children that time the bench's CPU model instances (`bench_schedule.forked`):
+each child draws its own speed mode as a new process would, at no import cost. The parent
+must run no torch compute before forking (libgomp: a child forked after the parent ran an
+OpenMP region hangs)."""
 
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import pickle
 import select
@@ -16,7 +16,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pipeline import timing
 from pipeline.errors import PipelineError
 
 T = TypeVar("T")
@@ -107,34 +106,7 @@ def _read_all(fd: int, deadline: float) -> bytes:
         chunks.append(chunk)
 
 
-def steps_of_instance(instance: int, instances: int, max_steps: int, block_steps: int) -> int:
-    """The steps the one-process schedule gives `instance` of `instances` (each in turn for an
-    ABBA pair of rounds, `timing.instance_of_round`), out of `max_steps` in blocks."""
-    rounds = math.ceil(max_steps / block_steps)
-    return sum(
-        min(block_steps, max_steps - r * block_steps)
-        for r in range(rounds)
-        if r // 2 % instances == instance
-    )
-
-
-def round_id(local_round: int, instance: int, instances: int) -> int:
-    """The round of the one-process schedule that the child of `instance` times as its
-    `local_round`: its ABBA pairs in turn with the other instances', order kept."""
-    return (local_round // 2 * instances + instance) * 2 + local_round % 2
-
-
 def child_timeout_s(settings: dict[str, Any], precisions: int) -> float:
     """Time a child may take: every precision's warm-up and timing budgets twice over (a step
     runs whole past a budget), and a minute for building models and the numerics."""
     return 60.0 + 2 * precisions * (settings["warmup_budget_s"] + settings["time_budget_s"])
-
-
-def in_schedule_order(timed: timing.Timed) -> None:
-    """The children's samples in the order of their rounds, as one process times them: each
-    child's instance then stands in its rounds among the others', and the drift check sees
-    the schedule's halves, not one child's speed mode against another's."""
-    order = sorted(range(len(timed.rounds)), key=timed.rounds.__getitem__)
-    timed.samples = [timed.samples[i] for i in order]
-    timed.rounds = [timed.rounds[i] for i in order]
-    timed.instances = [timed.instances[i] for i in order]
