@@ -59,7 +59,10 @@ def time_instances(args) -> list[dict[str, Any]]:
     model = config["model"]["name"]
     instances = []
     for _ in range(args.models):
-        (record,) = bench.run_backend(device, [args.precision], ["train"], [model], settings)
+        # fork=False: this loop asks what fresh instances do within one process
+        (record,) = bench.run_backend(
+            device, [args.precision], ["train"], [model], settings, fork=False
+        )
         if record["status"] != "ok":
             raise RuntimeError(f"bench {args.precision}: {record.get('reason')}")
         timing = record["timing"]

@@ -67,7 +67,10 @@ def bench_speedup(config: dict[str, Any], device: torch.device, candidate: str, 
     """The bench's paired speed-up of `candidate` over fp32 for the config's model."""
     settings = bench_record.settings_from_config(config, classes)
     model = config["model"]["name"]
-    records = bench.run_backend(device, ["fp32", candidate], ["train"], [model], settings)
+    # fork=False: the Trainer has run here, and a child forked after OpenMP work hangs
+    records = bench.run_backend(
+        device, ["fp32", candidate], ["train"], [model], settings, fork=False
+    )
     timed = {r["precision"]: r for r in records}
     for record in timed.values():
         if record["status"] != "ok":

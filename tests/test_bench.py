@@ -24,6 +24,7 @@ from tiny_runs import one_cpu_thread
 from pipeline import bench, bench_record, bench_stops, cli, formats, measured, stats, timing
 from pipeline import device as dev
 from pipeline import numerics as numerics_
+from pipeline.bench_schedule import BLOCK_STEPS, instances_to_build
 from pipeline.config import load_config
 from pipeline.device import DeviceTimer, PeakMemory, available_backends
 from pipeline.models import build_model
@@ -48,6 +49,13 @@ pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger"
 def _one_thread():
     with one_cpu_thread():
         yield
+
+
+@pytest.fixture
+def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU bench in this process, as CUDA and MPS run it, for tests whose spies count what
+    the bench does in the test process (a forked child's calls never reach them)."""
+    monkeypatch.setattr(bench, "FORK_CPU_INSTANCES", False)
 
 
 @pytest.fixture(scope="module")
@@ -487,6 +495,7 @@ def run_bench_dir(tmp_path: Path, *args: str) -> tuple[int, dict[str, dict[str, 
 EVERY_COMBINATION = ("--precision", "fp32,fp16,bf16", "--mode", "train,infer")
 
 
+@pytest.mark.usefixtures("one_process")
 def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
     tmp_path, validator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -535,6 +544,7 @@ def test_one_process_times_every_precision_and_mode_fp32_first_with_a_file_each(
             )
 
 
+@pytest.mark.usefixtures("one_process")
 def test_the_numerics_reference_is_trained_once_and_gives_each_precision_its_own_figures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -625,7 +635,7 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert_valid(validator, {"format": records[2]["format"], "records": [{**records[2], **faked}]})
     slow = by_precision["fp16"]["timing"]
     # one block of timed steps, every one far behind fp32's: the fewest a verdict rests on
-    assert slow["count"] == stats.MIN_STEPS_APART == bench.BLOCK_STEPS
+    assert slow["count"] == stats.MIN_STEPS_APART == BLOCK_STEPS
     assert slow["budget_limited"] is False and slow["rounds"] == [0, 0]
     assert slow["stopped_early"].startswith(f"after {stats.MIN_STEPS_APART} timed steps, fp16 is ")
     ratio = float(slow["stopped_early"].split(" is ")[1].split("x")[0])
@@ -660,6 +670,7 @@ def test_a_precision_slower_than_fp32_stops_after_the_fewest_steps_and_says_why(
     assert f"warm-up ended after {bench_stops.FEWEST_STEPS_TO_JUDGE} steps" in flags
 
 
+@pytest.mark.usefixtures("one_process")
 def test_a_hopeless_precision_costs_two_fp32_steps_more_that_no_record_or_peak_keeps(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -794,7 +805,7 @@ def test_a_machine_that_slows_mid_run_leaves_the_speed_up_interval_around_the_tr
     )
     speed = next(c for c in choice.candidates if c.precision == "bf16").speedup
     assert speed["low"] <= 1.5 <= speed["high"], speed["text"]
-    assert speed["paired_rounds"] == 30 // bench.BLOCK_STEPS
+    assert speed["paired_rounds"] == 30 // BLOCK_STEPS
     assert choice.precision == "bf16"
 
 
@@ -847,6 +858,7 @@ def run_fp32_and_bf16_train(instances: int = 3) -> tuple[list[dict[str, Any]], A
     return records, choice
 
 
+@pytest.mark.usefixtures("one_process")
 def test_a_machine_busy_since_fp32s_warm_up_does_not_judge_a_faster_precision_far_behind(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -890,11 +902,11 @@ def test_a_burst_that_hits_only_a_precisions_first_timed_block_stops_nothing(
     busy_machine(monkeypatch, clock, since="timing", busy=(0.09, 3.0))
     records, choice = run_fp32_and_bf16_train(instances=1)
     fp32, bf16 = (record["timing"] for record in records)
-    first_block = bf16["samples_ms"][: bench.BLOCK_STEPS]
-    assert bf16["rounds"][: bench.BLOCK_STEPS] == [0] * bench.BLOCK_STEPS
-    fp32_first_block = fp32["samples_ms"][: bench.BLOCK_STEPS]  # timed right before bf16's
+    first_block = bf16["samples_ms"][:BLOCK_STEPS]
+    assert bf16["rounds"][:BLOCK_STEPS] == [0] * BLOCK_STEPS
+    fp32_first_block = fp32["samples_ms"][:BLOCK_STEPS]  # timed right before bf16's
     assert min(first_block) > bench_stops.SETTLING_GAIN_LIMIT * max(fp32_first_block)
-    assert max(fp32_first_block) < 60.0 and max(bf16["samples_ms"][bench.BLOCK_STEPS :]) < 40.0
+    assert max(fp32_first_block) < 60.0 and max(bf16["samples_ms"][BLOCK_STEPS:]) < 40.0
     assert bf16["count"] == 30 and bf16["stopped_early"] is None
     assert choice.precision == "bf16", choice.reason
 
@@ -954,6 +966,7 @@ def instance_steps(
     return built
 
 
+@pytest.mark.usefixtures("one_process")
 def test_each_precision_is_timed_on_fresh_instances_seeded_alike_and_paired_by_instance(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock, validator
 ) -> None:
@@ -1000,6 +1013,7 @@ def test_each_precision_is_timed_on_fresh_instances_seeded_alike_and_paired_by_i
     assert choice.precision == "bf16" and "over 3 model instances" in choice.reason
 
 
+@pytest.mark.usefixtures("one_process")
 def test_one_instance_times_every_round_on_one_model_and_pairs_over_rounds_as_before(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -1020,6 +1034,7 @@ def test_one_instance_times_every_round_on_one_model_and_pairs_over_rounds_as_be
     assert speed == before and speed.paired_instances == 1
 
 
+@pytest.mark.usefixtures("one_process")
 def test_a_precision_far_slower_than_fp32_gets_one_instance_even_when_its_budget_ended_the_warm_up(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:
@@ -1053,10 +1068,10 @@ def test_the_instances_option_sets_how_many_models_are_timed(tmp_path, validator
 
 def test_no_more_instances_are_built_than_the_timed_steps_reach() -> None:
     """Each instance times an ABBA pair of rounds of BLOCK_STEPS steps: 30 steps reach 8."""
-    assert bench.instances_to_build({"instances": 3, "steps": 30}) == 3
-    assert bench.instances_to_build({"instances": 20, "steps": 30}) == 8
-    assert bench.instances_to_build({"instances": 3, "steps": 3}) == 1
-    assert bench.instances_to_build({"instances": 1, "steps": 1}) == 1
+    assert instances_to_build({"instances": 3, "steps": 30}) == 3
+    assert instances_to_build({"instances": 20, "steps": 30}) == 8
+    assert instances_to_build({"instances": 3, "steps": 3}) == 1
+    assert instances_to_build({"instances": 1, "steps": 1}) == 1
 
 
 def _timed(ms: list[float], rounds: list[int]) -> timing.Timed:
@@ -1224,7 +1239,7 @@ def test_a_step_that_cannot_run_leaves_the_schedule_and_the_others_go_on(
         block_steps=3,
         max_steps=9,
         budget_s=100.0,
-        cannot_run=bench.cannot_run_reason,
+        cannot_run=bench_record.cannot_run_reason,
     )
     assert timed["bf16"].failed.startswith("RuntimeError: CUDA out of memory")
     assert len(timed["bf16"].samples) == 4 and len(timed["fp32"].samples) == 9
@@ -1239,7 +1254,7 @@ def test_a_step_that_cannot_run_leaves_the_schedule_and_the_others_go_on(
             block_steps=1,
             max_steps=1,
             budget_s=1.0,
-            cannot_run=bench.cannot_run_reason,
+            cannot_run=bench_record.cannot_run_reason,
         )
 
 
@@ -1293,6 +1308,7 @@ def test_interleaved_runs_on_simulated_mps_synchronize_the_device(fake_mps) -> N
     assert fake_mps.synchronized == 2 * 2 * 2
 
 
+@pytest.mark.usefixtures("one_process")
 def test_each_precisions_peak_leaves_out_the_models_warmed_before_it(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock
 ) -> None:

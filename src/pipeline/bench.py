@@ -1,5 +1,5 @@
 """Benchmarks of the step that training will take, every precision x mode of a backend in one
-process (fp32 first, so a precision its own samples show slower than fp32 stops early).
+schedule (fp32 first, so a precision its own samples show slower than fp32 stops early).
 
 What is timed comes from the training config (model and its options, label mode, memory
 format, batch and image size, gradient clipping, optimizer, kernel flags); the `bench.*` keys
@@ -7,27 +7,27 @@ override it where set, and every record says which configuration it timed and wh
 overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
 the forward pass under `inference_mode`, as evaluation and profiling run it. Each precision
 is timed on `bench.instances` freshly built models (a new model can keep a faster or slower
-speed mode), each warmed up until its step time settles; the device is synchronized around
-every timed step; every sample is kept and summarised with its spread and drift; a time
-budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The records
-are built by `pipeline.bench_record`.
+speed mode, and a CPU process one for all its models: there each instance index is timed in
+a forked child), each warmed up until its step time settles; the device is synchronized
+around every timed step; every sample is kept and summarised with its spread and drift; a
+time budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32
+(`pipeline.numerics`). The rounds, in this process or in forked children, are
+`pipeline.bench_schedule`'s; the records are built by `pipeline.bench_record`.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline import bench_record, timing
+from pipeline import bench_record, bench_schedule, timing
 from pipeline import device as dev
+from pipeline.bench_schedule import Ready
 from pipeline.bench_stops import FRESH_REFERENCE_STEPS, FarBehind, slower_than
 from pipeline.data.shapes import render_sample
 from pipeline.data.synthetic import SyntheticSpec
@@ -62,24 +62,6 @@ def rendered_batch(
         labels = torch.tensor([obj["label"] % num_classes for obj in objects], dtype=torch.long)
         targets.append({"boxes": boxes, "labels": labels})  # on the host, as the loss reads them
     return torch.stack(images).to(device), targets
-
-
-# What torch says when a backend cannot run an op in a dtype, or the batch does not fit.
-_CANNOT_RUN = (
-    "not implemented for",
-    "not supported",
-    "unsupported",
-    "does not support",
-    "out of memory",
-)
-
-
-def cannot_run_reason(error: BaseException) -> str | None:
-    """The reason to record a combination as skipped, or None when the error is a real bug."""
-    first = (str(error).strip().splitlines() or [""])[0]
-    if isinstance(error, torch.OutOfMemoryError) or any(p in first.lower() for p in _CANNOT_RUN):
-        return f"{type(error).__name__}: {first}"
-    return None
 
 
 def _infer_step(model: torch.nn.Module, images: torch.Tensor, device, precision: str):
@@ -126,24 +108,29 @@ def run_backend(
     modes: list[str],
     models: list[str],
     settings: dict[str, Any],
+    *,
+    fork: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every model x precision x mode on one backend in this process; one record each, fp32's
-    first, then each other precision's, each with its modes in order.
+    """Every model x precision x mode on one backend; one record each, fp32's first, then
+    each other precision's, each with its modes in order. On a CPU, each model instance
+    index in a child forked from this process, which must not have run torch compute yet
+    (`bench_schedule.forked`); `fork=False` keeps them in this process, for a caller that has.
 
     For each model and mode, every precision gets `bench.instances` freshly built models
     (instance k from seed k, the first from the seed a process of its own would use), each
-    with its own warm-up, fp32's first; then their timed blocks of BLOCK_STEPS steps
-    alternate in rounds (`timing.interleaved_runs`, order reversed every round, instance k of
-    every precision in the same rounds), so that the speed-up is paired round by round and
-    resampled over instance pairs (`stats.speedup_between`) and what the machine does
-    meanwhile cancels out of it. The batch is rendered once and the numerics' fp32 reference
-    trained once per model. A precision whose warm-up or timed steps already show it slower
-    than fp32 stops there (`slower_than`), and its record says why.
+    with its own warm-up, fp32's first; then their timed blocks alternate in rounds
+    (`bench_schedule`: order reversed every round, instance k of every precision in the same
+    rounds), so that the speed-up is paired round by round and resampled over instance pairs
+    (`stats.speedup_between`) and what the machine does meanwhile cancels out of it. The
+    batch is rendered once and the numerics' fp32 reference trained once per model. A
+    precision whose warm-up or timed steps already show it slower than fp32 stops there
+    (`slower_than`), and its record says why.
     """
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
     shared = _Shared(device, settings)
+    shared.fork = fork and device.type == "cpu" and FORK_CPU_INSTANCES
     ordered = sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32")
     records = []
     for model_name in models:
@@ -156,19 +143,13 @@ def run_backend(
     return records
 
 
-# Steps of one precision timed in a row before the next precision's block. Short blocks make
-# many rounds (30 steps: 15), and the bootstrap over rounds needs many to hold its confidence
-# (tests/test_stats.py simulates it); whatever a switch of model costs the first step of a
-# block, every precision's blocks pay alike.
-BLOCK_STEPS = 2
-
-
 class _Shared:
     """What the combinations of one process share: the kernel flags and the rendered batch
     (made at the first combination that runs), and the numerics' fp32 reference of a model."""
 
     def __init__(self, device: torch.device, settings: dict[str, Any]) -> None:
         self.device, self.settings = device, settings
+        self.fork = False  # model instances in forked children (`bench_schedule.forked`)
         self.layout = memory_format(settings["channels_last"])
         self._batch: tuple[torch.Tensor, list[dict]] | None = None
         self._numerics: NumericsReference | None = None
@@ -190,9 +171,20 @@ class _Shared:
         self._numerics = None
         self._compared = {}
 
+    @property
+    def compared(self) -> dict[str, dict[str, Any]]:
+        """The precisions compared with the model's fp32 reference so far."""
+        return self._compared
+
+    def remember_numerics(self, compared: dict[str, dict[str, Any]]) -> None:
+        """Comparisons made in a forked child, so that no later child makes them again."""
+        self._compared.update(compared)
+
     def numerics(self, model: torch.nn.Module, precision: str) -> dict[str, Any]:
         """`precision` against fp32, the same for every mode (the check trains, whatever mode
         is timed); `model` (freshly built) starts the model's reference if none yet."""
+        if precision in self._compared:
+            return copy.deepcopy(self._compared[precision])
         if self._numerics is None:
             images, targets = self.batch()
             self._numerics = NumericsReference(
@@ -203,11 +195,10 @@ class _Shared:
         return copy.deepcopy(self._compared[precision])
 
 
-def instances_to_build(settings: dict[str, Any]) -> int:
-    """`bench.instances`, but no more than the timed steps can reach: every instance times
-    an ABBA pair of rounds (`timing.instance_of_round`) before the next one starts."""
-    rounds = math.ceil(settings["steps"] / BLOCK_STEPS)
-    return max(1, min(settings["instances"], math.ceil(rounds / 2)))
+# CPU model instances are timed in forked children (`bench_fork`): a process often holds a
+# precision in one speed mode for all its instances, and a forked child draws its own. Tests
+# of the one-process schedule's bookkeeping in the test process turn it off.
+FORK_CPU_INSTANCES = True
 
 
 def _run_interleaved(
@@ -222,17 +213,40 @@ def _run_interleaved(
     differs only in precision; all precisions' first instances are built and warmed up
     before any second one, and their warm-ups alone give the records' memory figures. A
     precision whose warm-up steps show it far slower than fp32 at the same moment
-    (`FarBehind`) gets no further instance: its first timed steps stop it.
+    (`FarBehind`) gets no further instance: its first timed steps stop it. On a CPU each
+    instance index is built, warmed up and timed in a child process of its own
+    (`bench_schedule.forked`); on CUDA and MPS, which must not fork after their
+    initialisation, all in this process.
     """
-    device, settings = shared.device, shared.settings
-    records: dict[str, dict[str, Any]] = {}
-    ready: dict[str, _Ready] = {}
+
+    def prepare(going: list[str], instances, records, ready) -> None:
+        _prepare(shared, going, mode, model_name, instances, records, ready)
+
+    if shared.fork:
+        return bench_schedule.forked(shared, precisions, prepare, f"{model_name} {mode}")
+    return bench_schedule.in_one_process(shared, precisions, prepare)
+
+
+def _prepare(
+    shared: _Shared,
+    precisions: list[str],
+    mode: str,
+    model_name: str,
+    instances: range | list[int],
+    records: dict[str, dict[str, Any]],
+    ready: dict[str, Ready],
+) -> None:
+    """Build and warm up model instances `instances` of every precision into `ready`; the
+    first instance (0) also makes each precision's record into `records`."""
+    device = shared.device
     held_mb = None  # device memory held before the first model: the batch, the reference
-    for instance in range(instances_to_build(settings)):
+    for instance in instances:
         for precision in precisions:
             exclude_mb = None
             if instance == 0:
-                record = bench_record.base_record(device, precision, mode, model_name, settings)
+                record = bench_record.base_record(
+                    device, precision, mode, model_name, shared.settings
+                )
                 records[precision] = record
                 reason = dev.autocast_unsupported_reason(device, precision)
                 if reason:
@@ -246,7 +260,7 @@ def _run_interleaved(
             try:
                 _warm_up_instance(shared, records[precision], ready, instance, exclude_mb)
             except (RuntimeError, NotImplementedError) as error:
-                reason = cannot_run_reason(error)
+                reason = bench_record.cannot_run_reason(error)
                 if reason is None:
                     raise
                 if instance == 0:
@@ -261,52 +275,12 @@ def _run_interleaved(
                         reason,
                         instance,
                     )
-    if not ready:
-        return records
-    timed = timing.interleaved_runs(
-        {precision: r.steps for precision, r in ready.items()},
-        device,
-        block_steps=BLOCK_STEPS,
-        max_steps=settings["steps"],
-        budget_s=settings["time_budget_s"],
-        stops={p: r.stop for p, r in ready.items()},
-        cannot_run=cannot_run_reason,
-        timed={p: r.timed for p, r in ready.items()},
-    )
-    schedule_id = uuid.uuid4().hex
-    for precision, prepared in ready.items():
-        record = records[precision]
-        if timed[precision].failed:
-            bench_record.skipped(record, timed[precision].failed)
-        else:
-            bench_record.finish(
-                record,
-                prepared.warmups,
-                prepared.conditions,
-                timed[precision],
-                schedule_id=schedule_id,
-                max_steps=settings["steps"],
-                block_steps=BLOCK_STEPS,
-            )
-    return records
-
-
-@dataclass
-class _Ready:
-    """A precision's model instances built and warmed up, waiting for their timed blocks."""
-
-    steps: list[Callable[[], Any]]
-    warmups: list[dict[str, Any]]
-    conditions: timing.RunConditions
-    stop: Callable[[timing.Timed], str | None] | None
-    timed: timing.Timed
-    complete: bool = False  # no further instance: far slower than fp32, or one cannot run
 
 
 def _warm_up_instance(
     shared: _Shared,
     record: dict[str, Any],
-    ready: dict[str, _Ready],
+    ready: dict[str, Ready],
     instance: int,
     exclude_mb: float | None,
 ) -> None:
@@ -335,10 +309,11 @@ def _warm_up_instance(
     fp32 = ready.get("fp32")
     end_warmup = stop = judge = None
     if fp32 is not None and precision != "fp32":
-        fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)]  # built from the same seed
+        # built from the same seed (in a forked child, its only instance)
+        fp32_step = fp32.steps[min(instance, len(fp32.steps) - 1)] if fp32.steps else None
         judge = FarBehind(
             fp32.warmups[0]["step_times"],
-            lambda: _reference_steps_now(fp32_step, device, memory),
+            None if fp32_step is None else lambda: _reference_steps_now(fp32_step, device, memory),
             None if first else ready[precision].warmups[0]["step_times"],
         )
         end_warmup, stop = slower_than(judge, fp32.timed, precision)
@@ -353,10 +328,12 @@ def _warm_up_instance(
     )
     if first:
         record.update(memory=memory.as_dict(), host_peak_rss_mb=memory.host_peak_rss_mb)
-        ready[precision] = _Ready([step], [warmed], conditions, stop, timing.Timed())
+        ready[precision] = Ready([step], [warmed], conditions, stop, timing.Timed())
     else:
         ready[precision].steps.append(step)
         ready[precision].warmups.append(warmed)
+        if ready[precision].stop is None:  # in a forked child, the first instance's was not sent
+            ready[precision].stop = stop
     # Far slower than fp32 (the warm-up's own test, whether it or the budget ended the
     # warm-up, even after one step; fp32 steps again only where the machine changed): its
     # first timed steps stop it, so a further instance would only cost time.
@@ -377,7 +354,7 @@ def _reference_steps_now(
     try:
         return memory.set_aside(run) if memory is not None else run()
     except (RuntimeError, NotImplementedError) as error:
-        reason = cannot_run_reason(error)
+        reason = bench_record.cannot_run_reason(error)
         if reason is None:
             raise
         log.info("fp32 could not step again to judge another precision by (%s)", reason)

@@ -1,6 +1,7 @@
 """What a benchmark record holds (format `schemas/bench.schema.yaml`): the settings taken from
 the config, the configuration timed, and the record filled from a warm-up and its timed steps
-or marked skipped. The timing itself is `pipeline.bench`'s."""
+or marked skipped (with the reason, where the backend cannot run it). The timing itself is
+`pipeline.bench`'s."""
 
 from __future__ import annotations
 
@@ -122,6 +123,24 @@ def base_record(
         "host_peak_rss_mb": None,
         "conditions": None,
     }
+
+
+# What torch says when a backend cannot run an op in a dtype, or the batch does not fit.
+_CANNOT_RUN = (
+    "not implemented for",
+    "not supported",
+    "unsupported",
+    "does not support",
+    "out of memory",
+)
+
+
+def cannot_run_reason(error: BaseException) -> str | None:
+    """The reason to record a combination as skipped, or None when the error is a real bug."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    if isinstance(error, torch.OutOfMemoryError) or any(p in first.lower() for p in _CANNOT_RUN):
+        return f"{type(error).__name__}: {first}"
+    return None
 
 
 def skipped(record: dict[str, Any], reason: str, level: int = logging.WARNING) -> None:

@@ -163,11 +163,13 @@ def interleaved_runs(
     device: dev.DeviceLike,
     *,
     block_steps: int,
-    max_steps: int,
+    max_steps: int | Mapping[str, int],
     budget_s: float,
     stops: Mapping[str, Callable[[Timed], str | None] | None] | None = None,
     cannot_run: Callable[[BaseException], str | None] | None = None,
     timed: Mapping[str, Timed] | None = None,
+    round_ids: Callable[[int], int] | None = None,
+    instance_ids: Sequence[int] | None = None,
 ) -> dict[str, Timed]:
     """Time already warmed-up steps in rounds of one block of `block_steps` steps each, in
     `balanced_order`, synchronized around every step as `timed_runs`. Where a name has
@@ -180,9 +182,14 @@ def interleaved_runs(
     `stops[name]` sees that step's `Timed` after each of its steps: a reason ends its timing
     there (`stopped_early`) and the others go on. A step that raises an error `cannot_run`
     gives a reason for leaves the schedule with it (`failed`); other errors propagate.
-    `timed`: the (empty) `Timed` of each step to fill, where a stop rule reads another's.
+    `timed`: the `Timed` of each step to fill, where a stop rule reads another's; it may
+    already hold samples of earlier schedules (a share of one timed in another process), and
+    then `max_steps` (which may be given per name) and `budget_s` count them too. `round_ids` and
+    `instance_ids` turn this schedule's round index and instance index into the ones
+    recorded, where this schedule is such a share.
     """
     timed = {name: (timed or {}).get(name) or Timed() for name in steps}
+    limit = {n: max_steps if isinstance(max_steps, int) else max_steps[n] for n in steps}
     instances = {name: [step] if callable(step) else list(step) for name, step in steps.items()}
     active = list(steps)
     round_index = 0
@@ -191,7 +198,7 @@ def interleaved_runs(
             own = timed[name]
             rule = (stops or {}).get(name)
             instance = instance_of_round(round_index, len(instances[name]))
-            for _ in range(min(block_steps, max_steps - len(own.samples))):
+            for _ in range(min(block_steps, limit[name] - len(own.samples))):
                 try:
                     elapsed = timed_step(instances[name][instance], device)
                 except Exception as error:
@@ -201,10 +208,10 @@ def interleaved_runs(
                     own.failed = reason
                     break
                 own.samples.append(elapsed)
-                own.rounds.append(round_index)
-                own.instances.append(instance)
+                own.rounds.append(round_ids(round_index) if round_ids else round_index)
+                own.instances.append(instance_ids[instance] if instance_ids else instance)
                 own.spent_s += elapsed
-                if rule is not None and len(own.samples) < max_steps:
+                if rule is not None and len(own.samples) < limit[name]:
                     own.stopped_early = rule(own)
                     if own.stopped_early:
                         break
@@ -212,7 +219,7 @@ def interleaved_runs(
             name
             for name in active
             if not (timed[name].stopped_early or timed[name].failed)
-            and len(timed[name].samples) < max_steps
+            and len(timed[name].samples) < limit[name]
             and timed[name].spent_s <= budget_s
         ]
         round_index += 1
