@@ -3,9 +3,10 @@
 Each run is what the workflow's bench rule runs on a CPU, as a subprocess with the bench
 command's defaults (the training configuration, steady-state warm-up) and the shipped
 config's `bench.precisions` and `bench.modes`: `python -m pipeline bench --device cpu
---precision fp32,fp16,bf16 --mode train,infer --out-dir DIR` as shipped, one process timing
-the precisions of each mode in interleaved rounds (what else a process times moves its step
-times, so the run times what the rule times). The training records of fp32 and the candidate
+--precision fp32,fp16,bf16 --mode train,infer --out-dir DIR` as shipped, timing the
+precisions of each mode in interleaved rounds, each model instance in a child forked from the
+bench process (what else a process times moves its step times, so the run times what the rule
+times). The training records of fp32 and the candidate
 (default bf16) are read. Two runs in a row, side by side in one script, and for each:
 
 - every record's drift check (median of the second half of its timed steps over the
@@ -16,10 +17,10 @@ times, so the run times what the rule times). The training records of fp32 and t
 - the fp32 medians of the two runs: target larger / smaller <= 1.10.
 
 With --start fork each run is the same command in a child forked from this process (which
-has imported torch but computed nothing, so the child starts its own threads and kernels):
-whether runs of one command disagree as much when nothing but the process is new. Each run's
-line also gives its model instances' median steps, to set the spread within a process beside
-the spread between processes.
+has imported torch but computed nothing, so the child starts its own threads and kernels), for
+records taken before the bench forked its instances itself. Each run's line also gives its
+model instances' median steps, to set the spread between instances beside the spread between
+runs.
 """
 
 from __future__ import annotations
