@@ -16,17 +16,13 @@ times). The training records of fp32 and the candidate
   `stats.speedup_between`): target, the two runs' intervals overlap;
 - the fp32 medians of the two runs: target larger / smaller <= 1.10.
 
-With --start fork each run is the same command in a child forked from this process (which
-has imported torch but computed nothing, so the child starts its own threads and kernels), for
-records taken before the bench forked its instances itself. Each run's line also gives its
-model instances' median steps, to set the spread between instances beside the spread between
-runs.
+Each run's line also gives its model instances' median steps, to set the spread between
+instances beside the spread between runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -53,12 +49,6 @@ def parse_args(argv: list[str]):
         "--candidate", default="bf16", choices=("bf16", "fp16"), help="precision against fp32"
     )
     parser.add_argument(
-        "--start",
-        default="spawn",
-        choices=("spawn", "fork"),
-        help="each run a new Python process, or a child forked from this one",
-    )
-    parser.add_argument(
         "bench_args",
         nargs="*",
         metavar="-- BENCH_OPTION",
@@ -70,33 +60,7 @@ def parse_args(argv: list[str]):
     return args
 
 
-def forked(argv: list[str], log: Path) -> subprocess.CompletedProcess:
-    """`python -m pipeline ARGV` run in a child forked from this process, in the repository,
-    its output into `log` (the stderr of the result)."""
-    from pipeline import cli
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into this script
-        status = 1
-        try:
-            with open(log, "w") as sink:
-                os.dup2(sink.fileno(), 1)
-                os.dup2(sink.fileno(), 2)
-                os.chdir(harness.REPO)
-                status = cli.main(argv) or 0
-        except SystemExit as stop:
-            status = stop.code if isinstance(stop.code, int) else 1
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    return subprocess.CompletedProcess(argv, code, "", log.read_text(errors="replace"))
-
-
-def bench_once(
-    candidate: str, extra: list[str], out_dir: Path, start: str = "spawn"
-) -> dict[str, Any]:
+def bench_once(candidate: str, extra: list[str], out_dir: Path) -> dict[str, Any]:
     """One bench process timing what the bench rule times (the candidate included); the
     training records of fp32 and `candidate`."""
     shipped = load_config(None)["bench"]
@@ -108,12 +72,7 @@ def bench_once(
         *("--out-dir", str(out_dir)),
     ]
     start = time.perf_counter()
-    if start == "fork":
-        done = forked(command[3:], out_dir / "bench.log")
-    else:
-        done = subprocess.run(
-            command, cwd=harness.REPO, capture_output=True, text=True, check=False
-        )
+    done = subprocess.run(command, cwd=harness.REPO, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise PipelineError(
@@ -150,7 +109,7 @@ def main(argv: list[str]) -> int:
     conditions = timing.RunConditions()
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(2 * args.repeats):
-            pair = bench_once(args.candidate, args.bench_args, Path(tmp) / str(index), args.start)
+            pair = bench_once(args.candidate, args.bench_args, Path(tmp) / str(index))
             speed = stats.speedup_between(
                 pair["fp32"]["record"]["timing"], pair[args.candidate]["record"]["timing"]
             )
@@ -264,7 +223,6 @@ def main(argv: list[str]) -> int:
         "repeats": args.repeats,
         "candidate": args.candidate,
         "bench_args": args.bench_args,
-        "start": args.start,
         # the bench command as the workflow runs it, without this run's temporary --out
         "bench_command": shlex.join(["python", *runs[0]["records"]["fp32"]["command"][1:-2]]),
         "paired_rounds": [run["speedup"]["paired_rounds"] for run in runs],
