@@ -6,7 +6,9 @@ draws each batch from its loader (augmentation, collation), updates the weight a
 tallies the losses. Three measurements of fp32 against --candidate (default bf16), one run:
 
 1. bench: `bench.run_backend` times both precisions' training step interleaved, as the bench
-   rule does; the speed-up paired by rounds, with its interval (`stats.speedup_between`).
+   rule does (first, before this process computes anything, so that on a CPU its model
+   instances are timed in forked children); the speed-up paired by rounds, with its interval
+   (`stats.speedup_between`).
 2. Trainer, in this process: two Trainers of the same config and data, one per precision,
    blocks of --block steps of `Trainer.train_step`, each fed by its own train loader, in
    ABBA rounds; the speed-up paired by rounds the same way.
@@ -33,6 +35,7 @@ import torch
 from pipeline import bench, bench_record, stats, timing
 from pipeline import device as dev
 from pipeline.config import load_config
+from pipeline.data import class_count
 from pipeline.engine.trainer import Trainer
 
 NAME = "training_speedup"
@@ -67,10 +70,9 @@ def bench_speedup(config: dict[str, Any], device: torch.device, candidate: str, 
     """The bench's paired speed-up of `candidate` over fp32 for the config's model."""
     settings = bench_record.settings_from_config(config, classes)
     model = config["model"]["name"]
-    # fork=False: the Trainer has run here, and a child forked after OpenMP work hangs
-    records = bench.run_backend(
-        device, ["fp32", candidate], ["train"], [model], settings, fork=False
-    )
+    # run before any torch compute here: on a CPU its model instances are timed in forked
+    # children, as the bench rule times them
+    records = bench.run_backend(device, ["fp32", candidate], ["train"], [model], settings)
     timed = {r["precision"]: r for r in records}
     for record in timed.values():
         if record["status"] != "ok":
@@ -115,7 +117,7 @@ def trainer_speedup(config: dict[str, Any], device: torch.device, candidate: str
         "fp32": harness.side_summary("Trainer fp32", fp32_s),
         candidate: harness.side_summary(f"Trainer {candidate}", cand_s),
     }
-    return speedup, sides_summary, conditions, blocks, trainers["fp32"].class_names
+    return speedup, sides_summary, conditions, blocks
 
 
 def training_process(
@@ -182,12 +184,12 @@ def main(argv: list[str]) -> int:
         f"{candidate}, batch {config['train']['batch_size']}, {torch.get_num_threads()} torch threads",
         flush=True,
     )
-    trained, sides, conditions, blocks, classes = trainer_speedup(config, device, candidate, args)
+    benched, bench_records = bench_speedup(config, device, candidate, class_count(config))
+    print(f"  bench (as the bench rule times it): {benched.text}", flush=True)
+    trained, sides, conditions, blocks = trainer_speedup(config, device, candidate, args)
     print(
         f"  Trainer, {args.rounds} rounds x {args.block} steps (ABBA): {trained.text}", flush=True
     )
-    benched, bench_records = bench_speedup(config, device, candidate, len(classes))
-    print(f"  bench (as the bench rule times it): {benched.text}", flush=True)
     harness.warn_if_loaded(conditions, "the Trainer's measurement")
     pairs = process_ratios(args, device, candidate) if args.processes else []
 
