@@ -206,3 +206,36 @@ def test_validation_evaluate_and_predict_decode_with_it_and_training_steps_never
     argv = ["--cpu-threads", "1", "predict", "--checkpoint", str(best), str(data_root / "test")]
     assert cli.main([*argv, "--out", str(tmp_path / "predicted"), "--score-threshold", "0"]) == 0
     assert views and set(views) == {True}  # the checkpoint's own eval.flip_test
+
+
+# --- benchmarks/flip_test.py ------------------------------------------------------------------
+
+
+def test_the_benchmark_compares_both_sides_on_the_same_weights_and_records_them(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_pipeline_logger
+) -> None:
+    from benchmark_modules import load
+
+    from pipeline import formats
+
+    bench = load("flip_test")
+    runs = []
+    for seed in (0, 1):
+        trainer = Trainer(
+            tiny_config(data_root, "train.epochs=1", f"seed={seed}"), tmp_path / f"r{seed}"
+        )
+        trainer.fit()
+        runs.append(str(trainer.paths["best"]))
+    monkeypatch.chdir(tmp_path)
+    record = tmp_path / "record.json"
+    argv = ["--set", "shapes", *runs, "--record", str(record), "--out", str(tmp_path / "raw.json")]
+    assert bench.main(argv) == 0
+    document = json.loads(record.read_text())
+    assert formats.problem(document, "benchmark_record") is None
+    figures = {figure["key"]: figure["value"] for figure in document["figures"]}
+    for run in document["settings"]["runs"]:
+        assert run["plain"]["model_s"] > 0 and run["flip"]["model_s"] > 0
+    assert [run["first"] for run in document["settings"]["runs"]] == ["plain", "flip"]
+    mean = sum(run["flip"]["ap"] for run in document["settings"]["runs"]) / 2
+    assert figures["flip.ap"] == pytest.approx(mean)
+    assert figures["change.ap"] == pytest.approx(figures["flip.ap"] - figures["plain.ap"])
