@@ -239,3 +239,12 @@ def test_the_benchmark_compares_both_sides_on_the_same_weights_and_records_them(
     mean = sum(run["flip"]["ap"] for run in document["settings"]["runs"]) / 2
     assert figures["flip.ap"] == pytest.approx(mean)
     assert figures["change.ap"] == pytest.approx(figures["flip.ap"] - figures["plain.ap"])
+
+
+def test_the_photographs_preset_turns_it_on_and_the_synthetic_default_leaves_it_off() -> None:
+    """Photographs mirror into photographs; the default's evaluation cost is left as it is."""
+    from pipeline.config import load_config
+
+    preset = Path(__file__).parents[1] / "config" / "presets" / "photographs.yaml"
+    assert load_config(preset)["eval"]["flip_test"] is True
+    assert load_config(None)["eval"]["flip_test"] is False
