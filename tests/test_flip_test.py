@@ -239,6 +239,8 @@ def test_the_benchmark_compares_both_sides_on_the_same_weights_and_records_them(
     mean = sum(run["flip"]["ap"] for run in document["settings"]["runs"]) / 2
     assert figures["flip.ap"] == pytest.approx(mean)
     assert figures["change.ap"] == pytest.approx(figures["flip.ap"] - figures["plain.ap"])
+    rose = sum(run["flip"]["ap"] > run["plain"]["ap"] for run in document["settings"]["runs"])
+    assert (figures["rose.ap"], figures["runs"]) == (rose, 2)
 
 
 def test_the_photographs_preset_turns_it_on_and_the_synthetic_default_leaves_it_off() -> None:
