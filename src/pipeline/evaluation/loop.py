@@ -154,10 +154,10 @@ class Evaluator:
         frame, clipped to the image's own region, `scores`, `labels`: numpy, as the metrics
         read them; turned into lists only where they are written) for one pass over `loader`.
 
-        `timing.model_s` is the synchronized forward pass alone (both views' and their average
-        with `flip_test`) (the first batch's warm-up
-        included); `images_per_s` and `ms_per_image` derive from it. Decoding and the copy
-        to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
+        `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
+        included; with `flip_test`, both views' and their average); `images_per_s` and
+        `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`.
+        The model's train/eval mode is restored afterwards.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
         picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
