@@ -249,12 +249,10 @@ class CenterNet(nn.Module):
         left-right mirrors averaged (`flip_averaged`), for evaluation and prediction only."""
         if not flip_test:
             return self.maps(images)
-        both = self.maps(torch.cat([images, images.flip(-1)]))
-        batch = images.shape[0]
-        return self.flip_averaged(
-            {key: value[:batch] for key, value in both.items()},
-            self.mirrored({key: value[batch:] for key, value in both.items()}),
-        )
+        # two passes of the batch's own shape, not one of twice the batch: no kernels to set
+        # up for a new shape, half the peak memory, and no slower on a CPU
+        mirror = self.mirrored(self.maps(images.flip(-1)))
+        return self.flip_averaged(self.maps(images), mirror)
 
     def maps(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """The heads' outputs for one view of the images (see `forward`)."""
