@@ -124,8 +124,10 @@ def predict(
     max_detections: int,
     workers: int = 0,
     keep_images: bool = False,
+    flip_test: bool = False,
 ) -> Iterator[Detections | Unreadable]:
-    """Each image's detections (or why it could not be read), in the order of `paths`."""
+    """Each image's detections (or why it could not be read), in the order of `paths`;
+    `flip_test` (eval.flip_test) decodes as evaluation does with it."""
     loader = DataLoader(
         _Images(paths, image_size, resize, keep_images),
         batch_size=batch_size,
@@ -141,7 +143,7 @@ def predict(
             if readable:
                 images = torch.stack([sample.fitted for sample in readable]).to(device)
                 with autocast(device, precision):
-                    outputs = model(images)
+                    outputs = model(images, flip_test=True) if flip_test else model(images)
                 decoded = model.decode(outputs, max_detections=max_detections)
                 found = {sample.index: d for sample, d in zip(readable, decoded, strict=True)}
             for sample in batch:

@@ -104,6 +104,7 @@ def main(argv: list[str]) -> int:
         max_detections=config["eval"]["max_detections"],
         workers=default_num_workers(cached=False),
         keep_images=args.draw,
+        flip_test=config["eval"]["flip_test"],
     )
     class_names = state["class_names"]
     images, unreadable, drawn = [], [], {}

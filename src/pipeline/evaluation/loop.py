@@ -95,6 +95,7 @@ class Evaluator:
         image_threshold: float = 0.5,
         protocol: str = "coco",
         min_score: float = 0.0,
+        flip_test: bool = False,
     ) -> None:
         if label_mode not in LABEL_MODES:
             raise ConfigError(
@@ -117,6 +118,8 @@ class Evaluator:
         self.protocol = protocol
         # detections scoring below it are dropped as decoded: no metric, no file sees them
         self.min_score = float(min_score)
+        # the model's maps averaged over each image and its mirror (CenterNet.forward)
+        self.flip_test = bool(flip_test)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
@@ -131,6 +134,7 @@ class Evaluator:
             max_detections=settings["max_detections"],
             protocol=resolve_protocol(settings["protocol"], config["data"]["format"]),
             min_score=settings["min_score"],
+            flip_test=settings["flip_test"],
         )
 
     @property
@@ -151,8 +155,9 @@ class Evaluator:
         read them; turned into lists only where they are written) for one pass over `loader`.
 
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
-        included); `images_per_s` and `ms_per_image` derive from it. Decoding and the copy
-        to the CPU are `postprocess_s`. The model's train/eval mode is restored afterwards.
+        included; with `flip_test`, both views' and their average); `images_per_s` and
+        `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`.
+        The model's train/eval mode is restored afterwards.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
         picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
@@ -172,7 +177,7 @@ class Evaluator:
                     synchronize(device)
                     start = time.perf_counter()
                     with autocast(device, precision):
-                        outputs = model(images)
+                        outputs = model(images, flip_test=True) if self.flip_test else model(images)
                     synchronize(device)
                     model_s += time.perf_counter() - start
 
@@ -312,6 +317,7 @@ class Evaluator:
             "per_image": counts["per_image"],
             "score_threshold": counts["score_threshold"],
             "min_score": self.min_score,
+            "flip_test": self.flip_test,
             "iou_threshold": self.iou_threshold,
             "protocol": self.protocol,
             "figure_protocols": FIGURE_PROTOCOLS[self.protocol],

@@ -29,6 +29,11 @@ branch reads those features detached, its weights come from a fork of the RNG an
 is clipped apart (`clip_groups`), so the heatmap and boxes train bit for bit as without it and
 only the scores differ: trained through the features, its loss reshaped those the heatmap
 shares and cost AP@.5 (benchmarks/records/iou_score_alpha/eggs-15ep-b74b78c.json, alpha 0).
+
+With `flip_test` (config `eval.flip_test`; evaluation, training's validation and prediction, never
+the training step) the model also sees each image's left-right mirror and the two views' maps are
+averaged in the image's frame before decoding, as in CenterNet's flip test: twice the forward
+pass for two estimates of every object's size, centre and score (benchmarks/flip_test.py).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ CENTRE_WINDOW = 3  # cells: decode averages the centres of the peak's 3x3 window
 # (benchmarks/iou_score_alpha.py, records/iou_score_alpha/) raised AP@[.5:.95] on eggs at every
 # share; AP@.5 and F1 at the operating point held on average at 0.3 and fell at 0.5 and above.
 IOU_SCORE_ALPHA = 0.3
+_TINY = torch.finfo(torch.float32).tiny  # floors a probability before its log
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
 
 
@@ -237,8 +243,19 @@ class CenterNet(nn.Module):
             nn.init.zeros_(head[-1].weight)
             nn.init.zeros_(head[-1].bias)
 
-    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        """images: uint8 [B,3,H,W] (or float in [0, 1]); H and W divisible by the backbone's stride."""
+    def forward(self, images: torch.Tensor, flip_test: bool = False) -> dict[str, torch.Tensor]:
+        """images: uint8 [B,3,H,W] (or float in [0, 1]); H and W divisible by the backbone's
+        stride. `flip_test` (config `eval.flip_test`): the maps of the images and of their
+        left-right mirrors averaged (`flip_averaged`), for evaluation and prediction only."""
+        if not flip_test:
+            return self.maps(images)
+        # two passes of the batch's own shape, not one of twice the batch: no kernels to set
+        # up for a new shape, half the peak memory, and no slower on a CPU
+        mirror = self.mirrored(self.maps(images.flip(-1)))
+        return self.flip_averaged(self.maps(images), mirror)
+
+    def maps(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The heads' outputs for one view of the images (see `forward`)."""
         x = images.float() / 255.0 if images.dtype == torch.uint8 else images
         x = (x - self.mean) / self.std
         features, coarse = self.neck(self.backbone(x))
@@ -250,6 +267,41 @@ class CenterNet(nn.Module):
         if self.iou_head is not None:
             outputs["iou"] = self.iou_head(hidden.detach())
         return outputs
+
+    @staticmethod
+    def mirrored(outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The maps of a mirrored image in the frame of the image itself (and the other way
+        round): every map flipped along its width, and each class's centre offset across (box
+        channel 4c, dx) negated, since mirroring cell `col` of `w` to `w - 1 - col` maps the
+        centre (col + 0.5 + dx) * stride to (w - 1 - col + 0.5 - dx) * stride. Sizes (log w,
+        log h) and dy are unchanged; the heatmap and IoU maps only move."""
+        flipped = {key: value.flip(-1) for key, value in outputs.items()}
+        box = flipped["box"].clone()
+        box[:, 0::4] = -box[:, 0::4]
+        flipped["box"] = box
+        return flipped
+
+    def flip_averaged(
+        self, outputs: dict[str, torch.Tensor], mirrored: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Two views' maps in one frame averaged, as CenterNet's flip test averages them: the
+        class probabilities and predicted IoUs as probabilities (returned as the logits that
+        give them back), the boxes' offsets and log sizes as they are. Each object's size,
+        centre and score then come from two estimates whose errors partly cancel."""
+        softmax = {"heatmap": self.label_mode == "single", "iou": False}
+        averaged = {}
+        for key, value in outputs.items():
+            first, second = value.float(), mirrored[key].float()
+            if key == "box":
+                averaged[key] = (first + second) / 2
+            elif softmax[key]:  # over the classes and background
+                mean = (first.softmax(dim=1) + second.softmax(dim=1)) / 2
+                averaged[key] = mean.clamp(min=_TINY).log()
+            else:  # sigmoid: log p - log (1 - p), each side averaged on its own for accuracy
+                yes = (first.sigmoid() + second.sigmoid()) / 2
+                no = ((-first).sigmoid() + (-second).sigmoid()) / 2
+                averaged[key] = yes.clamp(min=_TINY).log() - no.clamp(min=_TINY).log()
+        return averaged
 
     def clip_groups(self) -> list[list[nn.Parameter]]:
         """Parameters whose gradients are clipped together: the detector's, and the IoU
