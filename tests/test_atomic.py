@@ -226,6 +226,36 @@ def test_json_keeps_each_list_of_numbers_on_one_line_and_strings_as_they_are(
     assert atomic.write_json(tmp_path / "b.json", data, indent=None).read_text().count("\n") == 1
 
 
+def test_a_compact_file_reads_back_as_json_wrote_it_and_is_its_text_for_rounded_numbers(
+    tmp_path: Path,
+) -> None:
+    """Compact files (a predictions file) are encoded by orjson, not json: numbers rounded as
+    the predictions file rounds them come out as json's own text, byte for byte; any other
+    value reads back as what json's way gives (tiny floats, non-ASCII, NaN, numpy scalars,
+    paths, int keys, integers past 64 bits)."""
+    rng = np.random.default_rng(0)
+    rounded = {
+        "boxes": rng.uniform(-5, 2000, (500, 4)).round(2).tolist(),
+        "scores": [*rng.uniform(0, 1, 500).round(4).tolist(), 0.0001, 0.0, -0.0, 1.0],
+        "labels": rng.integers(0, 80, 500).tolist(),
+        "file": "images/a b.png",
+    }
+    text = atomic.write_json(tmp_path / "p.json", rounded, indent=None).read_text()
+    assert text == json.dumps(rounded, separators=(",", ":")) + "\n"
+    odd = {
+        "tiny": [1e-05, 9.08294244761354e-05, 1e300, -2.5e-310],
+        "name": "Bäckerei ✓",
+        "nan": [math.nan, math.inf],
+        "numpy": np.float32(0.5),
+        "path": Path("a/b"),
+        1: "int key",
+        "huge": 2**70,
+    }
+    written = atomic.write_json(tmp_path / "o.json", odd, indent=None).read_text(encoding="utf-8")
+    assert written.count("\n") == 1 and written.endswith("\n")
+    assert json.loads(written) == json.loads(json.dumps(atomic.jsonable(odd)))
+
+
 def _record_flushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """os.fsync and os.sync, recorded as 'fsync <file name>' and 'sync' (and still done)."""
     calls: list[str] = []

@@ -98,7 +98,7 @@ def test_machines_of_equal_settings_are_compared_side_by_side(
         "3",
         "0.4 s",
         "12.5 s",
-        "0.420 (0.413–0.427) (val)",
+        "0.420 (0.412–0.427) (val)",
         "0.378 (0.358–0.398)",
     ]
     assert not any(section.notes for section in found.values())

@@ -135,22 +135,30 @@ def test_an_undecided_change_says_about_how_many_images_would_settle_it() -> Non
 
 
 def test_bootstrap_weights_are_drawn_once_per_size_and_cannot_be_changed_by_a_caller() -> None:
-    """Every figure of an evaluation reads the same resamples: drawn once, read-only, the rows
-    a fresh seeded multinomial draw gives."""
+    """Every figure of an evaluation reads the same resamples: drawn once, read-only, each row
+    how often each image came up in as many seeded uniform draws as there are images."""
     first = np.concatenate(list(image_bootstrap.bootstrap_weights(37, resamples=300, seed=4)))
     again = list(image_bootstrap.bootstrap_weights(37, resamples=300, seed=4))
     rng = np.random.default_rng(4)
-    fresh = np.concatenate(
-        [
-            rng.multinomial(
-                37, np.full(37, 1 / 37), size=min(image_bootstrap._RESAMPLE_CHUNK, 300 - start)
-            )
-            for start in range(0, 300, image_bootstrap._RESAMPLE_CHUNK)
-        ]
-    )
+    fresh = np.stack([np.bincount(rng.integers(0, 37, size=37), minlength=37) for _ in range(300)])
     assert np.array_equal(first, fresh) and np.array_equal(np.concatenate(again), fresh)
     with pytest.raises(ValueError):
         again[0][0, 0] += 1
+
+
+def test_bootstrap_weights_have_the_multinomial_resamples_distribution() -> None:
+    """Drawn as counts of uniform draws, the weights are the bootstrap's multinomial: every
+    row sums to the images, an image's count has mean 1 and variance 1 - 1/n, and an image
+    is left out of a resample with probability (1 - 1/n)**n, as in numpy's multinomial."""
+    images, rows = 50, 4000
+    drawn = np.concatenate(list(image_bootstrap.bootstrap_weights(images, rows, seed=9)))
+    multinomial = np.random.default_rng(9).multinomial(images, np.full(images, 1 / images), rows)
+    assert drawn.shape == (rows, images) and (drawn.sum(axis=1) == images).all()
+    for weights in (drawn, multinomial):  # the same checks hold the reference draw
+        assert weights.mean() == pytest.approx(1.0, abs=1e-12)  # rows sum to n exactly
+        assert weights.var() == pytest.approx(1 - 1 / images, rel=0.03)
+        assert (weights == 0).mean() == pytest.approx((1 - 1 / images) ** images, abs=0.01)
+    assert (drawn == 0).mean() == pytest.approx((multinomial == 0).mean(), abs=0.01)
 
 
 def test_a_centred_interval_holds_its_estimate_with_the_resamples_spread() -> None:

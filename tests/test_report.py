@@ -149,7 +149,7 @@ def test_answer_names_the_fastest_setting_with_acceptable_numerics(built: tuple[
         "snakemake --cores 1 results/report.html --config 'sweep={precision: [fp32, measured]}' "
         "trains both" in answer
     )
-    assert "cpu-fp32: F1 0.420 (95% interval 0.413–0.427) at the score threshold" in answer
+    assert "cpu-fp32: F1 0.420 (95% interval 0.412–0.427) at the score threshold" in answer
     assert "cuda-fp16: F1 0.610 (95% interval 0.602–0.618) at the score threshold" in answer
     assert "best F1" not in answer  # picked on the images it scores: not beside the runs
 
@@ -374,7 +374,7 @@ def test_the_shipped_defaults_follow_a_faster_answer_that_precision_auto_misses_
     )
     assert "cpu-bf16 against cpu-fp32 (val): F1 0.931 vs 0.937" in answer
     assert (
-        "bf16 held up (F1 −0.6 points, 95% interval −0.9 to −0.4 over 1000 images; "
+        "bf16 held up (F1 −0.6 points, 95% interval −0.8 to −0.4 over 1000 images; "
         "AP@.5 +0.0 points, 95% interval −1.0 to +0.0)." in answer
     )
     assert "CPU native bf16 yes (avx512_bf16=yes)" in page.text("environment")
@@ -409,9 +409,9 @@ def test_a_loss_the_images_cannot_settle_is_called_so_and_says_what_would_settle
         "not settled (F1 −0.8 points, 95% interval −1.1 to −0.5 over 1000 images; AP@.5 −1.0 "
         "points, 95% interval −1.0 to +0.0): these images "
         "cannot tell whether bf16 lost more than 1 point. More images narrow the interval (4 "
-        "times the images about halve it): about 2048 test images would settle it were the "
+        "times the images about halve it): about 1792 test images would settle it were the "
         "change to stay where it is; snakemake --cores 1 results/report.html --config seed=1 "
-        '\'data={"root": "my data", "synthetic": {"seed": 3, "num_test": 2048}}\' '
+        '\'data={"root": "my data", "synthetic": {"seed": 3, "num_test": 1792}}\' '
         "makes that test split and evaluates every run on it, retraining nothing."
         in page.text("answer")
     )
@@ -455,8 +455,8 @@ def test_evaluation_leads_with_f1_at_the_validation_threshold_on_the_held_out_sp
         "threshold (optimistic)" in text
     )
     assert (
-        "cpu-fp32 test (held out) 0.440 (0.430–0.450) at 0.35 0.420 (0.413–0.427) at 0.30 "
-        "0.420 (0.413–0.427)" in text
+        "cpu-fp32 test (held out) 0.440 (0.430–0.450) at 0.35 0.420 (0.412–0.427) at 0.30 "
+        "0.420 (0.412–0.427)" in text
     )
     assert "0.210 (0.190–0.230) 0.140 (0.120–0.160)" in text  # AP@[.5:.95], AP@.75
     assert "0.470 at 0.25" in text  # the best F1 on the test images themselves, last

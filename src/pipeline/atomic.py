@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pipeline.errors import OutputError
 
 
@@ -140,6 +142,14 @@ def _size(count: float) -> str:
     return f"{count:.1f} TiB"
 
 
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+
+    return write_with(path, write)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -175,9 +185,17 @@ def _one_line(numbers: re.Match[str]) -> str:
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     """Indented for people to read, with each list of numbers on one line (a step-time list or
     an eval JSON's per-image counts would take a line per number); `indent=None` writes one
-    compact line (large files)."""
+    compact line (large files: a predictions file's numbers), through orjson, several times
+    faster than json's encoder at writing floats, to the same JSON (each float its shortest
+    round-trip digits, as Python's repr; below 1e-4 without an exponent, which JSON allows;
+    non-ASCII as UTF-8, not escaped)."""
+    if indent is None:
+        try:  # JSON's own types throughout: as they are
+            return write_bytes(path, orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
+        except TypeError:  # numpy scalars, paths, int keys: json's way below
+            pass
     separators = None if indent is not None else (",", ":")
-    try:  # JSON's own types throughout (a predictions file's million numbers): as they are
+    try:  # JSON's own types throughout: as they are
         text = json.dumps(data, indent=indent, separators=separators, allow_nan=False)
     except (TypeError, ValueError):  # NaN, numpy scalars, paths: made JSON's first
         text = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
