@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_clock import FakeClock
 
-from pipeline import atomic, formats
+from pipeline import atomic, formats, timing
 
 
 class FakeCuda:
@@ -171,3 +173,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     every Snakemake start waits 10 s for `scontrol` (the SLURM plugin calls it at import; see
     tests/test_install.py)."""
     items.sort(key=lambda item: Path(str(item.fspath)).name == "test_slurm.py")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """`timing`'s perf_counter replaced by a FakeClock the test moves."""
+    fake = FakeClock()
+    monkeypatch.setattr(
+        timing, "time", SimpleNamespace(perf_counter=fake, process_time=time.process_time)
+    )
+    return fake

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from fake_clock import FakeClock
 from jsonschema import Draft202012Validator
 from tiny_runs import one_cpu_thread
 
@@ -87,25 +87,6 @@ def _tiny_model_and_batch() -> tuple[torch.nn.Module, torch.Tensor, list[dict]]:
     model = build_model("tiny_conv", 4, "single", width=8)
     images, targets = bench.rendered_batch(2, 32, 4, torch.device("cpu"))
     return model, images, targets
-
-
-class FakeClock:
-    """perf_counter that moves only when a step says so."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr(
-        timing, "time", SimpleNamespace(perf_counter=fake, process_time=time.process_time)
-    )
-    return fake
 
 
 # --- statistics ------------------------------------------------------------------------------

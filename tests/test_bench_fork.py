@@ -14,14 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from fake_clock import FakeClock
 from tiny_runs import one_cpu_thread
 
-from pipeline import bench, bench_fork, bench_record, bench_schedule, cli, timing
+from pipeline import bench, bench_fork, bench_record, bench_schedule, cli
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 
@@ -35,25 +35,6 @@ MODES = [1.0, 1.25, 0.9, 1.1, 0.95, 1.05]
 def _one_thread():
     with one_cpu_thread():
         yield
-
-
-class FakeClock:
-    """perf_counter that moves only when a step says so."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr(
-        timing, "time", SimpleNamespace(perf_counter=fake, process_time=time.process_time)
-    )
-    return fake
 
 
 def plan(**bench_keys: Any) -> dict[str, Any]:
