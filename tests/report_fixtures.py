@@ -687,6 +687,7 @@ def profile(backend: str, precision: str) -> dict[str, Any]:
             "repeats": 20,
             "time_budget_s": 2.0,
             "trace_steps": 3,
+            "flip_test": False,
         },
         "latency": latency,
         "profiler": {

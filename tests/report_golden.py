@@ -130,6 +130,7 @@ def cpu_policy_tree(root: Path) -> tuple[Path, list[str]]:
     write_json(results / "profile" / "cpu-fp32" / "profile.json", without_operators)
     noted = profile("cpu", "bf16")
     noted["profiler"].update(top_operators=[], note="torch.profiler has no MPS activity")
+    noted["settings"]["flip_test"] = True
     write_json(results / "profile" / "cpu-bf16" / "profile.json", noted)
     config = {"precision": "fp16", "model": {"name": "absent"}, "bench": {"models": ["tiny_conv"]}}
     return results, ["--config-json", json.dumps(config)]

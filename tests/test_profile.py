@@ -24,6 +24,7 @@ from pipeline import cli, profiling, timing
 from pipeline import device as dev
 from pipeline.engine.trainer import Trainer
 from pipeline.models import build_model
+from pipeline.models.centernet import CenterNet
 
 pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
 
@@ -80,7 +81,14 @@ def tiny_model() -> torch.nn.Module:
     return build_model("tiny_conv", 2, width=8).eval()
 
 
-SETTINGS = {"batch_sizes": [1], "warmup": 0, "repeats": 2, "time_budget_s": 5.0, "trace_steps": 1}
+SETTINGS = {
+    "batch_sizes": [1],
+    "warmup": 0,
+    "repeats": 2,
+    "time_budget_s": 5.0,
+    "trace_steps": 1,
+    "flip_test": False,
+}
 
 
 # --- the command -----------------------------------------------------------------------------
@@ -112,6 +120,43 @@ def test_profile_json_has_latency_percentiles_throughput_and_memory_per_batch_si
         assert row["device_events"] is None  # the CPU has no device events
         assert set(row["memory"]) == {"peak_mb", "reserved_mb", "exact", "label"}
     assert profile["profiler"] == read(profiled / "operators.json")
+
+
+def checkpoint_with_eval(source: Path, target: Path, flip_test: bool | None) -> Path:
+    """A copy of `source` whose config sets eval.flip_test (None: names no such key, as a
+    checkpoint of a version before it does)."""
+    state = torch.load(source, weights_only=True)
+    if flip_test is None:
+        state["config"]["eval"].pop("flip_test")
+    else:
+        state["config"]["eval"]["flip_test"] = flip_test
+    torch.save(state, target)
+    return target
+
+
+@pytest.mark.parametrize("flip_test", [True, False, None])
+def test_profile_times_the_forward_pass_as_predict_runs_it_with_the_checkpoints_flip_test(
+    best_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flip_test: bool | None
+) -> None:
+    checkpoint = checkpoint_with_eval(best_checkpoint, tmp_path / "best.pth", flip_test)
+    forward = CenterNet.forward
+    asked: list[bool] = []
+
+    def spy(self, images, flip_test=False):
+        asked.append(flip_test)
+        return forward(self, images, flip_test)
+
+    monkeypatch.setattr(CenterNet, "forward", spy)
+    argv = [
+        *("profile", "--cpu-threads", "1", "--checkpoint", str(checkpoint), "--device", "cpu"),
+        *("--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--trace-steps", "1"),
+        *("--out", str(tmp_path / "out")),
+    ]
+    with pipeline_logger_restored():
+        assert cli.main(argv) == 0
+    expected = bool(flip_test)  # a checkpoint from before the key: the default, off
+    assert asked and set(asked) == {expected}
+    assert read(tmp_path / "out" / "profile.json")["settings"]["flip_test"] is expected
 
 
 def test_operators_json_lists_the_top_operators_by_self_time(profiled: Path) -> None:

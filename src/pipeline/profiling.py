@@ -32,10 +32,19 @@ TOP_OPERATORS = 25
 _DEVICE_SIDE = frozenset({DeviceType.CUDA, DeviceType.PrivateUse1, DeviceType.MTIA, DeviceType.XPU})
 
 
-def _forward(model: torch.nn.Module, images: torch.Tensor, device: torch.device, precision: str):
+def _forward(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    device: torch.device,
+    precision: str,
+    flip_test: bool,
+):
+    """One forward pass as evaluation and predict run it (`flip_test`: the images and their
+    mirrors, eval.flip_test)."""
+
     def run() -> None:
         with torch.inference_mode(), dev.autocast(device, precision):
-            model(images)
+            model(images, flip_test=True) if flip_test else model(images)
 
     return run
 
@@ -54,7 +63,7 @@ def latency(
         0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device
     )
     images = images.contiguous(memory_format=memory_format)
-    forward = _forward(model, images, device, precision)
+    forward = _forward(model, images, device, precision, settings["flip_test"])
     timer = dev.DeviceTimer(device)
     gpu_ms: list[float] = []
 
@@ -134,12 +143,14 @@ def operator_profile(
     steps: int,
     trace_path: Path,
     memory_format: torch.memory_format,
+    flip_test: bool = False,
 ) -> dict[str, Any]:
     """Top operators by self time over `steps` forward passes, and a Chrome trace file."""
     images = torch.randint(
         0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device
     )
-    forward = _forward(model, images.contiguous(memory_format=memory_format), device, precision)
+    images = images.contiguous(memory_format=memory_format)
+    forward = _forward(model, images, device, precision, flip_test)
     forward()  # warm-up outside the trace
     dev.synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -194,6 +205,7 @@ def run(
         settings["trace_steps"],
         out_dir / "trace.json",
         memory_format,
+        settings["flip_test"],
     )
     atomic.write_json(out_dir / "operators.json", operators)
     if operators["note"]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline import atomic
 from pipeline.cli import add_precision_option, command_parser
-from pipeline.config import load_schema
+from pipeline.config import Layer, load_schema, validate_layers
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -75,7 +75,10 @@ def main(argv: list[str]) -> int:
     from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
-    config = state["config"]
+    # defaults filled: a checkpoint of an older version names no key added since
+    config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
+    # the forward pass as predict runs it: with the flip test where the run evaluates with it
+    settings["flip_test"] = config["eval"]["flip_test"]
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]
@@ -86,10 +89,11 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log.info(
-        "profiling %s on %s (%s), batch sizes %s",
+        "profiling %s on %s (%s%s), batch sizes %s",
         args.checkpoint,
         dev.describe_device(device),
         precision,
+        ", each image and its mirror (eval.flip_test)" if settings["flip_test"] else "",
         settings["batch_sizes"],
     )
     result = profiling.run(

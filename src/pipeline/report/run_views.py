@@ -193,6 +193,7 @@ def profile_view(
 def latency_row(run: RunResults, row: dict[str, Any]) -> dict[str, Any]:
     profile = run.profile or {}
     wall = row.get("wall") or {}
+    settings = profile.get("settings") or {}
     return {
         "run": run.name,
         "device": profile.get("device_description", "n/a"),
@@ -208,7 +209,9 @@ def latency_row(run: RunResults, row: dict[str, Any]) -> dict[str, Any]:
             label
             for label, key in (("noisy", "noisy"), ("budget-limited", "budget_limited"))
             if wall.get(key)
-        ],
+        ]
+        # two forward passes per image, as the run evaluates and predicts
+        + (["flip test: each image and its mirror"] if settings.get("flip_test") else []),
     }
 
 
