@@ -9,8 +9,11 @@ evaluated (the one saved in the checkpoint was picked at the base scale). Traini
 for both sides, so the difference is the scales' alone, free of seed-to-seed training noise.
 Compared: AP@.5, AP@[.5:.95], AP@.75 and F1 at validation's best-F1 threshold; and the cost,
 the forward time of both splits (timing.model_s, scaled / base) and the evaluate command's wall
-time. The two sides alternate which goes first from one checkpoint to the next, after one
-unrecorded evaluation that warms the process up. Prints every run, the means and the mean
+time. With --native, a third side ("native") evaluates the same weights with data.image_size
+at the largest scale (the images read from their files at that size, the scale's rounding) and
+no other scale: whether the model itself reads objects at that size as well as at its own, apart
+from how the views are resampled and averaged. The sides take turns at going first from one
+checkpoint to the next, after one unrecorded evaluation that warms the process up. Prints every run, the means and the mean
 differences; records them (no target: a comparison).
 
     python benchmarks/test_scales.py --set eggs --cpu-threads 1 --scales 1,1.5 \\
@@ -31,9 +34,11 @@ import numpy as np
 
 from pipeline.engine import checkpoint
 from pipeline.errors import DataError
+from pipeline.models import input_multiple
+from pipeline.models.centernet import scaled_side
 
 NAME = "test_scales"
-SIDES = ("base", "scaled")
+SIDES = ("base", "scaled", "native")
 COLUMNS = (
     ("ap50", "AP@.5", "AP"),
     ("ap", "AP@[.5:.95]", "AP"),
@@ -60,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=True,
         help="eval.flip_test on both sides",
     )
+    parser.add_argument(
+        "--native", action="store_true", help="a third side: data.image_size at the largest scale"
+    )
     parser.add_argument("--data", help="data root (default: each checkpoint's own)")
     parser.add_argument("--cpu-threads", type=int, default=1)
     return parser.parse_args(argv)
@@ -68,13 +76,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def evaluate(
     best: Path,
     scales: list[float],
+    image_size: int | None,
     flip_test: bool,
     data: str | None,
     threads: int,
     folder: Path,
 ) -> dict[str, Any]:
-    """The test figures of `best` at `scales`, the operating point picked on validation as
-    evaluated, and the seconds the model and the command took."""
+    """The test figures of `best` at `scales` (and `image_size`, None: its own), the operating
+    point picked on validation as evaluated, and the seconds the model and the command took."""
     state = checkpoint.load(best)
     state.pop("operating_point", None)  # picked again, with this side's decoding
     copy = checkpoint.save(folder / "best.pth", state)
@@ -83,6 +92,7 @@ def evaluate(
     argv += [*(("--data", data) if data else ()), "--out", str(out)]
     argv += ["eval.score_threshold=null", f"eval.flip_test={str(flip_test).lower()}"]
     argv += [f"eval.test_scales=[{', '.join(map(str, scales))}]"]
+    argv += [f"data.image_size={image_size}"] if image_size else []
     with contextlib.redirect_stdout(io.StringIO()):
         result, wall_s = harness.evaluate_in_process(argv, out)
     metrics, val = result["metrics"], result["val_metrics"]
@@ -105,9 +115,17 @@ def evaluate(
     }
 
 
+def native_size(best: Path, scale: float) -> int:
+    """The input size of `best`'s data at `scale`, rounded as eval.test_scales rounds it."""
+    config = checkpoint.load(best)["config"]
+    multiple = input_multiple(config["model"])
+    return scaled_side(config["data"]["image_size"], scale, multiple)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    scales = {"base": [1.0], "scaled": list(args.scales)}
+    scales = {"base": [1.0], "scaled": list(args.scales), "native": [1.0]}
+    sides_run = SIDES if args.native else SIDES[:2]
     runs = []
     checkpoints = sorted(args.checkpoints)
     for best in checkpoints:
@@ -117,14 +135,21 @@ def main(argv: list[str]) -> int:
 
         def side(best: Path, name: str) -> dict[str, Any]:
             return evaluate(
-                best, scales[name], args.flip_test, args.data, args.cpu_threads, Path(folder)
+                best,
+                scales[name],
+                native_size(best, max(args.scales)) if name == "native" else None,
+                args.flip_test,
+                args.data,
+                args.cpu_threads,
+                Path(folder),
             )
 
         # unrecorded: the first evaluation in a process also pays for imports and page cache
         side(checkpoints[0], "base")
         for index, best in enumerate(checkpoints):
             seed = checkpoint.load(best)["config"]["seed"]
-            order = SIDES if index % 2 == 0 else SIDES[::-1]
+            shift = index % len(sides_run)
+            order = sides_run[shift:] + sides_run[:shift]
             sides = {name: side(best, name) for name in order}
             run = {"checkpoint": str(best), "seed": seed, "first": order[0], **sides}
             run["model_time_ratio"] = sides["scaled"]["model_s"] / sides["base"]["model_s"]
@@ -133,7 +158,8 @@ def main(argv: list[str]) -> int:
             print(
                 f"seed {seed}: "
                 + "; ".join(
-                    f"{key} {sides['base'][key]:.3f} -> {sides['scaled'][key]:.3f}"
+                    f"{key} {sides['base'][key]:.3f} -> "
+                    + " / ".join(f"{sides[name][key]:.3f}" for name in sides_run[1:])
                     for key in COMPARED
                 ),
                 flush=True,
@@ -141,40 +167,59 @@ def main(argv: list[str]) -> int:
     keys = [key for key, _, _ in COLUMNS]
     means = {
         name: {key: float(np.mean([run[name][key] for run in runs])) for key in keys}
-        for name in SIDES
+        for name in sides_run
     }
-    change = {key: means["scaled"][key] - means["base"][key] for key in COMPARED}
-    rose = {key: sum(run["scaled"][key] > run["base"][key] for run in runs) for key in COMPARED}
+    others = sides_run[1:]
+    change = {
+        name: {key: means[name][key] - means["base"][key] for key in COMPARED} for name in others
+    }
+    rose = {
+        name: {key: sum(run[name][key] > run["base"][key] for run in runs) for key in COMPARED}
+        for name in others
+    }
     model_ratio = float(np.median([run["model_time_ratio"] for run in runs]))
     wall_ratio = float(np.median([run["wall_time_ratio"] for run in runs]))
     rows = [
         [f"seed {run['seed']} {name}", *(run[name][k] for k in keys)]
         for run in runs
-        for name in SIDES
+        for name in sides_run
     ]
-    rows += [[f"{name} mean", *means[name].values()] for name in SIDES]
+    rows += [[f"{name} mean", *means[name].values()] for name in sides_run]
     flip = "with" if args.flip_test else "without"
     print(f"{NAME}: {args.set}, test split, {len(runs)} checkpoints, scales {args.scales} "
           f"against [1.0], {flip} the flip test")  # fmt: skip
     print(harness.table(["run", *keys], rows))
-    print(harness.table(["figure", "scaled - base (mean)", "runs it rose"],
-                        [[key, change[key], f"{rose[key]} of {len(runs)}"] for key in COMPARED]))  # fmt: skip
+    print(harness.table(["figure", *(f"{name} - base (mean)" for name in others), "runs it rose"],
+                        [[key, *(change[name][key] for name in others),
+                          ", ".join(f"{rose[name][key]} of {len(runs)}" for name in others)]
+                         for key in COMPARED]))  # fmt: skip
     print(f"eval time, scaled / base (median over runs): model {model_ratio:.2f}, "
           f"command {wall_ratio:.2f}")  # fmt: skip
     figures = [
         harness.figure(f"{name}.{key}", f"{name}: {title}, mean over runs", means[name][key], unit)
-        for name in SIDES
+        for name in sides_run
         for key, title, unit in COLUMNS
     ]
+    prefixes = {"scaled": "", "native": "native."}  # change.ap: the scales' own
     figures += [
         harness.figure(
-            f"change.{key}", f"scaled - base: {title}, mean over runs", change[key], unit
+            f"{prefixes[name]}change.{key}",
+            f"{name} - base: {title}, mean over runs",
+            change[name][key],
+            unit,
         )
+        for name in others
         for key, title, unit in COLUMNS
         if key in COMPARED
     ]
     figures += [
-        harness.figure(f"rose.{key}", f"runs where the scales raised {title}", rose[key], "count")
+        harness.figure(
+            f"{prefixes[name]}rose.{key}",
+            f"runs where {name} raised {title}",
+            rose[name][key],
+            "count",
+        )
+        for name in others
         for key, title, _ in COLUMNS
         if key in COMPARED
     ]
@@ -197,6 +242,7 @@ def main(argv: list[str]) -> int:
         "set": args.set,
         "scales": list(args.scales),
         "flip_test": args.flip_test,
+        "native": args.native,
         "checkpoints": [run["checkpoint"] for run in runs],
         "data": args.data,
         "cpu_threads": args.cpu_threads,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,3 +223,53 @@ def test_validation_evaluate_and_predict_decode_with_them_and_training_steps_nev
     argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(best), "--out", str(refused)]
     assert cli.main([*argv, "eval.test_scales=[1.0, 1.1]"]) != 0
     assert not refused.exists() and views == []
+
+
+# --- benchmarks/test_scales.py ----------------------------------------------------------------
+
+
+def test_the_benchmark_compares_the_sides_on_the_same_weights_and_records_them(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_pipeline_logger
+) -> None:
+    from benchmark_modules import load
+
+    from pipeline import formats
+
+    bench = load("test_scales")
+    runs = []
+    for seed in (0, 1):
+        trainer = Trainer(
+            tiny_config(data_root, "train.epochs=1", f"seed={seed}"), tmp_path / f"r{seed}"
+        )
+        trainer.fit()
+        runs.append(str(trainer.paths["best"]))
+    monkeypatch.chdir(tmp_path)
+    record = tmp_path / "record.json"
+    argv = ["--set", "shapes", "--scales", "1,1.5", "--native", *runs]
+    assert bench.main([*argv, "--record", str(record), "--out", str(tmp_path / "raw.json")]) == 0
+    document = json.loads(record.read_text())
+    assert formats.problem(document, "benchmark_record") is None
+    figures = {figure["key"]: figure["value"] for figure in document["figures"]}
+    done = document["settings"]["runs"]
+    for run in done:
+        assert all(run[side]["model_s"] > 0 for side in ("base", "scaled", "native"))
+    assert [run["first"] for run in done] == ["base", "scaled"]
+    mean = sum(run["scaled"]["ap"] for run in done) / 2
+    assert figures["scaled.ap"] == pytest.approx(mean)
+    assert figures["change.ap"] == pytest.approx(figures["scaled.ap"] - figures["base.ap"])
+    assert figures["native.change.ap"] == pytest.approx(figures["native.ap"] - figures["base.ap"])
+    rose = sum(run["scaled"]["ap"] > run["base"]["ap"] for run in done)
+    assert (figures["rose.ap"], figures["runs"]) == (rose, 2)
+    assert figures["model_time_ratio"] == pytest.approx(
+        statistics.median(run["model_time_ratio"] for run in done)
+    )
+
+
+def test_the_synthetic_default_and_the_photographs_preset_keep_the_data_sets_own_scale() -> None:
+    """Off where it was measured: the trained detectors read objects smaller at other scales
+    (benchmarks/records/test_scales/)."""
+    from pipeline.config import load_config
+
+    preset = Path(__file__).parents[1] / "config" / "presets" / "photographs.yaml"
+    assert load_config(preset)["eval"]["test_scales"] == [1.0]
+    assert load_config(None)["eval"]["test_scales"] == [1.0]
