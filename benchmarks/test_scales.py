@@ -35,7 +35,7 @@ import numpy as np
 from pipeline.engine import checkpoint
 from pipeline.errors import DataError
 from pipeline.models import input_multiple
-from pipeline.models.centernet import scaled_side
+from pipeline.models.test_time import scaled_side
 
 NAME = "test_scales"
 SIDES = ("base", "scaled", "native")

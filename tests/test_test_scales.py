@@ -25,7 +25,8 @@ from pipeline.engine.trainer import Trainer
 from pipeline.errors import ConfigError
 from pipeline.evaluation.loop import Evaluator
 from pipeline.models import build_model, check_test_scales
-from pipeline.models.centernet import STRIDE, CenterNet, inference_maps
+from pipeline.models.centernet import STRIDE, CenterNet
+from pipeline.models.test_time import inference_maps, resized
 
 CLASSES = 3
 SIZE = 64
@@ -149,11 +150,12 @@ def test_scales_that_round_to_one_input_size_are_refused_naming_the_key_and_the_
 
 
 def test_a_scaled_input_is_rounded_to_a_multiple_of_the_backbones_stride() -> None:
-    model = random_model("multilabel")
-    assert model.backbone.total_stride == 32
-    assert model.resized(images(), 1.5).shape[-2:] == (96, 96)
-    assert model.resized(images(), 1.2).shape[-2:] == (64, 64)  # 76.8 px: 64 is nearest
-    assert model.resized(images(), 0.25).shape[-2:] == (32, 32)  # at least one stride
+    assert random_model("multilabel").backbone.total_stride == 32
+    assert build_model("tiny_conv", 1, "single", width=8, max_stride=16).backbone.total_stride == 16
+    assert resized(images(), 1.5, 32).shape[-2:] == (96, 96)
+    assert resized(images(), 1.2, 32).shape[-2:] == (64, 64)  # 76.8 px: 64 is nearest
+    assert resized(images(), 1.2, 16).shape[-2:] == (80, 80)
+    assert resized(images(), 0.25, 32).shape[-2:] == (32, 32)  # at least one stride
 
 
 # --- the key reaches validation, evaluate and predict -----------------------------------------

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline.data.dataset import Geometry, fit_to_input, read_image
 from pipeline.device import DeviceLike, autocast
 from pipeline.errors import DataError
-from pipeline.models.centernet import inference_maps
+from pipeline.models.test_time import inference_maps
 
 log = logging.getLogger("pipeline")
 FORMAT = "pipeline.predict/1"  # schemas/predict.schema.yaml

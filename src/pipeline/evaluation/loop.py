@@ -24,7 +24,7 @@ from pipeline.evaluation.matching import (
 )
 from pipeline.evaluation.voc import voc_ap
 from pipeline.models import check_test_scales
-from pipeline.models.centernet import inference_maps
+from pipeline.models.test_time import inference_maps
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")

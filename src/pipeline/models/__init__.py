@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import ConfigError
-from pipeline.models import centernet
+from pipeline.models import centernet, test_time
 
 MODELS: dict[str, Callable[..., centernet.CenterNet]] = {
     "tiny_conv": centernet.tiny_conv,
@@ -79,7 +79,7 @@ def check_test_scales(config: Mapping[str, Any]) -> None:
     image_size = config["data"]["image_size"]
     sides: dict[int, float] = {}
     for scale in scales:
-        side = centernet.scaled_side(image_size, scale, multiple)
+        side = test_time.scaled_side(image_size, scale, multiple)
         if side in sides:
             raise ConfigError(
                 f"eval.test_scales={list(scales)!r} gives one input size twice: with "

@@ -34,24 +34,21 @@ With `flip_test` (config `eval.flip_test`; evaluation, training's validation and
 the training step) the model also sees each image's left-right mirror and the two views' maps are
 averaged in the image's frame before decoding, as in CenterNet's flip test: twice the forward
 pass for two estimates of every object's size, centre and score (benchmarks/flip_test.py).
-With `scales` (config `eval.test_scales`) the model also sees the images resized by each scale
-(each side rounded to a multiple of the backbone's stride), and every view's maps are brought
-to the frame of the images as given (sampled at its cells' centres, offsets and sizes in its
-cells) and averaged with the others' before decoding once: a larger view gives small objects
-more stride-4 cells and one more estimate. The trained detectors measured so far read objects
-smaller at any scale but the one they were trained at, so that AP@[.5:.95] fell
-(benchmarks/test_scales.py, records/test_scales/): off by default.
+With `scales` (config `eval.test_scales`) the model also sees the images resized by each scale,
+every view's maps brought to the images' own frame and averaged before decoding once
+(`test_time`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import reduce
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipeline.models import test_time
 
 LABEL_MODES = ("multilabel", "single")
 STRIDE = 4
@@ -65,12 +62,6 @@ CENTRE_WINDOW = 3  # cells: decode averages the centres of the peak's 3x3 window
 IOU_SCORE_ALPHA = 0.3
 _TINY = torch.finfo(torch.float32).tiny  # floors a probability before its log
 _MAX_LOG_SIZE = 6.0  # exp(6) * stride = 1600 px: clamps the size branch so exp never overflows
-
-
-def scaled_side(side: int, scale: float, multiple: int) -> int:
-    """An input side times a test scale, rounded to the nearest multiple of the backbone's
-    total stride (at least one): the one rounding that the model and the config check share."""
-    return max(multiple, math.floor(side * scale / multiple + 0.5) * multiple)
 
 
 def _xyxy(
@@ -271,8 +262,9 @@ class CenterNet(nn.Module):
         """images: uint8 [B,3,H,W] (or float in [0, 1]); H and W divisible by the backbone's
         stride. `flip_test` (config `eval.flip_test`): the maps of the images and of their
         left-right mirrors averaged (`averaged`); `scales` (config `eval.test_scales`): the maps
-        of the images resized by each scale, in the images' own frame (`in_frame`), averaged
-        with each other (and with their mirrors'); for evaluation and prediction only."""
+        of the images resized by each scale, in the images' own frame, averaged with each other
+        (and with their mirrors'; `test_time.scaled_views`); for evaluation and prediction
+        only."""
         if tuple(scales) == (1.0,):
             if not flip_test:
                 return self.maps(images)
@@ -280,64 +272,7 @@ class CenterNet(nn.Module):
             # set up for a new shape, half the peak memory, and no slower on a CPU
             mirror = self.mirrored(self.maps(images.flip(-1)))
             return self.averaged([self.maps(images), mirror])
-        height, width = images.shape[-2:]
-        views = []
-        for scale in scales:
-            resized = self.resized(images, scale)
-            views.append(self.in_frame(self.maps(resized), height, width))
-            if flip_test:
-                mirror = self.mirrored(self.maps(resized.flip(-1)))
-                views.append(self.in_frame(mirror, height, width))
-        return self.averaged(views)
-
-    def resized(self, images: torch.Tensor, scale: float) -> torch.Tensor:
-        """The images resized by `scale` (`scaled_size`), bilinear (antialiased when shrunk),
-        as floats in [0, 1]; the images themselves where the size is unchanged (`scaled_side`)."""
-        height, width = images.shape[-2:]
-        multiple = self.backbone.total_stride
-        size = (scaled_side(height, scale, multiple), scaled_side(width, scale, multiple))
-        if size == (height, width):
-            return images
-        x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-        shrink = size[0] < height or size[1] < width
-        return F.interpolate(x, size=size, mode="bilinear", antialias=shrink).clamp(0.0, 1.0)
-
-    def in_frame(
-        self, outputs: dict[str, torch.Tensor], height: int, width: int
-    ) -> dict[str, torch.Tensor]:
-        """The maps of a view of the images resized to another size, brought to the frame of
-        inputs of `height` x `width`: every map sampled bilinearly at the centres of that
-        frame's cells (the same points of the image), the heatmap and IoUs as probabilities
-        (returned as the logits that give them back), each class's box with its offsets
-        divided by the view's scale (its cells are that much smaller) and its log sizes less
-        the log of the scale: where a view's cells all point at one centre, its offsets are
-        linear across the cells and sampling keeps that centre exactly. The maps themselves
-        where the view is the frame's size."""
-        size = (height // self.stride, width // self.stride)
-        view = outputs["box"].shape[-2:]
-        if tuple(view) == size:
-            return outputs
-        scale_y, scale_x = view[0] / size[0], view[1] / size[1]
-
-        def sampled(value: torch.Tensor) -> torch.Tensor:
-            return F.interpolate(value, size=size, mode="bilinear", align_corners=False)
-
-        box = sampled(outputs["box"].float())
-        box[:, 0::4] /= scale_x
-        box[:, 1::4] /= scale_y
-        box[:, 2::4] -= math.log(scale_x)
-        box[:, 3::4] -= math.log(scale_y)
-        framed = {"box": box}
-        for key, value in outputs.items():
-            if key == "box":
-                continue
-            value = value.float()
-            if key == "heatmap" and self.label_mode == "single":
-                framed[key] = sampled(value.softmax(dim=1)).clamp(min=_TINY).log()
-            else:  # sigmoid: log p - log (1 - p), each side sampled on its own
-                yes = sampled(value.sigmoid()).clamp(min=_TINY).log()
-                framed[key] = yes - sampled((-value).sigmoid()).clamp(min=_TINY).log()
-        return framed
+        return test_time.scaled_views(self, images, flip_test, scales)
 
     def maps(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """The heads' outputs for one view of the images (see `forward`)."""
@@ -505,17 +440,3 @@ def tiny_conv(
 
 def resnet18(num_classes: int, label_mode: str, iou_score: bool = False) -> CenterNet:
     return CenterNet(ResNetBackbone(), num_classes, label_mode, 64, iou_score=iou_score)
-
-
-def inference_maps(
-    model: nn.Module,
-    images: torch.Tensor,
-    flip_test: bool = False,
-    test_scales: Sequence[float] = (1.0,),
-) -> dict[str, torch.Tensor]:
-    """The maps that evaluation, validation and prediction decode: the model's own call where
-    neither `eval.flip_test` nor `eval.test_scales` asks for more views, so that every model
-    with a `forward(images)` evaluates; the one place both settings reach the model."""
-    if tuple(test_scales) == (1.0,):
-        return model(images, flip_test=True) if flip_test else model(images)
-    return model(images, flip_test=flip_test, scales=tuple(test_scales))
