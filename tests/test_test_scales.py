@@ -275,3 +275,28 @@ def test_the_synthetic_default_and_the_photographs_preset_keep_the_data_sets_own
     preset = Path(__file__).parents[1] / "config" / "presets" / "photographs.yaml"
     assert load_config(preset)["eval"]["test_scales"] == [1.0]
     assert load_config(None)["eval"]["test_scales"] == [1.0]
+
+
+def test_box_limits_reads_the_maps_with_the_views_evaluation_would_average() -> None:
+    """benchmarks/box_limits.py --flip-test --test-scales: its figures are of the averaged maps."""
+    from benchmark_modules import load
+
+    box_limits = load("box_limits")
+    model = random_model("single")
+    x = images()
+    targets = [
+        {
+            "image_id": torch.tensor(i),
+            **{key: torch.zeros(0, 4) for key in ("boxes", "ignore_boxes")},
+            **{key: torch.zeros(0, dtype=torch.int64) for key in ("labels", "ignore_labels")},
+        }
+        for i in range(len(x))
+    ]
+    with torch.inference_mode():
+        expected = inference_maps(model, x, True, (1.0, 1.5))
+    outputs, truth = box_limits.forward_pass(model, [(x, targets)], True, (1.0, 1.5))
+    assert [gt["image_id"] for gt in truth] == [0, 1]
+    for key, value in expected.items():
+        assert torch.equal(outputs[0][key], value.float())
+    plain, _ = box_limits.forward_pass(model, [(x, targets)])
+    assert not torch.allclose(plain[0]["box"], expected["box"], atol=1e-3)
