@@ -147,6 +147,9 @@ def test_scales_that_round_to_one_input_size_are_refused_naming_the_key_and_the_
     with pytest.raises(ConfigError, match=r"eval\.test_scales=\[1\.0, 1\.1\].*both round to 64 px"):
         Evaluator.from_config(config, ["a"])
     check_test_scales(tiny_config(Path("unused"), "eval.test_scales=[1.0, 1.5, 2]"))
+    # training refuses them before it reads any data (there is none at this root)
+    with pytest.raises(ConfigError, match=r"eval\.test_scales"):
+        Trainer(config, Path("unused-run"))
 
 
 def test_a_scaled_input_is_rounded_to_a_multiple_of_the_backbones_stride() -> None:
