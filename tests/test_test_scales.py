@@ -194,6 +194,7 @@ def test_validation_evaluate_and_predict_decode_with_them_and_training_steps_nev
     tmp_path: Path,
     views: list[tuple[float, ...]],
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     restore_pipeline_logger: None,
 ) -> None:
     config = tiny_config(data_root, "train.epochs=1", "eval.test_scales=[1.0, 1.5]")
@@ -226,7 +227,11 @@ def test_validation_evaluate_and_predict_decode_with_them_and_training_steps_nev
     views.clear()
     refused = tmp_path / "refused.json"
     argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(best), "--out", str(refused)]
-    assert cli.main([*argv, "eval.test_scales=[1.0, 1.1]"]) != 0
+    # refused before any data is read: the data root named does not exist
+    argv += ["--data", str(tmp_path / "nowhere"), "eval.test_scales=[1.0, 1.1]"]
+    capsys.readouterr()
+    assert cli.main(argv) != 0
+    assert "eval.test_scales=[1.0, 1.1]" in capsys.readouterr().err
     assert not refused.exists() and views == []
 
 
