@@ -308,3 +308,20 @@ def test_box_limits_reads_the_maps_with_the_views_evaluation_would_average() -> 
         assert torch.equal(outputs[0][key], value.float())
     plain, _ = box_limits.forward_pass(model, [(x, targets)])
     assert not torch.allclose(plain[0]["box"], expected["box"], atol=1e-3)
+
+
+def test_the_reports_latency_rows_flag_a_profile_timed_at_several_scales() -> None:
+    from types import SimpleNamespace
+
+    from pipeline.report.run_views import latency_row
+
+    def flags(settings: dict) -> list[str]:
+        run = SimpleNamespace(name="cpu-fp32", profile={"settings": settings})
+        return latency_row(run, {"batch_size": 1, "wall": {}})["flags"]
+
+    assert flags({"flip_test": True, "test_scales": [1.0, 1.5]}) == [
+        "flip test: each image and its mirror",
+        "test scales 1, 1.5",
+    ]
+    assert flags({"flip_test": False, "test_scales": [1.0]}) == []
+    assert flags({"flip_test": False}) == []  # a profile from before the key
