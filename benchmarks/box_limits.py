@@ -17,8 +17,6 @@ One forward pass over the split (in input pixels, as evaluation sees it), then:
                        the validation split (not an oracle: what a correction carried with the
                        model would do; only where the split measured is not validation itself)
 An oracle that closes most of the gap to oracle_box names the error that limits AP@[.5:.95].
---flip-test and --test-scales read the maps as evaluation does with eval.flip_test and
-eval.test_scales (every figure then is of the averaged views).
 Beside them: AP@[.5:.95] per size bucket, the matched boxes' median centre error and size
 error (relative to the object) and their size bias, the share of found objects with a second
 detection above the checkpoint's score threshold (double peaks), the size bias that the box
@@ -45,23 +43,18 @@ from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
 from pipeline.evaluation.matching import matched_objects
 from pipeline.models import memory_format
 from pipeline.models.centernet import CENTRE_WINDOW
-from pipeline.models.test_time import inference_maps
 
 NAME = "box_limits"
 WINDOWS = (1, 3)  # decode's centre_window
 ORACLES = ("oracle_size", "oracle_centre", "oracle_box")
 
 
-def forward_pass(
-    model, loader, flip_test: bool = False, test_scales: tuple[float, ...] = (1.0,)
-) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, Any]]]:
-    """The model's raw outputs per batch (the views of `flip_test` and `test_scales`
-    averaged, as evaluation reads them) and the ground truth per image, in input pixels."""
+def forward_pass(model, loader) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, Any]]]:
+    """The model's raw outputs per batch and the ground truth per image, in input pixels."""
     outputs, truth = [], []
     with torch.inference_mode():
         for images, targets in loader:
-            maps = inference_maps(model, images, flip_test, test_scales)
-            outputs.append({k: v.float() for k, v in maps.items()})
+            outputs.append({k: v.float() for k, v in model(images).items()})
             truth += [
                 {
                     "image_id": int(t["image_id"]),
@@ -246,13 +239,6 @@ def main(argv: list[str]) -> int:
         help="train: the training images without augmentation (does the fit itself hold the error?)",
     )
     parser.add_argument("--rounds", type=int, default=10, help="decode-time rounds (ABBA)")
-    parser.add_argument("--flip-test", action="store_true", help="as eval.flip_test=true")
-    parser.add_argument(
-        "--test-scales",
-        type=lambda text: tuple(float(part) for part in text.split(",")),
-        default=(1.0,),
-        help="as eval.test_scales, comma-separated (1,1.5)",
-    )
     args = parser.parse_args(argv)
     harness.setup_torch(args)
 
@@ -269,15 +255,14 @@ def main(argv: list[str]) -> int:
     threshold = 0.4 if threshold is None else threshold  # a checkpoint without an operating point
     max_detections = config["eval"]["max_detections"]
     image_size = config["data"]["image_size"]
-    views = (args.flip_test, args.test_scales)
     outputs, truth = forward_pass(
-        model, loader_for(annotations, config, train=False, pin_memory=False), *views
+        model, loader_for(annotations, config, train=False, pin_memory=False)
     )
     val_size_bias, val_measured = None, False
     if split != "val":
         val_split = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
         val_outputs, val_truth = forward_pass(
-            model, loader_for(val_split, config, train=False, pin_memory=False), *views
+            model, loader_for(val_split, config, train=False, pin_memory=False)
         )
         val_dets = decoded(model, val_outputs, val_truth, CENTRE_WINDOW, max_detections)
         val_size_bias = errors(val_dets, val_truth, 1.0)["size_bias"]
@@ -376,8 +361,6 @@ def main(argv: list[str]) -> int:
         "checkpoint": str(args.checkpoint),
         "epoch": state["epoch"],
         "image_size": image_size,
-        "flip_test": args.flip_test,
-        "test_scales": list(args.test_scales),
         "score_threshold": threshold,
         "images": len(truth),
     }

@@ -535,7 +535,6 @@ def test_result_and_speed_settings_split_what_training_reads_without_overlap() -
         "min_score": 0.01,
         "protocol": "auto",
         "flip_test": False,
-        "test_scales": [1.0],
     }
     test_keys = {"test_split", "test_annotations", "test_images_dir"}  # evaluation's alone
     assert set(result["data"]) | set(speed["data"]) | test_keys == set(config["data"])

@@ -159,41 +159,6 @@ def test_profile_times_the_forward_pass_as_predict_runs_it_with_the_checkpoints_
     assert read(tmp_path / "out" / "profile.json")["settings"]["flip_test"] is expected
 
 
-@pytest.mark.parametrize("test_scales", [[1.0, 1.5], None])
-def test_profile_times_the_forward_pass_at_the_checkpoints_test_scales(
-    best_checkpoint: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    test_scales: list[float] | None,
-) -> None:
-    """eval.test_scales as predict runs it (None: a checkpoint from before the key, [1.0])."""
-    state = torch.load(best_checkpoint, weights_only=True)
-    state["config"]["eval"].pop("test_scales", None)
-    if test_scales is not None:
-        state["config"]["eval"]["test_scales"] = test_scales
-    checkpoint = tmp_path / "best.pth"
-    torch.save(state, checkpoint)
-    forward = CenterNet.forward
-    asked: list[tuple[float, ...]] = []
-
-    def spy(self, images, flip_test=False, scales=(1.0,)):
-        asked.append(tuple(scales))
-        return forward(self, images, flip_test, scales)
-
-    monkeypatch.setattr(CenterNet, "forward", spy)
-    argv = [
-        *("profile", "--cpu-threads", "1", "--checkpoint", str(checkpoint), "--device", "cpu"),
-        *("--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--trace-steps", "1"),
-        *("--out", str(tmp_path / "out")),
-    ]
-    with pipeline_logger_restored():
-        assert cli.main(argv) == 0
-    expected = [1.0] if test_scales is None else test_scales
-    assert asked and set(asked) == {tuple(expected)}
-    profile = read(tmp_path / "out" / "profile.json")
-    assert profile["settings"]["test_scales"] == expected
-
-
 def test_operators_json_lists_the_top_operators_by_self_time(profiled: Path) -> None:
     operators = read(profiled / "operators.json")
     assert operators["activities"] == ["CPU"]

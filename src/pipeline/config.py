@@ -281,7 +281,6 @@ VALIDATION_EVAL_KEYS = (
     "min_score",
     "protocol",
     "flip_test",
-    "test_scales",
 )
 # Data keys training never reads: the held-out test split is the evaluation's alone.
 TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")

@@ -24,7 +24,6 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline.data.dataset import Geometry, fit_to_input, read_image
 from pipeline.device import DeviceLike, autocast
 from pipeline.errors import DataError
-from pipeline.models.test_time import inference_maps
 
 log = logging.getLogger("pipeline")
 FORMAT = "pipeline.predict/1"  # schemas/predict.schema.yaml
@@ -126,11 +125,9 @@ def predict(
     workers: int = 0,
     keep_images: bool = False,
     flip_test: bool = False,
-    test_scales: Sequence[float] = (1.0,),
 ) -> Iterator[Detections | Unreadable]:
     """Each image's detections (or why it could not be read), in the order of `paths`;
-    `flip_test` (eval.flip_test) and `test_scales` (eval.test_scales) decode as evaluation
-    does with them."""
+    `flip_test` (eval.flip_test) decodes as evaluation does with it."""
     loader = DataLoader(
         _Images(paths, image_size, resize, keep_images),
         batch_size=batch_size,
@@ -146,7 +143,7 @@ def predict(
             if readable:
                 images = torch.stack([sample.fitted for sample in readable]).to(device)
                 with autocast(device, precision):
-                    outputs = inference_maps(model, images, flip_test, test_scales)
+                    outputs = model(images, flip_test=True) if flip_test else model(images)
                 decoded = model.decode(outputs, max_detections=max_detections)
                 found = {sample.index: d for sample, d in zip(readable, decoded, strict=True)}
             for sample in batch:

@@ -9,7 +9,7 @@ on MPS its operator table shows CPU-side dispatch only, and the output says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from pipeline import atomic, stats, timing
 from pipeline import device as dev
-from pipeline.models.test_time import inference_maps
 
 log = logging.getLogger("pipeline")
 FORMAT = "pipeline.profile/1"
@@ -33,25 +32,19 @@ TOP_OPERATORS = 25
 _DEVICE_SIDE = frozenset({DeviceType.CUDA, DeviceType.PrivateUse1, DeviceType.MTIA, DeviceType.XPU})
 
 
-def _test_scales(settings: dict[str, Any]) -> tuple[float, ...]:
-    """The settings' eval.test_scales; settings written before the key: the data's own size."""
-    return tuple(settings.get("test_scales", (1.0,)))
-
-
 def _forward(
     model: torch.nn.Module,
     images: torch.Tensor,
     device: torch.device,
     precision: str,
     flip_test: bool,
-    test_scales: Sequence[float] = (1.0,),
 ):
     """One forward pass as evaluation and predict run it (`flip_test`: the images and their
-    mirrors, eval.flip_test; `test_scales`: the images at each scale, eval.test_scales)."""
+    mirrors, eval.flip_test)."""
 
     def run() -> None:
         with torch.inference_mode(), dev.autocast(device, precision):
-            inference_maps(model, images, flip_test, test_scales)
+            model(images, flip_test=True) if flip_test else model(images)
 
     return run
 
@@ -70,9 +63,7 @@ def latency(
         0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device
     )
     images = images.contiguous(memory_format=memory_format)
-    forward = _forward(
-        model, images, device, precision, settings["flip_test"], _test_scales(settings)
-    )
+    forward = _forward(model, images, device, precision, settings["flip_test"])
     timer = dev.DeviceTimer(device)
     gpu_ms: list[float] = []
 
@@ -153,14 +144,13 @@ def operator_profile(
     trace_path: Path,
     memory_format: torch.memory_format,
     flip_test: bool = False,
-    test_scales: Sequence[float] = (1.0,),
 ) -> dict[str, Any]:
     """Top operators by self time over `steps` forward passes, and a Chrome trace file."""
     images = torch.randint(
         0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device
     )
     images = images.contiguous(memory_format=memory_format)
-    forward = _forward(model, images, device, precision, flip_test, test_scales)
+    forward = _forward(model, images, device, precision, flip_test)
     forward()  # warm-up outside the trace
     dev.synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -216,7 +206,6 @@ def run(
         out_dir / "trace.json",
         memory_format,
         settings["flip_test"],
-        _test_scales(settings),
     )
     atomic.write_json(out_dir / "operators.json", operators)
     if operators["note"]:

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     from pipeline.evaluation.coco import size_bucket_text, without_cyclic_gc
     from pipeline.evaluation.image_bootstrap import interval_text
     from pipeline.evaluation.loop import Evaluator
-    from pipeline.models import check_test_scales, memory_format
+    from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
     overrides = parse_overrides(args.settings)
@@ -81,7 +81,6 @@ def main(argv: list[str]) -> int:
     config = validate_layers(
         [Layer(f"the config of {args.checkpoint}", state["config"]), Layer(COMMAND_LINE, overrides)]
     )
-    check_test_scales(config)  # before any data is read
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]

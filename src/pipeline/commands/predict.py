@@ -61,11 +61,10 @@ def main(argv: list[str]) -> int:
     from pipeline import prediction
     from pipeline.data.dataset import default_num_workers
     from pipeline.engine import checkpoint
-    from pipeline.models import check_test_scales, memory_format
+    from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
     config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
-    check_test_scales(config)
     threshold, source = args.score_threshold, "--score-threshold"
     if threshold is None:
         threshold, source = checkpoint.score_threshold(config, state)
@@ -106,7 +105,6 @@ def main(argv: list[str]) -> int:
         workers=default_num_workers(cached=False),
         keep_images=args.draw,
         flip_test=config["eval"]["flip_test"],
-        test_scales=config["eval"]["test_scales"],
     )
     class_names = state["class_names"]
     images, unreadable, drawn = [], [], {}

@@ -72,15 +72,13 @@ def main(argv: list[str]) -> int:
     from pipeline import device as dev
     from pipeline import profiling
     from pipeline.engine import checkpoint
-    from pipeline.models import check_test_scales, memory_format
+    from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
     # defaults filled: a checkpoint of an older version names no key added since
     config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
     # the forward pass as predict runs it: with the flip test where the run evaluates with it
     settings["flip_test"] = config["eval"]["flip_test"]
-    check_test_scales(config)
-    settings["test_scales"] = list(config["eval"]["test_scales"])
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]
@@ -95,12 +93,7 @@ def main(argv: list[str]) -> int:
         args.checkpoint,
         dev.describe_device(device),
         precision,
-        (", each image and its mirror (eval.flip_test)" if settings["flip_test"] else "")
-        + (
-            f", at scales {settings['test_scales']} (eval.test_scales)"
-            if settings["test_scales"] != [1.0]
-            else ""
-        ),
+        ", each image and its mirror (eval.flip_test)" if settings["flip_test"] else "",
         settings["batch_sizes"],
     )
     result = profiling.run(

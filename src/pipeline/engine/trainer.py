@@ -40,13 +40,7 @@ from pipeline.errors import DataError, TrainingError
 from pipeline.evaluation.coco import size_bucket_text
 from pipeline.evaluation.loop import Evaluator
 from pipeline.measured import PrecisionChoice, unmeasured_choice
-from pipeline.models import (
-    build_from_config,
-    check_input_size,
-    check_test_scales,
-    memory_format,
-    parameter_count,
-)
+from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
@@ -94,7 +88,6 @@ class Trainer(RunFolder, TimeBudget):
         self._seed_everything()
 
         check_input_size(config["model"], config["data"]["image_size"])
-        check_test_scales(config)  # before any data is read
         train_split, val_split = load_splits(config)
         self.class_names = train_split.class_names
         pin = dev.pin_memory_supported(self.device)

@@ -23,8 +23,6 @@ from pipeline.evaluation.matching import (
     resolve_protocol,
 )
 from pipeline.evaluation.voc import voc_ap
-from pipeline.models import check_test_scales
-from pipeline.models.test_time import inference_maps
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
@@ -98,7 +96,6 @@ class Evaluator:
         protocol: str = "coco",
         min_score: float = 0.0,
         flip_test: bool = False,
-        test_scales: Sequence[float] = (1.0,),
     ) -> None:
         if label_mode not in LABEL_MODES:
             raise ConfigError(
@@ -123,14 +120,11 @@ class Evaluator:
         self.min_score = float(min_score)
         # the model's maps averaged over each image and its mirror (CenterNet.forward)
         self.flip_test = bool(flip_test)
-        # and over the images resized by each scale (CenterNet.forward)
-        self.test_scales = tuple(float(scale) for scale in test_scales)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], class_names: Sequence[str]) -> Evaluator:
         """The evaluator a resolved config describes (training's validation and `eval` agree)."""
         settings = config["eval"]
-        check_test_scales(config)
         return cls(
             class_names,
             label_mode=config["model"]["label_mode"],
@@ -141,7 +135,6 @@ class Evaluator:
             protocol=resolve_protocol(settings["protocol"], config["data"]["format"]),
             min_score=settings["min_score"],
             flip_test=settings["flip_test"],
-            test_scales=settings["test_scales"],
         )
 
     @property
@@ -162,7 +155,7 @@ class Evaluator:
         read them; turned into lists only where they are written) for one pass over `loader`.
 
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
-        included; with `flip_test` or `test_scales`, every view's and their average); `images_per_s` and
+        included; with `flip_test`, both views' and their average); `images_per_s` and
         `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`.
         The model's train/eval mode is restored afterwards.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
@@ -184,7 +177,7 @@ class Evaluator:
                     synchronize(device)
                     start = time.perf_counter()
                     with autocast(device, precision):
-                        outputs = inference_maps(model, images, self.flip_test, self.test_scales)
+                        outputs = model(images, flip_test=True) if self.flip_test else model(images)
                     synchronize(device)
                     model_s += time.perf_counter() - start
 
@@ -325,7 +318,6 @@ class Evaluator:
             "score_threshold": counts["score_threshold"],
             "min_score": self.min_score,
             "flip_test": self.flip_test,
-            "test_scales": list(self.test_scales),
             "iou_threshold": self.iou_threshold,
             "protocol": self.protocol,
             "figure_protocols": FIGURE_PROTOCOLS[self.protocol],

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import ConfigError
-from pipeline.models import centernet, test_time
+from pipeline.models import centernet
 
 MODELS: dict[str, Callable[..., centernet.CenterNet]] = {
     "tiny_conv": centernet.tiny_conv,
@@ -69,26 +69,6 @@ def check_input_size(model_config: Mapping[str, Any], image_size: int) -> None:
             f"data.image_size={image_size} does not fit model {name!r}: its total stride is {multiple}, so the "
             f"input size must be a multiple of {multiple} (for example {lower} or {lower + multiple})."
         )
-
-
-def check_test_scales(config: Mapping[str, Any]) -> None:
-    """Refuse `eval.test_scales` where two scales round to one input size (the same view
-    twice, at the cost of two forward passes), naming the sizes they give."""
-    scales = config["eval"]["test_scales"]
-    multiple = input_multiple(config["model"])
-    image_size = config["data"]["image_size"]
-    sides: dict[int, float] = {}
-    for scale in scales:
-        side = test_time.scaled_side(image_size, scale, multiple)
-        if side in sides:
-            raise ConfigError(
-                f"eval.test_scales={list(scales)!r} gives one input size twice: with "
-                f"data.image_size={image_size} and the model's total stride {multiple}, scales "
-                f"{sides[side]!r} and {scale!r} both round to {side} px (each side is rounded to a "
-                f"multiple of {multiple}). Keep one of them, or pick scales {multiple} px apart "
-                f"at least (for example {(image_size + multiple) / image_size:g} beside 1.0)."
-            )
-        sides[side] = scale
 
 
 def build_from_config(model_config: Mapping[str, Any], num_classes: int) -> centernet.CenterNet:

@@ -34,21 +34,13 @@ With `flip_test` (config `eval.flip_test`; evaluation, training's validation and
 the training step) the model also sees each image's left-right mirror and the two views' maps are
 averaged in the image's frame before decoding, as in CenterNet's flip test: twice the forward
 pass for two estimates of every object's size, centre and score (benchmarks/flip_test.py).
-With `scales` (config `eval.test_scales`) the model also sees the images resized by each scale,
-every view's maps brought to the images' own frame and averaged before decoding once
-(`test_time`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import reduce
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from pipeline.models import test_time
 
 LABEL_MODES = ("multilabel", "single")
 STRIDE = 4
@@ -136,7 +128,6 @@ class TinyBackbone(nn.Module):
             conv_bn(2 * w, 3 * w, 2), conv_bn(3 * w, 3 * w), conv_bn(3 * w, 3 * w)
         )
         self.channels: tuple[int, ...] = (w, 2 * w, 3 * w)
-        self.total_stride = max_stride  # inputs are multiples of it
         self.stage32 = None
         if max_stride == 32:
             self.stage32 = nn.Sequential(
@@ -164,7 +155,6 @@ class ResNetBackbone(nn.Module):
         self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
         self.layers = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
         self.channels = (64, 128, 256, 512)
-        self.total_stride = 32
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         features = []
@@ -253,26 +243,16 @@ class CenterNet(nn.Module):
             nn.init.zeros_(head[-1].weight)
             nn.init.zeros_(head[-1].bias)
 
-    def forward(
-        self,
-        images: torch.Tensor,
-        flip_test: bool = False,
-        scales: Sequence[float] = (1.0,),
-    ) -> dict[str, torch.Tensor]:
+    def forward(self, images: torch.Tensor, flip_test: bool = False) -> dict[str, torch.Tensor]:
         """images: uint8 [B,3,H,W] (or float in [0, 1]); H and W divisible by the backbone's
         stride. `flip_test` (config `eval.flip_test`): the maps of the images and of their
-        left-right mirrors averaged (`averaged`); `scales` (config `eval.test_scales`): the maps
-        of the images resized by each scale, in the images' own frame, averaged with each other
-        (and with their mirrors'; `test_time.scaled_views`); for evaluation and prediction
-        only."""
-        if tuple(scales) == (1.0,):
-            if not flip_test:
-                return self.maps(images)
-            # two passes of the batch's own shape, not one of twice the batch: no kernels to
-            # set up for a new shape, half the peak memory, and no slower on a CPU
-            mirror = self.mirrored(self.maps(images.flip(-1)))
-            return self.averaged([self.maps(images), mirror])
-        return test_time.scaled_views(self, images, flip_test, scales)
+        left-right mirrors averaged (`flip_averaged`), for evaluation and prediction only."""
+        if not flip_test:
+            return self.maps(images)
+        # two passes of the batch's own shape, not one of twice the batch: no kernels to set
+        # up for a new shape, half the peak memory, and no slower on a CPU
+        mirror = self.mirrored(self.maps(images.flip(-1)))
+        return self.flip_averaged(self.maps(images), mirror)
 
     def maps(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """The heads' outputs for one view of the images (see `forward`)."""
@@ -301,27 +281,25 @@ class CenterNet(nn.Module):
         flipped["box"] = box
         return flipped
 
-    def averaged(self, views: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Several views' maps in one frame averaged, as CenterNet's flip test averages two:
-        the class probabilities and predicted IoUs as probabilities (returned as the logits
-        that give them back), the boxes' offsets and log sizes as they are. Each object's size,
-        centre and score then come from several estimates whose errors partly cancel."""
+    def flip_averaged(
+        self, outputs: dict[str, torch.Tensor], mirrored: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Two views' maps in one frame averaged, as CenterNet's flip test averages them: the
+        class probabilities and predicted IoUs as probabilities (returned as the logits that
+        give them back), the boxes' offsets and log sizes as they are. Each object's size,
+        centre and score then come from two estimates whose errors partly cancel."""
         softmax = {"heatmap": self.label_mode == "single", "iou": False}
-        count = len(views)
-
-        def mean(values: list[torch.Tensor]) -> torch.Tensor:
-            return reduce(torch.add, values) / count
-
         averaged = {}
-        for key in views[0]:
-            values = [view[key].float() for view in views]
+        for key, value in outputs.items():
+            first, second = value.float(), mirrored[key].float()
             if key == "box":
-                averaged[key] = mean(values)
+                averaged[key] = (first + second) / 2
             elif softmax[key]:  # over the classes and background
-                averaged[key] = mean([v.softmax(dim=1) for v in values]).clamp(min=_TINY).log()
+                mean = (first.softmax(dim=1) + second.softmax(dim=1)) / 2
+                averaged[key] = mean.clamp(min=_TINY).log()
             else:  # sigmoid: log p - log (1 - p), each side averaged on its own for accuracy
-                yes = mean([v.sigmoid() for v in values])
-                no = mean([(-v).sigmoid() for v in values])
+                yes = (first.sigmoid() + second.sigmoid()) / 2
+                no = ((-first).sigmoid() + (-second).sigmoid()) / 2
                 averaged[key] = yes.clamp(min=_TINY).log() - no.clamp(min=_TINY).log()
         return averaged
 

@@ -211,13 +211,7 @@ def latency_row(run: RunResults, row: dict[str, Any]) -> dict[str, Any]:
             if wall.get(key)
         ]
         # two forward passes per image, as the run evaluates and predicts
-        + (["flip test: each image and its mirror"] if settings.get("flip_test") else [])
-        # a forward pass per scale, as the run evaluates and predicts
-        + (
-            [f"test scales {', '.join(f'{scale:g}' for scale in settings['test_scales'])}"]
-            if settings.get("test_scales", [1.0]) != [1.0]
-            else []
-        ),
+        + (["flip test: each image and its mirror"] if settings.get("flip_test") else []),
     }
 
 
