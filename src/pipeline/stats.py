@@ -123,8 +123,9 @@ PAIRED_METHOD = (
 )
 INSTANCES_METHOD = (
     "two-stage percentile bootstrap of the median of per-round ratios (reference block median "
-    "over candidate block median, blocks interleaved in one process): model instance pairs "
-    f"resampled, then rounds within each, {BOOTSTRAP_RESAMPLES} resamples"
+    "over candidate block median, the blocks of each model instance pair interleaved in one "
+    "process, on a CPU a process of its own): model instance pairs resampled, then rounds "
+    f"within each, {BOOTSTRAP_RESAMPLES} resamples"
 )
 MIN_ROUNDS_TO_PAIR = 5  # fewer rounds in common: the sets are resampled independently (the
 # percentile bootstrap of a median over 3 or 4 rounds holds far less than its confidence)
