@@ -413,13 +413,14 @@ def test_a_stand_in_preset_layers_over_the_photographs_and_budget_ones_and_keeps
 
 
 def test_the_photographs_and_budget_presets_each_set_one_thing() -> None:
-    """Augmentation and scores for photographs; a five-minute CPU budget: nothing of the
-    other's."""
+    """Augmentation, scores and the flip test for photographs; a five-minute CPU budget:
+    nothing of the other's."""
     folder = REPO / "config" / "presets"
     photographs = read_yaml(folder / "photographs.yaml")
-    assert set(photographs) == {"data", "model"}
+    assert set(photographs) == {"data", "model", "eval"}
     assert set(photographs["data"]) == {"augment"}
     assert photographs["model"] == {"iou_score": True}
+    assert photographs["eval"] == {"flip_test": True}
     assert set(read_yaml(folder / "five-minutes-cpu.yaml")) == {"train"}
     assert load_config(folder / "five-minutes-cpu.yaml")["train"]["time_budget_s"] is not None
 
