@@ -122,9 +122,10 @@ def run_backend(
     (`bench_schedule`: order reversed every round, instance k of every precision in the same
     rounds), so that the speed-up is paired round by round and resampled over instance pairs
     (`stats.speedup_between`) and what the machine does meanwhile cancels out of it. The
-    batch is rendered once and the numerics' fp32 reference trained once per model. A
-    precision whose warm-up or timed steps already show it slower than fp32 stops there
-    (`slower_than`), and its record says why.
+    batch is rendered once per process that builds models (on a CPU, once in each child) and
+    the numerics' fp32 reference trained once per model. A precision whose warm-up or timed
+    steps already show it slower than fp32 stops there (`slower_than`), and its record says
+    why.
     """
     for mode in modes:
         if mode not in MODES:
@@ -145,7 +146,9 @@ def run_backend(
 
 class _Shared:
     """What the combinations of one process share: the kernel flags and the rendered batch
-    (made at the first combination that runs), and the numerics' fp32 reference of a model."""
+    (made at the first combination that runs; on a CPU in each forked child, as the bench
+    process computes nothing), and the numerics' fp32 reference of a model (on a CPU, the
+    comparisons the first child made)."""
 
     def __init__(self, device: torch.device, settings: dict[str, Any]) -> None:
         self.device, self.settings = device, settings
