@@ -4,7 +4,9 @@ A paired interval over rounds of one model instance per precision (the bench wit
 `bench.instances: 1`) cannot see this. The script asks: --processes processes, one after
 another, each building --models fresh instances in turn of the default config's model and
 timing each one's training step in --precision as the bench rule does (`bench.run_backend`,
-one precision and one instance per call, its warm-up and budget). Per instance: the median step and its IQR. Figures: the spread of the instances'
+one precision and one instance per call, its warm-up and budget), but within the process
+(`fork=False`), where the bench rule times each CPU instance in a forked child of its own.
+Per instance: the median step and its IQR. Figures: the spread of the instances'
 medians (largest / smallest) over all instances and, the worst, within one process; and the
 median of the instances' IQR over their median, the noise one instance's interval is built
 from. No target: a diagnostic. Where the spread of medians is far beyond the IQRs, a single

@@ -2,17 +2,18 @@
 schedule (fp32 first, so a precision its own samples show slower than fp32 stops early).
 
 What is timed comes from the training config (model and its options, label mode, memory
-format, batch and image size, gradient clipping, optimizer, kernel flags); the `bench.*` keys
-override it where set, and every record says which configuration it timed and what was
+format, batch and image size, gradient clipping, optimizer, kernel flags); the `bench.*`
+keys override it where set, and every record says which configuration it timed and what was
 overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
-the forward pass under `inference_mode`, as evaluation and profiling run it. Each precision
-is timed on `bench.instances` freshly built models (a new model can keep a faster or slower
-speed mode, and a CPU process one for all its models: there each instance index is timed in
-a forked child), each warmed up until its step time settles; the device is synchronized
-around every timed step; every sample is kept and summarised with its spread and drift; a
-time budget bounds a much slower CPU autocast. fp16/bf16 numerics are compared with fp32
-(`pipeline.numerics`). The rounds, in this process or in forked children, are
-`pipeline.bench_schedule`'s; the records are built by `pipeline.bench_record`.
+the forward pass under `inference_mode`, as evaluation and profiling run it without
+`eval.flip_test` (one view). Each precision is timed on `bench.instances` freshly built
+models (a new model can keep a faster or slower speed mode, and a CPU process one for all
+its models: there each instance index is timed in a forked child), each warmed up until its
+step time settles; the device is synchronized around every timed step; every sample is kept
+and summarised with its spread and drift; a time budget bounds a much slower CPU autocast.
+fp16/bf16 numerics are compared with fp32 (`pipeline.numerics`). The rounds, in this process
+or in forked children, are `pipeline.bench_schedule`'s; the records are built by
+`pipeline.bench_record`.
 """
 
 from __future__ import annotations
@@ -122,9 +123,10 @@ def run_backend(
     (`bench_schedule`: order reversed every round, instance k of every precision in the same
     rounds), so that the speed-up is paired round by round and resampled over instance pairs
     (`stats.speedup_between`) and what the machine does meanwhile cancels out of it. The
-    batch is rendered once and the numerics' fp32 reference trained once per model. A
-    precision whose warm-up or timed steps already show it slower than fp32 stops there
-    (`slower_than`), and its record says why.
+    batch is rendered once per process that builds models (on a CPU, once in each child) and
+    the numerics' fp32 reference trained once per model. A precision whose warm-up or timed
+    steps already show it slower than fp32 stops there (`slower_than`), and its record says
+    why.
     """
     for mode in modes:
         if mode not in MODES:
@@ -145,7 +147,9 @@ def run_backend(
 
 class _Shared:
     """What the combinations of one process share: the kernel flags and the rendered batch
-    (made at the first combination that runs), and the numerics' fp32 reference of a model."""
+    (made at the first combination that runs; on a CPU in each forked child, as the bench
+    process computes nothing), and the numerics' fp32 reference of a model (on a CPU, the
+    comparisons the first child made)."""
 
     def __init__(self, device: torch.device, settings: dict[str, Any]) -> None:
         self.device, self.settings = device, settings

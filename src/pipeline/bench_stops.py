@@ -1,6 +1,7 @@
 """When a precision's own steps show that it cannot be faster than fp32 (same backend, model
-and mode, in one bench process): the rules that end its warm-up and its timing early, so that
-a CPU autocast many times slower costs a few steps, and a busy machine condemns nothing."""
+and mode, in one bench run: on a CPU across its forked children): the rules that end its
+warm-up and its timing early, so that a CPU autocast many times slower costs a few steps, and
+a busy machine condemns nothing."""
 
 from __future__ import annotations
 

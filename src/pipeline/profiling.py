@@ -1,8 +1,8 @@
 """Inference profile of a trained model: latency per batch size and a torch.profiler trace.
 
-Latency is wall time around a synchronized forward pass (p50/p90/p99 after a warm-up that
-lasts until the latency settles), plus
-GPU-side event time where the backend has events. `torch.profiler` has no MPS activity:
+Latency is wall time around a synchronized forward pass as predict runs it (with the flip
+test, the images and their mirrors; p50/p90/p99 after a warm-up that lasts until the latency
+settles), plus GPU-side event time where the backend has events. `torch.profiler` has no MPS activity:
 on MPS its operator table shows CPU-side dispatch only, and the output says so.
 """
 

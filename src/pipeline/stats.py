@@ -232,7 +232,7 @@ def speedup(
     """Speed-up of `candidate` over `reference` from their step times, with its interval.
 
     With `rounds` (each sample's round of an interleaved schedule, reference's and
-    candidate's, as the two were timed in one process) and at least MIN_ROUNDS_TO_PAIR rounds
+    candidate's, as the two were timed in one schedule) and at least MIN_ROUNDS_TO_PAIR rounds
     in common, the figure is `paired_speedup`'s; `instances` (each sample's model instance,
     both sides) makes its interval one over instance pairs as well. Otherwise both sets are
     resampled independently (they come from separate runs), and the interval is the

@@ -1,6 +1,7 @@
 """`python -m pipeline bench`: time the step training takes on one backend, in one precision x
-mode (--out FILE.json) or in several in this process, the precisions of a model and mode
-timed in interleaved rounds (--out-dir DIR: one DIR/BACKEND-PRECISION-MODE.json each).
+mode (--out FILE.json) or in several in one command, the precisions of a model and mode timed
+in interleaved rounds (--out-dir DIR: one DIR/BACKEND-PRECISION-MODE.json each); on a CPU each
+model instance index in a child forked from the bench process.
 
 What is timed comes from the training config (config/config.yaml, any --configfile over it,
 key=value settings on top); the options below override single `bench.*` keys.
