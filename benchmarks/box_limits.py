@@ -49,12 +49,17 @@ WINDOWS = (1, 3)  # decode's centre_window
 ORACLES = ("oracle_size", "oracle_centre", "oracle_box")
 
 
-def forward_pass(model, loader) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, Any]]]:
-    """The model's raw outputs per batch and the ground truth per image, in input pixels."""
+def forward_pass(
+    model, loader, flip_test: bool = False
+) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, Any]]]:
+    """The model's raw outputs per batch (with `flip_test`, the two views' averaged maps, as
+    evaluation reads them under eval.flip_test) and the ground truth per image, in input
+    pixels."""
     outputs, truth = [], []
     with torch.inference_mode():
         for images, targets in loader:
-            outputs.append({k: v.float() for k, v in model(images).items()})
+            maps = model(images, flip_test=True) if flip_test else model(images)
+            outputs.append({k: v.float() for k, v in maps.items()})
             truth += [
                 {
                     "image_id": int(t["image_id"]),
@@ -239,6 +244,9 @@ def main(argv: list[str]) -> int:
         help="train: the training images without augmentation (does the fit itself hold the error?)",
     )
     parser.add_argument("--rounds", type=int, default=10, help="decode-time rounds (ABBA)")
+    parser.add_argument(
+        "--flip-test", action="store_true", help="read the maps as eval.flip_test=true does"
+    )
     args = parser.parse_args(argv)
     harness.setup_torch(args)
 
@@ -256,13 +264,13 @@ def main(argv: list[str]) -> int:
     max_detections = config["eval"]["max_detections"]
     image_size = config["data"]["image_size"]
     outputs, truth = forward_pass(
-        model, loader_for(annotations, config, train=False, pin_memory=False)
+        model, loader_for(annotations, config, train=False, pin_memory=False), args.flip_test
     )
     val_size_bias, val_measured = None, False
     if split != "val":
         val_split = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, "val")
         val_outputs, val_truth = forward_pass(
-            model, loader_for(val_split, config, train=False, pin_memory=False)
+            model, loader_for(val_split, config, train=False, pin_memory=False), args.flip_test
         )
         val_dets = decoded(model, val_outputs, val_truth, CENTRE_WINDOW, max_detections)
         val_size_bias = errors(val_dets, val_truth, 1.0)["size_bias"]
@@ -361,6 +369,7 @@ def main(argv: list[str]) -> int:
         "checkpoint": str(args.checkpoint),
         "epoch": state["epoch"],
         "image_size": image_size,
+        "flip_test": args.flip_test,
         "score_threshold": threshold,
         "images": len(truth),
     }

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 from benchmark_modules import load
 from tiny_runs import (
     global_torch_state,
@@ -17,6 +18,7 @@ from tiny_runs import (
 
 from pipeline import formats
 from pipeline.engine.trainer import Trainer
+from pipeline.models import build_model
 
 box_limits = load("box_limits")
 
@@ -113,3 +115,21 @@ def test_a_trained_checkpoint_gets_a_record_of_every_variant_and_both_decode_tim
     assert "centre_cell.size_bias" in keys
     assert {"centre1.decode_ms", "centre3.decode_ms", "decode_ratio"} <= keys
     assert document["settings"]["set"] == "shapes" and document["settings"]["split"] == "test"
+
+
+def test_flip_test_reads_the_maps_as_evaluation_does_with_eval_flip_test() -> None:
+    with global_torch_state(), one_cpu_thread():
+        torch.manual_seed(0)
+        model = build_model("tiny_conv", 2, width=8).eval()
+        images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+        empty = torch.zeros((0, 4))
+        target = {"image_id": 1, "boxes": empty, "labels": torch.zeros(0, dtype=torch.int64)}
+        target |= {"ignore_boxes": empty, "ignore_labels": torch.zeros(0, dtype=torch.int64)}
+        loader = [(images, [target, target | {"image_id": 2}])]
+        with torch.inference_mode():
+            both, plain = model(images, flip_test=True), model(images)
+        for flip_test, expected in ((True, both), (False, plain)):
+            (outputs,), truth = box_limits.forward_pass(model, loader, flip_test)
+            assert [t["image_id"] for t in truth] == [1, 2]
+            for key, value in expected.items():
+                assert torch.equal(outputs[key], value.float()), (flip_test, key)
