@@ -462,6 +462,15 @@ def test_evaluation_leads_with_f1_at_the_validation_threshold_on_the_held_out_sp
     assert "0.470 at 0.25" in text  # the best F1 on the test images themselves, last
 
 
+def test_a_run_evaluated_with_the_flip_test_is_marked_so(tmp_path: Path) -> None:
+    results = write_results_tree(tmp_path)
+    document = evaluation("cpu", "fp32", 0.42)
+    document["metrics"]["flip_test"] = True
+    assert "cpu-fp32 (flip test) " in evaluation_section(results, document)
+    document["metrics"]["flip_test"] = False
+    assert "(flip test) " not in evaluation_section(results, document)
+
+
 def test_each_run_leads_with_its_held_out_f1_and_the_optimistic_ones_say_so(
     tmp_path: Path,
 ) -> None:

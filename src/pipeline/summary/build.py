@@ -467,6 +467,8 @@ def evaluation(run: RunResults) -> dict[str, Any] | None:
         # which rules each figure follows (None: a file from before protocols were named)
         "protocol": metrics.get("protocol"),
         "figure_protocols": metrics.get("figure_protocols"),
+        # decoded from each image and its mirror (None: a file from before the key)
+        "flip_test": metrics.get("flip_test"),
         "num_images": metrics.get("num_images"),
         "num_ground_truth": metrics.get("num_ground_truth"),
         "num_detections": metrics.get("num_detections"),
