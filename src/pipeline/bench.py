@@ -194,8 +194,7 @@ class _Shared:
             self._numerics = NumericsReference(
                 model, images, targets, self.device, self.settings, self.layout
             )
-        if precision not in self._compared:
-            self._compared[precision] = self._numerics.compare(precision)
+        self._compared[precision] = self._numerics.compare(precision)
         return copy.deepcopy(self._compared[precision])
 
 

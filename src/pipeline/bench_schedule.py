@@ -208,7 +208,7 @@ def steps_of_instance(instance: int, instances: int, max_steps: int) -> int:
     return sum(
         min(BLOCK_STEPS, max_steps - r * BLOCK_STEPS)
         for r in range(rounds)
-        if r // 2 % instances == instance
+        if timing.instance_of_round(r, instances) == instance
     )
 
 
