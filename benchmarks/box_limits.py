@@ -58,7 +58,7 @@ def forward_pass(
     outputs, truth = [], []
     with torch.inference_mode():
         for images, targets in loader:
-            maps = model(images, flip_test=True) if flip_test else model(images)
+            maps = model(images, flip_test=flip_test)
             outputs.append({k: v.float() for k, v in maps.items()})
             truth += [
                 {

@@ -126,7 +126,7 @@ class ReachesIntoThePadding(torch.nn.Module):
     def _key(image: torch.Tensor) -> str:
         return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         return images
 
     def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, torch.Tensor]]:
