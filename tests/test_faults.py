@@ -37,8 +37,10 @@ from tiny_runs import (
 
 from pipeline import cli
 from pipeline import device as dev
+from pipeline.config import load_schema
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
+from pipeline.errors import ConfigError
 from pipeline.evaluation.loop import Evaluator
 from pipeline.models import build_from_config
 
@@ -673,6 +675,10 @@ def checkpoints(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         {**state, "config": resnet_config, "model": resnet_run.state_dict()},
     )
     (folder / "directory.pth").mkdir()
+    bad_eval = {**state["config"]["eval"], "min_score": 5}
+    checkpoint.save(
+        folder / "bad_config.pth", {**state, "config": {**state["config"], "eval": bad_eval}}
+    )
     return {
         "good": good,
         "missing": folder / "missing.pth",
@@ -821,7 +827,18 @@ def resume_fails(capsys, here: Path, path: Path, data_root: Path) -> str:
     return message
 
 
-FAILS = {"eval": eval_fails, "profile": profile_fails}
+def predict_fails(capsys, here: Path, path: Path) -> str:
+    images, out = here / "images", here / "predicted"
+    images.mkdir()
+    Image.new("RGB", (32, 32)).save(images / "one.png")
+    message = user_error(
+        capsys, "predict", "--checkpoint", str(path), str(images), "--out", str(out)
+    )
+    assert not out.exists()
+    return message
+
+
+FAILS = {"eval": eval_fails, "profile": profile_fails, "predict": predict_fails}
 
 
 @pytest.fixture
@@ -933,6 +950,35 @@ def test_eval_of_a_missing_checkpoint_says_it_does_not_exist(
     assert eval_fails(capsys, here, path) == (
         f"Checkpoint {path} does not exist. Train first (python -m pipeline train) or check the path."
     )
+
+
+@pytest.mark.parametrize("command", ["eval", "profile", "predict"])
+def test_a_bad_value_in_a_checkpoints_config_is_named_with_the_checkpoint_file(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture, command: str
+) -> None:
+    path = checkpoints["bad_config"]
+    message = FAILS[command](capsys, here, path)
+    assert message.startswith(
+        f"Config key eval.min_score = 5 in the config of {path} is not valid: 5 is greater than "
+        "or equal to the maximum of 1"
+    )
+
+
+def test_a_checkpoints_config_is_read_with_todays_defaults_and_the_command_line_on_top(
+    checkpoints: dict[str, Path],
+) -> None:
+    """One reading for evaluate, predict and profile: keys added since the checkpoint was
+    written get their defaults; evaluate's overrides win, and a bad one names the command line."""
+    path = checkpoints["good"]
+    state = checkpoint.load(path)
+    state["config"]["eval"].pop("min_score")  # as a checkpoint of an older version
+    default = load_schema()["properties"]["eval"]["properties"]["min_score"]["default"]
+    assert checkpoint.config_of(state, path)["eval"]["min_score"] == default
+    ours = checkpoint.config_of(state, path, {"eval": {"min_score": 0.25}})
+    assert ours["eval"]["min_score"] == 0.25
+    assert ours["model"] == state["config"]["model"]
+    with pytest.raises(ConfigError, match=r"eval\.min_score = 7 in the command line is not valid"):
+        checkpoint.config_of(state, path, {"eval": {"min_score": 7}})
 
 
 @pytest.mark.parametrize("command", ["eval", "profile", "resume"])
