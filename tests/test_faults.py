@@ -18,7 +18,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,7 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-    tiny_settings,
-)
+from tiny_runs import make_data, tiny_config, tiny_settings
 
 from pipeline import cli
 from pipeline import device as dev
@@ -44,13 +37,9 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation.loop import Evaluator
 from pipeline.models import build_from_config
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 CLASSES = ["circle", "square", "triangle", "cross"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 @pytest.fixture(scope="module")
