@@ -830,6 +830,16 @@ def predict_fails(capsys, here: Path, path: Path) -> str:
 FAILS = {"eval": eval_fails, "profile": profile_fails, "predict": predict_fails}
 
 
+def refused(
+    command: str, capsys: pytest.CaptureFixture, here: Path, path: Path, data_root: Path
+) -> tuple[str, Path]:
+    """The message `command` (a key of FAILS, or "resume") refuses checkpoint `path` with, and
+    the path the message should name: `train --resume` reads its copy in the run folder."""
+    if command == "resume":
+        return resume_fails(capsys, here, path, data_root), here / "run" / "last.pth"
+    return FAILS[command](capsys, here, path), path
+
+
 @pytest.fixture
 def no_evaluation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The splits that evaluation started on (none, where the data is refused first)."""
@@ -978,12 +988,7 @@ def test_a_truncated_checkpoint_is_named_as_damaged(
     capsys: pytest.CaptureFixture,
     command: str,
 ) -> None:
-    path = checkpoints["truncated"]
-    if command == "resume":
-        message = resume_fails(capsys, here, path, data_root)
-        path = here / "run" / "last.pth"
-    else:
-        message = FAILS[command](capsys, here, path)
+    message, path = refused(command, capsys, here, checkpoints["truncated"], data_root)
     assert message.startswith(
         f"Checkpoint {path} is damaged: it starts as a torch checkpoint (a zip archive) does, but "
         "its end is missing after "
@@ -998,12 +1003,7 @@ def test_weights_of_another_width_name_the_model_and_the_first_mismatch(
     capsys: pytest.CaptureFixture,
     command: str,
 ) -> None:
-    path = checkpoints["other_width"]
-    if command == "resume":
-        message = resume_fails(capsys, here, path, data_root)
-        path = here / "run" / "last.pth"
-    else:
-        message = FAILS[command](capsys, here, path)
+    message, path = refused(command, capsys, here, checkpoints["other_width"], data_root)
     assert message.startswith(
         f"Checkpoint {path} does not fit model 'tiny_conv' (4 classes, width 8) that its own "
         "config describes: its weights are of another architecture, width or class count "
@@ -1056,12 +1056,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_never_runs(
     capsys: pytest.CaptureFixture,
     command: str,
 ) -> None:
-    path = checkpoints["evil"]
-    if command == "resume":
-        message = resume_fails(capsys, here, path, data_root)
-        path = here / "run" / "last.pth"
-    else:
-        message = FAILS[command](capsys, here, path)
+    message, path = refused(command, capsys, here, checkpoints["evil"], data_root)
     assert message.startswith(
         f"Checkpoint {path} was refused by torch.load(weights_only=True): it holds pickled Python "
         "objects beyond tensors and plain containers, which could run code when loaded"
