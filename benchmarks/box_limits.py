@@ -35,7 +35,6 @@ import torch
 from torchvision.ops import box_iou
 
 from pipeline.commands.evaluate import _split_with_the_checkpoints_classes
-from pipeline.config import Layer, validate_layers
 from pipeline.data import has_test_split
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
@@ -58,7 +57,7 @@ def forward_pass(
     outputs, truth = [], []
     with torch.inference_mode():
         for images, targets in loader:
-            maps = model(images, flip_test=True) if flip_test else model(images)
+            maps = model(images, flip_test=flip_test)
             outputs.append({k: v.float() for k, v in maps.items()})
             truth += [
                 {
@@ -251,8 +250,7 @@ def main(argv: list[str]) -> int:
     harness.setup_torch(args)
 
     state = checkpoint.load(args.checkpoint)
-    # the checkpoint's config with today's defaults filled in, as evaluate reads it
-    config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
+    config = checkpoint.config_of(state, args.checkpoint)
     class_names = state["class_names"]
     split = args.split if args.split != "test" or has_test_split(config) else "val"
     annotations = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, split)

@@ -148,6 +148,17 @@ def restore_pipeline_logger() -> Iterator[None]:
     logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
+@pytest.fixture(scope="module")
+def torch_flags_threads_and_logger() -> Iterator[None]:
+    """For a module that trains or runs models (by name: `pytestmark =
+    pytest.mark.usefixtures("torch_flags_threads_and_logger")`): one torch thread throughout,
+    and torch's global flags and the 'pipeline' logger put back after it (tests/tiny_runs.py)."""
+    from tiny_runs import global_torch_state, one_cpu_thread, pipeline_logger_restored
+
+    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def written_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every JSON document with a format tag that code under test writes (atomic.write_json)

@@ -19,7 +19,6 @@ import pytest
 import torch
 from fake_clock import FakeClock
 from jsonschema import Draft202012Validator
-from tiny_runs import one_cpu_thread
 
 from pipeline import bench, bench_record, bench_stops, cli, formats, measured, stats, timing
 from pipeline import device as dev
@@ -42,13 +41,9 @@ CONDITION_KEYS = {
 }
 TINY = ["--device", "cpu", "--model", "tiny_conv", "--batch-size", "2", "--image-size", "32"]
 
-pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_cpu_thread():
-        yield
+pytestmark = pytest.mark.usefixtures(
+    "torch_flags_threads_and_logger", "no_backend_env", "restore_pipeline_logger"
+)
 
 
 @pytest.fixture

@@ -19,22 +19,17 @@ from typing import Any
 import pytest
 import torch
 from fake_clock import FakeClock
-from tiny_runs import one_cpu_thread
 
 from pipeline import bench, bench_fork, bench_record, bench_schedule, cli
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 
-pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
+pytestmark = pytest.mark.usefixtures(
+    "torch_flags_threads_and_logger", "no_backend_env", "restore_pipeline_logger"
+)
 
 # the speed mode of model instance k (seed k), alike for every precision
 MODES = [1.0, 1.25, 0.9, 1.1, 0.95, 1.05]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_cpu_thread():
-        yield
 
 
 def plan(**bench_keys: Any) -> dict[str, Any]:

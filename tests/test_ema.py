@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tiny_runs import (
-    InterruptedInEpoch2,
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    tiny_config,
-)
+from tiny_runs import InterruptedInEpoch2, make_data, tiny_config
 from torch import nn
 
 from pipeline.engine import checkpoint
 from pipeline.engine.ema import WeightAverage, decay_at
 from pipeline.engine.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 EPOCHS = 3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_and_threads() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_runs import global_torch_state, one_cpu_thread, pipeline_logger_restored, tiny_config
+from tiny_runs import tiny_config
 
 from pipeline import cli
 from pipeline.commands import evaluate as evaluate_command
@@ -25,15 +24,11 @@ from pipeline.data.dataset import DetectionDataset
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 WIDTH, HEIGHT = 96, 56  # letterboxed to 64 x 64: the image fills rows 13 to 50
 CLASSES = ("a", "b")
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 def _objects(rng: np.random.Generator) -> list[list[int]]:
@@ -126,7 +121,7 @@ class ReachesIntoThePadding(torch.nn.Module):
     def _key(image: torch.Tensor) -> str:
         return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         return images
 
     def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, torch.Tensor]]:

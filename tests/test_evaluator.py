@@ -859,7 +859,7 @@ class FakeDetector(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(1))
         self.seen: list[dict[str, bool]] = []
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         self.seen.append(
             {
                 "training": self.training,
@@ -993,9 +993,9 @@ def test_evaluator_synchronizes_the_device_around_each_timed_forward(
     )
 
     class Recording(FakeDetector):
-        def forward(self, images: torch.Tensor) -> torch.Tensor:
+        def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
             events.append("forward")
-            return super().forward(images)
+            return super().forward(images, flip_test)
 
     evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
     evaluator.evaluate(Recording(), loader, "cpu")

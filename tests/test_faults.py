@@ -18,7 +18,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +26,20 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-    tiny_settings,
-)
+from tiny_runs import make_data, tiny_config, tiny_settings
 
 from pipeline import cli
 from pipeline import device as dev
+from pipeline.config import load_schema
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
+from pipeline.errors import ConfigError
 from pipeline.evaluation.loop import Evaluator
 from pipeline.models import build_from_config
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 CLASSES = ["circle", "square", "triangle", "cross"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -673,6 +664,10 @@ def checkpoints(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         {**state, "config": resnet_config, "model": resnet_run.state_dict()},
     )
     (folder / "directory.pth").mkdir()
+    bad_eval = {**state["config"]["eval"], "min_score": 5}
+    checkpoint.save(
+        folder / "bad_config.pth", {**state, "config": {**state["config"], "eval": bad_eval}}
+    )
     return {
         "good": good,
         "missing": folder / "missing.pth",
@@ -821,7 +816,28 @@ def resume_fails(capsys, here: Path, path: Path, data_root: Path) -> str:
     return message
 
 
-FAILS = {"eval": eval_fails, "profile": profile_fails}
+def predict_fails(capsys, here: Path, path: Path) -> str:
+    images, out = here / "images", here / "predicted"
+    images.mkdir()
+    Image.new("RGB", (32, 32)).save(images / "one.png")
+    message = user_error(
+        capsys, "predict", "--checkpoint", str(path), str(images), "--out", str(out)
+    )
+    assert not out.exists()
+    return message
+
+
+FAILS = {"eval": eval_fails, "profile": profile_fails, "predict": predict_fails}
+
+
+def refused(
+    command: str, capsys: pytest.CaptureFixture, here: Path, path: Path, data_root: Path
+) -> tuple[str, Path]:
+    """The message `command` (a key of FAILS, or "resume") refuses checkpoint `path` with, and
+    the path the message should name: `train --resume` reads its copy in the run folder."""
+    if command == "resume":
+        return resume_fails(capsys, here, path, data_root), here / "run" / "last.pth"
+    return FAILS[command](capsys, here, path), path
 
 
 @pytest.fixture
@@ -935,6 +951,35 @@ def test_eval_of_a_missing_checkpoint_says_it_does_not_exist(
     )
 
 
+@pytest.mark.parametrize("command", ["eval", "profile", "predict"])
+def test_a_bad_value_in_a_checkpoints_config_is_named_with_the_checkpoint_file(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture, command: str
+) -> None:
+    path = checkpoints["bad_config"]
+    message = FAILS[command](capsys, here, path)
+    assert message.startswith(
+        f"Config key eval.min_score = 5 in the config of {path} is not valid: 5 is greater than "
+        "or equal to the maximum of 1"
+    )
+
+
+def test_a_checkpoints_config_is_read_with_todays_defaults_and_the_command_line_on_top(
+    checkpoints: dict[str, Path],
+) -> None:
+    """One reading for evaluate, predict and profile: keys added since the checkpoint was
+    written get their defaults; evaluate's overrides win, and a bad one names the command line."""
+    path = checkpoints["good"]
+    state = checkpoint.load(path)
+    state["config"]["eval"].pop("min_score")  # as a checkpoint of an older version
+    default = load_schema()["properties"]["eval"]["properties"]["min_score"]["default"]
+    assert checkpoint.config_of(state, path)["eval"]["min_score"] == default
+    ours = checkpoint.config_of(state, path, {"eval": {"min_score": 0.25}})
+    assert ours["eval"]["min_score"] == 0.25
+    assert ours["model"] == state["config"]["model"]
+    with pytest.raises(ConfigError, match=r"eval\.min_score = 7 in the command line is not valid"):
+        checkpoint.config_of(state, path, {"eval": {"min_score": 7}})
+
+
 @pytest.mark.parametrize("command", ["eval", "profile", "resume"])
 def test_a_truncated_checkpoint_is_named_as_damaged(
     here: Path,
@@ -943,12 +988,7 @@ def test_a_truncated_checkpoint_is_named_as_damaged(
     capsys: pytest.CaptureFixture,
     command: str,
 ) -> None:
-    path = checkpoints["truncated"]
-    if command == "resume":
-        message = resume_fails(capsys, here, path, data_root)
-        path = here / "run" / "last.pth"
-    else:
-        message = FAILS[command](capsys, here, path)
+    message, path = refused(command, capsys, here, checkpoints["truncated"], data_root)
     assert message.startswith(
         f"Checkpoint {path} is damaged: it starts as a torch checkpoint (a zip archive) does, but "
         "its end is missing after "
@@ -963,12 +1003,7 @@ def test_weights_of_another_width_name_the_model_and_the_first_mismatch(
     capsys: pytest.CaptureFixture,
     command: str,
 ) -> None:
-    path = checkpoints["other_width"]
-    if command == "resume":
-        message = resume_fails(capsys, here, path, data_root)
-        path = here / "run" / "last.pth"
-    else:
-        message = FAILS[command](capsys, here, path)
+    message, path = refused(command, capsys, here, checkpoints["other_width"], data_root)
     assert message.startswith(
         f"Checkpoint {path} does not fit model 'tiny_conv' (4 classes, width 8) that its own "
         "config describes: its weights are of another architecture, width or class count "
@@ -1021,12 +1056,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_never_runs(
     capsys: pytest.CaptureFixture,
     command: str,
 ) -> None:
-    path = checkpoints["evil"]
-    if command == "resume":
-        message = resume_fails(capsys, here, path, data_root)
-        path = here / "run" / "last.pth"
-    else:
-        message = FAILS[command](capsys, here, path)
+    message, path = refused(command, capsys, here, checkpoints["evil"], data_root)
     assert message.startswith(
         f"Checkpoint {path} was refused by torch.load(weights_only=True): it holds pickled Python "
         "objects beyond tensors and plain containers, which could run code when loaded"

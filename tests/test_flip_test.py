@@ -4,18 +4,11 @@ decoding, in evaluation, training's validation and predict (CenterNet's flip tes
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-)
+from tiny_runs import make_data, tiny_config
 
 from pipeline import cli
 from pipeline.engine import checkpoint
@@ -24,14 +17,10 @@ from pipeline.evaluation.loop import Evaluator
 from pipeline.models import build_model
 from pipeline.models.centernet import STRIDE, CenterNet, decode_boxes
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 CLASSES = 3
 SIZE = 64
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 def random_model(label_mode: str, iou_score: bool = True, seed: int = 0) -> CenterNet:

@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from test_loss import fixed_outputs, fixed_targets, record_ops
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-)
+from tiny_runs import make_data, tiny_config
 from torchvision.ops import box_iou
 
 from pipeline import cli
@@ -28,14 +21,10 @@ from pipeline.models import build_from_config, build_model, parameter_count
 from pipeline.models.centernet import IOU_SCORE_ALPHA, STRIDE, decode_boxes
 from pipeline.models.loss import DetectionLoss
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 CLASSES = 3
 WIDTH = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 def model_config(**extra) -> dict:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from tiny_runs import one_cpu_thread
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.device import cpu_tensor_peak_bytes
@@ -20,11 +19,7 @@ from pipeline.models import targets as target_plan
 from pipeline.models.centernet import STRIDE
 from pipeline.models.loss import DetectionLoss, giou_loss
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_cpu_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
 
 
 def wave(shape: tuple[int, ...], rate: float, phase: float) -> torch.Tensor:

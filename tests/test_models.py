@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from tiny_runs import one_cpu_thread
 
 from pipeline.errors import ConfigError
 from pipeline.models import (
@@ -20,13 +19,9 @@ from pipeline.models import (
 from pipeline.models.centernet import STRIDE, CenterNet
 from pipeline.models.loss import DetectionLoss
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 NUM_CLASSES = 3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_cpu_thread():
-        yield
 
 
 def tiny(label_mode: str = "multilabel") -> CenterNet:

@@ -5,28 +5,17 @@ eval.score_threshold names one; checkpoints written before it was saved still ev
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-)
+from tiny_runs import make_data, tiny_config
 
 from pipeline import cli
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
 
 
 @pytest.fixture(scope="module")

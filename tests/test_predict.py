@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from pycocotools.coco import COCO
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-)
+from tiny_runs import make_data, tiny_config
 
 from pipeline import cli, prediction
 from pipeline.data.image_files import find_images
@@ -27,14 +20,10 @@ from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
 from pipeline.errors import DataError
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 EXIF_ORIENTATION = 0x0112
 ROTATED_90_CW = 6  # shown after turning the stored pixels 90 degrees clockwise
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 @pytest.fixture(scope="module")

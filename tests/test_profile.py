@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_config,
-)
+from tiny_runs import make_data, pipeline_logger_restored, tiny_config
 from torch.autograd import DeviceType
 
 from pipeline import cli, profiling, timing
@@ -26,13 +19,9 @@ from pipeline.engine.trainer import Trainer
 from pipeline.models import build_model
 from pipeline.models.centernet import CenterNet
 
-pytestmark = pytest.mark.usefixtures("no_backend_env", "restore_pipeline_logger")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_and_threads() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread():
-        yield
+pytestmark = pytest.mark.usefixtures(
+    "torch_flags_threads_and_logger", "no_backend_env", "restore_pipeline_logger"
+)
 
 
 @pytest.fixture(scope="module")

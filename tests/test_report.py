@@ -455,20 +455,37 @@ def test_evaluation_leads_with_f1_at_the_validation_threshold_on_the_held_out_sp
         "threshold (optimistic)" in text
     )
     assert (
-        "cpu-fp32 test (held out) 0.440 (0.430–0.450) at 0.35 0.420 (0.412–0.427) at 0.30 "
-        "0.420 (0.412–0.427)" in text
+        "cpu-fp32 (score threshold set by eval.score_threshold) test (held out) 0.440 "
+        "(0.430–0.450) at 0.35 0.420 (0.412–0.427) at 0.30 0.420 (0.412–0.427)" in text
     )
     assert "0.210 (0.190–0.230) 0.140 (0.120–0.160)" in text  # AP@[.5:.95], AP@.75
     assert "0.470 at 0.25" in text  # the best F1 on the test images themselves, last
 
 
-def test_a_run_evaluated_with_the_flip_test_is_marked_so(tmp_path: Path) -> None:
+def test_beside_each_run_are_the_flip_test_the_score_floor_and_where_the_threshold_came_from(
+    tmp_path: Path,
+) -> None:
+    """The evaluation settings that shaped a run's figures: eval.flip_test, eval.min_score
+    (detections below it dropped before any figure), and whether the score threshold is the
+    checkpoint's, eval.score_threshold's or picked on validation."""
     results = write_results_tree(tmp_path)
     document = evaluation("cpu", "fp32", 0.42)
-    document["metrics"]["flip_test"] = True
-    assert "cpu-fp32 (flip test) " in evaluation_section(results, document)
-    document["metrics"]["flip_test"] = False
-    assert "(flip test) " not in evaluation_section(results, document)
+    document["metrics"].update(flip_test=True, min_score=0.05)
+    sources = {
+        "checkpoint": "score threshold saved in the checkpoint",
+        "eval.score_threshold": "score threshold set by eval.score_threshold",
+        "validation": "score threshold picked on validation",
+    }
+    for source, words in sources.items():
+        document["score_threshold_source"] = source
+        text = evaluation_section(results, document)
+        assert f"cpu-fp32 (flip test; score floor 0.05; {words}) val " in text
+    document["metrics"].update(flip_test=False, min_score=0.0)
+    text = evaluation_section(results, document)
+    assert "cpu-fp32 (no score floor; score threshold picked on validation) val " in text
+    del document["metrics"]["min_score"]  # an eval file from before eval.min_score
+    text = evaluation_section(results, document)
+    assert "cpu-fp32 (score threshold picked on validation) val " in text
 
 
 def test_each_run_leads_with_its_held_out_f1_and_the_optimistic_ones_say_so(

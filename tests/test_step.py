@@ -8,12 +8,11 @@ queued meanwhile. Here every such call is counted, on the CPU, where the same co
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import SPEC, global_torch_state, one_cpu_thread, tiny_config
+from tiny_runs import SPEC, tiny_config
 
 from pipeline import device as dev
 from pipeline.data.synthetic import generate
@@ -21,6 +20,8 @@ from pipeline.engine.step import TrainStep, build_optimizer
 from pipeline.engine.trainer import Trainer
 from pipeline.models import build_model
 from pipeline.models.loss import DetectionLoss
+
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
 
 # Python-level ways to read a tensor's value onto the host: each one is a synchronisation.
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
@@ -50,12 +51,6 @@ def host_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
         dev, "synchronize", lambda device: (calls.append("synchronize"), synchronize(device))
     )
     return calls
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_cpu_thread(), global_torch_state():
-        yield
 
 
 def tiny_step(precision: str, fused: bool) -> tuple[TrainStep, torch.Tensor, list[dict]]:

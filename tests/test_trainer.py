@@ -12,21 +12,13 @@ import pickle
 import random
 import shutil
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
-from tiny_runs import (
-    InterruptedInEpoch2,
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    tiny_config,
-    tiny_settings,
-)
+from tiny_runs import InterruptedInEpoch2, make_data, tiny_config, tiny_settings
 
 from pipeline import cli
 from pipeline import device as dev
@@ -37,16 +29,12 @@ from pipeline.engine.trainer import Trainer
 from pipeline.errors import CheckpointError, OutputError, TrainingError
 from pipeline.models.loss import DetectionLoss
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 EPOCHS = 3
 STEPS_PER_EPOCH = 2  # 16 training images, batch 8
 # Fields of metrics rows that are measurements of time or memory, not results of training.
 MEASURED = {"step_time_s", "epoch_time_s", "images_per_s", "memory", "host_peak_rss_mb"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_and_threads() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

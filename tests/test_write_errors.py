@@ -20,28 +20,18 @@ from typing import Any
 import pytest
 import torch
 from full_disk import FullDisk
-from tiny_runs import (
-    global_torch_state,
-    make_data,
-    one_cpu_thread,
-    pipeline_logger_restored,
-    tiny_settings,
-)
+from tiny_runs import make_data, pipeline_logger_restored, tiny_settings
 
 from pipeline import cli
 from pipeline.engine import checkpoint
 from pipeline.errors import OutputError
 
+pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
+
 EPOCHS = 3
 # Fields of metrics rows that measure time or memory, and so differ between runs.
 MEASURED = {"step_time_s", "epoch_time_s", "images_per_s", "memory", "host_peak_rss_mb"}
 ENOSPC = "No space left on device (ENOSPC), with "
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _torch_flags_threads_and_logger() -> Iterator[None]:
-    with global_torch_state(), one_cpu_thread(), pipeline_logger_restored():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -143,7 +143,7 @@ def predict(
             if readable:
                 images = torch.stack([sample.fitted for sample in readable]).to(device)
                 with autocast(device, precision):
-                    outputs = model(images, flip_test=True) if flip_test else model(images)
+                    outputs = model(images, flip_test=flip_test)
                 decoded = model.decode(outputs, max_detections=max_detections)
                 found = {sample.index: d for sample, d in zip(readable, decoded, strict=True)}
             for sample in batch:

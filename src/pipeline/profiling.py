@@ -44,7 +44,7 @@ def _forward(
 
     def run() -> None:
         with torch.inference_mode(), dev.autocast(device, precision):
-            model(images, flip_test=True) if flip_test else model(images)
+            model(images, flip_test=flip_test)
 
     return run
 

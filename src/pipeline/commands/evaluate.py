@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import atomic
 from pipeline.cli import add_precision_option, command_parser
-from pipeline.config import COMMAND_LINE, Layer, merge, parse_overrides, validate_layers
+from pipeline.config import merge, parse_overrides
 from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -78,9 +78,7 @@ def main(argv: list[str]) -> int:
         )
     if args.data:
         overrides = merge(overrides, {"data": {"root": args.data}})
-    config = validate_layers(
-        [Layer(f"the config of {args.checkpoint}", state["config"]), Layer(COMMAND_LINE, overrides)]
-    )
+    config = checkpoint.config_of(state, args.checkpoint, overrides)
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]

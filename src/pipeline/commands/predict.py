@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pipeline import atomic
 from pipeline.cli import add_precision_option, command_parser
-from pipeline.config import Layer, validate_layers
 from pipeline.data.image_files import find_images
 from pipeline.errors import CheckpointError, ConfigError, DataError
 
@@ -64,7 +63,7 @@ def main(argv: list[str]) -> int:
     from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
-    config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
+    config = checkpoint.config_of(state, args.checkpoint)
     threshold, source = args.score_threshold, "--score-threshold"
     if threshold is None:
         threshold, source = checkpoint.score_threshold(config, state)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline import atomic
 from pipeline.cli import add_precision_option, command_parser
-from pipeline.config import Layer, load_schema, validate_layers
+from pipeline.config import load_schema
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -75,8 +75,7 @@ def main(argv: list[str]) -> int:
     from pipeline.models import memory_format
 
     state = checkpoint.load(args.checkpoint)
-    # defaults filled: a checkpoint of an older version names no key added since
-    config = validate_layers([Layer(f"the config of {args.checkpoint}", state["config"])])
+    config = checkpoint.config_of(state, args.checkpoint)
     # the forward pass as predict runs it: with the flip test where the run evaluates with it
     settings["flip_test"] = config["eval"]["flip_test"]
     device = dev.resolve_device(args.device or config["device"])

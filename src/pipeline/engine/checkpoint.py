@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pipeline import atomic
-from pipeline.config import upgrade_legacy_precision
+from pipeline.config import COMMAND_LINE, Layer, upgrade_legacy_precision, validate_layers
 from pipeline.errors import CheckpointError
 
 FORMAT = "pipeline.checkpoint/1"
@@ -270,6 +270,18 @@ def operating_point(val_metrics: dict[str, Any]) -> dict[str, Any]:
         "f1": float(val_metrics["best_f1"]),
         "picked_on": "val",
     }
+
+
+def config_of(
+    state: dict[str, Any], path: str | Path, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The checkpoint's config validated with today's defaults filled in (a checkpoint of an
+    older version names no key added since), `overrides` (the command line's) on top; a bad
+    value's error names the checkpoint file, or the command line, it came from."""
+    layers = [Layer(f"the config of {path}", state["config"])]
+    if overrides is not None:
+        layers.append(Layer(COMMAND_LINE, overrides))
+    return validate_layers(layers)
 
 
 def score_threshold(config: dict[str, Any], state: dict[str, Any]) -> tuple[float | None, str]:

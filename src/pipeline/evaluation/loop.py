@@ -177,7 +177,7 @@ class Evaluator:
                     synchronize(device)
                     start = time.perf_counter()
                     with autocast(device, precision):
-                        outputs = model(images, flip_test=True) if self.flip_test else model(images)
+                        outputs = model(images, flip_test=self.flip_test)
                     synchronize(device)
                     model_s += time.perf_counter() - start
 

@@ -467,8 +467,12 @@ def evaluation(run: RunResults) -> dict[str, Any] | None:
         # which rules each figure follows (None: a file from before protocols were named)
         "protocol": metrics.get("protocol"),
         "figure_protocols": metrics.get("figure_protocols"),
-        # decoded from each image and its mirror (None: a file from before the key)
+        # the settings that shaped every figure (None: a file from before the key): decoded
+        # from each image and its mirror; detections below the score floor dropped as decoded;
+        # where the score threshold came from
         "flip_test": metrics.get("flip_test"),
+        "min_score": number(metrics.get("min_score")),
+        "score_threshold_source": document.get("score_threshold_source"),
         "num_images": metrics.get("num_images"),
         "num_ground_truth": metrics.get("num_ground_truth"),
         "num_detections": metrics.get("num_detections"),
