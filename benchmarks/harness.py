@@ -15,6 +15,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -26,6 +27,8 @@ import torch
 from pipeline import atomic, formats, stats, timing
 from pipeline import cli as pipeline_cli
 from pipeline import device as dev
+from pipeline.config import load_config
+from pipeline.engine.trainer import Trainer
 from pipeline.environment import cpu_model, machine, machine_id
 from pipeline.errors import PipelineError
 
@@ -115,6 +118,32 @@ def setup_torch(args: argparse.Namespace) -> torch.device:
     dev.set_cpu_threads(args.cpu_threads)
     torch.manual_seed(args.seed)
     return dev.resolve_device(args.device)
+
+
+def trainer_config(
+    args: argparse.Namespace, device: torch.device, *settings: str
+) -> dict[str, Any]:
+    """The shipped config with the script's device, seed, data set and key=value settings, then
+    `settings` (a side's or a row's own) on top."""
+    return load_config(
+        None,
+        [
+            f"device={device}",
+            f"seed={args.seed}",
+            f"data.root={args.data_root}",
+            *args.settings,
+            *settings,
+        ],
+    )
+
+
+def stepping_trainer(config: dict[str, Any]) -> Trainer:
+    """A Trainer whose steps a script calls itself, its model in training mode: fit() is never
+    called, so nothing is written to the run folder, which goes at once."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(config, run_dir)
+    trainer.model.train()
+    return trainer
 
 
 def alternate(

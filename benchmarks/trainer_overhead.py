@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import tempfile
 import time
 from typing import Any
 
@@ -23,7 +22,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline.config import load_config
 from pipeline.engine.step import build_optimizer, build_scheduler
 from pipeline.engine.trainer import Trainer
 from pipeline.models.loss import DetectionLoss
@@ -102,14 +100,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     device = harness.setup_torch(args)
-    config = load_config(
-        None,
-        [f"device={device}", f"seed={args.seed}", f"data.root={args.data_root}", *args.settings],
-    )
-    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
-        trainer = Trainer(config, run_dir)
+    config = harness.trainer_config(args, device)
+    trainer = harness.stepping_trainer(config)
     bare = BareLoop(trainer)
-    trainer.model.train()
     batches = take_batches(trainer, args.batches)
 
     positions = {"A": itertools.count(), "B": itertools.count()}
