@@ -15,9 +15,7 @@ import time
 from dataclasses import dataclass
 
 import harness
-import torch
 
-from pipeline import device as dev
 from pipeline.models import parameter_count
 
 
@@ -68,18 +66,9 @@ def main(comparison: Comparison, argv: list[str]) -> int:
 
     sides = {side: stepper(side) for side in trainers}
     first = trainers["A"]
-    print(
-        f"{comparison.name}: {first.config['model']['name']} on {dev.describe_device(device)} "
-        f"in {first.precision}, batch {first.train_cfg['batch_size']} at "
-        f"{first.config['data']['image_size']} px, {torch.get_num_threads()} torch threads; "
-        f"K={len(batches)} batches in memory, warm-up {args.warmup}, {args.rounds} rounds x "
-        f"{args.block} steps per side (ABBA)",
-        flush=True,
+    blocks, conditions = harness.measure_trainer_steps(
+        comparison.name, first, sides, args, len(batches)
     )
-    blocks, conditions = harness.measure(
-        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
-    )
-    harness.warn_if_loaded(conditions, "the measurement")
 
     result = {
         side: {

@@ -192,6 +192,31 @@ def measure(
     return blocks, conditions.finish()
 
 
+def measure_trainer_steps(
+    name: str,
+    trainer: Trainer,
+    sides: dict[str, Callable[[], object]],
+    args: argparse.Namespace,
+    batches: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Say what is timed (side A's Trainer, the threads, the K batches held in memory, the
+    rounds), then `measure` the sides with the script's --warmup/--rounds/--block, warning
+    when other work shared the machine."""
+    print(
+        f"{name}: {trainer.config['model']['name']} on {dev.describe_device(trainer.device)} in "
+        f"{trainer.precision}, batch {trainer.train_cfg['batch_size']} at "
+        f"{trainer.config['data']['image_size']} px, {torch.get_num_threads()} torch threads; "
+        f"K={batches} batches in memory, warm-up {args.warmup}, {args.rounds} rounds x "
+        f"{args.block} steps per side (ABBA)",
+        flush=True,
+    )
+    blocks, conditions = measure(
+        sides, trainer.device, warmup=args.warmup, rounds=args.rounds, block=args.block
+    )
+    warn_if_loaded(conditions, "the measurement")
+    return blocks, conditions
+
+
 def counted(blocks: Sequence[dict[str, Any]], side: str) -> list[float]:
     """The counted samples of one side, in the order they were taken."""
     return [s for b in blocks if b["side"] == side for s in b["samples_s"][b["skip"] :]]

@@ -114,17 +114,7 @@ def main(argv: list[str]) -> int:
         bare.step(*batches[next(positions["B"]) % len(batches)])
 
     sides = {"A": trainer_step, "B": bare_step}
-    print(
-        f"{NAME}: {config['model']['name']} on {dev.describe_device(device)} in {trainer.precision}, "
-        f"batch {trainer.train_cfg['batch_size']}, {torch.get_num_threads()} torch threads; "
-        f"K={len(batches)} batches in memory, warm-up {args.warmup}, "
-        f"{args.rounds} rounds x {args.block} steps per side (ABBA)",
-        flush=True,
-    )
-    blocks, conditions = harness.measure(
-        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
-    )
-    harness.warn_if_loaded(conditions, "the measurement")
+    blocks, conditions = harness.measure_trainer_steps(NAME, trainer, sides, args, len(batches))
 
     result = {
         "A": harness.side_summary("Trainer step", harness.counted(blocks, "A")),
