@@ -422,6 +422,24 @@ def test_a_loss_the_images_cannot_settle_is_called_so_and_says_what_would_settle
     assert "about halve it): a larger test split of your data." in page.text("answer")
 
 
+def held_out_evaluation(**interval: str) -> dict[str, Any]:
+    """cpu-fp32's evaluation on the test split: F1 0.44 at the threshold 0.35 picked on
+    validation, its interval with `interval`'s keys on top."""
+    document = evaluation("cpu", "fp32", 0.42)
+    document.update(
+        split="test",
+        metrics_split="test",
+        operating_point={
+            "threshold": 0.35,
+            "picked_on": "val",
+            "applied_to": "test",
+            "f1": 0.44,
+            "f1_interval": {**ap_interval(0.44, 0.01), **interval},
+        },
+    )
+    return document
+
+
 def evaluation_section(results: Path, document: dict[str, Any]) -> str:
     """The evaluation section's text of a report built with `document` as cpu-fp32's evaluation."""
     write_json(results / "eval" / "cpu-fp32.json", document)
@@ -435,18 +453,7 @@ def test_evaluation_leads_with_f1_at_the_validation_threshold_on_the_held_out_sp
     tmp_path: Path,
 ) -> None:
     results = write_results_tree(tmp_path)
-    document = evaluation("cpu", "fp32", 0.42)
-    document.update(
-        split="test",
-        metrics_split="test",
-        operating_point={
-            "threshold": 0.35,
-            "picked_on": "val",
-            "applied_to": "test",
-            "f1": 0.44,
-            "f1_interval": {**ap_interval(0.44, 0.01), "method": "percentile bootstrap"},
-        },
-    )
+    document = held_out_evaluation(method="percentile bootstrap")
     text = evaluation_section(results, document)
     assert (
         "Run Split F1 (95% interval) at the validation threshold F1 (95% interval) at the score "
@@ -495,18 +502,7 @@ def test_each_run_leads_with_its_held_out_f1_and_the_optimistic_ones_say_so(
     split, with its interval; not the best F1 on the test images themselves, and the training
     table's highest validation F1 over the epochs is labelled optimistic."""
     results = write_results_tree(tmp_path)
-    document = evaluation("cpu", "fp32", 0.42)
-    document.update(
-        split="test",
-        metrics_split="test",
-        operating_point={
-            "threshold": 0.35,
-            "picked_on": "val",
-            "applied_to": "test",
-            "f1": 0.44,
-            "f1_interval": ap_interval(0.44, 0.01),
-        },
-    )
+    document = held_out_evaluation()
     write_json(results / "eval" / "cpu-fp32.json", document)
     render.build(results, tmp_path / "report.html")
     page = Page()
