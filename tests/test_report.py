@@ -25,6 +25,7 @@ from report_fixtures import (
     write_json,
     write_results_tree,
 )
+from report_golden import swept_tree
 from report_page import SECTION_IDS, Page, assert_self_contained
 
 from pipeline import cli
@@ -299,12 +300,7 @@ def test_report_and_summary_modules_do_not_import_torch() -> None:
 
 
 def test_several_runs_are_compared_with_their_swept_values(tmp_path: Path) -> None:
-    results = write_results_tree(tmp_path)
-    source = results / "train" / "cpu-fp32"
-    swept = results / "train" / "cpu-fp32+seed=1+lr=0.01"
-    swept.mkdir()
-    for item in source.iterdir():
-        (swept / item.name).write_bytes(item.read_bytes())
+    results, _ = swept_tree(tmp_path)
     out = tmp_path / "report.html"
     assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
     page = Page()
