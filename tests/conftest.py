@@ -149,6 +149,16 @@ def restore_pipeline_logger() -> Iterator[None]:
 
 
 @pytest.fixture
+def pipeline_log(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> pytest.LogCaptureFixture:
+    """caplog for the 'pipeline' logger, also after `cli.main` has stopped its propagation."""
+    monkeypatch.setattr(logging.getLogger("pipeline"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    return caplog
+
+
+@pytest.fixture
 def report_file(tmp_path: Path, restore_pipeline_logger: None) -> Path:
     """report.html that `python -m pipeline report` writes from report_fixtures' results tree."""
     from report_fixtures import write_results_tree
