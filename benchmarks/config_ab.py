@@ -11,16 +11,11 @@ median A / median B against the script's target.
 from __future__ import annotations
 
 import itertools
-import tempfile
 import time
 from dataclasses import dataclass
 
 import harness
-import torch
 
-from pipeline import device as dev
-from pipeline.config import load_config
-from pipeline.engine.trainer import Trainer
 from pipeline.models import parameter_count
 
 
@@ -47,28 +42,14 @@ def parse_args(comparison: Comparison, argv: list[str]):
     return args
 
 
-def build(args, device: torch.device, side_settings: list[str]) -> Trainer:
-    config = load_config(
-        None,
-        [
-            f"device={device}",
-            f"seed={args.seed}",
-            f"data.root={args.data_root}",
-            *args.settings,
-            *side_settings,
-        ],
-    )
-    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
-        trainer = Trainer(config, run_dir)
-    trainer.model.train()
-    return trainer
-
-
 def main(comparison: Comparison, argv: list[str]) -> int:
     args = parse_args(comparison, argv)
     started = time.perf_counter()
     device = harness.setup_torch(args)
-    trainers = {side: build(args, device, s) for side, (_, s) in comparison.sides.items()}
+    trainers = {
+        side: harness.stepping_trainer(harness.trainer_config(args, device, *settings))
+        for side, (_, settings) in comparison.sides.items()
+    }
     loader = trainers["A"].train_loader
     loader.sampler.set_epoch(1)
     batches = list(itertools.islice(itertools.cycle(loader), args.batches))
@@ -85,18 +66,9 @@ def main(comparison: Comparison, argv: list[str]) -> int:
 
     sides = {side: stepper(side) for side in trainers}
     first = trainers["A"]
-    print(
-        f"{comparison.name}: {first.config['model']['name']} on {dev.describe_device(device)} "
-        f"in {first.precision}, batch {first.train_cfg['batch_size']} at "
-        f"{first.config['data']['image_size']} px, {torch.get_num_threads()} torch threads; "
-        f"K={len(batches)} batches in memory, warm-up {args.warmup}, {args.rounds} rounds x "
-        f"{args.block} steps per side (ABBA)",
-        flush=True,
+    blocks, conditions = harness.measure_trainer_steps(
+        comparison.name, first, sides, args, len(batches)
     )
-    blocks, conditions = harness.measure(
-        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
-    )
-    harness.warn_if_loaded(conditions, "the measurement")
 
     result = {
         side: {

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from pipeline import timing
-from pipeline.config import load_config
+from pipeline.config import load_config, merge, parse_overrides
 from pipeline.data import load_split
 from pipeline.data.dataset import loader_for
 from pipeline.engine import checkpoint
@@ -229,6 +229,13 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
     }
 
 
+def evaluated_config(args) -> dict[str, Any]:
+    """The config `evaluate` ran the checkpoint with: the checkpoint's own with today's defaults
+    filled in, the settings and --data-root on top (as `time_evaluate_command` passes them)."""
+    overrides = merge(parse_overrides(args.settings), {"data": {"root": args.data_root}})
+    return checkpoint.config_of(checkpoint.load(args.checkpoint), args.checkpoint, overrides)
+
+
 def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
     """A trained run's own evaluation, as the evaluate rule runs it: the whole command, and
     the forward pass as the eval JSON times it (validation's and test's)."""
@@ -246,7 +253,7 @@ def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
     forward_s = sum(metrics["timing"]["model_s"] for metrics in passes)
     return {
         "images": sum(metrics["num_images"] for metrics in passes),
-        "image_size": checkpoint.load(args.checkpoint)["config"]["data"]["image_size"],
+        "image_size": evaluated_config(args)["data"]["image_size"],
         "model": result["model"],
         "precision": result["precision"],
         "total_s": total_s,

@@ -86,14 +86,16 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     runs = []
     checkpoints = sorted(args.checkpoints)
+    seeds = {}
     for best in checkpoints:
         if not best.is_file():
             raise DataError(f"{best} is not a file: pass trained runs' best.pth")
+        seeds[best] = checkpoint.config_of(checkpoint.load(best), best)["seed"]
     with tempfile.TemporaryDirectory() as folder:
         # unrecorded: the first evaluation in a process also pays for imports and page cache
         evaluate(checkpoints[0], False, args.data, args.cpu_threads, Path(folder))
         for index, best in enumerate(checkpoints):
-            seed = checkpoint.load(best)["config"]["seed"]
+            seed = seeds[best]
             order = SIDES if index % 2 == 0 else SIDES[::-1]
             sides = {
                 side: evaluate(best, side == "flip", args.data, args.cpu_threads, Path(folder))

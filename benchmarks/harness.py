@@ -15,6 +15,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -26,6 +27,8 @@ import torch
 from pipeline import atomic, formats, stats, timing
 from pipeline import cli as pipeline_cli
 from pipeline import device as dev
+from pipeline.config import load_config
+from pipeline.engine.trainer import Trainer
 from pipeline.environment import cpu_model, machine, machine_id
 from pipeline.errors import PipelineError
 
@@ -117,6 +120,32 @@ def setup_torch(args: argparse.Namespace) -> torch.device:
     return dev.resolve_device(args.device)
 
 
+def trainer_config(
+    args: argparse.Namespace, device: torch.device, *settings: str
+) -> dict[str, Any]:
+    """The shipped config with the script's device, seed, data set and key=value settings, then
+    `settings` (a side's or a row's own) on top."""
+    return load_config(
+        None,
+        [
+            f"device={device}",
+            f"seed={args.seed}",
+            f"data.root={args.data_root}",
+            *args.settings,
+            *settings,
+        ],
+    )
+
+
+def stepping_trainer(config: dict[str, Any]) -> Trainer:
+    """A Trainer whose steps a script calls itself, its model in training mode: fit() is never
+    called, so nothing is written to the run folder, which goes at once."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(config, run_dir)
+    trainer.model.train()
+    return trainer
+
+
 def alternate(
     sides: dict[str, Callable[[], object]],
     device: torch.device,
@@ -161,6 +190,31 @@ def measure(
     conditions = timing.RunConditions()
     blocks = alternate(sides, device, rounds=rounds, block=block, skip=skip)
     return blocks, conditions.finish()
+
+
+def measure_trainer_steps(
+    name: str,
+    trainer: Trainer,
+    sides: dict[str, Callable[[], object]],
+    args: argparse.Namespace,
+    batches: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Say what is timed (side A's Trainer, the threads, the K batches held in memory, the
+    rounds), then `measure` the sides with the script's --warmup/--rounds/--block, warning
+    when other work shared the machine."""
+    print(
+        f"{name}: {trainer.config['model']['name']} on {dev.describe_device(trainer.device)} in "
+        f"{trainer.precision}, batch {trainer.train_cfg['batch_size']} at "
+        f"{trainer.config['data']['image_size']} px, {torch.get_num_threads()} torch threads; "
+        f"K={batches} batches in memory, warm-up {args.warmup}, {args.rounds} rounds x "
+        f"{args.block} steps per side (ABBA)",
+        flush=True,
+    )
+    blocks, conditions = measure(
+        sides, trainer.device, warmup=args.warmup, rounds=args.rounds, block=args.block
+    )
+    warn_if_loaded(conditions, "the measurement")
+    return blocks, conditions
 
 
 def counted(blocks: Sequence[dict[str, Any]], side: str) -> list[float]:

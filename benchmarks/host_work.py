@@ -49,7 +49,6 @@ from pipeline.data import dataset as tree_dataset
 from pipeline.data import load_splits
 from pipeline.data import shapes as tree_shapes
 from pipeline.data import synthetic as tree_synthetic
-from pipeline.engine.trainer import Trainer
 from pipeline.models import targets as tree_targets
 from pipeline.models.centernet import STRIDE
 
@@ -297,9 +296,7 @@ def train_row(args, made: dict[str, Any], config: dict[str, Any], device) -> dic
             *args.settings,
         ],
     )
-    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
-        trainer = Trainer(config, run_dir)
-    trainer.model.train()
+    trainer = harness.stepping_trainer(config)
     feeds = {kind: iter(()) for kind in made}
     epochs = {kind: 0 for kind in made}
 

@@ -20,7 +20,6 @@ import copy
 import gc
 import itertools
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -28,7 +27,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline.config import load_config
 from pipeline.engine.trainer import Trainer
 
 NAME = "input_pipeline"
@@ -91,19 +89,9 @@ class LoaderFeed:
 
 def build(args, device: torch.device, cache: bool) -> tuple[Trainer, float]:
     """A Trainer, and how long building it took (with the cache, that is the decoding)."""
-    config = load_config(
-        None,
-        [
-            f"device={device}",
-            f"seed={args.seed}",
-            f"data.root={args.data_root}",
-            *args.settings,
-            f"data.cache={str(cache).lower()}",
-        ],
-    )
+    config = harness.trainer_config(args, device, f"data.cache={str(cache).lower()}")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
-        trainer = Trainer(config, run_dir)
+    trainer = harness.stepping_trainer(config)
     return trainer, time.perf_counter() - start
 
 

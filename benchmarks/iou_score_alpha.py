@@ -48,7 +48,7 @@ def parse_args(argv: list[str]):
 def evaluate_at(best: Path, alpha: float, threads: int, folder: Path) -> dict[str, float]:
     """The test figures of `best` decoded at `alpha`, its threshold picked on validation."""
     state = checkpoint.load(best)
-    if not state["config"]["model"].get("iou_score"):
+    if not checkpoint.config_of(state, best)["model"]["iou_score"]:
         raise DataError(f"{best} was trained without model.iou_score: there is no IoU to weigh")
     state.pop("operating_point", None)  # picked again, at this alpha
     copy = checkpoint.save(folder / "best.pth", state)

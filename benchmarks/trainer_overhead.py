@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import tempfile
 import time
 from typing import Any
 
@@ -23,7 +22,6 @@ import harness
 import torch
 
 from pipeline import device as dev
-from pipeline.config import load_config
 from pipeline.engine.step import build_optimizer, build_scheduler
 from pipeline.engine.trainer import Trainer
 from pipeline.models.loss import DetectionLoss
@@ -102,14 +100,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     device = harness.setup_torch(args)
-    config = load_config(
-        None,
-        [f"device={device}", f"seed={args.seed}", f"data.root={args.data_root}", *args.settings],
-    )
-    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
-        trainer = Trainer(config, run_dir)
+    config = harness.trainer_config(args, device)
+    trainer = harness.stepping_trainer(config)
     bare = BareLoop(trainer)
-    trainer.model.train()
     batches = take_batches(trainer, args.batches)
 
     positions = {"A": itertools.count(), "B": itertools.count()}
@@ -121,17 +114,7 @@ def main(argv: list[str]) -> int:
         bare.step(*batches[next(positions["B"]) % len(batches)])
 
     sides = {"A": trainer_step, "B": bare_step}
-    print(
-        f"{NAME}: {config['model']['name']} on {dev.describe_device(device)} in {trainer.precision}, "
-        f"batch {trainer.train_cfg['batch_size']}, {torch.get_num_threads()} torch threads; "
-        f"K={len(batches)} batches in memory, warm-up {args.warmup}, "
-        f"{args.rounds} rounds x {args.block} steps per side (ABBA)",
-        flush=True,
-    )
-    blocks, conditions = harness.measure(
-        sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
-    )
-    harness.warn_if_loaded(conditions, "the measurement")
+    blocks, conditions = harness.measure_trainer_steps(NAME, trainer, sides, args, len(batches))
 
     result = {
         "A": harness.side_summary("Trainer step", harness.counted(blocks, "A")),

@@ -34,7 +34,6 @@ import torch
 
 from pipeline import bench, bench_record, stats, timing
 from pipeline import device as dev
-from pipeline.config import load_config
 from pipeline.data import class_count
 from pipeline.engine.trainer import Trainer
 
@@ -95,11 +94,10 @@ def looping_steps(trainer: Trainer):
 
 def trainer_speedup(config: dict[str, Any], device: torch.device, candidate: str, args):
     """Two Trainers' steps in ABBA rounds; the candidate's paired speed-up over fp32."""
-    with tempfile.TemporaryDirectory() as run_dir:  # fit() is never called: nothing is written
-        trainers = {
-            precision: Trainer({**config, "precision": precision}, Path(run_dir) / precision)
-            for precision in ("fp32", candidate)
-        }
+    trainers = {
+        precision: harness.stepping_trainer({**config, "precision": precision})
+        for precision in ("fp32", candidate)
+    }
     sides = {precision: looping_steps(t) for precision, t in trainers.items()}
     blocks, conditions = harness.measure(
         sides, device, warmup=args.warmup, rounds=args.rounds, block=args.block
@@ -175,10 +173,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     device = harness.setup_torch(args)
     candidate = args.candidate
-    config = load_config(
-        None,
-        [f"device={device}", f"seed={args.seed}", f"data.root={args.data_root}", *args.settings],
-    )
+    config = harness.trainer_config(args, device)
     print(
         f"{NAME}: {config['model']['name']} on {dev.describe_device(device)}, fp32 against "
         f"{candidate}, batch {config['train']['batch_size']}, {torch.get_num_threads()} torch threads",

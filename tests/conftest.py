@@ -148,6 +148,29 @@ def restore_pipeline_logger() -> Iterator[None]:
     logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
+@pytest.fixture
+def pipeline_log(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> pytest.LogCaptureFixture:
+    """caplog for the 'pipeline' logger, also after `cli.main` has stopped its propagation."""
+    monkeypatch.setattr(logging.getLogger("pipeline"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="pipeline")
+    return caplog
+
+
+@pytest.fixture
+def report_file(tmp_path: Path, restore_pipeline_logger: None) -> Path:
+    """report.html that `python -m pipeline report` writes from report_fixtures' results tree."""
+    from report_fixtures import write_results_tree
+
+    from pipeline import cli
+
+    out = tmp_path / "report.html"
+    results = write_results_tree(tmp_path)
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
+    return out
+
+
 @pytest.fixture(scope="module")
 def torch_flags_threads_and_logger() -> Iterator[None]:
     """For a module that trains or runs models (by name: `pytestmark =

@@ -70,6 +70,15 @@ def assert_valid(validator: Draft202012Validator, document: dict[str, Any]) -> N
     assert errors == []
 
 
+def one_record(tmp_path: Path, validator: Draft202012Validator, *args: str) -> dict[str, Any]:
+    """The one record of a `bench` run with `args` that exits 0 with a schema-valid file."""
+    code, document = run_bench(tmp_path, *args)
+    assert code == 0
+    assert_valid(validator, document)
+    (record,) = document["records"]
+    return record
+
+
 def plan(**bench_keys: Any) -> dict[str, Any]:
     """What `bench.run` takes: a tiny training config's settings, with bench keys on top."""
     keys = {"batch_size": 2, "image_size": 32, "warmup_steps": 1, "steps": 2, **bench_keys}
@@ -305,12 +314,12 @@ def test_torch_settings_record_threads_and_tf32_flags() -> None:
 
 
 def test_bench_fp32_train_writes_a_schema_valid_ok_record(tmp_path, validator) -> None:
-    code, document = run_bench(
-        tmp_path, *TINY, "--precision", "fp32", "--mode", "train", "--steps", "2", "--warmup", "1"
+    record = one_record(
+        tmp_path,
+        validator,
+        *TINY,
+        *("--precision", "fp32", "--mode", "train", "--steps", "2", "--warmup", "1"),
     )
-    assert code == 0
-    assert_valid(validator, document)
-    (record,) = document["records"]
     assert record["status"] == "ok" and record["reason"] is None
     assert (record["backend"], record["precision"], record["mode"]) == ("cpu", "fp32", "train")
     assert (record["batch_size"], record["image_size"], record["model"]) == (2, 32, "tiny_conv")
@@ -360,15 +369,13 @@ def test_the_benchmark_times_what_training_runs_unless_a_bench_key_overrides_it(
 def test_bench_half_precision_on_cpu_records_numerics_against_fp32(
     tmp_path, validator, precision: str, mode: str
 ) -> None:
-    code, document = run_bench(
+    record = one_record(
         tmp_path,
+        validator,
         *TINY,
         *("--precision", precision, "--mode", mode, "--steps", "2", "--warmup", "0"),
         *("--time-budget", "0.3", "bench.numerics_steps=3"),
     )
-    assert code == 0
-    assert_valid(validator, document)
-    (record,) = document["records"]
     assert record["status"] == "ok" and record["timing"]["count"] >= 1
     numerics = record["numerics"]
     assert numerics["reference"] == "fp32" and numerics["trained_steps"] == 3
@@ -438,12 +445,12 @@ def test_numerics_that_go_astray_are_not_acceptable_and_say_why(
 
 
 def test_bench_infer_mode_times_forward_passes(tmp_path, validator) -> None:
-    code, document = run_bench(
-        tmp_path, *TINY, "--precision", "fp32", "--mode", "infer", "--steps", "3", "--warmup", "1"
+    record = one_record(
+        tmp_path,
+        validator,
+        *TINY,
+        *("--precision", "fp32", "--mode", "infer", "--steps", "3", "--warmup", "1"),
     )
-    assert code == 0
-    assert_valid(validator, document)
-    (record,) = document["records"]
     assert record["mode"] == "infer" and record["status"] == "ok"
     assert record["timing"]["count"] >= 1
 
@@ -1031,12 +1038,12 @@ def test_a_precision_far_slower_than_fp32_gets_one_instance_even_when_its_budget
 
 
 def test_the_instances_option_sets_how_many_models_are_timed(tmp_path, validator) -> None:
-    code, document = run_bench(
-        tmp_path, *TINY, "--precision", "fp32", "--steps", "8", "--warmup", "0", "--instances", "2"
+    record = one_record(
+        tmp_path,
+        validator,
+        *TINY,
+        *("--precision", "fp32", "--steps", "8", "--warmup", "0", "--instances", "2"),
     )
-    assert code == 0
-    assert_valid(validator, document)
-    (record,) = document["records"]
     assert record["settings"]["instances"] == 2
     assert record["timing"]["instances"] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert record["timing"]["instances_timed"] == 2
@@ -1400,10 +1407,7 @@ def test_an_unsupported_precision_is_recorded_as_skipped_with_the_reason(
 ) -> None:
     reason = "fp16 autocast is not available in this test"
     monkeypatch.setattr(dev, "autocast_unsupported_reason", lambda device, precision: reason)
-    code, document = run_bench(tmp_path, *TINY, "--precision", "fp16", "--steps", "1")
-    assert code == 0
-    assert_valid(validator, document)
-    (record,) = document["records"]
+    record = one_record(tmp_path, validator, *TINY, "--precision", "fp16", "--steps", "1")
     assert record["status"] == "skipped" and record["reason"] == reason
     for key in ("timing", "throughput_images_per_s", "numerics", "memory", "conditions"):
         assert record[key] is None, key
@@ -1419,10 +1423,7 @@ def test_a_step_the_backend_cannot_run_is_recorded_as_skipped_with_the_error(
         return step
 
     monkeypatch.setattr(bench, "_step", cannot_run)
-    code, document = run_bench(tmp_path, *TINY, "--precision", "fp16", "--mode", "train")
-    assert code == 0
-    assert_valid(validator, document)
-    (record,) = document["records"]
+    record = one_record(tmp_path, validator, *TINY, "--precision", "fp16", "--mode", "train")
     assert record["status"] == "skipped"
     assert record["reason"] == "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
     assert record["timing"] is None and record["throughput_images_per_s"] is None

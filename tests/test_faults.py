@@ -830,14 +830,28 @@ def predict_fails(capsys, here: Path, path: Path) -> str:
 FAILS = {"eval": eval_fails, "profile": profile_fails, "predict": predict_fails}
 
 
+Refusal = Callable[[str], tuple[str, Path]]
+
+
+@pytest.fixture(params=["eval", "profile", "resume"])
 def refused(
-    command: str, capsys: pytest.CaptureFixture, here: Path, path: Path, data_root: Path
-) -> tuple[str, Path]:
-    """The message `command` (a key of FAILS, or "resume") refuses checkpoint `path` with, and
-    the path the message should name: `train --resume` reads its copy in the run folder."""
-    if command == "resume":
-        return resume_fails(capsys, here, path, data_root), here / "run" / "last.pth"
-    return FAILS[command](capsys, here, path), path
+    request: pytest.FixtureRequest,
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+) -> Refusal:
+    """For each command that reads a checkpoint (evaluate, profile, train --resume): the message
+    it refuses checkpoints[kind] with, and the path the message should name (`train --resume`
+    reads its copy in the run folder)."""
+
+    def refuse(kind: str) -> tuple[str, Path]:
+        path = checkpoints[kind]
+        if request.param == "resume":
+            return resume_fails(capsys, here, path, data_root), here / "run" / "last.pth"
+        return FAILS[request.param](capsys, here, path), path
+
+    return refuse
 
 
 @pytest.fixture
@@ -980,30 +994,16 @@ def test_a_checkpoints_config_is_read_with_todays_defaults_and_the_command_line_
         checkpoint.config_of(state, path, {"eval": {"min_score": 7}})
 
 
-@pytest.mark.parametrize("command", ["eval", "profile", "resume"])
-def test_a_truncated_checkpoint_is_named_as_damaged(
-    here: Path,
-    data_root: Path,
-    checkpoints: dict[str, Path],
-    capsys: pytest.CaptureFixture,
-    command: str,
-) -> None:
-    message, path = refused(command, capsys, here, checkpoints["truncated"], data_root)
+def test_a_truncated_checkpoint_is_named_as_damaged(refused: Refusal) -> None:
+    message, path = refused("truncated")
     assert message.startswith(
         f"Checkpoint {path} is damaged: it starts as a torch checkpoint (a zip archive) does, but "
         "its end is missing after "
     )
 
 
-@pytest.mark.parametrize("command", ["eval", "profile", "resume"])
-def test_weights_of_another_width_name_the_model_and_the_first_mismatch(
-    here: Path,
-    data_root: Path,
-    checkpoints: dict[str, Path],
-    capsys: pytest.CaptureFixture,
-    command: str,
-) -> None:
-    message, path = refused(command, capsys, here, checkpoints["other_width"], data_root)
+def test_weights_of_another_width_name_the_model_and_the_first_mismatch(refused: Refusal) -> None:
+    message, path = refused("other_width")
     assert message.startswith(
         f"Checkpoint {path} does not fit model 'tiny_conv' (4 classes, width 8) that its own "
         "config describes: its weights are of another architecture, width or class count "
@@ -1048,15 +1048,10 @@ def test_resume_from_a_checkpoint_with_other_classes_names_them_as_the_differenc
     )
 
 
-@pytest.mark.parametrize("command", ["eval", "profile", "resume"])
 def test_a_pickle_that_would_run_code_is_refused_and_never_runs(
-    here: Path,
-    data_root: Path,
-    checkpoints: dict[str, Path],
-    capsys: pytest.CaptureFixture,
-    command: str,
+    refused: Refusal, checkpoints: dict[str, Path]
 ) -> None:
-    message, path = refused(command, capsys, here, checkpoints["evil"], data_root)
+    message, path = refused("evil")
     assert message.startswith(
         f"Checkpoint {path} was refused by torch.load(weights_only=True): it holds pickled Python "
         "objects beyond tensors and plain containers, which could run code when loaded"

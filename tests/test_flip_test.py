@@ -4,6 +4,7 @@ decoding, in evaluation, training's validation and predict (CenterNet's flip tes
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,28 @@ def test_the_benchmark_compares_both_sides_on_the_same_weights_and_records_them(
     assert figures["change.ap"] == pytest.approx(figures["flip.ap"] - figures["plain.ap"])
     rose = sum(run["flip"]["ap"] > run["plain"]["ap"] for run in document["settings"]["runs"])
     assert (figures["rose.ap"], figures["runs"]) == (rose, 2)
+
+
+def test_the_benchmark_reads_each_checkpoints_config_before_evaluating_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through checkpoint.config_of, as evaluate reads it: a bad value is named with its file
+    and key before any evaluation, and nothing is written."""
+    from benchmark_modules import load
+
+    from pipeline.errors import ConfigError
+
+    config = tiny_config(tmp_path / "data")
+    config["seed"] = -1
+    state = {"model": {}, "config": config, "class_names": ["a"], "epoch": 1}
+    best = checkpoint.save(tmp_path / "best.pth", state)
+    monkeypatch.chdir(tmp_path)
+    raw, record = tmp_path / "raw.json", tmp_path / "record.json"
+    argv = ["--set", "shapes", str(best), "--record", str(record), "--out", str(raw)]
+    message = rf"seed = -1 in the config of {re.escape(str(best))} is not valid"
+    with pytest.raises(ConfigError, match=message):
+        load("flip_test").main(argv)
+    assert not raw.exists() and not record.exists()
 
 
 def test_the_photographs_preset_turns_it_on_and_the_synthetic_default_leaves_it_off() -> None:

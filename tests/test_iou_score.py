@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,19 @@ def test_iou_score_alpha_refuses_a_run_trained_without_the_branch(
     without = checkpoint.save(here / "without.pth", state)
     with pytest.raises(DataError, match=r"without model\.iou_score"):
         load("iou_score_alpha").evaluate_at(without, 0.5, 1, here)
+
+
+def test_iou_score_alpha_reads_the_checkpoints_config_as_evaluate_does(here: Path) -> None:
+    """Through checkpoint.config_of, as evaluate reads it: a bad model.iou_score is named with
+    its file and key before any evaluation (a key added later would have its default)."""
+    from benchmark_modules import load
+
+    from pipeline.errors import ConfigError
+
+    config = tiny_config(here / "data")
+    config["model"]["iou_score"] = 3
+    state = {"model": {}, "config": config, "class_names": ["a"], "epoch": 1}
+    path = checkpoint.save(here / "best.pth", state)
+    message = rf"model\.iou_score = 3 in the config of {re.escape(str(path))} is not valid"
+    with pytest.raises(ConfigError, match=message):
+        load("iou_score_alpha").evaluate_at(path, 0.5, 1, here)

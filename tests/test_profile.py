@@ -47,13 +47,6 @@ def profiled(best_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
-@pytest.fixture
-def pipeline_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(logging.getLogger("pipeline"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="pipeline")
-    return caplog
-
-
 class MpsNamedCpu(str):
     """A device spec that torch runs on the CPU but whose `.type` says mps: the MPS output path
     of the profiler, without an Apple GPU."""

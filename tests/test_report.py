@@ -25,6 +25,7 @@ from report_fixtures import (
     write_json,
     write_results_tree,
 )
+from report_golden import swept_tree
 from report_page import SECTION_IDS, Page, assert_self_contained
 
 from pipeline import cli
@@ -299,12 +300,7 @@ def test_report_and_summary_modules_do_not_import_torch() -> None:
 
 
 def test_several_runs_are_compared_with_their_swept_values(tmp_path: Path) -> None:
-    results = write_results_tree(tmp_path)
-    source = results / "train" / "cpu-fp32"
-    swept = results / "train" / "cpu-fp32+seed=1+lr=0.01"
-    swept.mkdir()
-    for item in source.iterdir():
-        (swept / item.name).write_bytes(item.read_bytes())
+    results, _ = swept_tree(tmp_path)
     out = tmp_path / "report.html"
     assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
     page = Page()
@@ -422,6 +418,24 @@ def test_a_loss_the_images_cannot_settle_is_called_so_and_says_what_would_settle
     assert "about halve it): a larger test split of your data." in page.text("answer")
 
 
+def held_out_evaluation(**interval: str) -> dict[str, Any]:
+    """cpu-fp32's evaluation on the test split: F1 0.44 at the threshold 0.35 picked on
+    validation, its interval with `interval`'s keys on top."""
+    document = evaluation("cpu", "fp32", 0.42)
+    document.update(
+        split="test",
+        metrics_split="test",
+        operating_point={
+            "threshold": 0.35,
+            "picked_on": "val",
+            "applied_to": "test",
+            "f1": 0.44,
+            "f1_interval": {**ap_interval(0.44, 0.01), **interval},
+        },
+    )
+    return document
+
+
 def evaluation_section(results: Path, document: dict[str, Any]) -> str:
     """The evaluation section's text of a report built with `document` as cpu-fp32's evaluation."""
     write_json(results / "eval" / "cpu-fp32.json", document)
@@ -435,18 +449,7 @@ def test_evaluation_leads_with_f1_at_the_validation_threshold_on_the_held_out_sp
     tmp_path: Path,
 ) -> None:
     results = write_results_tree(tmp_path)
-    document = evaluation("cpu", "fp32", 0.42)
-    document.update(
-        split="test",
-        metrics_split="test",
-        operating_point={
-            "threshold": 0.35,
-            "picked_on": "val",
-            "applied_to": "test",
-            "f1": 0.44,
-            "f1_interval": {**ap_interval(0.44, 0.01), "method": "percentile bootstrap"},
-        },
-    )
+    document = held_out_evaluation(method="percentile bootstrap")
     text = evaluation_section(results, document)
     assert (
         "Run Split F1 (95% interval) at the validation threshold F1 (95% interval) at the score "
@@ -495,18 +498,7 @@ def test_each_run_leads_with_its_held_out_f1_and_the_optimistic_ones_say_so(
     split, with its interval; not the best F1 on the test images themselves, and the training
     table's highest validation F1 over the epochs is labelled optimistic."""
     results = write_results_tree(tmp_path)
-    document = evaluation("cpu", "fp32", 0.42)
-    document.update(
-        split="test",
-        metrics_split="test",
-        operating_point={
-            "threshold": 0.35,
-            "picked_on": "val",
-            "applied_to": "test",
-            "f1": 0.44,
-            "f1_interval": ap_interval(0.44, 0.01),
-        },
-    )
+    document = held_out_evaluation()
     write_json(results / "eval" / "cpu-fp32.json", document)
     render.build(results, tmp_path / "report.html")
     page = Page()

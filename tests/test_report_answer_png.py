@@ -7,25 +7,13 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from report_fixtures import write_results_tree
 from report_page import Page, chromium
-
-from pipeline import cli
 
 pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
 _PATH = Path(__file__).resolve().parents[1] / "scripts" / "report_answer_png.py"
 _SPEC = importlib.util.spec_from_file_location("report_answer_png", _PATH)
 report_answer_png = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(report_answer_png)
-
-
-@pytest.fixture
-def report_file(tmp_path: Path) -> Path:
-    out = tmp_path / "report.html"
-    assert (
-        cli.main(["report", "--results", str(write_results_tree(tmp_path)), "--out", str(out)]) == 0
-    )
-    return out
 
 
 def test_the_page_pictured_holds_the_answer_section_alone(report_file: Path) -> None:

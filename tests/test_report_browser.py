@@ -40,15 +40,6 @@ class SectionIds(HTMLParser):
             self.ids.add(dict(attrs).get("id") or "")
 
 
-@pytest.fixture
-def report_file(tmp_path: Path) -> Path:
-    out = tmp_path / "report.html"
-    assert (
-        cli.main(["report", "--results", str(write_results_tree(tmp_path)), "--out", str(out)]) == 0
-    )
-    return out
-
-
 def test_chromium_loads_every_section_of_the_report(report_file: Path, tmp_path: Path) -> None:
     browser = chromium()
     done = run_browser(browser, tmp_path / "profile-dom", "--dump-dom", report_file.as_uri())

@@ -55,14 +55,6 @@ def trained(config: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     return trainer
 
 
-@pytest.fixture
-def pipeline_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
-    """caplog for the 'pipeline' logger, also after `cli.main` has stopped its propagation."""
-    monkeypatch.setattr(logging.getLogger("pipeline"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="pipeline")
-    return caplog
-
-
 def read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

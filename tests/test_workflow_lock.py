@@ -36,6 +36,15 @@ LOCKED = (
 LONGER_TRAINING = "precision: auto\ntrain:\n  epochs: 6\n"
 
 
+def repository_with_longer_training(tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
+    """A copy of the repository, and the arguments that run its `train` target with
+    LONGER_TRAINING on top of the CI config."""
+    root = copy_repository(tmp_path / "repo")
+    extra = tmp_path / "longer-training.yaml"
+    extra.write_text(LONGER_TRAINING)
+    return root, (*ARGS, str(extra))
+
+
 def start(root: Path, log: Path, *args: str) -> subprocess.Popen:
     """Snakemake in the background, in a session of its own so its jobs can be killed with it."""
     with open(log, "w") as output:
@@ -65,10 +74,7 @@ def kill_group(process: subprocess.Popen) -> None:
 def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
     tmp_path: Path,
 ) -> None:
-    root = copy_repository(tmp_path / "repo")
-    extra = tmp_path / "longer-training.yaml"
-    extra.write_text(LONGER_TRAINING)
-    args = (*ARGS, str(extra))
+    root, args = repository_with_longer_training(tmp_path)
     log = tmp_path / "first.log"
     first = start(root, log, *args)
     try:
@@ -92,10 +98,7 @@ def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first
 def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
     tmp_path: Path,
 ) -> None:
-    root = copy_repository(tmp_path / "repo")
-    extra = tmp_path / "longer-training.yaml"
-    extra.write_text(LONGER_TRAINING)
-    args = (*ARGS, str(extra))
+    root, args = repository_with_longer_training(tmp_path)
     log = tmp_path / "killed.log"
     killed = start(root, log, *args)
     train_logs = root / "logs" / "train"
