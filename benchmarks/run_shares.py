@@ -269,7 +269,14 @@ def main(argv: list[str]) -> int:
     }
     if workers is not None:
         settings["workers_rounds"] = args.workers_rounds
-    harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
+    document = harness.record(NAME, figures, settings=settings, flags=flags)
+    if args.record is None:  # one record per set, size, precision and length, not one a day
+        length = f"budget{args.budget:g}s" if args.budget is not None else f"{args.epochs}epochs"
+        default = harness.default_record_path(document)
+        args.record = default.with_stem(
+            f"{default.stem}-{args.name}-{settings['image_size']}px-{args.precision}-{length}"
+        )
+    harness.write_record(args, document)
     raw = {
         "benchmark": NAME,
         "parts_s": parts,
