@@ -158,14 +158,17 @@ def workers_rounds(trainer: Trainer, rounds: int) -> dict[str, Any]:
     """Whole epochs fed by the loader as configured (A) and by one worker process (B), ABBA."""
     dataset = trainer.train_loader.dataset
     loaders = {
-        "A": make_loader(dataset, trainer.train_cfg["batch_size"], shuffle=True,
-                         seed=trainer.config["seed"], num_workers=trainer.train_loader.num_workers,
-                         pin_memory=False,
-                         drop_last=True),
-        "B": make_loader(dataset, trainer.train_cfg["batch_size"], shuffle=True,
-                         seed=trainer.config["seed"], num_workers=1, pin_memory=False,
-                         drop_last=True),
-    }  # fmt: skip
+        side: make_loader(
+            dataset,
+            trainer.train_cfg["batch_size"],
+            shuffle=True,
+            seed=trainer.config["seed"],
+            num_workers=workers,
+            pin_memory=False,
+            drop_last=True,
+        )
+        for side, workers in (("A", trainer.train_loader.num_workers), ("B", 1))
+    }
     epochs = itertools.count(1_000)  # other permutations than the run's, the same for A and B
     trainer.model.train()
 
