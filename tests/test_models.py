@@ -108,13 +108,17 @@ def test_the_box_map_adds_the_coarse_box_heads_stride_16_output_upsampled_to_str
     torch.testing.assert_close(after - before, torch.full_like(before, 0.25))
 
 
-def test_uint8_and_unit_float_images_give_the_same_outputs() -> None:
+def test_uint8_and_unit_float_images_give_the_same_outputs_and_leave_the_input_alone() -> None:
     model = tiny().eval()
     batch = images(1, 32)
     with torch.no_grad():
         from_uint8 = model(batch)
-        from_float = model(batch.float() / 255.0)
-    torch.testing.assert_close(from_uint8["heatmap"], from_float["heatmap"])
+        unit_float = batch.float() / 255.0
+        kept = unit_float.clone()
+        from_float = model(unit_float)
+    for key in from_uint8:
+        assert torch.equal(from_uint8[key], from_float[key]), key
+    assert torch.equal(unit_float, kept)  # normalised in place on a copy, never the caller's
 
 
 def test_a_fresh_model_starts_near_1_percent_positives_in_both_label_modes() -> None:
