@@ -40,11 +40,11 @@ def for_inference(model: nn.Module) -> nn.Module:
 
 def _fold(parent: nn.Module, conv_name: str, bn_name: str) -> None:
     """Fold `parent`'s child `bn_name` into its child `conv_name` where they are a Conv2d and
-    a BatchNorm2d over the same channels; anything else stays as it is."""
+    a BatchNorm2d with running statistics; anything else stays as it is."""
     conv, bn = getattr(parent, conv_name), getattr(parent, bn_name)
     if not (isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)):
         return
-    if bn.num_features != conv.out_channels or not bn.track_running_stats:
-        return  # a BatchNorm without running statistics normalises by the batch: no constant
+    if not bn.track_running_stats:
+        return  # it normalises by each batch's own statistics, even in eval mode: no constant
     setattr(parent, conv_name, fuse_conv_bn_eval(conv, bn))
     setattr(parent, bn_name, nn.Identity())
