@@ -42,6 +42,7 @@ from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
 from pipeline.evaluation.matching import matched_objects
 from pipeline.models import memory_format
 from pipeline.models.centernet import CENTRE_WINDOW
+from pipeline.models.inference import for_inference
 
 NAME = "box_limits"
 WINDOWS = (1, 3)  # decode's centre_window
@@ -254,8 +255,13 @@ def main(argv: list[str]) -> int:
     class_names = state["class_names"]
     split = args.split if args.split != "test" or has_test_split(config) else "val"
     annotations = _split_with_the_checkpoints_classes(config, args.checkpoint, class_names, split)
-    model = checkpoint.restore_model(
-        state, torch.device("cpu"), memory_format(config["train"]["channels_last"]), args.checkpoint
+    model = for_inference(  # the form evaluation runs
+        checkpoint.restore_model(
+            state,
+            torch.device("cpu"),
+            memory_format(config["train"]["channels_last"]),
+            args.checkpoint,
+        )
     )
     threshold = checkpoint.score_threshold(config, state)[0]
     threshold = 0.4 if threshold is None else threshold  # a checkpoint without an operating point

@@ -112,6 +112,8 @@ def _number(value: float, unit: str) -> str:
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
     if unit == "speed-up":
         return f"{value:.2f}x"
+    if unit == "map":  # differences of output maps, from float rounding up
+        return f"{value:.1e}"
     return f"{value:.3f}"
 
 

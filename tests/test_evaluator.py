@@ -851,13 +851,21 @@ PREDICTIONS = {  # image_id: (boxes, scores, labels)
 IMAGE_SCORES = {10: [0.9, 0.1], 11: [0.2, 0.8], 12: [0.7, 0.6], 13: [0.4, 0.3]}
 
 
+class SharedLog(list):
+    """What a model's forward saw, shared with its deep copies (the evaluator runs a copy, its
+    inference form)."""
+
+    def __deepcopy__(self, memo: dict) -> SharedLog:
+        return self
+
+
 class FakeDetector(torch.nn.Module):
     """Each image is filled with its id; decode looks the fixed predictions up by that id."""
 
     def __init__(self) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(1))
-        self.seen: list[dict[str, bool]] = []
+        self.seen: list[dict[str, bool]] = SharedLog()
 
     def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         self.seen.append(
@@ -960,7 +968,7 @@ def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: Dat
     assert third["labels"].tolist() == [0, 1] and third["scores"].shape == (2,)
     json.dumps({"metrics": metrics})
 
-    # Two batches, each run in eval mode under inference_mode; the caller's mode comes back.
+    # Two batches, each run in eval mode under inference_mode; the caller's model keeps its mode.
     assert model.seen == [{"training": False, "inference_mode": True, "autocast": False}] * 2
     assert model.training
 

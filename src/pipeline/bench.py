@@ -6,8 +6,9 @@ format, batch and image size, gradient clipping, optimizer, kernel flags); the `
 keys override it where set, and every record says which configuration it timed and what was
 overridden. Mode `train` times `engine.step.TrainStep`, the trainer's own step; mode `infer`
 the forward pass under `inference_mode`, as evaluation and profiling run it without
-`eval.flip_test` (one view). Each precision is timed on `bench.instances` freshly built
-models (a new model can keep a faster or slower speed mode, and a CPU process one for all
+`eval.flip_test` (one view): the model's inference form, BatchNorm folded into the convs
+(`models.inference`). Each precision is timed on `bench.instances` freshly built models
+(a new model can keep a faster or slower speed mode, and a CPU process one for all
 its models: there each instance index is timed in a forked child), each warmed up until its
 step time settles; the device is synchronized around every timed step; every sample is kept
 and summarised with its spread and drift; a time budget bounds a much slower CPU autocast.
@@ -34,6 +35,7 @@ from pipeline.data.shapes import render_sample
 from pipeline.data.synthetic import SyntheticSpec
 from pipeline.engine.step import TrainStep, build_optimizer
 from pipeline.models import build_from_config, memory_format, parameter_count
+from pipeline.models.inference import for_inference
 from pipeline.models.loss import DetectionLoss
 from pipeline.numerics import NumericsReference
 
@@ -75,10 +77,11 @@ def _infer_step(model: torch.nn.Module, images: torch.Tensor, device, precision:
 
 def _step(model, images, targets, device, precision, mode, settings, layout):
     """The function timed: TrainStep as the trainer builds it, or the inference forward."""
-    runnable = torch.compile(model) if settings["compile"] else model
-    if mode == "infer":
-        model.eval()
+    if mode == "infer":  # the inference form evaluation and the profile run
+        inferred = for_inference(model)
+        runnable = torch.compile(inferred) if settings["compile"] else inferred
         return _infer_step(runnable, images, device, precision)
+    runnable = torch.compile(model) if settings["compile"] else model
     model.train()
     train = settings["train"]
     # The scheduler's step (microseconds of Python) is left out: it would tie the benchmark to

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline.data.dataset import Geometry, fit_to_input, read_image
 from pipeline.device import DeviceLike, autocast
 from pipeline.errors import DataError
+from pipeline.models.inference import for_inference
 
 log = logging.getLogger("pipeline")
 FORMAT = "pipeline.predict/1"  # schemas/predict.schema.yaml
@@ -127,7 +128,8 @@ def predict(
     flip_test: bool = False,
 ) -> Iterator[Detections | Unreadable]:
     """Each image's detections (or why it could not be read), in the order of `paths`;
-    `flip_test` (eval.flip_test) decodes as evaluation does with it."""
+    `flip_test` (eval.flip_test) decodes as evaluation does with it. `model` runs in its
+    inference form (`for_inference`), as in evaluation, so predictions match its detections."""
     loader = DataLoader(
         _Images(paths, image_size, resize, keep_images),
         batch_size=batch_size,
@@ -136,6 +138,7 @@ def predict(
     )
     device = torch.device(device)
     progress = Progress(len(paths))
+    model = for_inference(model)
     with torch.inference_mode():
         for batch in loader:
             readable = [sample for sample in batch if sample.fitted is not None]

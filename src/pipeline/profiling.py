@@ -1,8 +1,9 @@
 """Inference profile of a trained model: latency per batch size and a torch.profiler trace.
 
-Latency is wall time around a synchronized forward pass as predict runs it (with the flip
+Latency is wall time around a synchronized forward pass as evaluation and predict run it: the
+model's inference form (BatchNorm folded into the convs, `models.inference`) and, with the flip
 test, the images and their mirrors; p50/p90/p99 after a warm-up that lasts until the latency
-settles), plus GPU-side event time where the backend has events. `torch.profiler` has no MPS activity:
+settles, plus GPU-side event time where the backend has events. `torch.profiler` has no MPS activity:
 on MPS its operator table shows CPU-side dispatch only, and the output says so.
 """
 
@@ -19,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pipeline import atomic, stats, timing
 from pipeline import device as dev
+from pipeline.models.inference import for_inference
 
 log = logging.getLogger("pipeline")
 FORMAT = "pipeline.profile/1"
@@ -181,8 +183,10 @@ def run(
     out_dir: Path,
     memory_format: torch.memory_format,
 ) -> dict[str, Any]:
-    """Profile into `out_dir`: profile.json (latency + operators), operators.json, trace.json."""
-    model.eval()
+    """Profile into `out_dir`: profile.json (latency + operators), operators.json, trace.json.
+
+    `model` is profiled in its inference form (`for_inference`), the one evaluation runs."""
+    model = for_inference(model)
     rows = []
     for batch_size in settings["batch_sizes"]:
         row = latency(model, device, precision, image_size, batch_size, settings, memory_format)

@@ -23,6 +23,7 @@ from pipeline.evaluation.matching import (
     resolve_protocol,
 )
 from pipeline.evaluation.voc import voc_ap
+from pipeline.models.inference import for_inference
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
@@ -157,7 +158,8 @@ class Evaluator:
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
         included; with `flip_test`, both views' and their average); `images_per_s` and
         `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`.
-        The model's train/eval mode is restored afterwards.
+        `model` runs in its inference form (`for_inference`: BatchNorm folded into the convs),
+        made here once per pass; `model` itself is left as it was.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
         picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
@@ -168,42 +170,38 @@ class Evaluator:
         dets: list[dict[str, Any]] = []
         score_rows: list[np.ndarray] = []
         model_s = postprocess_s = 0.0
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                for images, targets in loader:
-                    images = images.to(device, non_blocking=True)
-                    synchronize(device)
-                    start = time.perf_counter()
-                    with autocast(device, precision):
-                        outputs = model(images, flip_test=self.flip_test)
-                    synchronize(device)
-                    model_s += time.perf_counter() - start
+        model = for_inference(model)
+        with torch.inference_mode():
+            for images, targets in loader:
+                images = images.to(device, non_blocking=True)
+                synchronize(device)
+                start = time.perf_counter()
+                with autocast(device, precision):
+                    outputs = model(images, flip_test=self.flip_test)
+                synchronize(device)
+                model_s += time.perf_counter() - start
 
-                    start = time.perf_counter()
-                    decoded = model.decode(outputs, max_detections=self.max_detections)
-                    if len(decoded) != len(targets) or len(targets) != images.shape[0]:
-                        raise ValueError(
-                            f"A batch of {images.shape[0]} images came with {len(targets)} targets "
-                            f"and {len(decoded)} decoded predictions; they must match one to one."
-                        )
-                    for prediction, target in zip(decoded, targets, strict=True):
-                        image_id = int(target["image_id"])
-                        found = _at_least(
-                            _record(image_id, prediction, ("boxes", "scores", "labels")),
-                            self.min_score,
-                        )
-                        if "region" in target:
-                            found["boxes"] = _clip(found["boxes"], target["region"])
-                        dets.append(found)
-                        ignore = tuple(key for key in IGNORE_KEYS if key in target)
-                        gts.append(_record(image_id, target, ("boxes", "labels", *ignore)))
-                    if self.label_mode == "multilabel":
-                        score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
-                    postprocess_s += time.perf_counter() - start
-        finally:
-            model.train(was_training)
+                start = time.perf_counter()
+                decoded = model.decode(outputs, max_detections=self.max_detections)
+                if len(decoded) != len(targets) or len(targets) != images.shape[0]:
+                    raise ValueError(
+                        f"A batch of {images.shape[0]} images came with {len(targets)} targets "
+                        f"and {len(decoded)} decoded predictions; they must match one to one."
+                    )
+                for prediction, target in zip(decoded, targets, strict=True):
+                    image_id = int(target["image_id"])
+                    found = _at_least(
+                        _record(image_id, prediction, ("boxes", "scores", "labels")),
+                        self.min_score,
+                    )
+                    if "region" in target:
+                        found["boxes"] = _clip(found["boxes"], target["region"])
+                    dets.append(found)
+                    ignore = tuple(key for key in IGNORE_KEYS if key in target)
+                    gts.append(_record(image_id, target, ("boxes", "labels", *ignore)))
+                if self.label_mode == "multilabel":
+                    score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
+                postprocess_s += time.perf_counter() - start
         metrics = self._metrics(
             gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap_intervals
         )
