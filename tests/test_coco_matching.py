@@ -212,3 +212,29 @@ def test_each_classs_ranking_for_the_intervals_is_the_one_read_off_pycocotools(s
                     kept = np.asarray(entry["dtScores"]) >= 0.5
                     hits += int(((entry["dtMatches"][0] > 0) & ~entry["dtIgnore"][0] & kept).sum())
             assert found[a, i] == hits
+
+
+def test_records_that_disagree_or_hold_a_label_out_of_range_are_refused_naming_the_image() -> None:
+    from pipeline.errors import DataError
+    from pipeline.evaluation.coco_matching import as_arrays
+
+    box = np.asarray([[0.0, 0.0, 4.0, 4.0]], dtype=np.float32)
+    good = {"boxes": box, "labels": np.asarray([0])}
+    truth = {1: good, 2: {"boxes": box, "labels": np.asarray([5])}}
+    with pytest.raises(DataError, match="Ground truth of image 2 has label 5"):
+        as_arrays(truth, {}, [1, 2], 2)
+    truth = {1: good, 2: {"boxes": np.zeros((2, 4)), "labels": np.asarray([1])}}
+    with pytest.raises(ValueError, match="Ground truth of image 2 disagree in length: 2 boxes"):
+        as_arrays(truth, {}, [1, 2], 2)
+    found = {2: {**good, "scores": np.asarray([0.5, 0.4])}}
+    with pytest.raises(ValueError, match="Detections of image 2 disagree in length"):
+        as_arrays({1: good, 2: good}, found, [1, 2], 2)
+    objects, crowd, detections, scores = as_arrays(
+        {1: good, 2: {**good, "ignore_boxes": box, "ignore_labels": np.asarray([1])}},
+        {2: {**good, "scores": np.asarray([0.5], dtype=np.float32)}},
+        [1, 2],
+        2,
+    )
+    assert objects.image.tolist() == [0, 1, 1] and crowd.tolist() == [False, False, True]
+    assert objects.xywh.dtype == np.float64 and objects.xywh[0].tolist() == [0.0, 0.0, 4.0, 4.0]
+    assert detections.image.tolist() == [1] and scores.tolist() == [0.5]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, Boxes, match
+from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, as_arrays, match
 from pipeline.evaluation.image_bootstrap import bootstrap_weights
 from pipeline.evaluation.intervals import (
     APSamples,
@@ -25,14 +25,7 @@ from pipeline.evaluation.intervals import (
     interval_of,
     resampled_ap,
 )
-from pipeline.evaluation.matching import (
-    Record,
-    as_boxes,
-    as_vector,
-    by_image,
-    check_labels,
-    ratio,
-)
+from pipeline.evaluation.matching import Record, by_image, ratio
 
 # Object size buckets by the square root of the box area in the model's input pixels (after
 # resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
@@ -45,11 +38,6 @@ SIZE_BUCKETS: dict[str, tuple[float, float | None]] = {
     "large": (64.0, None),
 }
 _NO_LIMIT = 1e5  # pycocotools' own "no upper limit" side length
-
-
-def _xywh(boxes: np.ndarray) -> np.ndarray:
-    """xyxy [N, 4] as COCO's xywh, w = x2 - x1 in float64 (what pycocotools is handed)."""
-    return np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
 
 
 def _area_ranges(buckets: Iterable[str] = SIZE_BUCKETS) -> tuple[list[list[float]], list[str]]:
@@ -313,7 +301,7 @@ def coco_ap(
         raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
     truth, found = by_image(gts, dets)
     image_ids = sorted(truth)  # as COCOeval orders them: the matches' image positions
-    objects, crowd, detections, scores = _as_arrays(truth, found, image_ids, num_classes)
+    objects, crowd, detections, scores = as_arrays(truth, found, image_ids, num_classes)
     counted = ~crowd  # ignore regions not counted
     gt_per_class = np.bincount(objects.labels[counted], minlength=num_classes)
     areas, labels = objects.area[counted], objects.labels[counted]
@@ -437,69 +425,3 @@ def coco_ap(
             bucket_ap50, bucket_ap, bucket_recall, bucket_class_ap50, intervals
         ),
     }
-
-
-def _as_arrays(
-    truth: Mapping[int, Record],
-    found: Mapping[int, Record],
-    image_ids: Sequence[int],
-    num_classes: int,
-) -> tuple[Boxes, np.ndarray, Boxes, np.ndarray]:
-    """(objects, which are crowd regions, detections, their scores) of every image as COCO's
-    files would hold them (xywh in float64, w = x2 - x1), by image position in `image_ids`;
-    each image's objects, then its ignore regions (iscrowd=1), in their order."""
-    gt_parts: list[tuple[np.ndarray, np.ndarray, bool]] = []
-    dt_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    gt_images, dt_images = [], []
-    for position, image_id in enumerate(image_ids):
-        gt = truth[image_id]
-        for crowd, (boxes, labels) in enumerate(
-            (
-                (gt["boxes"], gt["labels"]),
-                (gt.get("ignore_boxes", ()), gt.get("ignore_labels", ())),
-            )
-        ):
-            boxes, labels = _checked(boxes, labels, image_id, "Ground truth")
-            check_labels(labels, num_classes, image_id, "Ground truth")
-            gt_parts.append((boxes, labels, bool(crowd)))
-            gt_images.append(np.full(labels.size, position, dtype=np.int64))
-        if image_id in found:
-            det = found[image_id]
-            boxes, labels = _checked(det["boxes"], det["labels"], image_id, "Detections")
-            check_labels(labels, num_classes, image_id, "Detections")
-            scores = as_vector(det["scores"], np.float64)
-            if scores.size != labels.size:
-                raise ValueError(
-                    f"Detections of image {image_id} disagree in length: {labels.size} boxes "
-                    f"and labels, {scores.size} scores."
-                )
-            dt_parts.append((boxes, labels, scores))
-            dt_images.append(np.full(labels.size, position, dtype=np.int64))
-
-    def joined(parts: list[np.ndarray], dtype: type, width: int = 0) -> np.ndarray:
-        if parts:
-            return np.concatenate(parts)
-        return np.zeros((0, width) if width else 0, dtype=dtype)
-
-    objects = Boxes(
-        _xywh(joined([part[0] for part in gt_parts], np.float64, 4)),
-        joined(gt_images, np.int64),
-        joined([part[1] for part in gt_parts], np.int64),
-    )
-    crowd = joined([np.full(part[1].size, part[2]) for part in gt_parts], bool)
-    detections = Boxes(
-        _xywh(joined([part[0] for part in dt_parts], np.float64, 4)),
-        joined(dt_images, np.int64),
-        joined([part[1] for part in dt_parts], np.int64),
-    )
-    return objects, crowd, detections, joined([part[2] for part in dt_parts], np.float64)
-
-
-def _checked(boxes: Any, labels: Any, image_id: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    boxes, labels = as_boxes(boxes), as_vector(labels, np.int64)
-    if len(boxes) != len(labels):
-        raise ValueError(
-            f"{what} of image {image_id} disagree in length: {len(boxes)} boxes, "
-            f"{len(labels)} labels."
-        )
-    return boxes, labels

@@ -11,12 +11,13 @@ and class (at most maxDets steps), every image, area range and IoU threshold at 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.evaluation.intervals import RECALL_THRESHOLDS, ClassRanking
-from pipeline.evaluation.matching import same_class_pairs
+from pipeline.evaluation.matching import Record, check_labels, same_class_pairs
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)  # COCOeval's iouThrs, as it makes them
 MAX_DETECTIONS = 100  # per image and class: COCO's AP, AP@.5 and AP@.75 (stats[0:3])
@@ -38,6 +39,77 @@ class Boxes:
     def area(self) -> np.ndarray:
         """w * h, what COCO.loadRes gives a bbox result and our annotations carry."""
         return self.xywh[:, 2] * self.xywh[:, 3]
+
+
+def as_arrays(
+    truth: Mapping[int, Record],
+    found: Mapping[int, Record],
+    image_ids: Sequence[int],
+    num_classes: int,
+) -> tuple[Boxes, np.ndarray, Boxes, np.ndarray]:
+    """(objects, which of them are crowd regions, detections, their scores) of the records as
+    COCO's files would hold them (xywh in float64, w = x2 - x1), by image position in
+    `image_ids`: each image's objects, then its ignore regions (iscrowd=1), in their order.
+    Each field is laid end to end once and checked once (a record per image is thousands)."""
+    dt_ids = [i for i in image_ids if i in found]
+    gt_boxes, gt_labels = (
+        [np.asarray(truth[i].get(key, _NONE)) for i in image_ids for key in keys]
+        for keys in (("boxes", "ignore_boxes"), ("labels", "ignore_labels"))
+    )
+    dt_boxes, dt_labels, scores = (
+        [np.asarray(found[i][key]) for i in dt_ids] for key in ("boxes", "labels", "scores")
+    )
+    gt_ids = [i for i in image_ids for _ in range(2)]
+    objects, gt_sizes = _laid_out(gt_boxes, gt_labels, gt_ids, num_classes, "Ground truth")
+    detections, dt_sizes = _laid_out(dt_boxes, dt_labels, dt_ids, num_classes, "Detections")
+    score_sizes = np.fromiter((part.size for part in scores), np.int64, len(scores))
+    if (score_sizes != dt_sizes).any():
+        at = int(np.flatnonzero(score_sizes != dt_sizes)[0])
+        raise ValueError(
+            f"Detections of image {dt_ids[at]} disagree in length: {dt_sizes[at]} boxes and "
+            f"labels, {score_sizes[at]} scores."
+        )
+    position = {image_id: n for n, image_id in enumerate(image_ids)}
+    gt_image = np.repeat(np.arange(len(image_ids)).repeat(2), gt_sizes)
+    dt_image = np.repeat(
+        np.fromiter((position[i] for i in dt_ids), np.int64, len(dt_ids)), dt_sizes
+    )
+    crowd = np.repeat(np.tile([False, True], len(image_ids)), gt_sizes)
+    joined_scores = np.concatenate([*(part.reshape(-1) for part in scores), _NONE])
+    return (
+        Boxes(objects.xywh, gt_image, objects.labels),
+        crowd,
+        Boxes(detections.xywh, dt_image, detections.labels),
+        joined_scores.astype(np.float64),
+    )
+
+
+_NONE = np.zeros(0, dtype=np.float64)  # a record without ignore regions
+
+
+def _laid_out(
+    boxes: list[np.ndarray], labels: list[np.ndarray], ids: list[int], classes: int, what: str
+) -> tuple[Boxes, np.ndarray]:
+    """Each part's xyxy boxes and labels end to end as xywh (image positions left for the
+    caller), with each part's size; a part whose boxes and labels disagree, or a label out of
+    range, refused naming its image."""
+    box_sizes = np.fromiter((part.size for part in boxes), np.int64, len(boxes))
+    sizes = np.fromiter((part.size for part in labels), np.int64, len(labels))
+    if (box_sizes != 4 * sizes).any():
+        at = int(np.flatnonzero(box_sizes != 4 * sizes)[0])
+        raise ValueError(
+            f"{what} of image {ids[at]} disagree in length: {box_sizes[at] / 4:g} boxes, "
+            f"{sizes[at]} labels."
+        )
+    xyxy = np.concatenate([*(part.reshape(-1, 4) for part in boxes), _NONE.reshape(0, 4)])
+    xyxy = xyxy.astype(np.float64)
+    joined = np.concatenate([*(part.reshape(-1) for part in labels), _NONE]).astype(np.int64)
+    wrong = (joined < 0) | (joined >= classes)
+    if wrong.any():  # the first image with a label out of range, as check_labels words it
+        at = int(np.searchsorted(np.cumsum(sizes), np.flatnonzero(wrong)[0], side="right"))
+        check_labels(labels[at].astype(np.int64).reshape(-1), classes, ids[at], what)
+    xywh = np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
+    return Boxes(xywh, np.zeros(0, np.int64), joined), sizes
 
 
 @dataclass(frozen=True)
