@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, MAX_DETECTIONS, Boxes, match
+from pipeline.evaluation.coco_matching import (
+    IOU_THRESHOLDS,
+    MAX_DETECTIONS,
+    Boxes,
+    accumulate,
+    match,
+)
 from pipeline.evaluation.intervals import RECALL_THRESHOLDS
 
 AREA_RANGES = [[0.0, 1e10], [0.0, float(np.nextafter(16.0**2, 0))], [256.0, 4095.9], [4096.0, 1e10]]
@@ -135,7 +141,7 @@ def test_matches_and_precision_are_pycocotools_own_bit_for_bit(seed: int) -> Non
                 cut += int(len(entry["dtScores"]) == MAX_DETECTIONS)
     assert matches > 100 and ignored > 50 and repeated > 0 and cut > 0  # every rule is reached
     expected = evaluation.eval["precision"][..., 0]  # [T, R, K, A]
-    precision = matched.precision()
+    precision = accumulate(matched.rankings())
     assert precision.tobytes() == expected.tobytes()
     assert (expected[:, :, -1] == -1).all() and (expected[:, :, :-1] > 0).any()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, as_arrays, match
+from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, accumulate, as_arrays, match
 from pipeline.evaluation.image_bootstrap import bootstrap_weights
 from pipeline.evaluation.intervals import (
     APSamples,
@@ -358,9 +358,9 @@ def coco_ap(
     # "large" at 128 px)
     area_ranges, area_labels = _area_ranges([name for name, count in counts.items() if count])
     matched = match(detections, scores, objects, crowd, area_ranges, num_classes, len(image_ids))
-    ranked = matched.ranked()
+    rankings = matched.rankings()
     # precision: [IoU thresholds T, recall thresholds R, classes K, area ranges A]
-    all_precision = matched.precision(ranked)
+    all_precision = accumulate(rankings)
     precision = all_precision[..., area_labels.index("all")]
     at_50 = int(np.argmin(np.abs(IOU_THRESHOLDS - 0.5)))
 
@@ -402,7 +402,7 @@ def coco_ap(
     at_75 = int(np.argmin(np.abs(IOU_THRESHOLDS - 0.75)))
     intervals = (
         _ap_intervals(
-            _Found(image_ids, area_labels, matched.rankings(ranked), found_at_50, total),
+            _Found(image_ids, area_labels, rankings, found_at_50, total),
             at_50,
             at_75,
             [b for b, r in bucket_recall.items() if r is not None],

@@ -138,14 +138,11 @@ class Matched:
         place = np.arange(areas)[:, None] * images + self.image[None, :]
         return np.bincount(place[hit], minlength=areas * images).reshape(areas, images)
 
-    def ranked(self) -> np.ndarray:
-        """The detections in the order COCOeval.accumulate ranks each class's: by class, then
-        descending score, stable over the images in order and each image's own ranking."""
-        return np.lexsort((self.rank, self.image, -self.scores, self.labels))
-
-    def rankings(self, order: np.ndarray | None = None) -> list[ClassRanking]:
-        """Each class's ranking as AP's intervals read it, cut after its last true positive."""
-        order = self.ranked() if order is None else order
+    def rankings(self) -> list[ClassRanking]:
+        """Each class's ranking, as COCOeval.accumulate ranks it (descending score, stable
+        over the images in order and each image's own ranking), cut after its last true
+        positive: what `accumulate` and AP's intervals read."""
+        order = np.lexsort((self.rank, self.image, -self.scores, self.labels))
         bounds = np.searchsorted(self.labels[order], np.arange(self.objects.shape[0] + 1))
         result = []
         for k in range(self.objects.shape[0]):
@@ -161,33 +158,33 @@ class Matched:
             )
         return result
 
-    def precision(self, order: np.ndarray | None = None) -> np.ndarray:
-        """COCOeval.accumulate's precision [T, R, K, A] at maxDets, -1 where a class has no
-        objects that count in an area range: its arithmetic, operation for operation."""
-        order = self.ranked() if order is None else order
-        classes, areas, _ = self.objects.shape
-        ious = self.matched.shape[1]
-        result = -np.ones((ious, RECALL_THRESHOLDS.size, classes, areas))
-        bounds = np.searchsorted(self.labels[order], np.arange(classes + 1))
-        npig = self.objects.sum(axis=2)  # [K, A]
-        for k in range(classes):
-            mine = order[bounds[k] : bounds[k + 1]]
-            counted = ~self.ignored[:, :, mine]
-            tp_sum = np.cumsum(self.matched[:, :, mine] & counted, axis=2).astype(np.float64)
-            fp_sum = np.cumsum(~self.matched[:, :, mine] & counted, axis=2).astype(np.float64)
-            for a in range(areas):
-                if npig[k, a] == 0:
-                    continue
-                recall = tp_sum[a] / npig[k, a]
-                precise = tp_sum[a] / (fp_sum[a] + tp_sum[a] + np.spacing(1))
-                # accumulate's backward pass: each precision the highest at or after it
-                precise = np.maximum.accumulate(precise[:, ::-1], axis=1)[:, ::-1]
-                for t in range(ious):
-                    reached = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
-                    inside = reached < mine.size  # recall points never reached: 0
-                    result[t, inside, k, a] = precise[t, reached[inside]]
-                    result[t, ~inside, k, a] = 0.0
-        return result
+
+def accumulate(rankings: Sequence[ClassRanking]) -> np.ndarray:
+    """COCOeval.accumulate's precision [T, R, K, A] at maxDets from each class's ranking, -1
+    where a class has no objects that count in an area range: its arithmetic, operation for
+    operation. The false positives a ranking leaves out after its last true positive move no
+    figure: their precision is below the one there, and the recall they reach is reached
+    there."""
+    areas, ious, _ = rankings[0].is_tp.shape
+    result = -np.ones((ious, RECALL_THRESHOLDS.size, len(rankings), areas))
+    for k, ranking in enumerate(rankings):
+        objects = ranking.gt_per_image.sum(axis=1)  # [A]
+        tp_sum = np.cumsum(ranking.is_tp, axis=2)
+        fp_sum = (np.cumsum(ranking.counted, axis=2) - tp_sum).astype(np.float64)
+        tp_sum = tp_sum.astype(np.float64)
+        for a in range(areas):
+            if objects[a] == 0:
+                continue
+            recall = tp_sum[a] / objects[a]
+            precise = tp_sum[a] / (fp_sum[a] + tp_sum[a] + np.spacing(1))
+            # accumulate's backward pass: each precision the highest at or after it
+            precise = np.maximum.accumulate(precise[:, ::-1], axis=1)[:, ::-1]
+            for t in range(ious):
+                reached = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
+                inside = reached < recall.shape[1]  # recall points never reached: 0
+                result[t, inside, k, a] = precise[t, reached[inside]]
+                result[t, ~inside, k, a] = 0.0
+    return result
 
 
 def _pair_iou(found: Boxes, truth: Boxes, crowd: np.ndarray, pairs: tuple) -> np.ndarray:
