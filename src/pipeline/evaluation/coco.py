@@ -140,7 +140,7 @@ _NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
 
 
 @dataclass(frozen=True)
-class _Found:
+class _Matching:
     """What the intervals read of one matching: the images (ids, in the matches' order), the
     area ranges matched, each class's ranking, and per area range and image the objects found
     at IoU 0.5 at the score threshold and the objects that count ([A, I] each)."""
@@ -153,7 +153,7 @@ class _Found:
 
 
 def _ap_intervals(
-    walked: _Found,
+    matching: _Matching,
     at_50: int,
     at_75: int,
     with_recall: Sequence[str],
@@ -167,15 +167,15 @@ def _ap_intervals(
     as pycocotools averages it, the mean over classes of each class's mean over the IoUs.
     `figures` [A, T, K]: pycocotools' per-class AP (NaN: no objects), which every interval
     is centred on (`intervals.interval_of`)."""
-    labels = walked.area_labels
-    images = len(walked.image_ids)
-    samples = resampled_ap(walked.rankings, images, threads=threads)
+    labels = matching.area_labels
+    images = len(matching.image_ids)
+    samples = resampled_ap(matching.rankings, images, threads=threads)
     found = APSamples(figures[..., None])  # the figures themselves, as one resample
     everything = labels.index("all")
     by_class = samples.by_class[everything]  # [T, K, R]
     estimate = figures[everything]  # [T, K]
     per_class: list[dict[str, dict[str, Any] | None]] = []
-    for k in range(len(walked.rankings)):
+    for k in range(len(matching.rankings)):
         per_class.append(
             {
                 "ap50_interval": interval_of(by_class[at_50, k], images, estimate[at_50, k]),
@@ -192,7 +192,7 @@ def _ap_intervals(
         buckets[name] = {
             "ap50_interval": _centred(samples, found, images, area, at_50),
             "ap_interval": _centred(samples, found, images, area),
-            "recall_interval": _recall_interval(walked, area, images)
+            "recall_interval": _recall_interval(matching, area, images)
             if name in with_recall
             else None,
         }
@@ -203,10 +203,10 @@ def _ap_intervals(
         per_class=per_class,
         size_buckets=buckets,
         matches={
-            "image_ids": [int(image_id) for image_id in walked.image_ids],
+            "image_ids": [int(image_id) for image_id in matching.image_ids],
             "classes": [
                 ranking.matches(everything, at_50).as_document(label)
-                for label, ranking in enumerate(walked.rankings)
+                for label, ranking in enumerate(matching.rankings)
             ],
         },
     )
@@ -229,10 +229,13 @@ def _centred(
     return interval_of(samples.mean_at(area, iou), images, figures.mean_at(area, iou)[0])
 
 
-def _recall_interval(walked: _Found, area: int, images: int) -> dict[str, Any] | None:
+def _recall_interval(matching: _Matching, area: int, images: int) -> dict[str, Any] | None:
     samples = []
     for weights in bootstrap_weights(images):
-        found, total = (weights @ walked.found[area]).astype(float), weights @ walked.total[area]
+        found, total = (
+            (weights @ matching.found[area]).astype(float),
+            weights @ matching.total[area],
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
             samples.append(np.where(total > 0, found / total, np.nan))
     return interval_of(np.concatenate(samples), images)
@@ -250,9 +253,9 @@ def _summarized(found: np.ndarray, iou: float | None) -> float:
 @contextlib.contextmanager
 def without_cyclic_gc() -> Iterator[None]:
     """Evaluation makes an object or several per detection (the records' arrays, a
-    predictions file's lists), none of them in a cycle: the cyclic collector would walk them all, and
-    every object the process holds, again at every full collection. Nested, the outermost
-    one turns it back on."""
+    predictions file's lists), none of them in a cycle: the cyclic collector would walk them
+    all, and every object the process holds, again at every full collection. Nested, the
+    outermost one turns it back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -402,7 +405,7 @@ def coco_ap(
     at_75 = int(np.argmin(np.abs(IOU_THRESHOLDS - 0.75)))
     intervals = (
         _ap_intervals(
-            _Found(image_ids, area_labels, rankings, found_at_50, total),
+            _Matching(image_ids, area_labels, rankings, found_at_50, total),
             at_50,
             at_75,
             [b for b, r in bucket_recall.items() if r is not None],
