@@ -6,7 +6,7 @@ COCO scale, no model: 80 classes; images of 1 to 15 objects (COCO's mean is abou
 4 to 400 px in a 640-px input; 100 detections per image, each a ground-truth box of its image
 moved by noise (most far off: false positives; some of another class), scored higher the
 nearer they are. Timed: what `evaluate` computes from detections (matching and P/R/F1 with
-their intervals, pycocotools with the size buckets, every AP interval), at --small and
+their intervals, COCO AP with the size buckets, every AP interval), at --small and
 --large images (default 1,000 and 5,000). Target: time per image at the larger size at most
 1.5 x that at the smaller (evaluation linear in its work).
 
@@ -14,7 +14,7 @@ Default size: the generated data set's validation and test splits (2,304 images 
 by default) through `Evaluator.evaluate` as `python -m pipeline evaluate` runs it (validation
 first, its best-F1 threshold applied to test, AP intervals on test), the default model's
 forward pass timed apart from everything else: decoding the images, the model's own decoding
-of its outputs, matching, pycocotools and the intervals. The model is untrained, so its
+of its outputs, matching, COCO AP and the intervals. The model is untrained, so its
 detections are replaced, after its decoding ran, by detections made from the ground truth as
 above: a trained model's number of detections and matches, without training one here (made
 before each split's evaluation, outside the timed work). With --checkpoint (a default run's

@@ -418,40 +418,15 @@ def assert_same_figures(got: Any, want: Any, where: str = "") -> None:
         assert got == want, where
 
 
-def test_faster_coco_eval_gives_pycocotools_figures_intervals_and_matches(monkeypatch) -> None:
-    """COCOeval is faster-coco-eval's where installed: every figure, interval, recall and
-    kept match must be pycocotools' own, ignore regions and size buckets included."""
-    pytest.importorskip("faster_coco_eval")
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    from pipeline.evaluation import coco
-
-    assert coco.cocoeval_classes()[1].__module__.startswith("faster_coco_eval")
-    gts, dets = noisy_scene(40, seed=11)
-    for truth in gts[::5]:  # a region with a detection on it, of class 0
-        truth.update(with_ignore(truth, [[100, 100, 124, 124]], [0]))
-    for found in dets[::5]:
-        found["boxes"] = np.concatenate([found["boxes"], [[101, 101, 123, 123]]]).astype(np.float32)
-        found["scores"] = np.append(found["scores"], 0.97).astype(np.float32)
-        found["labels"] = np.append(found["labels"], 0)
-    names = ["x", "y", "z", "none"]
-    faster = coco_ap(gts, dets, 4, (128, 128), names, score_threshold=0.4, ap_intervals=True)
-    monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, COCOeval))
-    own = coco_ap(gts, dets, 4, (128, 128), names, score_threshold=0.4, ap_intervals=True)
-    assert 0.0 < own["ap"] < own["ap50"] < 1.0
-    assert all(own["size_buckets"][name]["ap50"] for name in ("small", "medium"))
-    assert own["ap50_matches"] is not None and own["ap50_interval"] is not None
-    assert_same_figures(faster, own)
-
-
-def plain_pycocotools(gts: list, dets: list, classes: int, backend: tuple) -> list[float]:
+def plain_pycocotools(gts: list, dets: list, classes: int) -> list[float]:
     """AP, AP@.5, AP@.75 and each class's AP@.5 as a user of COCO's API gets them: results
     through loadRes, COCOeval's default area ranges and detection limits, summarize."""
     import contextlib
     import io
 
-    COCO, COCOeval = backend
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
     images = [{"id": g["image_id"], "height": 128, "width": 128} for g in gts]
     annotations = []
     for g in gts:
@@ -499,55 +474,43 @@ def plain_pycocotools(gts: list, dets: list, classes: int, backend: tuple) -> li
     return [*(float(v) for v in evaluation.stats[:3]), *per_class]
 
 
-@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
-def test_ap_figures_are_those_of_cocos_own_api_on_the_same_results(monkeypatch, backend) -> None:
-    """coco_ap hands COCOeval its detections as COCO.loadRes would have completed them, and
-    leaves empty size buckets out: AP, AP@.5, AP@.75 and each class's AP@.5 are, bit for bit,
-    what COCO's API gives a user loading the same results, crowd regions included."""
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    from pipeline.evaluation import coco
-
-    if backend == "pycocotools":
-        monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, COCOeval))
-        classes = (COCO, COCOeval)
-    else:
-        faster = pytest.importorskip("faster_coco_eval")
-        classes = (faster.COCO, faster.COCOeval_faster)
+def test_ap_figures_are_those_of_cocos_own_api_on_the_same_results() -> None:
+    """coco_ap matches the boxes as COCO.loadRes would have completed them, and leaves empty
+    size buckets out: AP, AP@.5, AP@.75 and each class's AP@.5 are, bit for bit, what
+    pycocotools gives a user loading the same results, crowd regions included."""
     gts, dets = noisy_scene(30, seed=9)
     for truth in gts[::4]:
         truth.update(with_ignore(truth, [[90, 90, 120, 120]], [1]))
     result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
-    expected = plain_pycocotools(gts, dets, 3, classes)
+    expected = plain_pycocotools(gts, dets, 3)
     got = [result["ap"], result["ap50"], result["ap75"], *(r["ap50"] for r in result["per_class"])]
     assert got == expected
     assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0
 
 
-def test_a_size_bucket_without_objects_is_left_out_of_cocoeval_with_the_same_figures(
+def test_a_size_bucket_without_objects_is_left_out_of_the_matching_with_the_same_figures(
     monkeypatch,
 ) -> None:
-    """No object is large here: COCOeval evaluates "all", "small" and "medium" alone (a
-    quarter less work, and of its per-image results to read), and every figure, interval and
-    match is what it gives with the empty bucket evaluated too."""
+    """No object is large here: "all", "small" and "medium" alone are matched (a quarter
+    less work), and every figure, interval and match is what matching the empty bucket too
+    gives."""
     from pipeline.evaluation import coco
 
     gts, dets = noisy_scene(40, seed=12)  # objects of 8 to 40 px
-    seen: list[list[str]] = []
-    evaluate = coco.walk
+    seen: list[int] = []
+    matching = coco.match
 
-    def watching(evaluation: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(list(evaluation.params.areaRngLbl))
-        return evaluate(evaluation, *args, **kwargs)
+    def watching(*args: Any) -> Any:
+        seen.append(len(args[4]))  # the area ranges
+        return matching(*args)
 
-    monkeypatch.setattr(coco, "walk", watching)
+    monkeypatch.setattr(coco, "match", watching)
     names = ["x", "y", "z"]
     lean = coco_ap(gts, dets, 3, (128, 128), names, score_threshold=0.4, ap_intervals=True)
     every = coco._area_ranges
     monkeypatch.setattr(coco, "_area_ranges", lambda buckets=(): every())
     whole = coco_ap(gts, dets, 3, (128, 128), names, score_threshold=0.4, ap_intervals=True)
-    assert seen == [["all", "small", "medium"], ["all", "small", "medium", "large"]]
+    assert seen == [3, 4]
     assert lean["size_buckets"]["large"]["num_gt"] == 0
     assert lean["size_buckets"]["medium"]["ap50_interval"] is not None
     assert_same_figures(lean, whole)
@@ -1236,34 +1199,14 @@ def test_matching_every_image_at_once_gives_each_images_own_greedy_matches() -> 
     assert 40 < pooled.is_tp.sum() < pooled.is_tp.size / 2  # duplicates lose: both kinds occur
 
 
-def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters(monkeypatch) -> None:
-    """Evaluated and accumulated at 100 detections alone, AP, AP@.5 and AP@.75 are bit for bit
+def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters() -> None:
+    """Matched and accumulated at 100 detections alone, AP, AP@.5 and AP@.75 are bit for bit
     what pycocotools' summarize gives with its default maxDets (1, 10, 100)."""
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    from pipeline.evaluation import coco
-
-    summarized: list[list[float]] = []
-
-    class Defaults(COCOeval):
-        def evaluate(self) -> None:
-            self.params.maxDets = [1, 10, 100]
-            super().evaluate()
-
-        def accumulate(self, p=None) -> None:
-            super().accumulate(p)
-            self.summarize()
-            summarized.append([float(value) for value in self.stats[:3]])
-
     gts, dets = noisy_scene(30, seed=4)
     for found in dets:  # more than 10 detections of an image: maxDets matters to AR, not AP
         found["boxes"] = np.concatenate([found["boxes"]] * 4).astype(np.float32)
         found["scores"] = np.concatenate([found["scores"] * f for f in (1, 0.9, 0.8, 0.7)])
         found["labels"] = np.concatenate([found["labels"]] * 4)
-    monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, COCOeval))
     result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
-    monkeypatch.setattr(coco, "cocoeval_classes", lambda: (COCO, Defaults))
-    coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
-    assert [result["ap"], result["ap50"], result["ap75"]] == summarized[0]
+    assert [result["ap"], result["ap50"], result["ap75"]] == plain_pycocotools(gts, dets, 3)[:3]
     assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0

@@ -1,34 +1,31 @@
-"""COCO AP through pycocotools itself, with object size buckets in input pixels, and the
-intervals of every AP figure from pycocotools' own matches (pipeline.evaluation.intervals).
+"""COCO AP as pycocotools computes it, with object size buckets in input pixels, and the
+intervals of every AP figure from pycocotools' matches (pipeline.evaluation.intervals).
 
-pycocotools' figures are taken as it computes them; what it keeps per image (`evalImgs`) is
-read once (pipeline.evaluation.cocoeval_results), for the recall by size bucket and for the
-matches the intervals reweigh.
-COCOeval is faster-coco-eval's (the same matching and accumulation in C++) where it is
-installed, pycocotools' otherwise: the two give the same figures (tests/test_evaluator.py).
+The matching and accumulation are pycocotools' COCOeval on arrays
+(pipeline.evaluation.coco_matching: the same matches and precision, bit for bit, which
+tests/test_coco_matching.py and tests/test_evaluator.py hold against pycocotools itself);
+its matches give the recall by size bucket and the rankings the intervals reweigh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import io
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pipeline.evaluation.cocoeval_results import Walked, walk
+from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, accumulate, as_arrays, match
 from pipeline.evaluation.image_bootstrap import bootstrap_weights
-from pipeline.evaluation.intervals import APSamples, interval_of, resampled_ap
-from pipeline.evaluation.matching import (
-    Record,
-    as_boxes,
-    as_vector,
-    by_image,
-    check_labels,
+from pipeline.evaluation.intervals import (
+    APSamples,
+    ClassRanking,
+    interval_of,
+    resampled_ap,
 )
+from pipeline.evaluation.matching import Record, by_image, ratio
 
 # Object size buckets by the square root of the box area in the model's input pixels (after
 # resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
@@ -41,11 +38,6 @@ SIZE_BUCKETS: dict[str, tuple[float, float | None]] = {
     "large": (64.0, None),
 }
 _NO_LIMIT = 1e5  # pycocotools' own "no upper limit" side length
-
-
-def _xywh(box: np.ndarray) -> list[float]:
-    x1, y1, x2, y2 = (float(v) for v in box)
-    return [x1, y1, x2 - x1, y2 - y1]
 
 
 def _area_ranges(buckets: Iterable[str] = SIZE_BUCKETS) -> tuple[list[list[float]], list[str]]:
@@ -147,9 +139,21 @@ class _APIntervals:
 _NO_AP_INTERVALS = _APIntervals(None, None, None, [], {}, None)
 
 
+@dataclass(frozen=True)
+class _Matching:
+    """What the intervals read of one matching: the images (ids, in the matches' order), the
+    area ranges matched, each class's ranking, and per area range and image the objects found
+    at IoU 0.5 at the score threshold and the objects that count ([A, I] each)."""
+
+    image_ids: list[int]
+    area_labels: list[str]
+    rankings: list[ClassRanking]
+    found: np.ndarray
+    total: np.ndarray
+
+
 def _ap_intervals(
-    walked: Walked,
-    params: Any,
+    matching: _Matching,
     at_50: int,
     at_75: int,
     with_recall: Sequence[str],
@@ -163,30 +167,32 @@ def _ap_intervals(
     as pycocotools averages it, the mean over classes of each class's mean over the IoUs.
     `figures` [A, T, K]: pycocotools' per-class AP (NaN: no objects), which every interval
     is centred on (`intervals.interval_of`)."""
-    labels, category_ids = list(params.areaRngLbl), list(params.catIds)
-    images = len(params.imgIds)
-    samples = resampled_ap(walked.rankings, images, threads=threads)
+    labels = matching.area_labels
+    images = len(matching.image_ids)
+    samples = resampled_ap(matching.rankings, images, threads=threads)
     found = APSamples(figures[..., None])  # the figures themselves, as one resample
     everything = labels.index("all")
     by_class = samples.by_class[everything]  # [T, K, R]
     estimate = figures[everything]  # [T, K]
-    per_class: list[dict[str, dict[str, Any] | None]] = [{}] * len(category_ids)
-    for k, category_id in enumerate(category_ids):
-        per_class[category_id - 1] = {
-            "ap50_interval": interval_of(by_class[at_50, k], images, estimate[at_50, k]),
-            "ap_interval": interval_of(
-                by_class[:, k].mean(axis=0), images, estimate[:, k].mean(axis=0)
-            ),
-        }
+    per_class: list[dict[str, dict[str, Any] | None]] = []
+    for k in range(len(matching.rankings)):
+        per_class.append(
+            {
+                "ap50_interval": interval_of(by_class[at_50, k], images, estimate[at_50, k]),
+                "ap_interval": interval_of(
+                    by_class[:, k].mean(axis=0), images, estimate[:, k].mean(axis=0)
+                ),
+            }
+        )
     buckets = {}
     for name in SIZE_BUCKETS:
-        if name not in labels:  # no objects there: left out of COCOeval, no intervals
+        if name not in labels:  # no objects there: not matched, no intervals
             continue
         area = labels.index(name)
         buckets[name] = {
             "ap50_interval": _centred(samples, found, images, area, at_50),
             "ap_interval": _centred(samples, found, images, area),
-            "recall_interval": _recall_interval(walked, area, images)
+            "recall_interval": _recall_interval(matching, area, images)
             if name in with_recall
             else None,
         }
@@ -197,19 +203,18 @@ def _ap_intervals(
         per_class=per_class,
         size_buckets=buckets,
         matches={
-            "image_ids": [int(image_id) for image_id in params.imgIds],
+            "image_ids": [int(image_id) for image_id in matching.image_ids],
             "classes": [
-                ranking.matches(everything, at_50).as_document(int(category_id) - 1)
-                for category_id, ranking in zip(category_ids, walked.rankings, strict=True)
+                ranking.matches(everything, at_50).as_document(label)
+                for label, ranking in enumerate(matching.rankings)
             ],
         },
     )
 
 
-def _class_figures(precision: np.ndarray) -> np.ndarray:
+def _class_figures(found: np.ndarray) -> np.ndarray:
     """[A, T, K] each class's AP in each area range at each IoU from COCOeval's precision
-    [T, R, K, A, M] (at the last maxDets); NaN where it had no objects (-1)."""
-    found = precision[..., -1]
+    [T, R, K, A]; NaN where it had no objects (-1)."""
     figures = np.where((found > -1).all(axis=1), found.mean(axis=1), np.nan)  # [T, K, A]
     return np.moveaxis(figures, -1, 0)
 
@@ -224,61 +229,33 @@ def _centred(
     return interval_of(samples.mean_at(area, iou), images, figures.mean_at(area, iou)[0])
 
 
-def _recall_interval(walked: Walked, area: int, images: int) -> dict[str, Any] | None:
+def _recall_interval(matching: _Matching, area: int, images: int) -> dict[str, Any] | None:
     samples = []
     for weights in bootstrap_weights(images):
-        found, total = (weights @ walked.found[area]).astype(float), weights @ walked.total[area]
+        found, total = (
+            (weights @ matching.found[area]).astype(float),
+            weights @ matching.total[area],
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
             samples.append(np.where(total > 0, found / total, np.nan))
     return interval_of(np.concatenate(samples), images)
 
 
-# faster-coco-eval versions whose per-image results `_image_results` reads (a C++ object's
-# state, not a public interface): others are left alone and pycocotools evaluates
-_FASTER_VERSIONS = ("1.8.",)
-
-
-def cocoeval_classes() -> tuple[type, type]:
-    """COCO and COCOeval: faster-coco-eval's where a version we read is installed, else
-    pycocotools' (imported here: only evaluation needs them)."""
-    try:
-        import faster_coco_eval
-        from faster_coco_eval import COCO, COCOeval_faster
-    except ImportError:
-        pass
-    else:
-        if faster_coco_eval.__version__.startswith(_FASTER_VERSIONS):
-            return COCO, COCOeval_faster
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    return COCO, COCOeval
-
-
-_MAX_DETECTIONS = 100  # per image and class: COCO's AP, AP@.5 and AP@.75 (stats[0:3])
-
-
-def _summarized(evaluation: Any, iou: float | None) -> float:
-    """COCOeval.summarize's AP at one IoU threshold (None: averaged over them), all areas, 100
-    detections, computed as it computes it: the mean of the precisions that exist (-1 where
-    none does)."""
-    params = evaluation.params
-    found = evaluation.eval["precision"][..., params.areaRngLbl.index("all"), -1]
+def _summarized(found: np.ndarray, iou: float | None) -> float:
+    """COCOeval.summarize's AP at one IoU threshold (None: averaged over them) from the
+    precision [T, R, K] of all areas at 100 detections, computed as it computes it: the mean
+    of the precisions that exist (-1 where none does)."""
     if iou is not None:
-        found = found[np.where(iou == params.iouThrs)[0]]
+        found = found[np.where(iou == IOU_THRESHOLDS)[0]]
     return float(np.mean(found[found > -1])) if (found > -1).any() else -1.0
-
-
-def _silent(*_: Any) -> None:
-    """faster-coco-eval's print_function: nothing to say."""
 
 
 @contextlib.contextmanager
 def without_cyclic_gc() -> Iterator[None]:
-    """Evaluation makes an object or several per detection (pycocotools' dicts, a predictions
-    file's lists), none of them in a cycle: the cyclic collector would walk them all, and
-    every object the process holds, again at every full collection. Nested, the outermost
-    one turns it back on."""
+    """Evaluation makes an object or several per detection (the records' arrays, a
+    predictions file's lists), none of them in a cycle: the cyclic collector would walk them
+    all, and every object the process holds, again at every full collection. Nested, the
+    outermost one turns it back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -299,7 +276,8 @@ def coco_ap(
     ap_intervals: bool = False,
     threads: int = 1,
 ) -> dict[str, Any]:
-    """COCO box AP through pycocotools itself, so our figures are comparable with published ones.
+    """COCO box AP as pycocotools computes it, so our figures are comparable with published
+    ones.
 
     `ap` is AP@[.5:.95], `ap50` AP@.5, `ap75` AP@.75 (all areas, 100 detections per image
     and class). With `ap_intervals`, `ap_interval`, `ap50_interval` and `ap75_interval` are
@@ -308,10 +286,10 @@ def coco_ap(
     (seconds per 500 images on a CPU, so the evaluate stage asks for them and validation
     during training does not), and `ap50_matches` holds pycocotools' matches at IoU 0.5
     (`intervals.ClassMatches`); else they are None. `threads`: the classes' intervals are
-    computed on that many threads (numpy lets go of the GIL), the same figures. Per-class AP is None for a class without
-    ground truth (pycocotools' -1).
-    Ignore regions go in as `iscrowd=1` annotations, which pycocotools neither counts nor
-    lets a detection on them count against.
+    computed on that many threads (numpy lets go of the GIL), the same figures. Per-class AP
+    is None for a class without ground truth (pycocotools' -1).
+    Ignore regions are matched as COCO's `iscrowd=1` annotations, which pycocotools neither
+    counts nor lets a detection on them count against.
     With no detections every AP is 0; with no ground truth at all AP is undefined and
     reported as 0 (per-class None).
 
@@ -325,60 +303,13 @@ def coco_ap(
     if len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names given for {num_classes} classes.")
     truth, found = by_image(gts, dets)
-    height, width = (int(v) for v in image_size)
-    images, annotations, results = [], [], []
-    gt_per_class = np.zeros(num_classes, dtype=np.int64)
-    for image_id, gt in truth.items():
-        images.append({"id": image_id, "height": height, "width": width})
-        labels = as_vector(gt["labels"], np.int64)
-        check_labels(labels, num_classes, image_id, "Ground truth")
-        gt_per_class += np.bincount(labels, minlength=num_classes)
-        ignore_labels = as_vector(gt.get("ignore_labels", ()), np.int64)
-        check_labels(ignore_labels, num_classes, image_id, "Ground truth")
-        for crowd, boxes, box_labels in (
-            (0, gt["boxes"], labels),
-            (1, gt.get("ignore_boxes", ()), ignore_labels),
-        ):
-            for box, label in zip(as_boxes(boxes), box_labels, strict=True):
-                xywh = _xywh(box)
-                annotations.append(
-                    {
-                        # ids start at 1: COCOeval stores matched ids and reads 0 as "unmatched"
-                        "id": len(annotations) + 1,
-                        "image_id": image_id,
-                        "category_id": int(label) + 1,
-                        "bbox": xywh,
-                        "area": xywh[2] * xywh[3],
-                        "iscrowd": crowd,
-                    }
-                )
-    for image_id, det in found.items():
-        labels = as_vector(det["labels"], np.int64)
-        check_labels(labels, num_classes, image_id, "Detections")
-        boxes = as_boxes(det["boxes"])
-        xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
-        # as COCO.loadRes completes a bbox result (area w * h, ids from 1 in order, no
-        # crowd), less the box's polygon that only segmentation reads
-        results.extend(
-            {
-                "image_id": image_id,
-                "category_id": category,
-                "bbox": box,
-                "score": score,
-                "area": box[2] * box[3],
-                "id": number,
-                "iscrowd": 0,
-            }
-            for number, (box, score, category) in enumerate(
-                zip(
-                    xywh.tolist(),
-                    as_vector(det["scores"], np.float64).tolist(),
-                    (labels + 1).tolist(),
-                    strict=True,
-                ),
-                start=len(results) + 1,  # read once, before extending
-            )
-        )
+    image_ids = sorted(truth)  # as COCOeval orders them: the matches' image positions
+    objects, crowd, detections, scores = as_arrays(truth, found, image_ids, num_classes)
+    counted = ~crowd  # ignore regions not counted
+    gt_per_class = np.bincount(objects.labels[counted], minlength=num_classes)
+    areas, labels = objects.area[counted], objects.labels[counted]
+    counts = _bucket_counts(areas)
+    class_counts = [_bucket_counts(areas[labels == c]) for c in range(num_classes)]
 
     def per_class(
         ap: Sequence[float | None], ap50: Sequence[float | None], intervals: _APIntervals
@@ -395,12 +326,6 @@ def coco_ap(
             for c in range(num_classes)
         ]
 
-    objects = [a for a in annotations if not a["iscrowd"]]  # ignore regions not counted
-    areas = np.asarray([a["area"] for a in objects], dtype=np.float64)
-    labels = np.asarray([a["category_id"] - 1 for a in objects], dtype=np.int64)
-    counts = _bucket_counts(areas)
-    class_counts = [_bucket_counts(areas[labels == c]) for c in range(num_classes)]
-
     def buckets(
         ap50: Mapping[str, float | None],
         ap: Mapping[str, float | None],
@@ -412,8 +337,9 @@ def coco_ap(
             counts, ap50, ap, recall, class_counts, class_ap50, class_names, intervals
         )
 
-    # loadRes([]) raises; without objects (ignore regions alone) the stats stay at -1
-    if not results or not gt_per_class.any():
+    # pycocotools' loadRes([]) raises; without objects (ignore regions alone) its stats stay
+    # at -1: both are reported as 0
+    if not scores.size or not gt_per_class.any():
         zeros = [0.0 if n else None for n in gt_per_class]
         empty = {name: 0.0 if n else None for name, n in counts.items()}
         empty_per_class = {
@@ -431,69 +357,42 @@ def coco_ap(
             "size_buckets": buckets(empty, empty, empty, empty_per_class, _NO_AP_INTERVALS),
         }
 
-    COCO, COCOeval = cocoeval_classes()
-    categories = [{"id": c + 1, "name": class_names[c]} for c in range(num_classes)]
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco_gt, coco_dt = COCO(), COCO()
-        coco_gt.dataset = {
-            "info": {},
-            "images": images,
-            "annotations": annotations,
-            "categories": categories,
-        }
-        # loadRes would copy the images and complete every result dict one by one in Python
-        coco_dt.dataset = {
-            "info": {},
-            "images": list(images),
-            "annotations": results,
-            "categories": [dict(category) for category in categories],
-        }
-        coco_gt.createIndex()
-        coco_dt.createIndex()
-        evaluation = COCOeval(coco_gt, coco_dt, "bbox")
-        if hasattr(evaluation, "separate_eval"):  # faster-coco-eval: keep per-image results
-            evaluation.separate_eval = True
-            evaluation.print_function = _silent
-        # a bucket without objects has no figures: COCOeval and its per-image results need
-        # not hold it (the default run's "large" at 128 px)
-        evaluation.params.areaRng, evaluation.params.areaRngLbl = _area_ranges(
-            [name for name, count in counts.items() if count]
-        )
-        # every figure is at 100 detections per image: accumulate at 1 and 10 too (the
-        # defaults) would triple its work for recall figures nobody reads
-        evaluation.params.maxDets = [_MAX_DETECTIONS]
-        evaluation.evaluate()
-        evaluation.accumulate()
-    params = evaluation.params
-    # precision: [IoU thresholds T, recall thresholds R, classes K, area ranges A, maxDets M]
-    precision = evaluation.eval["precision"][:, :, :, params.areaRngLbl.index("all"), -1]
-    at_50 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.5)))
+    # a bucket without objects has no figures: it need not be matched (the default run's
+    # "large" at 128 px)
+    area_ranges, area_labels = _area_ranges([name for name, count in counts.items() if count])
+    matched = match(detections, scores, objects, crowd, area_ranges, num_classes, len(image_ids))
+    rankings = matched.rankings()
+    # precision: [IoU thresholds T, recall thresholds R, classes K, area ranges A]
+    all_precision = accumulate(rankings)
+    precision = all_precision[..., area_labels.index("all")]
+    at_50 = int(np.argmin(np.abs(IOU_THRESHOLDS - 0.5)))
 
     def by_class(values: np.ndarray) -> tuple[list[float | None], list[float | None]]:
         """AP and AP@.5 per class label from one area range's precision [T, R, K]; None for
         a class without ground truth there (pycocotools' -1)."""
         class_ap: list[float | None] = [None] * num_classes
         class_ap50: list[float | None] = [None] * num_classes
-        for k, category_id in enumerate(params.catIds):
+        for k in range(num_classes):
             found = values[:, :, k]
             if (found > -1).any():
-                class_ap[category_id - 1] = float(found[found > -1].mean())
-                class_ap50[category_id - 1] = float(found[at_50].mean())
+                class_ap[k] = float(found[found > -1].mean())
+                class_ap50[k] = float(found[at_50].mean())
         return class_ap, class_ap50
 
     ap, ap50 = by_class(precision)
     bucket_ap50: dict[str, float | None] = {}
     bucket_ap: dict[str, float | None] = {}
     bucket_recall: dict[str, float | None] = {}
-    walked = walk(evaluation, at_50, score_threshold, rankings=ap_intervals)
+    found_at_50 = matched.found(at_50, score_threshold)  # [A, I]
+    total = matched.objects.sum(axis=0)  # [A, I]
     bucket_class_ap50: dict[str, list[float | None]] = {}
     for name in SIZE_BUCKETS:
-        if name not in params.areaRngLbl:  # no objects there
+        if name not in area_labels:  # no objects there
             bucket_class_ap50[name] = [None] * num_classes
             bucket_ap50[name] = bucket_ap[name] = bucket_recall[name] = None
             continue
-        area = params.areaRngLbl.index(name)
-        values = evaluation.eval["precision"][:, :, :, area, -1]  # [T, R, K]
+        area = area_labels.index(name)
+        values = all_precision[..., area]  # [T, R, K]
         present = (values > -1).any(axis=(0, 1))  # classes with ground truth in this bucket
         _, bucket_class_ap50[name] = by_class(values)
         if counts[name] == 0 or not present.any():
@@ -501,17 +400,16 @@ def coco_ap(
             continue
         bucket_ap50[name] = float(values[at_50][:, present].mean())
         bucket_ap[name] = float(values[:, :, present].mean())
-        bucket_recall[name] = walked.recall(area)
-    stats = [_summarized(evaluation, iou) for iou in (None, 0.5, 0.75)]
-    at_75 = int(np.argmin(np.abs(np.asarray(params.iouThrs) - 0.75)))
+        bucket_recall[name] = ratio(int(found_at_50[area].sum()), int(total[area].sum()))
+    stats = [_summarized(precision, iou) for iou in (None, 0.5, 0.75)]
+    at_75 = int(np.argmin(np.abs(IOU_THRESHOLDS - 0.75)))
     intervals = (
         _ap_intervals(
-            walked,
-            params,
+            _Matching(image_ids, area_labels, rankings, found_at_50, total),
             at_50,
             at_75,
             [b for b, r in bucket_recall.items() if r is not None],
-            _class_figures(evaluation.eval["precision"]),
+            _class_figures(all_precision),
             threads,
         )
         if ap_intervals

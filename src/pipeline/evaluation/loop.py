@@ -71,7 +71,7 @@ def _at_least(found: dict[str, Any], min_score: float) -> dict[str, Any]:
 
     A detector's top 100 per image are mostly near-zero scores, nearly all false positives
     ranked after its last true positive, where they change no AP figure (the rare true
-    positive adds a sliver of recall at a precision near nothing); yet matching, pycocotools,
+    positive adds a sliver of recall at a precision near nothing); yet matching, COCO AP,
     the intervals and the predictions file would each pay for every one."""
     if min_score <= 0.0:
         return found

@@ -159,6 +159,30 @@ def _paired_iou(first: np.ndarray, second: np.ndarray) -> np.ndarray:
         return inter / (area_first + area_second - inter)
 
 
+def same_class_pairs(
+    found_image: np.ndarray,
+    found_labels: np.ndarray,
+    truth_image: np.ndarray,
+    truth_labels: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(detection, object) index pairs of every detection with every object of its image and
+    class, detection by detection, each one's objects in their order; images ascending on
+    both sides (as `_Images` lays them): work in proportion to the pairs, not to all boxes."""
+    if found_image.size == 0 or truth_image.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    images = int(max(found_image.max(), truth_image.max())) + 1
+    objects = np.bincount(truth_image, minlength=images)
+    first_object = np.cumsum(objects) - objects
+    per_detection = objects[found_image]
+    detection = np.repeat(np.arange(found_image.size), per_detection)
+    within = np.arange(detection.size) - np.repeat(
+        np.cumsum(per_detection) - per_detection, per_detection
+    )
+    obj = first_object[found_image][detection] + within
+    same_class = found_labels[detection] == truth_labels[obj]
+    return detection[same_class], obj[same_class]
+
+
 def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> np.ndarray:
     """For each detection, the index (into `truth`) of the object it matches, -1 for none:
     every image matched at once.
@@ -172,19 +196,9 @@ def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> n
     above (a few among a detector's top 100) go through the greedy loop.
     """
     matched = np.full(len(found.labels), -1, dtype=np.int64)
-    images = int(max(found.image.max(initial=-1), truth.image.max(initial=-1))) + 1
     if len(found.labels) == 0 or len(truth.labels) == 0:
         return matched
-    objects = np.bincount(truth.image, minlength=images)
-    first_object = np.cumsum(objects) - objects
-    per_detection = objects[found.image]
-    detection = np.repeat(np.arange(len(found.labels)), per_detection)
-    within = np.arange(detection.size) - np.repeat(
-        np.cumsum(per_detection) - per_detection, per_detection
-    )
-    obj = first_object[found.image][detection] + within
-    same_class = found.labels[detection] == truth.labels[obj]
-    detection, obj = detection[same_class], obj[same_class]
+    detection, obj = same_class_pairs(found.image, found.labels, truth.image, truth.labels)
     iou = _paired_iou(found.boxes[detection], truth.boxes[obj])
     close = iou >= iou_threshold
     detection, obj, iou = detection[close], obj[close], iou[close]

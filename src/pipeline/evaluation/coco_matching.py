@@ -1,0 +1,290 @@
+"""COCOeval's bbox matching (`evaluateImg`) and accumulation (`accumulate`) on arrays: the
+same matches and precision as pycocotools, bit for bit (tests/test_coco_matching.py), with
+every image matched at once and each class's ranking handed to AP's intervals as arrays.
+
+pycocotools matches each image and class in Python, one detection and object at a time, and
+keeps a dict per image, class and area range; at a few thousand images that is most of an
+evaluation's time. Here the detection-object pairs of every image are measured in one array
+operation and the greedy matching steps through the detections' ranks within their image
+and class (at most maxDets steps), every image, area range and IoU threshold at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.evaluation.intervals import RECALL_THRESHOLDS, ClassRanking
+from pipeline.evaluation.matching import Record, check_labels, same_class_pairs
+
+IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)  # COCOeval's iouThrs, as it makes them
+MAX_DETECTIONS = 100  # per image and class: COCO's AP, AP@.5 and AP@.75 (stats[0:3])
+# a pair below the lowest threshold is never a candidate: pycocotools compares each IoU with
+# min(threshold, 1 - 1e-10)
+_LOWEST = min(float(IOU_THRESHOLDS[0]), 1 - 1e-10)
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """Boxes of many images, as COCO's files hold them: xywh float64, with the image's position
+    in the sorted image ids and the 0-based class of each."""
+
+    xywh: np.ndarray  # float64 [N, 4]
+    image: np.ndarray  # int64 [N]
+    labels: np.ndarray  # int64 [N]
+
+    @property
+    def area(self) -> np.ndarray:
+        """w * h, what COCO.loadRes gives a bbox result and our annotations carry."""
+        return self.xywh[:, 2] * self.xywh[:, 3]
+
+
+def as_arrays(
+    truth: Mapping[int, Record],
+    found: Mapping[int, Record],
+    image_ids: Sequence[int],
+    num_classes: int,
+) -> tuple[Boxes, np.ndarray, Boxes, np.ndarray]:
+    """(objects, which of them are crowd regions, detections, their scores) of the records as
+    COCO's files would hold them (xywh in float64, w = x2 - x1), by image position in
+    `image_ids`: each image's objects, then its ignore regions (iscrowd=1), in their order.
+    Each field is laid end to end once and checked once (a record per image is thousands)."""
+    dt_ids = [i for i in image_ids if i in found]
+    gt_boxes, gt_labels = (
+        [np.asarray(truth[i].get(key, _NONE)) for i in image_ids for key in keys]
+        for keys in (("boxes", "ignore_boxes"), ("labels", "ignore_labels"))
+    )
+    dt_boxes, dt_labels, scores = (
+        [np.asarray(found[i][key]) for i in dt_ids] for key in ("boxes", "labels", "scores")
+    )
+    gt_ids = [i for i in image_ids for _ in range(2)]
+    objects, gt_sizes = _laid_out(gt_boxes, gt_labels, gt_ids, num_classes, "Ground truth")
+    detections, dt_sizes = _laid_out(dt_boxes, dt_labels, dt_ids, num_classes, "Detections")
+    score_sizes = np.fromiter((part.size for part in scores), np.int64, len(scores))
+    if (score_sizes != dt_sizes).any():
+        at = int(np.flatnonzero(score_sizes != dt_sizes)[0])
+        raise ValueError(
+            f"Detections of image {dt_ids[at]} disagree in length: {dt_sizes[at]} boxes and "
+            f"labels, {score_sizes[at]} scores."
+        )
+    position = {image_id: n for n, image_id in enumerate(image_ids)}
+    gt_image = np.repeat(np.arange(len(image_ids)).repeat(2), gt_sizes)
+    dt_image = np.repeat(
+        np.fromiter((position[i] for i in dt_ids), np.int64, len(dt_ids)), dt_sizes
+    )
+    crowd = np.repeat(np.tile([False, True], len(image_ids)), gt_sizes)
+    joined_scores = np.concatenate([*(part.reshape(-1) for part in scores), _NONE])
+    return (
+        Boxes(objects.xywh, gt_image, objects.labels),
+        crowd,
+        Boxes(detections.xywh, dt_image, detections.labels),
+        joined_scores.astype(np.float64),
+    )
+
+
+_NONE = np.zeros(0, dtype=np.float64)  # a record without ignore regions
+
+
+def _laid_out(
+    boxes: list[np.ndarray], labels: list[np.ndarray], ids: list[int], classes: int, what: str
+) -> tuple[Boxes, np.ndarray]:
+    """Each part's xyxy boxes and labels end to end as xywh (image positions left for the
+    caller), with each part's size; a part whose boxes and labels disagree, or a label out of
+    range, refused naming its image."""
+    box_sizes = np.fromiter((part.size for part in boxes), np.int64, len(boxes))
+    sizes = np.fromiter((part.size for part in labels), np.int64, len(labels))
+    if (box_sizes != 4 * sizes).any():
+        at = int(np.flatnonzero(box_sizes != 4 * sizes)[0])
+        raise ValueError(
+            f"{what} of image {ids[at]} disagree in length: {box_sizes[at] / 4:g} boxes, "
+            f"{sizes[at]} labels."
+        )
+    xyxy = np.concatenate([*(part.reshape(-1, 4) for part in boxes), _NONE.reshape(0, 4)])
+    xyxy = xyxy.astype(np.float64)
+    joined = np.concatenate([*(part.reshape(-1) for part in labels), _NONE]).astype(np.int64)
+    wrong = (joined < 0) | (joined >= classes)
+    if wrong.any():  # the first image with a label out of range, as check_labels words it
+        at = int(np.searchsorted(np.cumsum(sizes), np.flatnonzero(wrong)[0], side="right"))
+        check_labels(labels[at].astype(np.int64).reshape(-1), classes, ids[at], what)
+    xywh = np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
+    return Boxes(xywh, np.zeros(0, np.int64), joined), sizes
+
+
+@dataclass(frozen=True)
+class Matched:
+    """Every kept detection (at most maxDets per image and class, the highest scored) as
+    COCOeval.evaluateImg leaves it in each area range [A] at each IoU threshold [T], and the
+    objects that count there."""
+
+    scores: np.ndarray  # float64 [N]
+    image: np.ndarray  # int64 [N]: position in the sorted image ids
+    labels: np.ndarray  # int64 [N]
+    rank: np.ndarray  # int64 [N]: the place in its image and class, by descending score
+    matched: np.ndarray  # bool [A, T, N]: matched to an object, ignored or not
+    ignored: np.ndarray  # bool [A, T, N]: COCOeval's dtIgnore
+    objects: np.ndarray  # int64 [K, A, I]: each class's objects that count, by image
+
+    def found(self, iou: int, score_threshold: float) -> np.ndarray:
+        """[A, I] the objects found at one IoU by the detections scoring >= the threshold.
+
+        COCOeval matches greedily in descending score, so a detection's match never depends
+        on lower-scored ones: the kept detections' matches are those of the full matching. A
+        detection matched and not ignored is matched to an object that counts, each such
+        object to one detection: counting those detections counts the objects found."""
+        hit = self.matched[:, iou] & ~self.ignored[:, iou] & (self.scores >= score_threshold)
+        _, areas, images = self.objects.shape
+        place = np.arange(areas)[:, None] * images + self.image[None, :]
+        return np.bincount(place[hit], minlength=areas * images).reshape(areas, images)
+
+    def rankings(self) -> list[ClassRanking]:
+        """Each class's ranking, as COCOeval.accumulate ranks it (descending score, stable
+        over the images in order and each image's own ranking), cut after its last true
+        positive: what `accumulate` and AP's intervals read."""
+        order = np.lexsort((self.rank, self.image, -self.scores, self.labels))
+        bounds = np.searchsorted(self.labels[order], np.arange(self.objects.shape[0] + 1))
+        result = []
+        for k in range(self.objects.shape[0]):
+            mine = order[bounds[k] : bounds[k + 1]]
+            counted = ~self.ignored[:, :, mine]
+            is_tp = self.matched[:, :, mine] & counted
+            anywhere = is_tp.any(axis=(0, 1))
+            end = int(np.flatnonzero(anywhere)[-1]) + 1 if anywhere.any() else 0
+            result.append(
+                ClassRanking(
+                    self.image[mine[:end]], is_tp[:, :, :end], counted[:, :, :end], self.objects[k]
+                )
+            )
+        return result
+
+
+def accumulate(rankings: Sequence[ClassRanking]) -> np.ndarray:
+    """COCOeval.accumulate's precision [T, R, K, A] at maxDets from each class's ranking, -1
+    where a class has no objects that count in an area range: its arithmetic, operation for
+    operation. The false positives a ranking leaves out after its last true positive move no
+    figure: their precision is below the one there, and the recall they reach is reached
+    there."""
+    areas, ious, _ = rankings[0].is_tp.shape
+    result = -np.ones((ious, RECALL_THRESHOLDS.size, len(rankings), areas))
+    for k, ranking in enumerate(rankings):
+        objects = ranking.gt_per_image.sum(axis=1)  # [A]
+        tp_sum = np.cumsum(ranking.is_tp, axis=2)
+        fp_sum = (np.cumsum(ranking.counted, axis=2) - tp_sum).astype(np.float64)
+        tp_sum = tp_sum.astype(np.float64)
+        for a in range(areas):
+            if objects[a] == 0:
+                continue
+            recall = tp_sum[a] / objects[a]
+            precise = tp_sum[a] / (fp_sum[a] + tp_sum[a] + np.spacing(1))
+            # accumulate's backward pass: each precision the highest at or after it
+            precise = np.maximum.accumulate(precise[:, ::-1], axis=1)[:, ::-1]
+            for t in range(ious):
+                reached = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
+                inside = reached < recall.shape[1]  # recall points never reached: 0
+                result[t, inside, k, a] = precise[t, reached[inside]]
+                result[t, ~inside, k, a] = 0.0
+    return result
+
+
+def _pair_iou(found: Boxes, truth: Boxes, crowd: np.ndarray, pairs: tuple) -> np.ndarray:
+    """pycocotools' bbIou of each (detection, object) pair, its operations in its order:
+    right and bottom edges as x + w, a crowd region's overlap over the detection's area."""
+    d, g = pairs
+    dt, gt = found.xywh[d], truth.xywh[g]
+    width = np.fmin(dt[:, 2] + dt[:, 0], gt[:, 2] + gt[:, 0]) - np.fmax(dt[:, 0], gt[:, 0])
+    height = np.fmin(dt[:, 3] + dt[:, 1], gt[:, 3] + gt[:, 1]) - np.fmax(dt[:, 1], gt[:, 1])
+    overlap = (width > 0) & (height > 0)
+    inter = np.where(overlap, width * height, 0.0)
+    dt_area, gt_area = dt[:, 2] * dt[:, 3], gt[:, 2] * gt[:, 3]
+    union = np.where(crowd[g], dt_area, dt_area + gt_area - inter)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(overlap, inter / np.where(overlap, union, 1.0), 0.0)
+
+
+def _kept(found: Boxes, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, ranks) of the detections COCOeval keeps: each image and class's highest
+    `MAX_DETECTIONS` by score (a stable sort: ties keep their order), with their rank there."""
+    order = np.lexsort((-scores, found.labels, found.image))
+    group = found.image[order] * (int(found.labels.max(initial=0)) + 1) + found.labels[order]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    sizes = np.diff(np.r_[starts, order.size])
+    rank = np.arange(order.size) - np.repeat(starts, sizes)
+    kept = rank < MAX_DETECTIONS
+    return order[kept], rank[kept]
+
+
+def match(
+    found: Boxes,
+    scores: np.ndarray,
+    truth: Boxes,
+    crowd: np.ndarray,
+    area_ranges: list[list[float]],
+    classes: int,
+    images: int,
+) -> Matched:
+    """Match as COCOeval.evaluateImg does, every image at once, in each area range.
+
+    `truth` is laid out by image position ascending, each image's boxes in annotation order;
+    `crowd` marks its crowd regions (iscrowd=1: never counted, matched by the overlap over
+    the detection's area, any number of times). pycocotools' rules: in each image and class,
+    each detection in descending score takes, at each IoU threshold, the unmatched object
+    that counts with the highest IoU >= the threshold (the last in annotation order among
+    equals); only where none is left, the ignored ones alike (crowds, and objects outside
+    the area range, those once). A detection matched to an ignored object is ignored, and
+    one matched to nothing outside the area range too. Detections are laid out by position
+    in their image and class (`Matched.rank`), so the greedy loop runs over ranks (at most
+    MAX_DETECTIONS), all images and thresholds at each: within a rank, no two detections
+    share an image and class, so none competes with another for an object."""
+    kept, rank = _kept(found, scores)
+    areas = len(area_ranges)
+    bounds = np.asarray(area_ranges, dtype=np.float64)  # [A, 2]
+    gt_area = truth.area
+    outside = (gt_area[None, :] < bounds[:, :1]) | (gt_area[None, :] > bounds[:, 1:])  # [A, G]
+    gt_ignored = outside | crowd[None, :]
+    dt_area = found.area[kept]
+    dt_outside = (dt_area[None, :] < bounds[:, :1]) | (dt_area[None, :] > bounds[:, 1:])
+    # pairs of a kept detection (its position in `kept`) and an object that may match it
+    detection, obj = same_class_pairs(
+        found.image[kept], found.labels[kept], truth.image, truth.labels
+    )
+    iou = _pair_iou(found, truth, crowd, (kept[detection], obj))
+    close = iou >= _LOWEST
+    detection, obj, iou = detection[close], obj[close], iou[close]
+    ious = IOU_THRESHOLDS.size
+    thresholds = np.minimum(IOU_THRESHOLDS, 1 - 1e-10)[:, None]
+    matched_to = np.full((areas, ious, kept.size), -1, dtype=np.int64)
+    for a in range(areas):
+        # within each detection its candidates in the order of preference, the best last:
+        # objects that count over ignored ones, then IoU, then the later annotation
+        order = np.lexsort((obj, iou, ~gt_ignored[a, obj], detection, rank[detection]))
+        d, g, values = detection[order], obj[order], iou[order]
+        rank_bounds = np.searchsorted(rank[d], np.arange(MAX_DETECTIONS + 1))
+        taken = np.zeros((ious, truth.labels.size), dtype=bool)
+        for r in range(MAX_DETECTIONS):
+            start, stop = rank_bounds[r], rank_bounds[r + 1]
+            if start == stop:
+                continue
+            mine, theirs = d[start:stop], g[start:stop]
+            free = (values[start:stop] >= thresholds) & (crowd[theirs] | ~taken[:, theirs])
+            firsts = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]])
+            best = np.maximum.reduceat(
+                np.where(free, np.arange(stop - start), -1), firsts, axis=1
+            )  # [T, detections of this rank]: the last free candidate of each, -1 for none
+            t, which = np.nonzero(best >= 0)
+            chosen = theirs[best[t, which]]
+            taken[t, chosen] = True
+            matched_to[a, t, mine[firsts[which]]] = chosen
+    matched = matched_to >= 0
+    ignored = np.repeat(dt_outside[:, None, :], ious, axis=1)  # matched to nothing: by area
+    a, t, n = np.nonzero(matched)
+    ignored[a, t, n] = gt_ignored[a, matched_to[a, t, n]]  # else as its object
+    counts = ~gt_ignored  # [A, G]
+    objects = np.zeros((classes, areas, images), dtype=np.int64)
+    for a in range(areas):
+        objects[:, a] = np.bincount(
+            truth.labels[counts[a]] * images + truth.image[counts[a]], minlength=classes * images
+        ).reshape(classes, images)
+    return Matched(
+        scores[kept], found.image[kept], found.labels[kept], rank, matched, ignored, objects
+    )
