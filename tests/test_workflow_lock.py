@@ -32,16 +32,18 @@ LOCKED = (
 )
 # On top of the CI config: no benchmarks before training (tests/config/ci.yaml asks for
 # precision: measured, which trains with what they choose), and epochs enough that the first run
-# is still training when the second starts, and that the kill test can kill mid-run.
-LONGER_TRAINING = "precision: auto\ntrain:\n  epochs: 6\n"
+# is still training when the second starts, and that the kill test can kill mid-run: it kills in
+# epoch 2, so its rerun resumes with one or two epochs left.
+LOCKED_EPOCHS = 6
+KILLED_EPOCHS = 3
 
 
-def repository_with_longer_training(tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
-    """A copy of the repository, and the arguments that run its `train` target with
-    LONGER_TRAINING on top of the CI config."""
+def repository_with_longer_training(tmp_path: Path, epochs: int) -> tuple[Path, tuple[str, ...]]:
+    """A copy of the repository, and the arguments that run its `train` target with precision
+    auto and `epochs` on top of the CI config."""
     root = copy_repository(tmp_path / "repo")
     extra = tmp_path / "longer-training.yaml"
-    extra.write_text(LONGER_TRAINING)
+    extra.write_text(f"precision: auto\ntrain:\n  epochs: {epochs}\n")
     return root, (*ARGS, str(extra))
 
 
@@ -74,7 +76,7 @@ def kill_group(process: subprocess.Popen) -> None:
 def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
     tmp_path: Path,
 ) -> None:
-    root, args = repository_with_longer_training(tmp_path)
+    root, args = repository_with_longer_training(tmp_path, LOCKED_EPOCHS)
     log = tmp_path / "first.log"
     first = start(root, log, *args)
     try:
@@ -98,14 +100,14 @@ def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first
 def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
     tmp_path: Path,
 ) -> None:
-    root, args = repository_with_longer_training(tmp_path)
+    root, args = repository_with_longer_training(tmp_path, KILLED_EPOCHS)
     log = tmp_path / "killed.log"
     killed = start(root, log, *args)
     train_logs = root / "logs" / "train"
 
     def second_epoch_started() -> bool:
         logs = train_logs.glob("*.log") if train_logs.is_dir() else []
-        return any(" INFO epoch 2/6 step " in path.read_text() for path in logs)
+        return any(f" INFO epoch 2/{KILLED_EPOCHS} step " in path.read_text() for path in logs)
 
     try:
         wait_until(second_epoch_started, killed, log, "second training epoch")

@@ -29,6 +29,7 @@ class Graph:
             for module, path in self.files.items()
         }
         self._imports = {module: self._read_imports(module) for module in self.files}
+        self._data_files: dict[str, list[Path]] = {}
 
     def _module_files(self) -> dict[str, Path]:
         files = {}
@@ -91,7 +92,13 @@ class Graph:
     def data_files(self, module: str) -> list[Path]:
         """The files a module reads beside its own (templates, stylesheets, schemas): those a
         string constant of it names, a file or a folder that is no package, next to it, as in
-        `Path(__file__).parent / "schemas"` or `PackageLoader(__package__, "templates")`."""
+        `Path(__file__).parent / "schemas"` or `PackageLoader(__package__, "templates")`.
+        Read once per module: the workflow asks for every command's sources at each start."""
+        if module not in self._data_files:
+            self._data_files[module] = self._read_data_files(module)
+        return self._data_files[module]
+
+    def _read_data_files(self, module: str) -> list[Path]:
         folder = self.files[module].parent
         beside = {path.name: path for path in folder.iterdir() if _is_data(path)}
         found: set[Path] = set()
