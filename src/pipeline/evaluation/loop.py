@@ -89,7 +89,6 @@ class Evaluator:
         class_names: Sequence[str],
         *,
         label_mode: str,
-        image_size: int,
         score_threshold: float | None = 0.3,
         iou_threshold: float = 0.5,
         max_detections: int = 100,
@@ -110,7 +109,6 @@ class Evaluator:
             raise ConfigError(f"eval.min_score={min_score!r} must be at least 0 and below 1.")
         self.class_names = list(class_names)
         self.label_mode = label_mode
-        self.image_size = int(image_size)
         # None: each pass picks its own best-F1 threshold (see precision_recall_f1)
         self.score_threshold = None if score_threshold is None else float(score_threshold)
         self.iou_threshold = float(iou_threshold)
@@ -129,7 +127,6 @@ class Evaluator:
         return cls(
             class_names,
             label_mode=config["model"]["label_mode"],
-            image_size=config["data"]["image_size"],
             score_threshold=settings["score_threshold"],
             iou_threshold=settings["iou_threshold"],
             max_detections=settings["max_detections"],
@@ -231,7 +228,6 @@ class Evaluator:
             gts,
             dets,
             self.num_classes,
-            (self.image_size, self.image_size),
             self.class_names,
             counts["score_threshold"],
             ap_intervals,
