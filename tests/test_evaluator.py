@@ -973,6 +973,31 @@ def test_evaluator_synchronizes_the_device_around_each_timed_forward(
     assert events == ["sync cpu", "forward", "sync cpu"] * 2
 
 
+def test_each_images_detections_are_clipped_to_its_own_region_and_not_to_anothers() -> None:
+    """A letterboxed image's detections reaching into the padding are clipped to the image's
+    region; in the same batch, an image without a region keeps its boxes as decoded."""
+    regions = {10: None, 11: [5.0, 5.0, 32.0, 32.0], 12: [0.0, 0.0, 25.0, 25.0], 13: None}
+    samples = []
+    for image_id, (boxes, labels) in TRUTH.items():
+        target = {"boxes": torch.tensor(boxes, dtype=torch.float32), "labels": torch.tensor(labels)}
+        if regions[image_id] is not None:
+            target["region"] = torch.tensor(regions[image_id])
+        samples.append(
+            (torch.full((3, SIZE, SIZE), float(image_id)), target | {"image_id": image_id})
+        )
+    loader = DataLoader(samples, batch_size=4, collate_fn=collate)
+    _, found = Evaluator(["circle", "square"], label_mode="single").evaluate(
+        FakeDetector(), loader, "cpu"
+    )
+    assert [d["boxes"].tolist() for d in found] == [
+        [[2.0, 2.0, 12.0, 12.0]],
+        [[5.0, 5.0, 20.0, 20.0]],
+        [[0.0, 10.0, 8.0, 25.0], [20.0, 0.0, 25.0, 8.0]],
+        [[16.0, 16.0, 30.0, 30.0]],
+    ]
+    assert all(d["boxes"].dtype == np.float32 for d in found)
+
+
 def test_the_score_floor_drops_detections_below_it_from_every_figure_and_the_detections(
     loader: DataLoader,
 ) -> None:
