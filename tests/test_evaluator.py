@@ -687,6 +687,20 @@ def test_detections_for_an_unknown_image_or_out_of_range_labels_are_refused() ->
         precision_recall_f1([gt(1, [[0, 0, 10, 10]], [1])], [], 1, 0.3)
 
 
+def test_an_out_of_range_label_is_refused_naming_the_first_image_with_one_and_its_label() -> None:
+    truth = [gt(1, [[0, 0, 10, 10]], [0]), gt(2, [[0, 0, 9, 9], [5, 5, 9, 9]], [0, 3])]
+    truth.append(gt(3, [[0, 0, 4, 4]], [5]))
+    with pytest.raises(DataError, match=r"Ground truth of image 2 has label 3, outside \[0, 2\)"):
+        precision_recall_f1(truth, [], 2, 0.3)
+    fine = [gt(image_id, [[0, 0, 10, 10]], [0]) for image_id in (1, 2, 3)]
+    found = [
+        det(1, [[0, 0, 10, 10]], [0.9], [1]),
+        det(3, [[0, 0, 9, 9], [1, 1, 5, 5]], [0.9, 0.8], [0, -1]),
+    ]
+    with pytest.raises(ValueError, match=r"Detections of image 3 has label -1, outside \[0, 2\)"):
+        precision_recall_f1(fine, found, 2, 0.3)
+
+
 def test_image_level_f1_on_a_known_matrix() -> None:
     scores = np.array(
         [
