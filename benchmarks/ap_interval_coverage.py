@@ -42,11 +42,8 @@ def scored(images: int, seed: int, intervals: bool) -> dict[str, Any]:
     """AP@.5 of one set of the COCO-scale workload, with its interval where asked."""
     gts, dets = evaluation_speed.coco_scale(images, seed=seed)
     classes = evaluation_speed.COCO_CLASSES
-    size = (evaluation_speed.COCO_INPUT, evaluation_speed.COCO_INPUT)
     with contextlib.redirect_stdout(io.StringIO()):
-        found = coco_ap(
-            gts, dets, classes, size, [f"class{c}" for c in range(classes)], 0.5, intervals
-        )
+        found = coco_ap(gts, dets, classes, [f"class{c}" for c in range(classes)], 0.5, intervals)
     return {"ap50": found["ap50"], "interval": found["ap50_interval"]}
 
 

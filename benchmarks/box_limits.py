@@ -282,7 +282,7 @@ def main(argv: list[str]) -> int:
         val_size_bias = val_size_bias or 0.0  # nothing matched on validation: no correction
 
     def ap(dets: list[dict[str, Any]]) -> dict[str, Any]:
-        return coco_ap(truth, dets, len(class_names), (image_size, image_size), class_names)
+        return coco_ap(truth, dets, len(class_names), class_names)
 
     figures, rows = [], []
     variants: dict[str, list[dict[str, Any]]] = {

@@ -133,7 +133,6 @@ def time_coco_scale(images: int) -> dict[str, Any]:
         gts,
         dets,
         COCO_CLASSES,
-        (COCO_INPUT, COCO_INPUT),
         names,
         counts["score_threshold"],
         ap_intervals=True,

@@ -85,7 +85,7 @@ def test_every_ap_interval_matches_the_per_resample_bootstrap_within_a_point() -
     shift that centres it on its figure, within a point of it, on the same figures."""
     reference = json.loads(REFERENCE.read_text())
     gts, dets = interval_scene()
-    result = coco_ap(gts, dets, len(CLASSES), (128, 128), CLASSES, 0.5, ap_intervals=True)
+    result = coco_ap(gts, dets, len(CLASSES), CLASSES, 0.5, ap_intervals=True)
     assert {name: result[name] for name in ("ap", "ap50", "ap75")} == pytest.approx(
         reference["figures"], abs=1e-12
     )
@@ -147,7 +147,7 @@ def captured_rankings(monkeypatch, images: int) -> list[Any]:
 
     monkeypatch.setattr(coco, "resampled_ap", spy)
     gts, dets = interval_scene(images, seed=5)
-    coco_ap(gts, dets, len(CLASSES), (128, 128), CLASSES, 0.5, ap_intervals=True)
+    coco_ap(gts, dets, len(CLASSES), CLASSES, 0.5, ap_intervals=True)
     return seen
 
 
@@ -187,8 +187,7 @@ def test_intervals_on_several_threads_are_those_on_one(monkeypatch) -> None:
     monkeypatch.setattr(intervals, "_RESAMPLE_BLOCK", 1)  # ten blocks of the fewest resamples
     gts, dets = interval_scene(90, seed=8)
     one, two = (
-        coco_ap(gts, dets, len(CLASSES), (128, 128), CLASSES, 0.5, True, threads=threads)
-        for threads in (1, 2)
+        coco_ap(gts, dets, len(CLASSES), CLASSES, 0.5, True, threads=threads) for threads in (1, 2)
     )
     assert intervals_of(one) == intervals_of(two)
     assert sum(value is not None for value in intervals_of(one).values()) >= 18
@@ -288,8 +287,7 @@ def test_ap_intervals_hold_their_figures_where_resampling_raises_ap_beyond_its_s
     speed = load("evaluation_speed")
     gts, dets = speed.coco_scale(100, seed=100)
     names = [f"class{c}" for c in range(speed.COCO_CLASSES)]
-    size = (speed.COCO_INPUT, speed.COCO_INPUT)
-    result = coco_ap(gts, dets, speed.COCO_CLASSES, size, names, 0.5, ap_intervals=True)
+    result = coco_ap(gts, dets, speed.COCO_CLASSES, names, 0.5, ap_intervals=True)
     figures = {name: result[name] for name in ("ap", "ap50", "ap75")}
     for row in result["per_class"]:
         figures.update({f"class {row['name']} {name}": row[name] for name in ("ap", "ap50")})

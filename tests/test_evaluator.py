@@ -219,7 +219,7 @@ def test_ground_truth_given_as_predictions_scores_ap_1_and_f1_1(
     scene: list[dict[str, Any]],
 ) -> None:
     names = ["a", "b", "c", "d"]
-    ap = coco_ap(scene, perfect(scene), 4, (64, 64), names)
+    ap = coco_ap(scene, perfect(scene), 4, names)
     # pycocotools divides by tp + fp + eps, so a perfect precision is 1 - 2e-16.
     assert ap["ap"] == pytest.approx(1.0, abs=1e-9)
     assert ap["ap50"] == pytest.approx(1.0, abs=1e-9)
@@ -245,7 +245,7 @@ def test_no_predictions_gives_zero_everywhere_without_crashing(scene: list[dict[
         }
         assert counts["macro"]["f1"] == 0.0
         assert counts["best"] == {"threshold": 0.3, "precision": 0.0, "recall": 0.0, "f1": 0.0}
-        ap = coco_ap(scene, dets, 4, (64, 64), ["a", "b", "c", "d"])
+        ap = coco_ap(scene, dets, 4, ["a", "b", "c", "d"])
         assert (ap["ap"], ap["ap50"], ap["ap75"]) == (0.0, 0.0, 0.0)
         assert [row["ap"] for row in ap["per_class"]] == [0.0, 0.0, 0.0, None]
 
@@ -257,14 +257,14 @@ def test_no_ground_truth_at_all_gives_zero_and_per_class_ap_none() -> None:
     assert counts["micro"]["f1"] == counts["micro"]["precision"] == counts["micro"]["recall"] == 0.0
     assert counts["micro"]["fp"] == 1
     assert counts["num_ground_truth"] == 0
-    ap = coco_ap(gts, dets, 2, (64, 64), ["a", "b"])
+    ap = coco_ap(gts, dets, 2, ["a", "b"])
     assert ap["ap"] == 0.0
     assert [row["ap"] for row in ap["per_class"]] == [None, None]
 
 
 def test_per_class_ap_is_none_for_a_class_without_ground_truth(scene: list[dict[str, Any]]) -> None:
     dets = [*perfect(scene[:3]), det(4, [[0, 0, 64, 64], [30, 30, 40, 40]], [0.8, 0.7], [1, 3])]
-    ap = coco_ap(scene, dets, 4, (64, 64), ["a", "b", "c", "d"])
+    ap = coco_ap(scene, dets, 4, ["a", "b", "c", "d"])
     rows = ap["per_class"]
     assert rows[3]["ap"] is None and rows[3]["ap50"] is None
     assert rows[3]["name"] == "d" and rows[3]["num_gt"] == 0
@@ -362,7 +362,7 @@ def test_ap50_agrees_with_a_plain_101_point_interpolated_computation() -> None:
     num_classes = 3
     gts, dets = noisy_scene(5)
     expected = reference_ap50(gts, dets, num_classes)
-    ap = coco_ap(gts, dets, num_classes, (128, 128), ["x", "y", "z"])
+    ap = coco_ap(gts, dets, num_classes, ["x", "y", "z"])
     assert [row["ap50"] for row in ap["per_class"]] == pytest.approx(expected, abs=1e-6)
     present = [value for value in expected if value is not None]
     assert ap["ap50"] == pytest.approx(np.mean(present), abs=1e-6)
@@ -379,7 +379,7 @@ def test_ap_reweighed_with_every_image_once_is_pycocotools_own(monkeypatch) -> N
     ones = lambda images, resamples=3: iter([np.ones((3, images), dtype=np.int64)])  # noqa: E731
     monkeypatch.setattr(intervals, "bootstrap_weights", ones)
     monkeypatch.setattr(coco, "bootstrap_weights", ones)
-    ap = coco_ap(gts, dets, 4, (128, 128), ["x", "y", "z", "none"], ap_intervals=True)
+    ap = coco_ap(gts, dets, 4, ["x", "y", "z", "none"], ap_intervals=True)
     assert 0.0 < ap["ap75"] < ap["ap"] < ap["ap50"] < 1.0  # every IoU threshold matters
     for name in ("ap", "ap50", "ap75"):
         assert ap[f"{name}_interval"]["low"] == pytest.approx(ap[name], abs=1e-12), name
@@ -481,7 +481,7 @@ def test_ap_figures_are_those_of_cocos_own_api_on_the_same_results() -> None:
     gts, dets = noisy_scene(30, seed=9)
     for truth in gts[::4]:
         truth.update(with_ignore(truth, [[90, 90, 120, 120]], [1]))
-    result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    result = coco_ap(gts, dets, 3, ["x", "y", "z"])
     expected = plain_pycocotools(gts, dets, 3)
     got = [result["ap"], result["ap50"], result["ap75"], *(r["ap50"] for r in result["per_class"])]
     assert got == expected
@@ -506,10 +506,10 @@ def test_a_size_bucket_without_objects_is_left_out_of_the_matching_with_the_same
 
     monkeypatch.setattr(coco, "match", watching)
     names = ["x", "y", "z"]
-    lean = coco_ap(gts, dets, 3, (128, 128), names, score_threshold=0.4, ap_intervals=True)
+    lean = coco_ap(gts, dets, 3, names, score_threshold=0.4, ap_intervals=True)
     every = coco._area_ranges
     monkeypatch.setattr(coco, "_area_ranges", lambda buckets=(): every())
-    whole = coco_ap(gts, dets, 3, (128, 128), names, score_threshold=0.4, ap_intervals=True)
+    whole = coco_ap(gts, dets, 3, names, score_threshold=0.4, ap_intervals=True)
     assert seen == [3, 4]
     assert lean["size_buckets"]["large"]["num_gt"] == 0
     assert lean["size_buckets"]["medium"]["ap50_interval"] is not None
@@ -520,7 +520,7 @@ def test_coco_ap_with_its_intervals_and_matches_is_plain_json(monkeypatch) -> No
     """Every value is JSON's own type (no numpy scalar such as COCOeval's category ids): the
     eval JSON is written in one pass, not encoded, refused and converted first."""
     gts, dets = noisy_scene(20, seed=6)
-    result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], 0.4, ap_intervals=True)
+    result = coco_ap(gts, dets, 3, ["x", "y", "z"], 0.4, ap_intervals=True)
     assert [row["label"] for row in result["ap50_matches"]["classes"]] == [0, 1, 2]
     json.dumps(result, allow_nan=False)
 
@@ -529,14 +529,14 @@ def test_the_ap_intervals_hold_their_figures_and_narrow_with_more_images() -> No
     widths = []
     for images in (20, 80):
         gts, dets = noisy_scene(images, seed=images)
-        ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)
+        ap = coco_ap(gts, dets, 3, ["x", "y", "z"], ap_intervals=True)
         for name in ("ap", "ap50", "ap75"):
             interval = ap[f"{name}_interval"]
             assert interval["low"] < ap[name] < interval["high"], name
             assert interval["images"] == images and interval["confidence"] == 0.95
         widths.append(ap["ap50_interval"]["high"] - ap["ap50_interval"]["low"])
     assert widths[1] < 0.75 * widths[0]
-    unasked = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    unasked = coco_ap(gts, dets, 3, ["x", "y", "z"])
     assert unasked["ap50_interval"] is unasked["ap_interval"] is unasked["ap75_interval"] is None
     assert all(row["ap50_interval"] is row["ap_interval"] is None for row in unasked["per_class"])
     for row in unasked["size_buckets"].values():
@@ -555,7 +555,7 @@ def test_a_bucket_whose_mean_turns_on_two_objects_gets_a_wide_interval() -> None
             labels.append(1)
         gts.append(gt(image_id, boxes, labels))
         dets.append(det(image_id, [square(10, 10, 30)], [0.9], [0]))
-    ap = coco_ap(gts, dets, 2, (128, 128), ["a", "b"], ap_intervals=True)
+    ap = coco_ap(gts, dets, 2, ["a", "b"], ap_intervals=True)
     medium = ap["size_buckets"]["medium"]
     assert medium["ap50"] == pytest.approx(0.5)
     assert medium["ap50_interval"]["low"] == pytest.approx(0.5)
@@ -582,7 +582,7 @@ def test_size_buckets_split_ground_truth_by_side_in_input_pixels_with_half_open_
     # sides 8 | 16 (the medium bucket's lower bound), 40 | 64 (the large one's), 100
     gts = [gt(1, [square(0, 0, 8), square(20, 0, 16), square(40, 0, 40)], [0, 0, 1])]
     gts.append(gt(2, [square(0, 0, 64), square(100, 100, 100)], [1, 0]))
-    buckets = coco_ap(gts, perfect(gts), 2, (256, 256), ["a", "b"], 0.5)["size_buckets"]
+    buckets = coco_ap(gts, perfect(gts), 2, ["a", "b"], 0.5)["size_buckets"]
     assert list(buckets) == list(SIZE_BUCKETS) == ["small", "medium", "large"]
     assert [row["range_px"] for row in buckets.values()] == [
         [0.0, 16.0],
@@ -599,7 +599,7 @@ def test_size_buckets_split_ground_truth_by_side_in_input_pixels_with_half_open_
 def test_bucket_recall_counts_detections_at_the_score_threshold_and_ap_counts_every_one() -> None:
     gts = [gt(1, [square(0, 0, 8), square(50, 50, 10), square(100, 0, 90)], [0, 0, 0])]
     dets = [det(1, gts[0]["boxes"].tolist(), [0.9, 0.2, 0.8], [0, 0, 0])]
-    buckets = coco_ap(gts, dets, 1, (256, 256), ["a"], score_threshold=0.5)["size_buckets"]
+    buckets = coco_ap(gts, dets, 1, ["a"], score_threshold=0.5)["size_buckets"]
     small, medium, large = buckets.values()
     assert small["recall"] == 0.5  # the second small object is found only at score 0.2
     assert small["ap50"] == pytest.approx(1.0, abs=1e-9)  # ranked TP, TP: AP counts it
@@ -622,7 +622,7 @@ def test_a_bucket_averages_its_classes_and_per_class_shows_a_rare_one_dragging_i
     at the border, say) missed: the bucket's AP@.5 is COCO's mean over the two classes."""
     gts = [gt(1, [square(20 * i, 0, 20) for i in range(4)] + [square(0, 100, 30)], [0] * 4 + [1])]
     dets = [det(1, gts[0]["boxes"][:4].tolist(), [0.9] * 4, [0] * 4)]
-    medium = coco_ap(gts, dets, 2, (256, 256), ["a", "b"], 0.5)["size_buckets"]["medium"]
+    medium = coco_ap(gts, dets, 2, ["a", "b"], 0.5)["size_buckets"]["medium"]
     assert medium["ap50"] == pytest.approx(0.5, abs=1e-9) and medium["recall"] == 0.8
     assert medium["per_class"] == [
         {"label": 0, "name": "a", "num_gt": 4, "ap50": pytest.approx(1.0, abs=1e-9)},
@@ -634,7 +634,7 @@ def test_bucket_ap_ignores_detections_of_other_sizes_as_cocoeval_does() -> None:
     gts = [gt(1, [square(0, 0, 10), square(100, 100, 80)], [0, 0])]
     # a confident false positive of large size; a correct small detection scored lower
     dets = [det(1, [square(0, 0, 10), square(20, 100, 70)], [0.6, 0.95], [0, 0])]
-    small, _, large = coco_ap(gts, dets, 1, (256, 256), ["a"], 0.5)["size_buckets"].values()
+    small, _, large = coco_ap(gts, dets, 1, ["a"], 0.5)["size_buckets"].values()
     assert small["ap50"] == pytest.approx(1.0, abs=1e-9)  # the large false positive is not small
     assert large["ap50"] == pytest.approx(0.0, abs=1e-9) and large["recall"] == 0.0
 
@@ -642,7 +642,7 @@ def test_bucket_ap_ignores_detections_of_other_sizes_as_cocoeval_does() -> None:
 def test_size_buckets_without_detections_are_zero_and_without_ground_truth_none() -> None:
     gts = [gt(1, [square(0, 0, 8)], [0]), gt(2, [], [])]
     for dets in ([], [det(1, [], [], [])]):
-        buckets = coco_ap(gts, dets, 1, (64, 64), ["a"], 0.4)["size_buckets"]
+        buckets = coco_ap(gts, dets, 1, ["a"], 0.4)["size_buckets"]
         assert buckets["small"] == {
             "range_px": [0.0, 16.0],
             "num_gt": 1,
@@ -671,7 +671,7 @@ def test_bucket_recalls_add_up_to_the_micro_recall_of_separated_objects() -> Non
         flipped = np.where(rng.random(4) < 0.15, 1 - labels, labels)
         dets.append(det(image_id, jitter.tolist(), rng.random(4).tolist(), flipped.tolist()))
     threshold = 0.4
-    buckets = coco_ap(gts, dets, 2, (256, 256), ["a", "b"], threshold)["size_buckets"]
+    buckets = coco_ap(gts, dets, 2, ["a", "b"], threshold)["size_buckets"]
     counts = precision_recall_f1(gts, dets, 2, threshold)
     assert sum(row["num_gt"] for row in buckets.values()) == counts["num_ground_truth"] == 32
     found = sum(row["recall"] * row["num_gt"] for row in buckets.values() if row["num_gt"])
@@ -685,6 +685,20 @@ def test_detections_for_an_unknown_image_or_out_of_range_labels_are_refused() ->
         precision_recall_f1(gts, [det(2, [[0, 0, 1, 1]], [0.9], [0])], 1, 0.3)
     with pytest.raises(DataError, match="outside"):
         precision_recall_f1([gt(1, [[0, 0, 10, 10]], [1])], [], 1, 0.3)
+
+
+def test_an_out_of_range_label_is_refused_naming_the_first_image_with_one_and_its_label() -> None:
+    truth = [gt(1, [[0, 0, 10, 10]], [0]), gt(2, [[0, 0, 9, 9], [5, 5, 9, 9]], [0, 3])]
+    truth.append(gt(3, [[0, 0, 4, 4]], [5]))
+    with pytest.raises(DataError, match=r"Ground truth of image 2 has label 3, outside \[0, 2\)"):
+        precision_recall_f1(truth, [], 2, 0.3)
+    fine = [gt(image_id, [[0, 0, 10, 10]], [0]) for image_id in (1, 2, 3)]
+    found = [
+        det(1, [[0, 0, 10, 10]], [0.9], [1]),
+        det(3, [[0, 0, 9, 9], [1, 1, 5, 5]], [0.9, 0.8], [0, -1]),
+    ]
+    with pytest.raises(ValueError, match=r"Detections of image 3 has label -1, outside \[0, 2\)"):
+        precision_recall_f1(fine, found, 2, 0.3)
 
 
 def test_image_level_f1_on_a_known_matrix() -> None:
@@ -781,9 +795,9 @@ def test_coco_ap_passes_ignore_regions_as_crowds_that_no_detection_counts_agains
     # a confident detection on the region, then the object: without the region AP@.5 is 0.5
     truth = with_ignore(gt(1, [[0, 0, 10, 10]], [0]), [[20, 20, 40, 40]], [0])
     found = det(1, [[22, 22, 38, 38], [0, 0, 10, 10]], [0.95, 0.9], [0, 0])
-    plain = coco_ap([gt(1, [[0, 0, 10, 10]], [0])], [found], 1, (64, 64), ["thing"])
+    plain = coco_ap([gt(1, [[0, 0, 10, 10]], [0])], [found], 1, ["thing"])
     assert plain["ap50"] == pytest.approx(0.5, abs=0.01)
-    result = coco_ap([truth], [found], 1, (64, 64), ["thing"])
+    result = coco_ap([truth], [found], 1, ["thing"])
     assert result["ap50"] == pytest.approx(1.0)
     assert result["per_class"][0]["num_gt"] == 1
     counts = precision_recall_f1([truth], [found], 1, score_threshold=0.5)
@@ -792,7 +806,7 @@ def test_coco_ap_passes_ignore_regions_as_crowds_that_no_detection_counts_agains
 
 def test_ignore_regions_without_objects_give_zero_ap_not_a_crash() -> None:
     truth = with_ignore(gt(1, [], []), [[0, 0, 20, 20]], [0])
-    result = coco_ap([truth], [det(1, [[0, 0, 20, 20]], [0.9], [0])], 1, (32, 32), ["thing"])
+    result = coco_ap([truth], [det(1, [[0, 0, 20, 20]], [0.9], [0])], 1, ["thing"])
     assert result["ap50"] == 0.0 and result["per_class"][0]["ap"] is None
 
 
@@ -884,7 +898,7 @@ def loader() -> DataLoader:
 def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: DataLoader) -> None:
     model = FakeDetector()
     model.train()
-    evaluator = Evaluator(["circle", "square"], label_mode="multilabel", image_size=SIZE)
+    evaluator = Evaluator(["circle", "square"], label_mode="multilabel")
     metrics, detections = evaluator.evaluate(model, loader, "cpu")
 
     # At score >= 0.3: three exact hits, one wrong-class detection (FP) and its missed object.
@@ -941,7 +955,7 @@ def test_evaluator_single_label_mode_skips_image_level_metrics(loader: DataLoade
         def image_scores(self, outputs: torch.Tensor) -> torch.Tensor:
             raise AssertionError("single-label evaluation must not ask for image scores")
 
-    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    evaluator = Evaluator(["circle", "square"], label_mode="single")
     metrics, _ = evaluator.evaluate(NoImageScores(), loader, "cpu")
     assert metrics["image_level"] is None
     assert metrics["f1"] == pytest.approx(0.75)
@@ -949,7 +963,7 @@ def test_evaluator_single_label_mode_skips_image_level_metrics(loader: DataLoade
 
 def test_evaluator_autocasts_the_forward_when_precision_is_not_fp32(loader: DataLoader) -> None:
     model = FakeDetector()
-    evaluator = Evaluator(["circle", "square"], label_mode="multilabel", image_size=SIZE)
+    evaluator = Evaluator(["circle", "square"], label_mode="multilabel")
     metrics, _ = evaluator.evaluate(model, loader, "cpu", precision="bf16")
     assert [seen["autocast"] for seen in model.seen] == [True, True]
     assert metrics["f1"] == pytest.approx(0.75)
@@ -968,9 +982,34 @@ def test_evaluator_synchronizes_the_device_around_each_timed_forward(
             events.append("forward")
             return super().forward(images, flip_test)
 
-    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    evaluator = Evaluator(["circle", "square"], label_mode="single")
     evaluator.evaluate(Recording(), loader, "cpu")
     assert events == ["sync cpu", "forward", "sync cpu"] * 2
+
+
+def test_each_images_detections_are_clipped_to_its_own_region_and_not_to_anothers() -> None:
+    """A letterboxed image's detections reaching into the padding are clipped to the image's
+    region; in the same batch, an image without a region keeps its boxes as decoded."""
+    regions = {10: None, 11: [5.0, 5.0, 32.0, 32.0], 12: [0.0, 0.0, 25.0, 25.0], 13: None}
+    samples = []
+    for image_id, (boxes, labels) in TRUTH.items():
+        target = {"boxes": torch.tensor(boxes, dtype=torch.float32), "labels": torch.tensor(labels)}
+        if regions[image_id] is not None:
+            target["region"] = torch.tensor(regions[image_id])
+        samples.append(
+            (torch.full((3, SIZE, SIZE), float(image_id)), target | {"image_id": image_id})
+        )
+    loader = DataLoader(samples, batch_size=4, collate_fn=collate)
+    _, found = Evaluator(["circle", "square"], label_mode="single").evaluate(
+        FakeDetector(), loader, "cpu"
+    )
+    assert [d["boxes"].tolist() for d in found] == [
+        [[2.0, 2.0, 12.0, 12.0]],
+        [[5.0, 5.0, 20.0, 20.0]],
+        [[0.0, 10.0, 8.0, 25.0], [20.0, 0.0, 25.0, 8.0]],
+        [[16.0, 16.0, 30.0, 30.0]],
+    ]
+    assert all(d["boxes"].dtype == np.float32 for d in found)
 
 
 def test_the_score_floor_drops_detections_below_it_from_every_figure_and_the_detections(
@@ -978,8 +1017,8 @@ def test_the_score_floor_drops_detections_below_it_from_every_figure_and_the_det
 ) -> None:
     """eval.min_score: what scores below it is gone as decoded, so neither P/R/F1, AP, the
     best-F1 sweep nor the detections handed back (the predictions file) see it."""
-    kept_all = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
-    floored = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE, min_score=0.65)
+    kept_all = Evaluator(["circle", "square"], label_mode="single")
+    floored = Evaluator(["circle", "square"], label_mode="single", min_score=0.65)
     every, every_found = kept_all.evaluate(FakeDetector(), loader, "cpu")
     metrics, found = floored.evaluate(FakeDetector(), loader, "cpu")
     # 0.1 (an FP of class 1) and 0.6 (the wrong-class FP) fall below 0.65
@@ -1020,9 +1059,7 @@ def test_an_evaluation_passs_metrics_run_without_the_cyclic_collector_and_turn_i
 
     monkeypatch.setattr(evaluator_module, "precision_recall_f1", watching)
     assert gc.isenabled()
-    Evaluator(["circle", "square"], label_mode="single", image_size=SIZE).evaluate(
-        Watching(), loader, "cpu"
-    )
+    Evaluator(["circle", "square"], label_mode="single").evaluate(Watching(), loader, "cpu")
     assert seen == {"decode": [True, True], "metrics": [False]}
     assert gc.isenabled()
 
@@ -1030,16 +1067,16 @@ def test_an_evaluation_passs_metrics_run_without_the_cyclic_collector_and_turn_i
 @pytest.mark.parametrize("floor", [-0.1, 1.0, 1.5])
 def test_evaluator_refuses_a_score_floor_outside_0_to_1(floor: float) -> None:
     with pytest.raises(ConfigError, match=r"eval\.min_score"):
-        Evaluator(["a"], label_mode="single", image_size=SIZE, min_score=floor)
+        Evaluator(["a"], label_mode="single", min_score=floor)
 
 
 def test_evaluator_refuses_an_unknown_label_mode() -> None:
     with pytest.raises(ConfigError, match="label_mode"):
-        Evaluator(["a"], label_mode="multi", image_size=SIZE)
+        Evaluator(["a"], label_mode="multi")
 
 
 def test_evaluator_reports_p_r_f1_at_a_threshold_chosen_elsewhere(loader: DataLoader) -> None:
-    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    evaluator = Evaluator(["circle", "square"], label_mode="single")
     metrics, _ = evaluator.evaluate(FakeDetector(), loader, "cpu", chosen_threshold=0.65)
     # at 0.65 the three exact hits stay, the wrong-class 0.6 goes: P 1, R 3/4
     chosen = dict(metrics["chosen_threshold"])
@@ -1070,7 +1107,7 @@ def test_evaluator_takes_ignore_regions_from_the_targets(loader: DataLoader) -> 
             "ignore_labels": torch.tensor([0]),
         },
     )
-    evaluator = Evaluator(["circle", "square"], label_mode="single", image_size=SIZE)
+    evaluator = Evaluator(["circle", "square"], label_mode="single")
     metrics, _ = evaluator.evaluate(
         FakeDetector(), DataLoader(samples, batch_size=2, collate_fn=collate), "cpu"
     )
@@ -1083,7 +1120,7 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
     """`ap50_matches` is what the report pairs two runs' AP@.5 by: read back, it must give
     pycocotools' AP@.5 with every image drawn once, and a run against itself changes by 0."""
     gts, dets = noisy_scene(30, seed=5)
-    ap = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)
+    ap = coco_ap(gts, dets, 3, ["x", "y", "z"], ap_intervals=True)
     image_ids, labels, classes = intervals.read_ap50_matches(ap["ap50_matches"])
     assert sorted(image_ids) == sorted(g["image_id"] for g in gts) and labels == [0, 1, 2]
     ones = np.ones((1, len(image_ids)))
@@ -1099,14 +1136,14 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
     }
     with pytest.raises(ValueError, match="different classes"):
         intervals.ap50_change(ap["ap50_matches"], relabelled, tolerance=0.01)
-    assert coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])["ap50_matches"] is None
+    assert coco_ap(gts, dets, 3, ["x", "y", "z"])["ap50_matches"] is None
 
 
 def test_a_paired_ap50_change_does_not_depend_on_the_order_each_file_lists_its_images() -> None:
     gts, dets = noisy_scene(30, seed=5)
     _, worse = noisy_scene(30, seed=6)  # another scene's detections: mostly wrong here
     matches = [
-        coco_ap(gts, found, 3, (128, 128), ["x", "y", "z"], ap_intervals=True)["ap50_matches"]
+        coco_ap(gts, found, 3, ["x", "y", "z"], ap_intervals=True)["ap50_matches"]
         for found in (dets, worse)
     ]
     ids = matches[1]["image_ids"]
@@ -1207,6 +1244,6 @@ def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters() -> None:
         found["boxes"] = np.concatenate([found["boxes"]] * 4).astype(np.float32)
         found["scores"] = np.concatenate([found["scores"] * f for f in (1, 0.9, 0.8, 0.7)])
         found["labels"] = np.concatenate([found["labels"]] * 4)
-    result = coco_ap(gts, dets, 3, (128, 128), ["x", "y", "z"])
+    result = coco_ap(gts, dets, 3, ["x", "y", "z"])
     assert [result["ap"], result["ap50"], result["ap75"]] == plain_pycocotools(gts, dets, 3)[:3]
     assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0

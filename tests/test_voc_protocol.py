@@ -110,7 +110,7 @@ def test_voc_ap_is_the_all_point_area_under_the_precision_envelope() -> None:
     assert found["per_class"][0]["ap50"] == pytest.approx(5 / 9, abs=1e-12)
     interval = found["ap50_interval"]
     assert interval["low"] <= 5 / 9 <= interval["high"] and interval["images"] == 2
-    coco = coco_ap(RANKED_GTS, RANKED_DETS, 1, (64, 64), ["a"])
+    coco = coco_ap(RANKED_GTS, RANKED_DETS, 1, ["a"])
     assert coco["ap50"] == pytest.approx((34 + 33 * 2 / 3) / 101, abs=1e-6)
 
 
@@ -118,7 +118,7 @@ def test_voc2007_interpolates_at_eleven_recall_points() -> None:
     # recall 1/3 at precision 1 reaches 0, .1, .2, .3; recall 2/3 at 2/3 reaches .4, .5, .6
     found = voc_ap(RANKED_GTS, RANKED_DETS, 1, eleven_points=True)
     assert found["ap50"] == pytest.approx((4 + 3 * 2 / 3) / 11, abs=1e-12)
-    evaluator = Evaluator(["a"], label_mode="single", image_size=64, protocol="voc2007")
+    evaluator = Evaluator(["a"], label_mode="single", protocol="voc2007")
     metrics = evaluator._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0)
     assert metrics["figure_protocols"]["ap50"] == "voc2007"
     assert metrics["figure_protocols"]["f1"] == "voc"
@@ -132,7 +132,7 @@ def test_a_class_without_objects_has_no_voc_ap_and_the_mean_leaves_it_out() -> N
 
 
 def test_the_evaluator_names_the_protocol_of_each_figure() -> None:
-    voc = Evaluator(["a"], label_mode="single", image_size=64, protocol="voc")
+    voc = Evaluator(["a"], label_mode="single", protocol="voc")
     metrics = voc._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0, ap_intervals=True)
     assert metrics["protocol"] == "voc"
     assert metrics["figure_protocols"]["f1"] == metrics["figure_protocols"]["ap50"] == "voc"
@@ -140,7 +140,7 @@ def test_the_evaluator_names_the_protocol_of_each_figure() -> None:
     assert metrics["ap50"] == pytest.approx(5 / 9) and metrics["per_class"][0]["ap50"] == (
         pytest.approx(5 / 9)
     )
-    coco = Evaluator(["a"], label_mode="single", image_size=64)
+    coco = Evaluator(["a"], label_mode="single")
     plain = coco._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0)
     assert plain["protocol"] == "coco" and set(plain["figure_protocols"].values()) == {"coco"}
     assert plain["ap50"] == pytest.approx((34 + 33 * 2 / 3) / 101, abs=1e-6)

@@ -270,7 +270,6 @@ def coco_ap(
     gts: Iterable[Record],
     dets: Iterable[Record],
     num_classes: int,
-    image_size: tuple[int, int],
     class_names: Sequence[str],
     score_threshold: float = 0.0,
     ap_intervals: bool = False,

@@ -40,45 +40,74 @@ _FIELDS = {
     "labels": (torch.int64, (-1,)),
     "ignore_boxes": (torch.float32, (-1, 4)),
     "ignore_labels": (torch.int64, (-1,)),
+    "region": (torch.float32, (-1, 4)),
 }
 IGNORE_KEYS = ("ignore_boxes", "ignore_labels")
 
 
-def _record(image_id: int, tensors: Record, keys: Sequence[str]) -> dict[str, Any]:
-    """One image's tensors as the numpy record the metric functions take."""
-    record: dict[str, Any] = {"image_id": image_id}
-    for key in keys:
-        dtype, shape = _FIELDS[key]
-        record[key] = _numpy(tensors[key], dtype).reshape(shape)
-    return record
+def _joined(values: Sequence[Any], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The images' `key` tensors as one numpy array, through one copy to the CPU for a batch
+    (one per image and key cost more than the metrics they feed), and each image's rows."""
+    dtype, shape = _FIELDS[key]
+    parts = [torch.as_tensor(value) for value in values]
+    rows = np.array([part.shape[0] for part in parts], dtype=np.int64)
+    return _numpy(torch.cat(parts), dtype).reshape(shape), rows
 
 
-def _clip(boxes: np.ndarray, region: Any) -> np.ndarray:
-    """Boxes clipped to the image's own area in the input frame (a target's `region`).
+def _slices(rows: np.ndarray) -> list[slice]:
+    """Each image's rows of a batch's joined array."""
+    ends = np.cumsum(rows).tolist()
+    return [slice(start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _targets(image_ids: Sequence[int], targets: Sequence[Record]) -> list[dict[str, Any]]:
+    """A batch's targets as the numpy records the metric functions take (each array a view
+    of the batch's)."""
+    records: list[dict[str, Any]] = [{"image_id": image_id} for image_id in image_ids]
+    for key in ("boxes", "labels", *IGNORE_KEYS):
+        having = [i for i, target in enumerate(targets) if key in target]
+        if having:
+            joined, rows = _joined([targets[i][key] for i in having], key)
+            for i, rows_of in zip(having, _slices(rows), strict=True):
+                records[i][key] = joined[rows_of]
+    return records
+
+
+_UNBOUNDED = (-np.inf, -np.inf, np.inf, np.inf)  # a target without a region: nothing clipped
+
+
+def _detections(
+    image_ids: Sequence[int],
+    decoded: Sequence[Record],
+    targets: Sequence[Record],
+    min_score: float,
+) -> list[dict[str, Any]]:
+    """A batch's decoded detections as the numpy records the metric functions take, the
+    boxes clipped to their images' own areas in the input frame (a target's `region`), and
+    without those scoring below `min_score` (eval.min_score).
 
     A letterboxed image fills only part of the square input; a detection reaching into the
     padding is scored as it maps back to the image's own pixels (what the predictions file
     holds): IoU is unchanged by the per-axis scaling between the two frames, not by padding.
-    """
-    x1, y1, x2, y2 = (float(v) for v in _numpy(region, torch.float32).reshape(4))
-    low = np.array([x1, y1, x1, y1], dtype=boxes.dtype)
-    high = np.array([x2, y2, x2, y2], dtype=boxes.dtype)
-    return np.clip(boxes, low, high)
-
-
-def _at_least(found: dict[str, Any], min_score: float) -> dict[str, Any]:
-    """An image's detections without those scoring below `min_score` (eval.min_score).
-
     A detector's top 100 per image are mostly near-zero scores, nearly all false positives
     ranked after its last true positive, where they change no AP figure (the rare true
     positive adds a sliver of recall at a precision near nothing); yet matching, COCO AP,
-    the intervals and the predictions file would each pay for every one."""
-    if min_score <= 0.0:
-        return found
-    keep = found["scores"] >= min_score
-    if keep.all():
-        return found
-    return {key: value[keep] if key != "image_id" else value for key, value in found.items()}
+    the intervals and the predictions file would each pay for every one.
+    """
+    boxes, rows = _joined([image["boxes"] for image in decoded], "boxes")
+    scores, _ = _joined([image["scores"] for image in decoded], "scores")
+    labels, _ = _joined([image["labels"] for image in decoded], "labels")
+    regions, _ = _joined([target.get("region", _UNBOUNDED) for target in targets], "region")
+    image = np.repeat(np.arange(len(rows)), rows)
+    boxes = np.clip(boxes, regions[image][:, [0, 1, 0, 1]], regions[image][:, [2, 3, 2, 3]])
+    if min_score > 0.0:
+        keep = scores >= min_score
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        rows = np.bincount(image[keep], minlength=len(rows))
+    return [
+        {"image_id": image_id, "boxes": boxes[of], "scores": scores[of], "labels": labels[of]}
+        for image_id, of in zip(image_ids, _slices(rows), strict=True)
+    ]
 
 
 class Evaluator:
@@ -89,7 +118,6 @@ class Evaluator:
         class_names: Sequence[str],
         *,
         label_mode: str,
-        image_size: int,
         score_threshold: float | None = 0.3,
         iou_threshold: float = 0.5,
         max_detections: int = 100,
@@ -110,7 +138,6 @@ class Evaluator:
             raise ConfigError(f"eval.min_score={min_score!r} must be at least 0 and below 1.")
         self.class_names = list(class_names)
         self.label_mode = label_mode
-        self.image_size = int(image_size)
         # None: each pass picks its own best-F1 threshold (see precision_recall_f1)
         self.score_threshold = None if score_threshold is None else float(score_threshold)
         self.iou_threshold = float(iou_threshold)
@@ -129,7 +156,6 @@ class Evaluator:
         return cls(
             class_names,
             label_mode=config["model"]["label_mode"],
-            image_size=config["data"]["image_size"],
             score_threshold=settings["score_threshold"],
             iou_threshold=settings["iou_threshold"],
             max_detections=settings["max_detections"],
@@ -188,17 +214,9 @@ class Evaluator:
                         f"A batch of {images.shape[0]} images came with {len(targets)} targets "
                         f"and {len(decoded)} decoded predictions; they must match one to one."
                     )
-                for prediction, target in zip(decoded, targets, strict=True):
-                    image_id = int(target["image_id"])
-                    found = _at_least(
-                        _record(image_id, prediction, ("boxes", "scores", "labels")),
-                        self.min_score,
-                    )
-                    if "region" in target:
-                        found["boxes"] = _clip(found["boxes"], target["region"])
-                    dets.append(found)
-                    ignore = tuple(key for key in IGNORE_KEYS if key in target)
-                    gts.append(_record(image_id, target, ("boxes", "labels", *ignore)))
+                image_ids = [int(target["image_id"]) for target in targets]
+                dets.extend(_detections(image_ids, decoded, targets, self.min_score))
+                gts.extend(_targets(image_ids, targets))
                 if self.label_mode == "multilabel":
                     score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
                 postprocess_s += time.perf_counter() - start
@@ -231,7 +249,6 @@ class Evaluator:
             gts,
             dets,
             self.num_classes,
-            (self.image_size, self.image_size),
             self.class_names,
             counts["score_threshold"],
             ap_intervals,

@@ -372,25 +372,25 @@ def pool(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
     truth, found = by_image(gts, dets)
-    gt_per_image = np.zeros(len(truth), dtype=np.int64)
-    gt_by_class = np.zeros((num_classes, len(truth)), dtype=np.int64)
     objects: list[tuple[np.ndarray, np.ndarray]] = []
     detections: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     regions: dict[int, tuple[Any, Any]] = {}  # by image position, where it has any
     for position, (image_id, gt) in enumerate(truth.items()):
-        gt_boxes, gt_labels = _objects(gt["boxes"], gt["labels"])
-        check_labels(gt_labels, num_classes, image_id, "Ground truth")
-        gt_by_class[:, position] = np.bincount(gt_labels, minlength=num_classes)
-        gt_per_image[position] = gt_labels.size
-        objects.append((gt_boxes, gt_labels))
+        objects.append(_objects(gt["boxes"], gt["labels"]))
         det = found.get(image_id, _NOTHING_FOUND)
         detections.append(_detections(det["boxes"], det["scores"], det["labels"]))
-        check_labels(detections[-1][2], num_classes, image_id, "Detections")
         if len(gt.get("ignore_boxes", ())):
             regions[position] = (gt["ignore_boxes"], gt.get("ignore_labels", ()))
-    gt_per_class = gt_by_class.sum(axis=1)
     found_all = _end_to_end(detections, scores=True)
     truth_all = _end_to_end(objects, scores=False)
+    for what, images in (("Ground truth", truth_all), ("Detections", found_all)):
+        wrong = (images.labels < 0) | (images.labels >= num_classes)
+        if wrong.any():  # the first image with a label out of range, as check_labels words it
+            at = int(images.image[np.flatnonzero(wrong)[0]])
+            check_labels(images.labels[images.of_image(at)], num_classes, list(truth)[at], what)
+    cells = truth_all.labels * len(truth) + truth_all.image  # [class, image], flattened
+    gt_by_class = np.bincount(cells, minlength=num_classes * len(truth)).reshape(num_classes, -1)
+    gt_per_image, gt_per_class = gt_by_class.sum(axis=0), gt_by_class.sum(axis=1)
     if FIGURE_PROTOCOLS[protocol]["f1"] == "voc":
         is_tp, counted = _voc_flags(found_all, truth_all, regions, iou_threshold)
     else:
