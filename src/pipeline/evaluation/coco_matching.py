@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.evaluation.intervals import RECALL_THRESHOLDS, ClassRanking
-from pipeline.evaluation.matching import Record, check_labels, same_class_pairs
+from pipeline.evaluation.matching import Record, check_joined_labels, same_class_pairs
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)  # COCOeval's iouThrs, as it makes them
 MAX_DETECTIONS = 100  # per image and class: COCO's AP, AP@.5 and AP@.75 (stats[0:3])
@@ -104,10 +104,7 @@ def _laid_out(
     xyxy = np.concatenate([*(part.reshape(-1, 4) for part in boxes), _NONE.reshape(0, 4)])
     xyxy = xyxy.astype(np.float64)
     joined = np.concatenate([*(part.reshape(-1) for part in labels), _NONE]).astype(np.int64)
-    wrong = (joined < 0) | (joined >= classes)
-    if wrong.any():  # the first image with a label out of range, as check_labels words it
-        at = int(np.searchsorted(np.cumsum(sizes), np.flatnonzero(wrong)[0], side="right"))
-        check_labels(labels[at].astype(np.int64).reshape(-1), classes, ids[at], what)
+    check_joined_labels(joined, np.repeat(np.arange(sizes.size), sizes), ids, classes, what)
     xywh = np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
     return Boxes(xywh, np.zeros(0, np.int64), joined), sizes
 

@@ -359,6 +359,18 @@ def check_labels(labels: np.ndarray, num_classes: int, image_id: int, what: str)
         raise DataError(message) if what == "Ground truth" else ValueError(message)
 
 
+def check_joined_labels(
+    labels: np.ndarray, owner: np.ndarray, ids: Sequence[Any], num_classes: int, what: str
+) -> None:
+    """`check_labels` over many images' labels laid end to end in one pass (`owner`: each
+    label's image, as a position in `ids`, ascending): the first image with a label out of
+    range is refused as `check_labels` words it."""
+    wrong = (labels < 0) | (labels >= num_classes)
+    if wrong.any():
+        at = int(owner[np.flatnonzero(wrong)[0]])
+        check_labels(labels[owner == at], num_classes, ids[at], what)
+
+
 def pool(
     gts: Iterable[Record],
     dets: Iterable[Record],
@@ -384,10 +396,7 @@ def pool(
     found_all = _end_to_end(detections, scores=True)
     truth_all = _end_to_end(objects, scores=False)
     for what, images in (("Ground truth", truth_all), ("Detections", found_all)):
-        wrong = (images.labels < 0) | (images.labels >= num_classes)
-        if wrong.any():  # the first image with a label out of range, as check_labels words it
-            at = int(images.image[np.flatnonzero(wrong)[0]])
-            check_labels(images.labels[images.of_image(at)], num_classes, list(truth)[at], what)
+        check_joined_labels(images.labels, images.image, list(truth), num_classes, what)
     cells = truth_all.labels * len(truth) + truth_all.image  # [class, image], flattened
     gt_by_class = np.bincount(cells, minlength=num_classes * len(truth)).reshape(num_classes, -1)
     gt_per_image, gt_per_class = gt_by_class.sum(axis=0), gt_by_class.sum(axis=1)
