@@ -843,6 +843,7 @@ class FakeDetector(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(1))
         self.seen: list[dict[str, bool]] = SharedLog()
+        self.eval()  # as `for_inference` hands a model to the evaluator
 
     def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         self.seen.append(
@@ -897,7 +898,6 @@ def loader() -> DataLoader:
 
 def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: DataLoader) -> None:
     model = FakeDetector()
-    model.train()
     evaluator = Evaluator(["circle", "square"], label_mode="multilabel")
     metrics, detections = evaluator.evaluate(model, loader, "cpu")
 
@@ -945,9 +945,17 @@ def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: Dat
     assert third["labels"].tolist() == [0, 1] and third["scores"].shape == (2,)
     json.dumps({"metrics": metrics})
 
-    # Two batches, each run in eval mode under inference_mode; the caller's model keeps its mode.
+    # Two batches, each run under inference_mode, the model as given (in eval mode).
     assert model.seen == [{"training": False, "inference_mode": True, "autocast": False}] * 2
-    assert model.training
+
+
+def test_evaluator_refuses_a_model_in_training_mode(loader: DataLoader) -> None:
+    """BatchNorm in training mode would normalise each batch by its own statistics: the
+    evaluator runs the model as given, so it must be the inference form (`for_inference`)."""
+    model = FakeDetector().train()
+    with pytest.raises(ValueError, match="training mode: pass its inference form"):
+        Evaluator(["circle", "square"], label_mode="single").evaluate(model, loader, "cpu")
+    assert model.seen == []
 
 
 def test_evaluator_single_label_mode_skips_image_level_metrics(loader: DataLoader) -> None:

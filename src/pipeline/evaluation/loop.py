@@ -23,7 +23,6 @@ from pipeline.evaluation.matching import (
     resolve_protocol,
 )
 from pipeline.evaluation.voc import voc_ap
-from pipeline.models.inference import for_inference
 
 LABEL_MODES = ("multilabel", "single")
 TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
@@ -184,19 +183,24 @@ class Evaluator:
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
         included; with `flip_test`, both views' and their average); `images_per_s` and
         `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`.
-        `model` runs in its inference form (`for_inference`: BatchNorm folded into the convs),
-        made here once per pass; `model` itself is left as it was.
+        `model` is run as given: its inference form (`for_inference`: eval mode, BatchNorm
+        folded into the convs), made by the caller once for every pass over the same weights
+        (`evaluate` runs validation and test on one); a model in training mode is refused.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
         picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
         intervals over the images (see `coco_ap`).
         """
+        if model.training:
+            raise ValueError(
+                "Evaluator.evaluate runs the model as given, and this one is in training mode: "
+                "pass its inference form, pipeline.models.inference.for_inference(model)."
+            )
         device = torch.device(device)
         gts: list[dict[str, Any]] = []
         dets: list[dict[str, Any]] = []
         score_rows: list[np.ndarray] = []
         model_s = postprocess_s = 0.0
-        model = for_inference(model)
         with torch.inference_mode():
             for images, targets in loader:
                 images = images.to(device, non_blocking=True)
