@@ -167,20 +167,25 @@ def same_class_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(detection, object) index pairs of every detection with every object of its image and
     class, detection by detection, each one's objects in their order; images ascending on
-    both sides (as `_Images` lays them): work in proportion to the pairs, not to all boxes."""
+    both sides (as `_Images` lays them): work in proportion to the pairs of a class, not to
+    all boxes of an image."""
     if found_image.size == 0 or truth_image.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lowest = min(int(found_labels.min()), int(truth_labels.min()))
+    classes = max(int(found_labels.max()), int(truth_labels.max())) - lowest + 1
     images = int(max(found_image.max(), truth_image.max())) + 1
-    objects = np.bincount(truth_image, minlength=images)
+    # each (image, class) cell's objects together, in their order
+    truth_cell = truth_image * classes + (truth_labels - lowest)
+    by_cell = np.argsort(truth_cell, kind="stable")
+    objects = np.bincount(truth_cell, minlength=images * classes)
     first_object = np.cumsum(objects) - objects
-    per_detection = objects[found_image]
+    found_cell = found_image * classes + (found_labels - lowest)
+    per_detection = objects[found_cell]
     detection = np.repeat(np.arange(found_image.size), per_detection)
     within = np.arange(detection.size) - np.repeat(
         np.cumsum(per_detection) - per_detection, per_detection
     )
-    obj = first_object[found_image][detection] + within
-    same_class = found_labels[detection] == truth_labels[obj]
-    return detection[same_class], obj[same_class]
+    return detection, by_cell[first_object[found_cell][detection] + within]
 
 
 def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> np.ndarray:
@@ -202,10 +207,10 @@ def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> n
     iou = _paired_iou(found.boxes[detection], truth.boxes[obj])
     close = iou >= iou_threshold
     detection, obj, iou = detection[close], obj[close], iou[close]
-    # each image's detections by descending score, stable: their rank over all images
-    rank = np.empty(len(found.labels), dtype=np.int64)
-    rank[np.lexsort((-found.scores, found.image))] = np.arange(len(found.labels))
-    order = np.lexsort((obj, -iou, rank[detection]))
+    # the pairs by their detection's image, its descending score there (stable: ties by
+    # position), then by IoU: ranking only the detections of pairs at the threshold (a few
+    # among a detector's top 100), not all of them
+    order = np.lexsort((obj, -iou, detection, -found.scores[detection], found.image[detection]))
     taken = bytearray(len(truth.labels))
     done = -1
     for index, best in zip(detection[order].tolist(), obj[order].tolist(), strict=True):
