@@ -113,7 +113,7 @@ def _laid_out(
 class Matched:
     """Every kept detection (at most maxDets per image and class, the highest scored) as
     COCOeval.evaluateImg leaves it in each area range [A] at each IoU threshold [T], and the
-    objects that count there."""
+    objects that count there. The detections are laid out by image, class and rank."""
 
     scores: np.ndarray  # float64 [N]
     image: np.ndarray  # int64 [N]: position in the sorted image ids
@@ -139,7 +139,9 @@ class Matched:
         """Each class's ranking, as COCOeval.accumulate ranks it (descending score, stable
         over the images in order and each image's own ranking), cut after its last true
         positive: what `accumulate` and AP's intervals read."""
-        order = np.lexsort((self.rank, self.image, -self.scores, self.labels))
+        # the detections are laid out by image, class and rank (`_kept`): a stable sort by
+        # class and descending score leaves the ties by image and rank
+        order = _by_score_within(self.labels, self.scores)
         bounds = np.searchsorted(self.labels[order], np.arange(self.objects.shape[0] + 1))
         result = []
         for k in range(self.objects.shape[0]):
@@ -199,11 +201,19 @@ def _pair_iou(found: Boxes, truth: Boxes, crowd: np.ndarray, pairs: tuple) -> np
         return np.where(overlap, inter / np.where(overlap, union, 1.0), 0.0)
 
 
+def _by_score_within(groups: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """np.lexsort((-scores, groups)): by group, then descending score, ties in their order,
+    as two stable argsorts (numpy's lexsort compares a float key several times slower)."""
+    order = np.argsort(-scores, kind="stable")
+    return order[np.argsort(groups[order], kind="stable")]
+
+
 def _kept(found: Boxes, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(indices, ranks) of the detections COCOeval keeps: each image and class's highest
     `MAX_DETECTIONS` by score (a stable sort: ties keep their order), with their rank there."""
-    order = np.lexsort((-scores, found.labels, found.image))
-    group = found.image[order] * (int(found.labels.max(initial=0)) + 1) + found.labels[order]
+    groups = found.image * (int(found.labels.max(initial=0)) + 1) + found.labels
+    order = _by_score_within(groups, scores)
+    group = groups[order]
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     sizes = np.diff(np.r_[starts, order.size])
     rank = np.arange(order.size) - np.repeat(starts, sizes)
