@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -947,6 +949,35 @@ def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: Dat
 
     # Two batches, each run under inference_mode, the model as given (in eval mode).
     assert model.seen == [{"training": False, "inference_mode": True, "autocast": False}] * 2
+
+
+def test_evaluator_times_the_loaders_batches_and_the_metrics_apart_from_the_model(
+    loader: DataLoader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a pass spends beside the forward pass, divided: waiting for each batch (and for
+    the loader's end) is `loader_s`, computing the metrics `metrics_s`."""
+    pause = 0.05
+
+    def slow_batches() -> Iterator[Any]:
+        for batch in loader:
+            time.sleep(pause)
+            yield batch
+        time.sleep(pause)  # the loader's end takes a while too (its workers stop)
+
+    counting = evaluator_module.precision_recall_f1
+
+    def slow_metrics(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        time.sleep(pause)
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "precision_recall_f1", slow_metrics)
+    metrics, _ = Evaluator(["circle", "square"], label_mode="single").evaluate(
+        FakeDetector(), slow_batches(), "cpu"
+    )
+    timing = metrics["timing"]
+    assert timing["loader_s"] >= 3 * pause  # two batches and the end
+    assert pause <= timing["metrics_s"]
+    assert timing["model_s"] < 2 * pause  # none of the waits
 
 
 def test_evaluator_refuses_a_model_in_training_mode(loader: DataLoader) -> None:
