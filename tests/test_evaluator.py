@@ -1286,3 +1286,21 @@ def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters() -> None:
     result = coco_ap(gts, dets, 3, ["x", "y", "z"])
     assert [result["ap"], result["ap50"], result["ap75"]] == plain_pycocotools(gts, dets, 3)[:3]
     assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0
+
+
+def test_pr_f1_refuses_the_first_image_whose_fields_disagree_in_length() -> None:
+    """The images' fields are converted all at once; a disagreement is still refused with the
+    one image's own words."""
+    box = [[0.0, 0.0, 10.0, 10.0]]
+    gts = [
+        {"image_id": 1, "boxes": box, "labels": [0]},
+        {"image_id": 2, "boxes": box * 2, "labels": [0, 1]},
+    ]
+    good = {"image_id": 1, "boxes": box, "scores": [0.9], "labels": [0]}
+    bad = {"image_id": 2, "boxes": box * 2, "scores": [0.9, 0.8, 0.7], "labels": [0, 1]}
+    with pytest.raises(ValueError, match=r"^Detections disagree in length: 2 boxes, 3 scores, 2 "):
+        precision_recall_f1(gts, [good, bad], 2, 0.5)
+    gts[1]["labels"] = [0]
+    with pytest.raises(ValueError, match=r"^Ground truth disagrees in length: 2 boxes, 1 labels"):
+        precision_recall_f1(gts, [good], 2, 0.5)
+    assert precision_recall_f1(gts[:1], [good], 2, 0.5)["micro"]["tp"] == 1
