@@ -161,27 +161,35 @@ class Matched:
 def accumulate(rankings: Sequence[ClassRanking]) -> np.ndarray:
     """COCOeval.accumulate's precision [T, R, K, A] at maxDets from each class's ranking, -1
     where a class has no objects that count in an area range: its arithmetic, operation for
-    operation. The false positives a ranking leaves out after its last true positive move no
-    figure: their precision is below the one there, and the recall they reach is reached
-    there."""
+    operation, at the true positives only. The false positives a ranking leaves out after
+    its last true positive move no figure: their precision is below the one there, and the
+    recall they reach is reached there. So do those between: recall steps up only at a true
+    positive, so each recall point is first reached at one, and a detection that is not one
+    has a precision at most that of the last true positive before it, so the best precision
+    at or after a true positive is the best over the true positives there."""
     areas, ious, _ = rankings[0].is_tp.shape
     result = -np.ones((ious, RECALL_THRESHOLDS.size, len(rankings), areas))
     for k, ranking in enumerate(rankings):
         objects = ranking.gt_per_image.sum(axis=1)  # [A]
-        tp_sum = np.cumsum(ranking.is_tp, axis=2)
-        fp_sum = (np.cumsum(ranking.counted, axis=2) - tp_sum).astype(np.float64)
-        tp_sum = tp_sum.astype(np.float64)
         for a in range(areas):
             if objects[a] == 0:
                 continue
-            recall = tp_sum[a] / objects[a]
-            precise = tp_sum[a] / (fp_sum[a] + tp_sum[a] + np.spacing(1))
-            # accumulate's backward pass: each precision the highest at or after it
-            precise = np.maximum.accumulate(precise[:, ::-1], axis=1)[:, ::-1]
             for t in range(ious):
-                reached = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
-                inside = reached < recall.shape[1]  # recall points never reached: 0
-                result[t, inside, k, a] = precise[t, reached[inside]]
+                hits = np.flatnonzero(ranking.is_tp[a, t])
+                counted = np.flatnonzero(ranking.counted[a, t])
+                # the detections counted up to each true positive, less the true positives
+                tp_count = np.arange(1, hits.size + 1)
+                fp_sum = (np.searchsorted(counted, hits, side="right") - tp_count).astype(
+                    np.float64
+                )
+                tp_sum = tp_count.astype(np.float64)
+                recall = tp_sum / objects[a]
+                precise = tp_sum / (fp_sum + tp_sum + np.spacing(1))
+                # accumulate's backward pass: each precision the highest at or after it
+                precise = np.maximum.accumulate(precise[::-1])[::-1]
+                reached = np.searchsorted(recall, RECALL_THRESHOLDS, side="left")
+                inside = reached < hits.size  # recall points never reached: 0
+                result[t, inside, k, a] = precise[reached[inside]]
                 result[t, ~inside, k, a] = 0.0
     return result
 
