@@ -268,7 +268,8 @@ def match(
     detection, obj, iou = detection[close], obj[close], iou[close]
     ious = IOU_THRESHOLDS.size
     thresholds = np.minimum(IOU_THRESHOLDS, 1 - 1e-10)[:, None]
-    matched_to = np.full((areas, ious, kept.size), -1, dtype=np.int64)
+    matched = np.zeros((areas, ious, kept.size), dtype=bool)
+    ignored = np.repeat(dt_outside[:, None, :], ious, axis=1)  # matched to nothing: by area
     for a in range(areas):
         # within each detection its candidates in the order of preference, the best last:
         # objects that count over ignored ones, then IoU, then the later annotation
@@ -289,11 +290,9 @@ def match(
             t, which = np.nonzero(best >= 0)
             chosen = theirs[best[t, which]]
             taken[t, chosen] = True
-            matched_to[a, t, mine[firsts[which]]] = chosen
-    matched = matched_to >= 0
-    ignored = np.repeat(dt_outside[:, None, :], ious, axis=1)  # matched to nothing: by area
-    a, t, n = np.nonzero(matched)
-    ignored[a, t, n] = gt_ignored[a, matched_to[a, t, n]]  # else as its object
+            found_it = mine[firsts[which]]
+            matched[a, t, found_it] = True
+            ignored[a, t, found_it] = gt_ignored[a, chosen]  # as its object
     counts = ~gt_ignored  # [A, G]
     objects = np.zeros((classes, areas, images), dtype=np.int64)
     for a in range(areas):
