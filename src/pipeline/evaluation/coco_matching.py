@@ -143,16 +143,19 @@ class Matched:
         # class and descending score leaves the ties by image and rank
         order = _by_score_within(self.labels, self.scores)
         bounds = np.searchsorted(self.labels[order], np.arange(self.objects.shape[0] + 1))
+        hit = self.matched & ~self.ignored
+        anywhere = hit.any(axis=(0, 1))  # a true positive in some area range at some IoU
         result = []
         for k in range(self.objects.shape[0]):
             mine = order[bounds[k] : bounds[k + 1]]
-            counted = ~self.ignored[:, :, mine]
-            is_tp = self.matched[:, :, mine] & counted
-            anywhere = is_tp.any(axis=(0, 1))
-            end = int(np.flatnonzero(anywhere)[-1]) + 1 if anywhere.any() else 0
+            found = np.flatnonzero(anywhere[mine])
+            mine = mine[: found[-1] + 1 if found.size else 0]  # cut: only these are gathered
             result.append(
                 ClassRanking(
-                    self.image[mine[:end]], is_tp[:, :, :end], counted[:, :, :end], self.objects[k]
+                    self.image[mine],
+                    np.take(hit, mine, axis=2),
+                    ~np.take(self.ignored, mine, axis=2),
+                    self.objects[k],
                 )
             )
         return result
