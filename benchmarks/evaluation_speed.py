@@ -45,6 +45,7 @@ from pipeline.evaluation.coco import coco_ap
 from pipeline.evaluation.loop import Evaluator
 from pipeline.evaluation.matching import precision_recall_f1
 from pipeline.models import build_from_config
+from pipeline.models.inference import for_inference
 
 NAME = "evaluation_speed"
 SCALE_TARGET = 1.5  # time per image, larger / smaller set
@@ -158,6 +159,7 @@ class GroundTruthDetections(torch.nn.Module):
         super().__init__()
         self.model = model
         self.queue = list(detections)
+        self.eval()  # `model` in its inference form: the wrapper as well
 
     def forward(self, images: torch.Tensor) -> Any:
         return self.model(images)
@@ -188,7 +190,10 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
         loader = loader_for(split, config, train=False, pin_memory=False)
         decode_s += time.perf_counter() - began
         if model is None:
-            model = build_from_config(config["model"], len(split.class_names)).to(device).eval()
+            # in its inference form, as `evaluate` runs it
+            model = for_inference(
+                build_from_config(config["model"], len(split.class_names)).to(device)
+            )
             evaluator = Evaluator.from_config(config, split.class_names)
         size = config["data"]["image_size"]
         began = time.perf_counter()

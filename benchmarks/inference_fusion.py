@@ -36,8 +36,7 @@ from pipeline import device as dev
 from pipeline import stats
 from pipeline.engine import checkpoint
 from pipeline.errors import DataError
-from pipeline.evaluation import loop
-from pipeline.models import memory_format
+from pipeline.models import inference, memory_format
 from pipeline.models.inference import for_inference
 
 NAME = "inference_fusion"
@@ -133,7 +132,9 @@ def evaluation(
     argv = ["--cpu-threads", str(threads), "evaluate", "--checkpoint", str(best)]
     argv += [*(("--data", data) if data else ()), "--precision", precision, "--out", str(out)]
     folding = (
-        contextlib.nullcontext() if fused else mock.patch.object(loop, "for_inference", unfolded)
+        contextlib.nullcontext()
+        if fused
+        else mock.patch.object(inference, "for_inference", unfolded)
     )
     with folding, contextlib.redirect_stdout(io.StringIO()):
         result, _ = harness.evaluate_in_process(argv, out)

@@ -256,6 +256,28 @@ def test_a_compact_file_reads_back_as_json_wrote_it_and_is_its_text_for_rounded_
     assert json.loads(written) == json.loads(json.dumps(atomic.jsonable(odd)))
 
 
+def test_an_indented_file_reads_back_as_json_wrote_it_float_for_float(tmp_path: Path) -> None:
+    """Indented files (an eval JSON) are encoded by orjson too: every value, each float to the
+    bit, reads back as json's own indented text gives it, with or without values beyond JSON's
+    types (written json's way), and each list of numbers stays on one line either way."""
+    rng = np.random.default_rng(0)
+    plain = {
+        "per_image": {"tp": rng.integers(0, 9, 300).tolist(), "f": rng.uniform(0, 1, 300).tolist()},
+        "tiny": [1e-05, 9.08294244761354e-05, 1e300, -2.5e-310, 1e16, -0.0],
+        "name": "Bäckerei ✓",
+        "nan": [math.nan, -math.inf],
+        "rows": [{"low": 0.1, "high": None, "ok": True}, []],
+    }
+    beyond = {**plain, "numpy": np.float32(0.5), "path": Path("a/b"), 1: "int key", "huge": 2**70}
+    for data in (plain, beyond):
+        text = atomic.write_json(tmp_path / "i.json", data).read_text(encoding="utf-8")
+        assert json.loads(text) == json.loads(json.dumps(atomic.jsonable(data), indent=2))
+        lines = text.splitlines()
+        tp = ", ".join(str(count) for count in plain["per_image"]["tp"])
+        assert f'    "tp": [{tp}],' in lines
+        assert any(line.startswith('    "f": [0.') and line.endswith("]") for line in lines)
+
+
 def _record_flushes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """os.fsync and os.sync, recorded as 'fsync <file name>' and 'sync' (and still done)."""
     calls: list[str] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -843,6 +845,7 @@ class FakeDetector(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(1))
         self.seen: list[dict[str, bool]] = SharedLog()
+        self.eval()  # as `for_inference` hands a model to the evaluator
 
     def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         self.seen.append(
@@ -897,7 +900,6 @@ def loader() -> DataLoader:
 
 def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: DataLoader) -> None:
     model = FakeDetector()
-    model.train()
     evaluator = Evaluator(["circle", "square"], label_mode="multilabel")
     metrics, detections = evaluator.evaluate(model, loader, "cpu")
 
@@ -945,9 +947,46 @@ def test_evaluator_reports_metrics_timing_and_each_images_detections(loader: Dat
     assert third["labels"].tolist() == [0, 1] and third["scores"].shape == (2,)
     json.dumps({"metrics": metrics})
 
-    # Two batches, each run in eval mode under inference_mode; the caller's model keeps its mode.
+    # Two batches, each run under inference_mode, the model as given (in eval mode).
     assert model.seen == [{"training": False, "inference_mode": True, "autocast": False}] * 2
-    assert model.training
+
+
+def test_evaluator_times_the_loaders_batches_and_the_metrics_apart_from_the_model(
+    loader: DataLoader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a pass spends beside the forward pass, divided: waiting for each batch (and for
+    the loader's end) is `loader_s`, computing the metrics `metrics_s`."""
+    pause = 0.05
+
+    def slow_batches() -> Iterator[Any]:
+        for batch in loader:
+            time.sleep(pause)
+            yield batch
+        time.sleep(pause)  # the loader's end takes a while too (its workers stop)
+
+    counting = evaluator_module.precision_recall_f1
+
+    def slow_metrics(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        time.sleep(pause)
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "precision_recall_f1", slow_metrics)
+    metrics, _ = Evaluator(["circle", "square"], label_mode="single").evaluate(
+        FakeDetector(), slow_batches(), "cpu"
+    )
+    timing = metrics["timing"]
+    assert timing["loader_s"] >= 3 * pause  # two batches and the end
+    assert pause <= timing["metrics_s"]
+    assert timing["model_s"] < 2 * pause  # none of the waits
+
+
+def test_evaluator_refuses_a_model_in_training_mode(loader: DataLoader) -> None:
+    """BatchNorm in training mode would normalise each batch by its own statistics: the
+    evaluator runs the model as given, so it must be the inference form (`for_inference`)."""
+    model = FakeDetector().train()
+    with pytest.raises(ValueError, match="training mode: pass its inference form"):
+        Evaluator(["circle", "square"], label_mode="single").evaluate(model, loader, "cpu")
+    assert model.seen == []
 
 
 def test_evaluator_single_label_mode_skips_image_level_metrics(loader: DataLoader) -> None:
@@ -1247,3 +1286,21 @@ def test_ap_figures_are_cocoeval_summarize_at_its_default_parameters() -> None:
     result = coco_ap(gts, dets, 3, ["x", "y", "z"])
     assert [result["ap"], result["ap50"], result["ap75"]] == plain_pycocotools(gts, dets, 3)[:3]
     assert 0.0 < result["ap75"] < result["ap"] < result["ap50"] < 1.0
+
+
+def test_pr_f1_refuses_the_first_image_whose_fields_disagree_in_length() -> None:
+    """The images' fields are converted all at once; a disagreement is still refused with the
+    one image's own words."""
+    box = [[0.0, 0.0, 10.0, 10.0]]
+    gts = [
+        {"image_id": 1, "boxes": box, "labels": [0]},
+        {"image_id": 2, "boxes": box * 2, "labels": [0, 1]},
+    ]
+    good = {"image_id": 1, "boxes": box, "scores": [0.9], "labels": [0]}
+    bad = {"image_id": 2, "boxes": box * 2, "scores": [0.9, 0.8, 0.7], "labels": [0, 1]}
+    with pytest.raises(ValueError, match=r"^Detections disagree in length: 2 boxes, 3 scores, 2 "):
+        precision_recall_f1(gts, [good, bad], 2, 0.5)
+    gts[1]["labels"] = [0]
+    with pytest.raises(ValueError, match=r"^Ground truth disagrees in length: 2 boxes, 1 labels"):
+        precision_recall_f1(gts, [good], 2, 0.5)
+    assert precision_recall_f1(gts[:1], [good], 2, 0.5)["micro"]["tp"] == 1

@@ -196,7 +196,8 @@ def test_the_peak_test_is_max_pool2ds_3x3_window_at_every_cell() -> None:
 
 def test_decodings_gather_reads_what_indexing_reads_in_any_layout() -> None:
     """values[image, channel, row, col] through one flat index: row-major, channels-last and
-    strided views alike."""
+    strided views alike, a view that starts inside its storage too (a softmax's classes
+    without the background)."""
     from pipeline.models.centernet import _gather
 
     generator = torch.Generator().manual_seed(5)
@@ -208,6 +209,8 @@ def test_decodings_gather_reads_what_indexing_reads_in_any_layout() -> None:
         values.to(memory_format=torch.channels_last),
         values[:, ::2].repeat(1, 2, 1, 1)[:, :, :, :5],
         torch.randn(3, 8, 6, 10, generator=generator)[..., ::2],
+        torch.randn(3, 9, 6, 5, generator=generator)[:, 1:],
+        torch.randn(3, 9, 6, 5, generator=generator).to(memory_format=torch.channels_last)[:, 1:],
     ):
         assert torch.equal(_gather(case, *index), case[index[0], index[1], index[2], index[3]])
 

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from tiny_runs import make_data, tiny_config
 
 from pipeline import cli
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
+from pipeline.evaluation.loop import Evaluator
 
 pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
 
@@ -66,6 +68,22 @@ def test_evaluate_counts_detections_from_the_checkpoints_operating_point(
     assert result["score_threshold_source"] == "checkpoint"
     assert result["metrics"]["score_threshold"] == saved
     assert result["metrics_split"] == "test"
+
+
+def test_evaluate_runs_both_splits_on_one_inference_form_of_the_checkpoints_model(
+    trained: Trainer, here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evaluated: list[torch.nn.Module] = []
+    evaluate_pass = Evaluator.evaluate
+
+    def recording(self: Evaluator, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        evaluated.append(model)
+        return evaluate_pass(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "evaluate", recording)
+    evaluate(here, trained.paths["best"])
+    assert len(evaluated) == 2 and evaluated[0] is evaluated[1]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in evaluated[0].modules())
 
 
 def test_an_explicit_eval_score_threshold_overrides_the_operating_point(

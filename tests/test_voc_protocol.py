@@ -119,7 +119,7 @@ def test_voc2007_interpolates_at_eleven_recall_points() -> None:
     found = voc_ap(RANKED_GTS, RANKED_DETS, 1, eleven_points=True)
     assert found["ap50"] == pytest.approx((4 + 3 * 2 / 3) / 11, abs=1e-12)
     evaluator = Evaluator(["a"], label_mode="single", protocol="voc2007")
-    metrics = evaluator._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0)
+    metrics = evaluator._metrics(RANKED_GTS, RANKED_DETS, [])
     assert metrics["figure_protocols"]["ap50"] == "voc2007"
     assert metrics["figure_protocols"]["f1"] == "voc"
     assert metrics["ap50"] == pytest.approx((4 + 3 * 2 / 3) / 11, abs=1e-12)
@@ -133,7 +133,7 @@ def test_a_class_without_objects_has_no_voc_ap_and_the_mean_leaves_it_out() -> N
 
 def test_the_evaluator_names_the_protocol_of_each_figure() -> None:
     voc = Evaluator(["a"], label_mode="single", protocol="voc")
-    metrics = voc._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0, ap_intervals=True)
+    metrics = voc._metrics(RANKED_GTS, RANKED_DETS, [], ap_intervals=True)
     assert metrics["protocol"] == "voc"
     assert metrics["figure_protocols"]["f1"] == metrics["figure_protocols"]["ap50"] == "voc"
     assert metrics["figure_protocols"]["ap"] == metrics["figure_protocols"]["ap75"] == "coco"
@@ -141,7 +141,7 @@ def test_the_evaluator_names_the_protocol_of_each_figure() -> None:
         pytest.approx(5 / 9)
     )
     coco = Evaluator(["a"], label_mode="single")
-    plain = coco._metrics(RANKED_GTS, RANKED_DETS, [], 1.0, 0.0)
+    plain = coco._metrics(RANKED_GTS, RANKED_DETS, [])
     assert plain["protocol"] == "coco" and set(plain["figure_protocols"].values()) == {"coco"}
     assert plain["ap50"] == pytest.approx((34 + 33 * 2 / 3) / 101, abs=1e-6)
     assert plain["ap"] == metrics["ap"]  # AP@[.5:.95] is COCO's under either

@@ -173,32 +173,38 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-# A list of numbers as json.dumps indents it: one number per line. Only indentation puts a raw
-# newline in JSON text (strings escape theirs), so this never matches inside a string.
-_INDENTED_NUMBERS = re.compile(r"\[\n[-+0-9.eE,\s]*\n\s*\]")
+# A list of numbers as an indenting encoder writes it: one number per line. Only indentation
+# puts a raw newline in JSON text (strings escape theirs), so this never matches inside a string.
+_INDENTED_NUMBERS = re.compile(rb"\[\n[-+0-9.eE,\s]*\n\s*\]")
 
 
-def _one_line(numbers: re.Match[str]) -> str:
-    return "[" + " ".join(numbers.group(0)[1:-1].split()) + "]"
+def _one_line(numbers: re.Match[bytes]) -> bytes:
+    return b"[" + b" ".join(numbers.group(0)[1:-1].split()) + b"]"
+
+
+_ORJSON_INDENTS = {None: 0, 2: orjson.OPT_INDENT_2}
 
 
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     """Indented for people to read, with each list of numbers on one line (a step-time list or
     an eval JSON's per-image counts would take a line per number); `indent=None` writes one
-    compact line (large files: a predictions file's numbers), through orjson, several times
-    faster than json's encoder at writing floats, to the same JSON (each float its shortest
-    round-trip digits, as Python's repr; below 1e-4 without an exponent, which JSON allows;
-    non-ASCII as UTF-8, not escaped)."""
-    if indent is None:
+    compact line (large files: a predictions file's numbers). Encoded by orjson, many times
+    faster than json's encoder (whose indenting one is pure Python), to the same JSON: each
+    float its shortest round-trip digits, as Python's repr (below 1e-4 without an exponent,
+    which JSON allows); non-ASCII as UTF-8, not escaped; NaN and infinities as null. Data
+    beyond JSON's own types (numpy scalars, paths, int keys, integers past 64 bits) is made
+    JSON's first (`jsonable`) and goes through json's encoder, as do other indents."""
+    text = None
+    if indent in _ORJSON_INDENTS:
         try:  # JSON's own types throughout: as they are
-            return write_bytes(path, orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE))
-        except TypeError:  # numpy scalars, paths, int keys: json's way below
+            option = _ORJSON_INDENTS[indent] | orjson.OPT_APPEND_NEWLINE
+            text = orjson.dumps(data, option=option)
+        except TypeError:  # json's way below
             pass
-    separators = None if indent is not None else (",", ":")
-    try:  # JSON's own types throughout: as they are
-        text = json.dumps(data, indent=indent, separators=separators, allow_nan=False)
-    except (TypeError, ValueError):  # NaN, numpy scalars, paths: made JSON's first
-        text = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
+    if text is None:
+        separators = None if indent is not None else (",", ":")
+        encoded = json.dumps(jsonable(data), indent=indent, separators=separators, allow_nan=False)
+        text = (encoded + "\n").encode("utf-8")
     if indent is not None:
         text = _INDENTED_NUMBERS.sub(_one_line, text)
-    return write_text(path, text + "\n")
+    return write_bytes(path, text)

@@ -69,6 +69,7 @@ def main(argv: list[str]) -> int:
     from pipeline.evaluation.image_bootstrap import interval_text
     from pipeline.evaluation.loop import Evaluator
     from pipeline.models import memory_format
+    from pipeline.models.inference import for_inference
 
     state = checkpoint.load(args.checkpoint)
     overrides = parse_overrides(args.settings)
@@ -111,8 +112,11 @@ def main(argv: list[str]) -> int:
         num_classes=len(class_names),
         label_mode=model_cfg["label_mode"],
     )
-    model = checkpoint.restore_model(
-        state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
+    # one inference form for both splits' passes
+    model = for_inference(
+        checkpoint.restore_model(
+            state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
+        )
     )
     # None (a checkpoint without a saved operating point): picked on validation below
     threshold, threshold_source = checkpoint.score_threshold(config, state)

@@ -41,6 +41,7 @@ from pipeline.evaluation.coco import size_bucket_text
 from pipeline.evaluation.loop import Evaluator
 from pipeline.measured import PrecisionChoice, unmeasured_choice
 from pipeline.models import build_from_config, check_input_size, memory_format, parameter_count
+from pipeline.models.inference import for_inference
 from pipeline.models.loss import DetectionLoss
 
 log = logging.getLogger("pipeline")
@@ -312,7 +313,7 @@ class Trainer(RunFolder, TimeBudget):
 
     def _validate(self) -> dict[str, Any]:
         metrics, _ = self.evaluator.evaluate(
-            self.evaluated_model, self.val_loader, self.device, self.precision
+            for_inference(self.evaluated_model), self.val_loader, self.device, self.precision
         )
         value = metrics[self.train_cfg["monitor"]]
         val = {

@@ -113,7 +113,7 @@ def _laid_out(
 class Matched:
     """Every kept detection (at most maxDets per image and class, the highest scored) as
     COCOeval.evaluateImg leaves it in each area range [A] at each IoU threshold [T], and the
-    objects that count there."""
+    objects that count there. The detections are laid out by image, class and rank."""
 
     scores: np.ndarray  # float64 [N]
     image: np.ndarray  # int64 [N]: position in the sorted image ids
@@ -139,18 +139,23 @@ class Matched:
         """Each class's ranking, as COCOeval.accumulate ranks it (descending score, stable
         over the images in order and each image's own ranking), cut after its last true
         positive: what `accumulate` and AP's intervals read."""
-        order = np.lexsort((self.rank, self.image, -self.scores, self.labels))
+        # the detections are laid out by image, class and rank (`_kept`): a stable sort by
+        # class and descending score leaves the ties by image and rank
+        order = _by_score_within(self.labels, self.scores)
         bounds = np.searchsorted(self.labels[order], np.arange(self.objects.shape[0] + 1))
+        hit = self.matched & ~self.ignored
+        anywhere = hit.any(axis=(0, 1))  # a true positive in some area range at some IoU
         result = []
         for k in range(self.objects.shape[0]):
             mine = order[bounds[k] : bounds[k + 1]]
-            counted = ~self.ignored[:, :, mine]
-            is_tp = self.matched[:, :, mine] & counted
-            anywhere = is_tp.any(axis=(0, 1))
-            end = int(np.flatnonzero(anywhere)[-1]) + 1 if anywhere.any() else 0
+            found = np.flatnonzero(anywhere[mine])
+            mine = mine[: found[-1] + 1 if found.size else 0]  # cut: only these are gathered
             result.append(
                 ClassRanking(
-                    self.image[mine[:end]], is_tp[:, :, :end], counted[:, :, :end], self.objects[k]
+                    self.image[mine],
+                    np.take(hit, mine, axis=2),
+                    ~np.take(self.ignored, mine, axis=2),
+                    self.objects[k],
                 )
             )
         return result
@@ -159,27 +164,35 @@ class Matched:
 def accumulate(rankings: Sequence[ClassRanking]) -> np.ndarray:
     """COCOeval.accumulate's precision [T, R, K, A] at maxDets from each class's ranking, -1
     where a class has no objects that count in an area range: its arithmetic, operation for
-    operation. The false positives a ranking leaves out after its last true positive move no
-    figure: their precision is below the one there, and the recall they reach is reached
-    there."""
+    operation, at the true positives only. The false positives a ranking leaves out after
+    its last true positive move no figure: their precision is below the one there, and the
+    recall they reach is reached there. So do those between: recall steps up only at a true
+    positive, so each recall point is first reached at one, and a detection that is not one
+    has a precision at most that of the last true positive before it, so the best precision
+    at or after a true positive is the best over the true positives there."""
     areas, ious, _ = rankings[0].is_tp.shape
     result = -np.ones((ious, RECALL_THRESHOLDS.size, len(rankings), areas))
     for k, ranking in enumerate(rankings):
         objects = ranking.gt_per_image.sum(axis=1)  # [A]
-        tp_sum = np.cumsum(ranking.is_tp, axis=2)
-        fp_sum = (np.cumsum(ranking.counted, axis=2) - tp_sum).astype(np.float64)
-        tp_sum = tp_sum.astype(np.float64)
         for a in range(areas):
             if objects[a] == 0:
                 continue
-            recall = tp_sum[a] / objects[a]
-            precise = tp_sum[a] / (fp_sum[a] + tp_sum[a] + np.spacing(1))
-            # accumulate's backward pass: each precision the highest at or after it
-            precise = np.maximum.accumulate(precise[:, ::-1], axis=1)[:, ::-1]
             for t in range(ious):
-                reached = np.searchsorted(recall[t], RECALL_THRESHOLDS, side="left")
-                inside = reached < recall.shape[1]  # recall points never reached: 0
-                result[t, inside, k, a] = precise[t, reached[inside]]
+                hits = np.flatnonzero(ranking.is_tp[a, t])
+                counted = np.flatnonzero(ranking.counted[a, t])
+                # the detections counted up to each true positive, less the true positives
+                tp_count = np.arange(1, hits.size + 1)
+                fp_sum = (np.searchsorted(counted, hits, side="right") - tp_count).astype(
+                    np.float64
+                )
+                tp_sum = tp_count.astype(np.float64)
+                recall = tp_sum / objects[a]
+                precise = tp_sum / (fp_sum + tp_sum + np.spacing(1))
+                # accumulate's backward pass: each precision the highest at or after it
+                precise = np.maximum.accumulate(precise[::-1])[::-1]
+                reached = np.searchsorted(recall, RECALL_THRESHOLDS, side="left")
+                inside = reached < hits.size  # recall points never reached: 0
+                result[t, inside, k, a] = precise[reached[inside]]
                 result[t, ~inside, k, a] = 0.0
     return result
 
@@ -199,11 +212,19 @@ def _pair_iou(found: Boxes, truth: Boxes, crowd: np.ndarray, pairs: tuple) -> np
         return np.where(overlap, inter / np.where(overlap, union, 1.0), 0.0)
 
 
+def _by_score_within(groups: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """np.lexsort((-scores, groups)): by group, then descending score, ties in their order,
+    as two stable argsorts (numpy's lexsort compares a float key several times slower)."""
+    order = np.argsort(-scores, kind="stable")
+    return order[np.argsort(groups[order], kind="stable")]
+
+
 def _kept(found: Boxes, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(indices, ranks) of the detections COCOeval keeps: each image and class's highest
     `MAX_DETECTIONS` by score (a stable sort: ties keep their order), with their rank there."""
-    order = np.lexsort((-scores, found.labels, found.image))
-    group = found.image[order] * (int(found.labels.max(initial=0)) + 1) + found.labels[order]
+    groups = found.image * (int(found.labels.max(initial=0)) + 1) + found.labels
+    order = _by_score_within(groups, scores)
+    group = groups[order]
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     sizes = np.diff(np.r_[starts, order.size])
     rank = np.arange(order.size) - np.repeat(starts, sizes)
@@ -250,7 +271,8 @@ def match(
     detection, obj, iou = detection[close], obj[close], iou[close]
     ious = IOU_THRESHOLDS.size
     thresholds = np.minimum(IOU_THRESHOLDS, 1 - 1e-10)[:, None]
-    matched_to = np.full((areas, ious, kept.size), -1, dtype=np.int64)
+    matched = np.zeros((areas, ious, kept.size), dtype=bool)
+    ignored = np.repeat(dt_outside[:, None, :], ious, axis=1)  # matched to nothing: by area
     for a in range(areas):
         # within each detection its candidates in the order of preference, the best last:
         # objects that count over ignored ones, then IoU, then the later annotation
@@ -271,11 +293,9 @@ def match(
             t, which = np.nonzero(best >= 0)
             chosen = theirs[best[t, which]]
             taken[t, chosen] = True
-            matched_to[a, t, mine[firsts[which]]] = chosen
-    matched = matched_to >= 0
-    ignored = np.repeat(dt_outside[:, None, :], ious, axis=1)  # matched to nothing: by area
-    a, t, n = np.nonzero(matched)
-    ignored[a, t, n] = gt_ignored[a, matched_to[a, t, n]]  # else as its object
+            found_it = mine[firsts[which]]
+            matched[a, t, found_it] = True
+            ignored[a, t, found_it] = gt_ignored[a, chosen]  # as its object
     counts = ~gt_ignored  # [A, G]
     objects = np.zeros((classes, areas, images), dtype=np.int64)
     for a in range(areas):

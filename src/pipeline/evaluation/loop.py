@@ -23,10 +23,16 @@ from pipeline.evaluation.matching import (
     resolve_protocol,
 )
 from pipeline.evaluation.voc import voc_ap
-from pipeline.models.inference import for_inference
 
 LABEL_MODES = ("multilabel", "single")
-TIMING_KEYS = ("model_s", "postprocess_s", "images_per_s", "ms_per_image")
+TIMING_KEYS = (
+    "model_s",
+    "postprocess_s",
+    "loader_s",
+    "metrics_s",
+    "images_per_s",
+    "ms_per_image",
+)
 
 
 def _numpy(tensor: Any, dtype: torch.dtype) -> np.ndarray:
@@ -98,9 +104,12 @@ def _detections(
     scores, _ = _joined([image["scores"] for image in decoded], "scores")
     labels, _ = _joined([image["labels"] for image in decoded], "labels")
     regions, _ = _joined([target.get("region", _UNBOUNDED) for target in targets], "region")
-    image = np.repeat(np.arange(len(rows)), rows)
-    boxes = np.clip(boxes, regions[image][:, [0, 1, 0, 1]], regions[image][:, [2, 3, 2, 3]])
+    # each image's bounds repeated over its rows (indexing the regions by each row's image
+    # cost several times the clip itself)
+    lower = np.repeat(regions[:, [0, 1, 0, 1]], rows, axis=0)
+    boxes = np.clip(boxes, lower, np.repeat(regions[:, [2, 3, 2, 3]], rows, axis=0))
     if min_score > 0.0:
+        image = np.repeat(np.arange(len(rows)), rows)
         keep = scores >= min_score
         boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
         rows = np.bincount(image[keep], minlength=len(rows))
@@ -183,23 +192,33 @@ class Evaluator:
 
         `timing.model_s` is the synchronized forward pass alone (the first batch's warm-up
         included; with `flip_test`, both views' and their average); `images_per_s` and
-        `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`.
-        `model` runs in its inference form (`for_inference`: BatchNorm folded into the convs),
-        made here once per pass; `model` itself is left as it was.
+        `ms_per_image` derive from it. Decoding and the copy to the CPU are `postprocess_s`;
+        waiting for the loader's batches (images read or taken from its cache, collated, moved
+        to the device) `loader_s`; matching, P/R/F1, AP and the intervals `metrics_s`: what
+        the pass spends beside the forward pass, divided.
+        `model` is run as given: its inference form (`for_inference`: eval mode, BatchNorm
+        folded into the convs), made by the caller once for every pass over the same weights
+        (`evaluate` runs validation and test on one); a model in training mode is refused.
         `chosen_threshold` (one picked on other images, say validation's best-F1 threshold)
         adds the micro P/R/F1 at it as `chosen_threshold`; the split's own best-F1 point,
         picked on the very images it is measured on, is optimistic. `ap_intervals` adds AP's
         intervals over the images (see `coco_ap`).
         """
+        if model.training:
+            raise ValueError(
+                "Evaluator.evaluate runs the model as given, and this one is in training mode: "
+                "pass its inference form, pipeline.models.inference.for_inference(model)."
+            )
         device = torch.device(device)
         gts: list[dict[str, Any]] = []
         dets: list[dict[str, Any]] = []
         score_rows: list[np.ndarray] = []
-        model_s = postprocess_s = 0.0
-        model = for_inference(model)
+        model_s = postprocess_s = loader_s = 0.0
         with torch.inference_mode():
+            waited = time.perf_counter()  # for the loader's next batch
             for images, targets in loader:
                 images = images.to(device, non_blocking=True)
+                loader_s += time.perf_counter() - waited
                 synchronize(device)
                 start = time.perf_counter()
                 with autocast(device, precision):
@@ -220,9 +239,17 @@ class Evaluator:
                 if self.label_mode == "multilabel":
                     score_rows.append(_numpy(model.image_scores(outputs), torch.float32))
                 postprocess_s += time.perf_counter() - start
-        metrics = self._metrics(
-            gts, dets, score_rows, model_s, postprocess_s, chosen_threshold, ap_intervals
-        )
+                waited = time.perf_counter()
+            loader_s += time.perf_counter() - waited  # the wait that ended the loader
+        start = time.perf_counter()
+        metrics = self._metrics(gts, dets, score_rows, chosen_threshold, ap_intervals)
+        timing = {"model_s": model_s, "postprocess_s": postprocess_s, "loader_s": loader_s}
+        metrics["timing"] = {
+            **timing,
+            "metrics_s": time.perf_counter() - start,
+            "images_per_s": ratio(metrics["num_images"], model_s),
+            "ms_per_image": 1000.0 * ratio(model_s, metrics["num_images"]),
+        }
         return metrics, dets
 
     @without_cyclic_gc()  # an object or several per detection, none in a cycle
@@ -231,8 +258,6 @@ class Evaluator:
         gts: list[dict[str, Any]],
         dets: list[dict[str, Any]],
         score_rows: list[np.ndarray],
-        model_s: float,
-        postprocess_s: float,
         chosen_threshold: float | None = None,
         ap_intervals: bool = False,
     ) -> dict[str, Any]:
@@ -336,10 +361,4 @@ class Evaluator:
             "iou_threshold": self.iou_threshold,
             "protocol": self.protocol,
             "figure_protocols": FIGURE_PROTOCOLS[self.protocol],
-            "timing": {
-                "model_s": model_s,
-                "postprocess_s": postprocess_s,
-                "images_per_s": ratio(num_images, model_s),
-                "ms_per_image": 1000.0 * ratio(model_s, num_images),
-            },
         }

@@ -167,20 +167,25 @@ def same_class_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(detection, object) index pairs of every detection with every object of its image and
     class, detection by detection, each one's objects in their order; images ascending on
-    both sides (as `_Images` lays them): work in proportion to the pairs, not to all boxes."""
+    both sides (as `_Images` lays them): work in proportion to the pairs of a class, not to
+    all boxes of an image."""
     if found_image.size == 0 or truth_image.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lowest = min(int(found_labels.min()), int(truth_labels.min()))
+    classes = max(int(found_labels.max()), int(truth_labels.max())) - lowest + 1
     images = int(max(found_image.max(), truth_image.max())) + 1
-    objects = np.bincount(truth_image, minlength=images)
+    # each (image, class) cell's objects together, in their order
+    truth_cell = truth_image * classes + (truth_labels - lowest)
+    by_cell = np.argsort(truth_cell, kind="stable")
+    objects = np.bincount(truth_cell, minlength=images * classes)
     first_object = np.cumsum(objects) - objects
-    per_detection = objects[found_image]
+    found_cell = found_image * classes + (found_labels - lowest)
+    per_detection = objects[found_cell]
     detection = np.repeat(np.arange(found_image.size), per_detection)
     within = np.arange(detection.size) - np.repeat(
         np.cumsum(per_detection) - per_detection, per_detection
     )
-    obj = first_object[found_image][detection] + within
-    same_class = found_labels[detection] == truth_labels[obj]
-    return detection[same_class], obj[same_class]
+    return detection, by_cell[first_object[found_cell][detection] + within]
 
 
 def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> np.ndarray:
@@ -202,10 +207,10 @@ def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> n
     iou = _paired_iou(found.boxes[detection], truth.boxes[obj])
     close = iou >= iou_threshold
     detection, obj, iou = detection[close], obj[close], iou[close]
-    # each image's detections by descending score, stable: their rank over all images
-    rank = np.empty(len(found.labels), dtype=np.int64)
-    rank[np.lexsort((-found.scores, found.image))] = np.arange(len(found.labels))
-    order = np.lexsort((obj, -iou, rank[detection]))
+    # the pairs by their detection's image, its descending score there (stable: ties by
+    # position), then by IoU: ranking only the detections of pairs at the threshold (a few
+    # among a detector's top 100), not all of them
+    order = np.lexsort((obj, -iou, detection, -found.scores[detection], found.image[detection]))
     taken = bytearray(len(truth.labels))
     done = -1
     for index, best in zip(detection[order].tolist(), obj[order].tolist(), strict=True):
@@ -384,17 +389,14 @@ def pool(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
     truth, found = by_image(gts, dets)
-    objects: list[tuple[np.ndarray, np.ndarray]] = []
-    detections: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    regions: dict[int, tuple[Any, Any]] = {}  # by image position, where it has any
-    for position, (image_id, gt) in enumerate(truth.items()):
-        objects.append(_objects(gt["boxes"], gt["labels"]))
-        det = found.get(image_id, _NOTHING_FOUND)
-        detections.append(_detections(det["boxes"], det["scores"], det["labels"]))
-        if len(gt.get("ignore_boxes", ())):
-            regions[position] = (gt["ignore_boxes"], gt.get("ignore_labels", ()))
-    found_all = _end_to_end(detections, scores=True)
-    truth_all = _end_to_end(objects, scores=False)
+    # by image position, where it has any
+    regions = {
+        position: (gt["ignore_boxes"], gt.get("ignore_labels", ()))
+        for position, gt in enumerate(truth.values())
+        if len(gt.get("ignore_boxes", ()))
+    }
+    found_all = _end_to_end([found.get(image_id, _NOTHING_FOUND) for image_id in truth], True)
+    truth_all = _end_to_end(list(truth.values()), scores=False)
     for what, images in (("Ground truth", truth_all), ("Detections", found_all)):
         check_joined_labels(images.labels, images.image, list(truth), num_classes, what)
     cells = truth_all.labels * len(truth) + truth_all.image  # [class, image], flattened
@@ -427,19 +429,35 @@ def pool(
 _NOTHING_FOUND = {"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0)}
 
 
-def _end_to_end(parts: list[tuple[np.ndarray, ...]], scores: bool) -> _Images:
-    """Each image's (boxes, [scores,] labels) laid end to end, tagged by image position."""
-    counts = np.fromiter((len(part[-1]) for part in parts), np.int64, len(parts))
-    image = np.repeat(np.arange(len(parts)), counts)
-    if not parts:
-        return _Images(
-            np.zeros((0, 4)), np.zeros(0) if scores else None, np.zeros(0, np.int64), image
-        )
-    boxes = np.concatenate([part[0] for part in parts])
-    labels = np.concatenate([part[-1] for part in parts])
-    return _Images(
-        boxes, np.concatenate([part[1] for part in parts]) if scores else None, labels, image
+def _end_to_end(records: Sequence[Record], scores: bool) -> _Images:
+    """The records' boxes, [scores,] and labels laid end to end, tagged by image position: one
+    conversion for all images (one per image cost more than the matching), each image's
+    fields checked to agree in length, a disagreement refused as `_detections` or `_objects`
+    refuse it for the first image that has one."""
+    boxes = [np.asarray(record["boxes"]) for record in records]
+    labels = [np.asarray(record["labels"]) for record in records]
+    found = [np.asarray(record["scores"]) for record in records] if scores else labels
+    counts, box_sizes, score_sizes = (
+        np.fromiter((part.size for part in parts), np.int64, len(parts))
+        for parts in (labels, boxes, found)
     )
+    wrong = np.flatnonzero((box_sizes != 4 * counts) | (score_sizes != counts))
+    if wrong.size:  # the first such image's own check raises, naming what disagrees
+        at = int(wrong[0])
+        if scores:
+            _detections(boxes[at], found[at], labels[at])
+        _objects(boxes[at], labels[at])
+    return _Images(
+        np.concatenate([*(part.reshape(-1, 4) for part in boxes), _NO_BOXES]).astype(np.float64),
+        np.concatenate([*(part.reshape(-1) for part in found), _NO_VALUES]).astype(np.float64)
+        if scores
+        else None,
+        np.concatenate([*(part.reshape(-1) for part in labels), _NO_VALUES]).astype(np.int64),
+        np.repeat(np.arange(len(records)), counts),
+    )
+
+
+_NO_BOXES, _NO_VALUES = np.zeros((0, 4)), np.zeros(0)  # what an empty list of images lays out
 
 
 def _voc_flags(

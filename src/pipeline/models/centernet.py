@@ -92,12 +92,14 @@ def _gather(
     col: torch.Tensor,
 ) -> torch.Tensor:
     """values[image, channel, row, col] (indices broadcast together), read with index_select
-    through one flat index: four index tensors broadcast and read one by one cost several
-    times that on a CPU."""
-    _, channels, height, width = values.shape
+    through one flat index into the values' own storage, at their own strides: four index
+    tensors broadcast and read one by one cost several times that on a CPU, and copying a
+    channels-last or sliced map to row-major first cost more than the read."""
+    strides = values.stride()
     # the small index tensors summed first: one pass over the broadcast shape, not three
-    place = (image * channels + channel) * (height * width) + (row * width + col)
-    flat = values.contiguous().view(-1)  # row-major (a channels-last map copied once)
+    place = (image * strides[0] + channel * strides[1]) + (row * strides[2] + col * strides[3])
+    span = 1 + sum((size - 1) * stride for size, stride in zip(values.shape, strides, strict=True))
+    flat = values.as_strided((span,), (1,))  # every element the strides reach, in storage order
     return flat.index_select(0, place.reshape(-1)).reshape(place.shape)
 
 
@@ -363,8 +365,9 @@ class CenterNet(nn.Module):
         scores, flat = peaks.reshape(batch, -1).topk(k, dim=1)
         labels = flat // (h * w)
         cells = flat % (h * w)
-        regression = outputs["box"]
-        coords = torch.arange(4, device=regression.device)
+        # each class's (dx, dy, log w, log h) at each cell as one row [B*h*w*C, 4]: a view of a
+        # channels-last map (a row-major one is copied once), read a row per window cell
+        class_boxes = outputs["box"].permute(0, 2, 3, 1).reshape(-1, 4)
         reach = torch.arange(centre_window, device=probs.device) - centre_window // 2
         rows_off, cols_off = (v.reshape(1, -1) for v in torch.meshgrid(reach, reach, indexing="ij"))
         middle = centre_window**2 // 2  # the peak's own position in the window
@@ -374,12 +377,13 @@ class CenterNet(nn.Module):
         # the window's cells [B, K, window**2], the peak at `middle`
         row = (cells // w)[..., None] + rows_off
         col = (cells % w)[..., None] + cols_off
-        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
-        row, col = row.clamp(0, h - 1), col.clamp(0, w - 1)
+        within_row, within_col = row.clamp(0, h - 1), col.clamp(0, w - 1)
+        inside = (within_row == row) & (within_col == col)
+        row, col = within_row, within_col
         weight = _gather(probs, image, labels[..., None], row, col) * inside
         # each cell's box from the detection's own class's box channels
-        channel = (labels[..., None] * 4)[..., None] + coords
-        values = _gather(regression, image[..., None], channel, row[..., None], col[..., None])
+        place = ((image * h + row) * w + col) * classes + labels[..., None]
+        values = class_boxes.index_select(0, place.reshape(-1)).reshape(*place.shape, 4)
         boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [B, K, window**2, 4]
         centres = (boxes[..., :2] + boxes[..., 2:]) / 2
         centre = (centres * weight[..., None]).sum(2) / weight.sum(2, keepdim=True)
@@ -392,8 +396,10 @@ class CenterNet(nn.Module):
         found = keep.sum(dim=1)
         if bool((keep == (torch.arange(k, device=keep.device) < found[:, None])).all()):
             return [
-                {"boxes": picked[i, :n], "scores": scores[i, :n], "labels": labels[i, :n]}
-                for i, n in enumerate(found.tolist())
+                {"boxes": boxes_of[:n], "scores": scores_of[:n], "labels": labels_of[:n]}
+                for boxes_of, scores_of, labels_of, n in zip(
+                    picked.unbind(), scores.unbind(), labels.unbind(), found.tolist(), strict=True
+                )
             ]
         return [
             {

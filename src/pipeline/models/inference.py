@@ -25,8 +25,10 @@ _BLOCK_PAIRS = {BasicBlock: (("conv1", "bn1"), ("conv2", "bn2"))}
 def for_inference(model: nn.Module) -> nn.Module:
     """An eval-mode deep copy of `model` with each BatchNorm2d that directly follows a Conv2d
     (in a Sequential, or in a torchvision residual block) folded into that conv and replaced
-    by an Identity; `model` itself is left as it was. Made once per pass (an evaluation, a
-    validation, a profile): the copy costs a fraction of one forward pass over a split."""
+    by an Identity; `model` itself is left as it was. Made once per set of weights and
+    command (`evaluate`'s validation and test passes share one; training makes one per
+    validation) and handed to the evaluator: the copy costs a fraction of one forward pass
+    over a split (a profile and a prediction make their own)."""
     inferred = copy.deepcopy(model).eval().requires_grad_(False)
     with torch.no_grad():
         for module in inferred.modules():
