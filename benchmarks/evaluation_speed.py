@@ -55,6 +55,28 @@ COCO_INPUT = 640
 DETECTIONS = 100
 
 
+# how the passes divide what they spend beside the forward pass (the eval JSON's timing keys)
+PASS_PARTS = {
+    "postprocess_s": "the model's decoding of its outputs",
+    "loader_s": "waiting for the loader's batches",
+    "metrics_s": "matching, P/R/F1, COCO AP and the intervals",
+}
+
+
+def parts_of(passes: list[dict[str, Any]], else_s: float) -> dict[str, float]:
+    """Everything but the forward pass, divided: each pass part summed over the passes (their
+    eval JSON timing), and the rest outside the passes (loading the splits and decoding their
+    images, the checkpoint and the model, writing the files)."""
+    parts = {key: sum(metrics["timing"][key] for metrics in passes) for key in PASS_PARTS}
+    return {**parts, "outside_passes_s": else_s - sum(parts.values())}
+
+
+PART_LABELS = {
+    **PASS_PARTS,
+    "outside_passes_s": "outside the passes: the splits, their images, the model, the files",
+}
+
+
 def parse_args(argv: list[str]):
     parser = harness.parser(NAME, __doc__)
     harness.add_torch_options(parser)
@@ -161,8 +183,8 @@ class GroundTruthDetections(torch.nn.Module):
         self.queue = list(detections)
         self.eval()  # `model` in its inference form: the wrapper as well
 
-    def forward(self, images: torch.Tensor) -> Any:
-        return self.model(images)
+    def forward(self, images: torch.Tensor, flip_test: bool = False) -> Any:
+        return self.model(images, flip_test=flip_test)
 
     def decode(self, outputs: Any, max_detections: int) -> list[dict[str, torch.Tensor]]:
         decoded = self.model.decode(outputs, max_detections=max_detections)
@@ -184,6 +206,7 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
     model = None
     evaluator = None
     images = 0
+    passes = []
     for which in ("val", "test"):
         began = time.perf_counter()
         split = load_split(config, which, check_images=False)  # as evaluate loads them
@@ -216,6 +239,7 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
             ap_intervals=which == "test",
         )
         threshold = metrics["best_f1_threshold"]
+        passes.append(metrics)
         forward_s += metrics["timing"]["model_s"]
         images += metrics["num_images"]
     total_s = time.perf_counter() - start - made_s
@@ -228,6 +252,7 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
         "forward_s": forward_s,
         "decode_images_s": decode_s,
         "else_s": total_s - forward_s,
+        "parts": parts_of(passes, total_s - forward_s),
         "ratio": (total_s - forward_s) / forward_s,
         "conditions": conditions.finish(),
     }
@@ -264,6 +289,7 @@ def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
         "forward_s": forward_s,
         "decode_images_s": None,
         "else_s": total_s - forward_s,
+        "parts": parts_of(passes, total_s - forward_s),
         "ratio": (total_s - forward_s) / forward_s,
         "conditions": conditions.finish(),
     }
@@ -312,6 +338,12 @@ def main(argv: list[str]) -> int:
                     default["total_s"],
                 ]
             ],
+        )
+    )
+    print(
+        harness.table(
+            ("everything else, divided", "s"),
+            [[PART_LABELS[key], seconds] for key, seconds in default["parts"].items()],
         )
     )
     passed_else, line = harness.verdict(
@@ -363,6 +395,15 @@ def main(argv: list[str]) -> int:
                     "s",
                 )
             ]
+        ),
+        *(
+            harness.figure(
+                f"default.{key}",
+                f"default size: {PART_LABELS[key]} (part of everything else)",
+                seconds,
+                "s",
+            )
+            for key, seconds in default["parts"].items()
         ),
         harness.figure(
             "default.ratio",
