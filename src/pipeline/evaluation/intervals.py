@@ -35,10 +35,9 @@ AP_METHOD = (
     IMAGES_METHOD + ", pycocotools' matches reweighed, centred on the figure (the resamples'"
     " median moved onto it, by `shift`)"
 )
-# resamples x (images or true positives) per block: a block's float64 arrays at run ends stay
-# within a core's cache (about 2 MiB) through the passes over them
-_RESAMPLE_BLOCK = 1 << 18
-_FEWEST_RESAMPLES = 128  # per block all the same: Python's overhead is per block, class and IoU
+# resamples x rows (an area range's run ends over its IoUs) per block, at most: a block's
+# float64 arrays at run ends within a few tens of MiB
+_RESAMPLE_BLOCK = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,20 @@ class ClassRanking:
     counted: np.ndarray  # bool [A, T, D]: not ignored by COCOeval there (true positives are)
     gt_per_image: np.ndarray  # int64 [A, I]: objects that count in each area range
 
+    @functools.cached_property
+    def run_ends(self) -> list[list[np.ndarray]]:
+        """[A][T] the ranks of the true positives that end a run in each area range at each
+        IoU (`_run_ends`): where the intervals read precision and recall."""
+        areas, ious, _ = self.is_tp.shape
+        return [
+            [_run_ends(self.is_tp[a, t], self.counted[a, t]) for t in range(ious)]
+            for a in range(areas)
+        ]
+
     @property
-    def true_positives(self) -> int:
-        """Detections that are a true positive in some area range at some IoU: at most as
-        many runs of them at any one."""
-        return int(self.is_tp.any(axis=(0, 1)).sum())
+    def rows(self) -> int:
+        """The most run ends of one area range over its IoUs: the rows of its arrays."""
+        return max(sum(ends.size for ends in area) for area in self.run_ends)
 
     def matches(self, area: int, iou: int) -> ClassMatches:
         """The matches of one area range at one IoU, as the eval JSON keeps them."""
@@ -117,27 +125,26 @@ class ClassRanking:
 
 class _RecallPoints:
     """How many recall thresholds n true positives reach, for each resample's object count
-    [R]; the recall is n / objects in float64, as accumulate divides. Where an area range's
-    IoUs read more points than its resamples hold objects (detections that rarely follow one
-    another as true positives), one table of every n up to each resample's count is made
-    first and read at every IoU."""
+    [R]; the recall is n / objects in float64, as accumulate divides. Read from a table of
+    every n up to each count: COCO's points always (one table per count, shared); other
+    thresholds where an area range's IoUs read more points than its resamples hold objects
+    (detections that rarely follow one another as true positives), one per resample."""
 
     def __init__(self, objects: np.ndarray, thresholds: np.ndarray, lookups: int) -> None:
         self.objects = np.maximum(objects, 1)
         self.thresholds = thresholds
         self.count = thresholds.size
         self.table = None
-        if lookups * objects.size <= objects.sum():
-            return
         if thresholds is RECALL_THRESHOLDS:
             # COCO's points: each count's table made once (resamples, blocks and classes
-            # share counts), laid end to end for this block's counts
+            # share counts), laid end to end for this block's counts: as many entries as
+            # distinct counts times their size, which a block's lookups outnumber
             counts, which = np.unique(objects, return_inverse=True)
             tables = [_coco_points(int(count)) for count in counts]
             sizes = np.asarray([table.size for table in tables])
             self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
             self.table = np.concatenate(tables)
-        else:
+        elif lookups * objects.size > objects.sum():
             span = objects + 1
             self.offsets = np.cumsum(span) - span
             found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
@@ -146,10 +153,13 @@ class _RecallPoints:
             ).astype(np.min_scalar_type(thresholds.size))  # the smallest type: less to move
 
     def __call__(self, tp: np.ndarray) -> np.ndarray:
-        """[H, R] the thresholds reached by the true positives [H, R] (at most `objects`)."""
+        """[H, R] the thresholds reached by the true positives [H, R] (integers, at most
+        `objects`; floating-point as the sums make them)."""
         if self.table is None:
             return _thresholds_reached(tp / self.objects[None, :], self.thresholds)
-        return self.table[tp + self.offsets[None, :]]
+        at = tp.astype(np.intp)  # then added to in place: faster than adding to floats
+        at += self.offsets
+        return np.take(self.table, at)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # emptied after each evaluation's intervals
@@ -162,12 +172,39 @@ def _coco_points(objects: int) -> np.ndarray:
     return table
 
 
+class _Segments:
+    """Rows of an area range's arrays laid out IoU after IoU (each IoU's run ends, a segment),
+    so that one numpy call does the work of every IoU where the rows need not be told apart."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.stops = np.cumsum(sizes)
+        self.starts = self.stops - np.asarray(sizes)
+        below = np.ones(int(self.stops[-1]), dtype=bool)
+        below[self.stops - 1] = False
+        # the rows whose envelope takes the one below's, bottom up
+        self.under = np.flatnonzero(below)[::-1].tolist()
+
+    def sums(self, terms: np.ndarray) -> np.ndarray:
+        """[segments, R] each segment's sum down its rows, row after row as sum(axis=0) adds
+        them (np.add.reduceat adds in another order, a different last bit)."""
+        return np.stack(
+            [
+                terms[start:stop].sum(axis=0)
+                for start, stop in zip(self.starts, self.stops, strict=True)
+            ]
+        )
+
+
 def _average_precision(
-    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, points: _RecallPoints | None
+    tp: np.ndarray,
+    seen: np.ndarray,
+    objects: np.ndarray,
+    points: _RecallPoints | None,
+    segments: _Segments,
 ) -> np.ndarray:
-    """AP [R] from the true positives and the counted detections ranked at or above each true
-    positive [H, R], as accumulate computes it: the precision envelope read at each recall
-    threshold; NaN where a resample drew no objects.
+    """AP [S, R] of each segment (an IoU) from the true positives and the counted detections
+    ranked at or above each of its true positives [H, R], as accumulate computes it: the
+    precision envelope read at each recall threshold; NaN where a resample drew no objects.
 
     Recall rises only at true positives, so the first detection that reaches a recall
     threshold is one, and the envelope there is the highest precision at a true positive from
@@ -178,18 +215,32 @@ def _average_precision(
     `points` None: all-point AP, as the VOC devkit computes it (VOC2010 and later): the
     envelope summed over the recall each true positive adds.
     """
+    starts = segments.starts
     if points is None:
-        precision = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
-        envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
-        added = np.diff(tp, axis=0, prepend=0) / np.maximum(objects, 1)[None, :]
-        return np.where(objects > 0, (envelope * added).sum(axis=0), np.nan)
-    # accumulate's tp / (tp + fp + eps) in float64, and its envelope, in one array in place
-    envelope = seen.astype(np.float64)
-    envelope += np.spacing(1)
-    np.divide(tp, envelope, out=envelope)
-    np.maximum.accumulate(envelope[::-1], axis=0, out=envelope[::-1])
-    first = np.diff(points(tp), axis=0, prepend=0)  # >= 0: tp never falls
-    ap = np.multiply(envelope, first, out=envelope).sum(axis=0) / points.count
+        envelope = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
+        gained = np.empty_like(tp)
+        np.subtract(tp[1:], tp[:-1], out=gained[1:])
+        gained[starts] = tp[starts]
+        added = gained / np.maximum(objects, 1)[None, :]
+    else:
+        # accumulate's tp / (tp + fp + eps) in float64, and its envelope, in one array in place
+        envelope = np.add(
+            seen, np.spacing(1), dtype=np.float64, out=seen if seen.dtype == np.float64 else None
+        )
+        np.divide(tp, envelope, out=envelope)
+        reached = points(tp)
+        added = np.empty_like(reached)
+        np.subtract(reached[1:], reached[:-1], out=added[1:])  # >= 0: tp never falls
+        added[starts] = reached[starts]
+    # the envelope: the highest precision at or below each row, row by row up each segment
+    # (one vectorised maximum of two rows a step; numpy's maximum.accumulate along the first
+    # axis walks each column apart, several times slower)
+    rows = list(envelope)  # views made once: a step is then the maximum alone
+    for row in segments.under:
+        np.maximum(rows[row], rows[row + 1], out=rows[row])
+    ap = segments.sums(np.multiply(envelope, added, out=envelope))
+    if points is not None:
+        ap /= points.count
     return np.where(objects > 0, ap, np.nan)
 
 
@@ -222,51 +273,49 @@ def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _IoUPlan:
-    ends: int  # run ends
-    tp: SumsAt  # the true positives' weight at each run end
-    seen: np.ndarray  # each run end's row of the area's `always` sums
-    more: SumsAt | None  # what this IoU counts beyond `always`
-
-
-@dataclass(frozen=True)
 class _AreaPlan:
+    ious: list[int]  # the IoU thresholds with a true positive: one segment of rows each
+    segments: _Segments  # their run ends, IoU after IoU
     always: SumsAt  # what every IoU counts, at every IoU's run ends
-    lookups: int  # run ends over all IoUs
-    ious: list[_IoUPlan | None]  # None: no true positive
+    seen: np.ndarray  # each row's run end among `always`'s positions
+    tp: SumsAt  # the true positives' weight at each IoU's run ends
+    more: SumsAt | None  # what each IoU counts beyond `always`
 
 
 def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
     """What ranked_ap sums where, for every area range and IoU: it depends on the ranking
     alone, not on the weights, so it is made once for every block of resamples."""
-    areas, ious, _ = ranking.is_tp.shape
     plans: list[_AreaPlan | None] = []
-    for a in range(areas):
-        ends = [_run_ends(ranking.is_tp[a, t], ranking.counted[a, t]) for t in range(ious)]
-        every_end = np.unique(np.concatenate(ends))
-        if every_end.size == 0:
+    for a, ends in enumerate(ranking.run_ends):
+        found = [t for t, at in enumerate(ends) if at.size]
+        if not found:
             plans.append(None)
             continue
+        every_end = np.unique(np.concatenate(ends))
         # what is counted at every IoU, summed up to each run end of any IoU once; an IoU
         # counts more only where a match to an ignored object came or went
         always = ranking.counted[a].all(axis=0)
-        by_iou: list[_IoUPlan | None] = []
-        for t in range(ious):
-            if ends[t].size == 0:
-                by_iou.append(None)
-                continue
-            hits = np.flatnonzero(ranking.is_tp[a, t])
-            more = np.flatnonzero(ranking.counted[a, t] & ~always)
-            by_iou.append(
-                _IoUPlan(
-                    ends[t].size,
-                    SumsAt(ranking.image_index, hits, ends[t], images),
-                    np.searchsorted(every_end, ends[t]),
-                    SumsAt(ranking.image_index, more, ends[t], images) if more.size else None,
+        more = [np.flatnonzero(ranking.counted[a, t] & ~always) for t in found]
+        plans.append(
+            _AreaPlan(
+                found,
+                _Segments([ends[t].size for t in found]),
+                SumsAt(ranking.image_index, [(np.flatnonzero(always), every_end)], images),
+                np.searchsorted(every_end, np.concatenate([ends[t] for t in found])),
+                SumsAt(
+                    ranking.image_index,
+                    [(np.flatnonzero(ranking.is_tp[a, t]), ends[t]) for t in found],
+                    images,
+                ),
+                SumsAt(
+                    ranking.image_index,
+                    [(members, ends[t]) for members, t in zip(more, found, strict=True)],
+                    images,
                 )
+                if any(members.size for members in more)
+                else None,
             )
-        always_sums = SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
-        plans.append(_AreaPlan(always_sums, sum(end.size for end in ends), by_iou))
+        )
     return plans
 
 
@@ -281,26 +330,23 @@ def ranked_ap(
     of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
     None: the VOC devkit's all-point AP). `plan`: the ranking's `_plan`, made once where many
     blocks of weights are read (each block's `Weights` made once for every class)."""
-    areas, ious, _ = ranking.is_tp.shape
+    ious = ranking.is_tp.shape[1]
     weights = by_image if isinstance(by_image, Weights) else Weights(by_image)
     objects = weights.weighed(ranking.gt_per_image)  # [A, R]
-    result = np.full((areas, ious, weights.by_image.shape[1]), np.nan)
+    # an IoU without a true positive: AP 0 where the resample drew objects
+    result = np.repeat(np.where(objects > 0, 0.0, np.nan)[:, None], ious, axis=1)
     images = weights.by_image.shape[0]
     for a, area in enumerate(plan if plan is not None else _plan(ranking, images)):
-        none_found = np.where(objects[a] > 0, 0.0, np.nan)
         if area is None:
-            result[a] = none_found
             continue
-        seen_always = area.always(weights)
-        points = None if thresholds is None else _RecallPoints(objects[a], thresholds, area.lookups)
-        for t, at in enumerate(area.ious):
-            if at is None:
-                result[a, t] = none_found
-                continue
-            seen = seen_always[at.seen]
-            if at.more is not None:
-                seen += at.more(weights)
-            result[a, t] = _average_precision(at.tp(weights), seen, objects[a], points)
+        seen = np.take(area.always(weights), area.seen, axis=0)
+        if area.more is not None:  # integers: exact in float64
+            seen = np.add(seen, area.more(weights), dtype=np.float64)
+        rows = int(area.segments.stops[-1])
+        points = None if thresholds is None else _RecallPoints(objects[a], thresholds, rows)
+        result[a, area.ious] = _average_precision(
+            area.tp(weights), seen, objects[a], points, area.segments
+        )
     return result
 
 
@@ -384,8 +430,9 @@ def resampled_ap(
     every thread busy."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
-    width = max(images, *(ranking.true_positives for ranking in rankings))
-    blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
+    rows = max(ranking.rows for ranking in rankings)
+    drawn = bootstrap_weights(images, resamples)
+    blocks = [Weights(block) for block in _blocks(drawn, rows, threads)]
     workers = max(1, min(threads, len(blocks)))
     by_class = []
     # BLAS and torch (the sums' sparse products) would start threads of their own in every
@@ -405,18 +452,24 @@ def resampled_ap(
     return APSamples(np.stack(by_class, axis=2))
 
 
-def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
-    """The resamples in blocks, each as image weights [I, rows] with as many rows as keep a
-    block's [width, rows] arrays (weights, sums at run ends) within _RESAMPLE_BLOCK: few
-    blocks (Python's overhead is per block), each pass over them within the cache."""
-    rows, pending = max(_FEWEST_RESAMPLES, _RESAMPLE_BLOCK // max(width, 1)), []
-    for chunk in weights:
-        pending.append(chunk)
-        if sum(len(part) for part in pending) >= rows:
-            yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
-            pending = []
-    if pending:
-        yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
+def _blocks(weights: Iterable[np.ndarray], rows: int, parts: int = 1) -> Iterator[np.ndarray]:
+    """The resamples in blocks of whole chunks (as drawn), each as image weights [I, R]: as
+    few as keep a block's [rows, R] arrays (sums and precision at run ends) within
+    _RESAMPLE_BLOCK elements, and at least `parts` (one for each thread). Few and wide: each
+    step of a running sum or maximum down the rows is one numpy call, whose overhead a long
+    row spreads thin."""
+    chunks = list(weights)
+    resamples = sum(len(chunk) for chunk in chunks)
+    count = min(len(chunks), max(parts, -(-resamples * rows // _RESAMPLE_BLOCK)))
+    for group in np.array_split(np.arange(len(chunks)), count):
+        block = np.empty((chunks[0].shape[1], sum(len(chunks[i]) for i in group)), np.int32)
+        start = 0
+        for i in group:
+            # chunk by chunk: a transposed copy of a few hundred rows stays in the cache,
+            # several times faster than transposing them all at once
+            block[:, start : start + len(chunks[i])] = chunks[i].T
+            start += len(chunks[i])
+        yield block
 
 
 def resampled_class_ap(
@@ -427,18 +480,20 @@ def resampled_class_ap(
 ) -> np.ndarray:
     """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
     as every other interval draws)."""
-    width = max(images, *(int(found.is_tp.sum()) for found in classes))
-    blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
-    rows = []
-    for found in classes:
-        ranking = found.ranking()
+    rankings = [found.ranking() for found in classes]
+    drawn = bootstrap_weights(images, resamples)
+    blocks = [
+        Weights(block) for block in _blocks(drawn, max((r.rows for r in rankings), default=0))
+    ]
+    by_class = []
+    for ranking in rankings:
         plan = _plan(ranking, images)
-        rows.append(
+        by_class.append(
             np.concatenate(
                 [ranked_ap(ranking, block, recall_thresholds, plan)[0, 0] for block in blocks]
             )
         )
-    return np.stack(rows)
+    return np.stack(by_class)
 
 
 def read_ap50_matches(
