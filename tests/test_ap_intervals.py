@@ -221,32 +221,26 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
     monkeypatch, float32_exact: int
 ) -> None:
     """The sums the intervals read: each resample's weight of the members ranked at or above
-    each position, members of one image falling together between two positions included,
-    each segment (an IoU's members and positions) summed from its own start, and each
-    resample's objects; the same integers whether summed in float32 or (where float32 could
-    round) float64."""
+    each position, members of one image falling together between two positions included, and
+    each resample's objects; the same integers whether summed in float32 or (where float32
+    could round) float64."""
     from pipeline.evaluation import weighted_sums
 
     monkeypatch.setattr(weighted_sums, "_FLOAT32_EXACT", float32_exact)
     rng = np.random.default_rng(7)
     images, ranked = 30, 400
     image_index = rng.integers(0, images, ranked)
+    members = np.flatnonzero(rng.random(ranked) < 0.6)
+    positions = np.unique(rng.choice(ranked, 40, replace=False))
     weights = rng.integers(0, 5, (images, 17)).astype(np.int32)
-    segments = [
-        (
-            np.flatnonzero(rng.random(ranked) < share),
-            np.unique(rng.choice(ranked, size, replace=False)),
-        )
-        for share, size in ((0.6, 40), (0.1, 25), (0.9, 1))
-    ]
-    found = weighted_sums.SumsAt(image_index, segments, images)(weighted_sums.Weights(weights))
-    expected = []
-    for members, positions in segments:
-        drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
-        drawn[members] = weights[image_index[members]]
-        expected.append(np.cumsum(drawn, axis=0)[positions])
+    found = weighted_sums.SumsAt(image_index, members, positions, images)(
+        weighted_sums.Weights(weights)
+    )
+    drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
+    drawn[members] = weights[image_index[members]]
+    expected = np.cumsum(drawn, axis=0)[positions]
     assert found.dtype == (np.float32 if float32_exact == 1 << 24 else np.float64)
-    np.testing.assert_array_equal(found, np.concatenate(expected))
+    np.testing.assert_array_equal(found, expected)
     counts = rng.integers(0, 9, (4, images))  # objects by image, per area range
     weighed = weighted_sums.Weights(weights).weighed(counts)
     np.testing.assert_array_equal(weighed, counts.astype(np.int64) @ weights.astype(np.int64))

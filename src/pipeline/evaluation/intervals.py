@@ -172,39 +172,12 @@ def _coco_points(objects: int) -> np.ndarray:
     return table
 
 
-class _Segments:
-    """Rows of an area range's arrays laid out IoU after IoU (each IoU's run ends, a segment),
-    so that one numpy call does the work of every IoU where the rows need not be told apart."""
-
-    def __init__(self, sizes: Sequence[int]) -> None:
-        self.stops = np.cumsum(sizes)
-        self.starts = self.stops - np.asarray(sizes)
-        below = np.ones(int(self.stops[-1]), dtype=bool)
-        below[self.stops - 1] = False
-        # the rows whose envelope takes the one below's, bottom up
-        self.under = np.flatnonzero(below)[::-1].tolist()
-
-    def sums(self, terms: np.ndarray) -> np.ndarray:
-        """[segments, R] each segment's sum down its rows, row after row as sum(axis=0) adds
-        them (np.add.reduceat adds in another order, a different last bit)."""
-        return np.stack(
-            [
-                terms[start:stop].sum(axis=0)
-                for start, stop in zip(self.starts, self.stops, strict=True)
-            ]
-        )
-
-
 def _average_precision(
-    tp: np.ndarray,
-    seen: np.ndarray,
-    objects: np.ndarray,
-    points: _RecallPoints | None,
-    segments: _Segments,
+    tp: np.ndarray, seen: np.ndarray, objects: np.ndarray, points: _RecallPoints | None
 ) -> np.ndarray:
-    """AP [S, R] of each segment (an IoU) from the true positives and the counted detections
-    ranked at or above each of its true positives [H, R], as accumulate computes it: the
-    precision envelope read at each recall threshold; NaN where a resample drew no objects.
+    """AP [R] from the true positives and the counted detections ranked at or above each true
+    positive [H, R], as accumulate computes it: the precision envelope read at each recall
+    threshold; NaN where a resample drew no objects.
 
     Recall rises only at true positives, so the first detection that reaches a recall
     threshold is one, and the envelope there is the highest precision at a true positive from
@@ -215,33 +188,35 @@ def _average_precision(
     `points` None: all-point AP, as the VOC devkit computes it (VOC2010 and later): the
     envelope summed over the recall each true positive adds.
     """
-    starts = segments.starts
     if points is None:
         envelope = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
-        gained = np.empty_like(tp)
-        np.subtract(tp[1:], tp[:-1], out=gained[1:])
-        gained[starts] = tp[starts]
-        added = gained / np.maximum(objects, 1)[None, :]
+        added = _steps(tp) / np.maximum(objects, 1)[None, :]
     else:
         # accumulate's tp / (tp + fp + eps) in float64, and its envelope, in one array in place
         envelope = np.add(
             seen, np.spacing(1), dtype=np.float64, out=seen if seen.dtype == np.float64 else None
         )
         np.divide(tp, envelope, out=envelope)
-        reached = points(tp)
-        added = np.empty_like(reached)
-        np.subtract(reached[1:], reached[:-1], out=added[1:])  # >= 0: tp never falls
-        added[starts] = reached[starts]
-    # the envelope: the highest precision at or below each row, row by row up each segment
-    # (one vectorised maximum of two rows a step; numpy's maximum.accumulate along the first
-    # axis walks each column apart, several times slower)
+        added = _steps(points(tp))  # >= 0: tp never falls
+    # the envelope: the highest precision at or below each row, row by row from the bottom
+    # (one vectorised maximum of two long rows a step; numpy's maximum.accumulate along the
+    # first axis walks each column apart, several times slower)
     rows = list(envelope)  # views made once: a step is then the maximum alone
-    for row in segments.under:
+    for row in range(len(rows) - 2, -1, -1):
         np.maximum(rows[row], rows[row + 1], out=rows[row])
-    ap = segments.sums(np.multiply(envelope, added, out=envelope))
+    ap = np.multiply(envelope, added, out=envelope).sum(axis=0)
     if points is not None:
         ap /= points.count
     return np.where(objects > 0, ap, np.nan)
+
+
+def _steps(values: np.ndarray) -> np.ndarray:
+    """Each row less the one above it, the first row less nothing (np.diff with prepend=0,
+    without its copy)."""
+    steps = np.empty_like(values)
+    np.subtract(values[1:], values[:-1], out=steps[1:])
+    steps[0] = values[0]
+    return steps
 
 
 def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
@@ -273,13 +248,18 @@ def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class _IoUPlan:
+    iou: int
+    tp: SumsAt  # the true positives' weight at each run end
+    seen: np.ndarray  # each run end's row of the area's `always` sums
+    more: SumsAt | None  # what this IoU counts beyond `always`
+
+
+@dataclass(frozen=True)
 class _AreaPlan:
-    ious: list[int]  # the IoU thresholds with a true positive: one segment of rows each
-    segments: _Segments  # their run ends, IoU after IoU
     always: SumsAt  # what every IoU counts, at every IoU's run ends
-    seen: np.ndarray  # each row's run end among `always`'s positions
-    tp: SumsAt  # the true positives' weight at each IoU's run ends
-    more: SumsAt | None  # what each IoU counts beyond `always`
+    lookups: int  # run ends over all IoUs
+    ious: list[_IoUPlan]  # those with a true positive
 
 
 def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
@@ -287,35 +267,29 @@ def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
     alone, not on the weights, so it is made once for every block of resamples."""
     plans: list[_AreaPlan | None] = []
     for a, ends in enumerate(ranking.run_ends):
-        found = [t for t, at in enumerate(ends) if at.size]
-        if not found:
+        every_end = np.unique(np.concatenate(ends))
+        if every_end.size == 0:
             plans.append(None)
             continue
-        every_end = np.unique(np.concatenate(ends))
         # what is counted at every IoU, summed up to each run end of any IoU once; an IoU
         # counts more only where a match to an ignored object came or went
         always = ranking.counted[a].all(axis=0)
-        more = [np.flatnonzero(ranking.counted[a, t] & ~always) for t in found]
-        plans.append(
-            _AreaPlan(
-                found,
-                _Segments([ends[t].size for t in found]),
-                SumsAt(ranking.image_index, [(np.flatnonzero(always), every_end)], images),
-                np.searchsorted(every_end, np.concatenate([ends[t] for t in found])),
-                SumsAt(
-                    ranking.image_index,
-                    [(np.flatnonzero(ranking.is_tp[a, t]), ends[t]) for t in found],
-                    images,
-                ),
-                SumsAt(
-                    ranking.image_index,
-                    [(members, ends[t]) for members, t in zip(more, found, strict=True)],
-                    images,
+        by_iou: list[_IoUPlan] = []
+        for t, at in enumerate(ends):
+            if at.size == 0:
+                continue
+            hits = np.flatnonzero(ranking.is_tp[a, t])
+            more = np.flatnonzero(ranking.counted[a, t] & ~always)
+            by_iou.append(
+                _IoUPlan(
+                    t,
+                    SumsAt(ranking.image_index, hits, at, images),
+                    np.searchsorted(every_end, at),
+                    SumsAt(ranking.image_index, more, at, images) if more.size else None,
                 )
-                if any(members.size for members in more)
-                else None,
             )
-        )
+        always_sums = SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
+        plans.append(_AreaPlan(always_sums, sum(at.size for at in ends), by_iou))
     return plans
 
 
@@ -339,14 +313,14 @@ def ranked_ap(
     for a, area in enumerate(plan if plan is not None else _plan(ranking, images)):
         if area is None:
             continue
-        seen = np.take(area.always(weights), area.seen, axis=0)
-        if area.more is not None:  # integers: exact in float64
-            seen = np.add(seen, area.more(weights), dtype=np.float64)
-        rows = int(area.segments.stops[-1])
-        points = None if thresholds is None else _RecallPoints(objects[a], thresholds, rows)
-        result[a, area.ious] = _average_precision(
-            area.tp(weights), seen, objects[a], points, area.segments
-        )
+        seen_always = area.always(weights)
+        points = None if thresholds is None else _RecallPoints(objects[a], thresholds, area.lookups)
+        # IoU by IoU: each one's arrays stay in the cache through the passes over them
+        for at in area.ious:
+            seen = np.take(seen_always, at.seen, axis=0)
+            if at.more is not None:  # integers: exact in float64
+                seen = np.add(seen, at.more(weights), dtype=np.float64)
+            result[a, at.iou] = _average_precision(at.tp(weights), seen, objects[a], points)
     return result
 
 

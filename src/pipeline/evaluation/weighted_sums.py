@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,44 +48,29 @@ class Weights:
 
 
 class SumsAt:
-    """Each resample's weight of a segment's `members` (ranks, ascending) ranked at or above
-    each of its `positions` (ascending), for several segments at once (each its own running
-    sums: one per IoU threshold), prepared once for every block of resamples: called with a
-    block's weights, [P, R], the segments' positions one after another.
+    """Each resample's weight of `members` (ranks, ascending) ranked at or above each of
+    `positions` (ascending), prepared once for every block of resamples: called with a block's
+    weights, [P, R].
 
     Each position's new members by image, a sparse [P, I] matrix of counts, times the weights
-    [I, R]: work in proportion to the members, not to positions x images, then summed down
-    each segment's positions. In float32 while a position's sum cannot reach 2**24 (integers
-    all the way, exact in any order), else float64 (exact up to 2**53)."""
+    [I, R]: work in proportion to the members, not to positions x images, then summed down the
+    positions. In float32 while a position's sum cannot reach 2**24 (integers all the way,
+    exact in any order), else float64 (exact up to 2**53)."""
 
     def __init__(
-        self,
-        image_index: np.ndarray,
-        segments: Sequence[tuple[np.ndarray, np.ndarray]],
-        images: int,
+        self, image_index: np.ndarray, members: np.ndarray, positions: np.ndarray, images: int
     ) -> None:
-        cells, first, self.members = [], 0, 0
-        starts = []
-        for members, positions in segments:
-            members = members[: np.searchsorted(members, positions[-1], side="right")]
-            self.members = max(self.members, members.size)
-            # the segment's first position at or below each member, as a row of the matrix
-            row = first + np.searchsorted(positions, members, side="left")
-            cells.append(row * images + image_index[members])
-            starts.append(first)
-            first += positions.size
-        self.size = first
-        self.starts = np.asarray(starts, dtype=np.int64)  # each segment's first row
+        members = members[: np.searchsorted(members, positions[-1], side="right")]
+        self.size = positions.size
+        self.members = members.size
+        segment = np.searchsorted(positions, members, side="left")  # first position at or below
         # each (position, image) once, with how many of its members it holds: a CSR matrix's
         # columns are sorted and distinct within a row
-        found, counts = np.unique(np.concatenate(cells), return_counts=True)
-        rows = np.zeros(first + 1, dtype=np.int64)
-        np.cumsum(np.bincount(found // images, minlength=first), out=rows[1:])
+        cells, counts = np.unique(segment * images + image_index[members], return_counts=True)
+        rows = np.zeros(positions.size + 1, dtype=np.int64)
+        np.cumsum(np.bincount(cells // images, minlength=positions.size), out=rows[1:])
         # made here, where the plan is made (one thread); float64 where a block needs it
-        self._matrices = {np.float32: _csr(rows, found % images, counts, (first, images))}
-        continues = np.ones(first, dtype=bool)
-        continues[self.starts] = False
-        self._continuing = np.flatnonzero(continues).tolist()  # rows that add the row above
+        self._matrices = {np.float32: _csr(rows, cells % images, counts, (positions.size, images))}
 
     def __call__(self, weights: Weights) -> np.ndarray:
         """[P, R] integers, in the floating-point type that holds them exactly."""
@@ -95,11 +80,11 @@ class SumsAt:
         if dtype not in self._matrices:  # two workers may both make it: the same matrix
             self._matrices[dtype] = self._matrices[np.float32].to(torch.float64)
         sums = (self._matrices[dtype] @ torch.from_numpy(weights.floats(dtype))).numpy()
-        # down each segment row by row: a block's rows are long (hundreds of resamples), so
-        # each step is one vectorised add of a row in cache, where a cumulative sum along the
-        # first axis (numpy's, torch's) steps through memory column by column
+        # down the positions row by row: a block's rows are long (a thousand resamples or
+        # more), so each step is one vectorised add, where a cumulative sum along the first
+        # axis (numpy's, torch's) steps through memory column by column, several times slower
         rows = list(sums)  # views made once: a step is then the add alone
-        for row in self._continuing:
+        for row in range(1, len(rows)):
             np.add(rows[row], rows[row - 1], out=rows[row])
         return sums
 
