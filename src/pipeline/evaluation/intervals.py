@@ -125,32 +125,26 @@ class ClassRanking:
 
 class _RecallPoints:
     """How many recall thresholds n true positives reach, for each resample's object count
-    [R]; the recall is n / objects in float64, as accumulate divides. Read from a table of
-    every n up to each count: COCO's points always (one table per count, shared); other
-    thresholds where an area range's IoUs read more points than its resamples hold objects
-    (detections that rarely follow one another as true positives), one per resample."""
+    [R]; the recall is n / objects in float64, as accumulate divides. Read from one table of
+    every n up to each distinct count, laid end to end: for COCO's points always (each
+    count's table shared by resamples, blocks and classes); for other thresholds where an
+    area range's IoUs read more points than its resamples hold objects (detections that
+    rarely follow one another as true positives)."""
 
     def __init__(self, objects: np.ndarray, thresholds: np.ndarray, lookups: int) -> None:
         self.objects = np.maximum(objects, 1)
         self.thresholds = thresholds
         self.count = thresholds.size
         self.table = None
+        if thresholds is not RECALL_THRESHOLDS and lookups * objects.size <= objects.sum():
+            return
+        counts, which = np.unique(objects, return_inverse=True)
+        sizes = counts + 1
+        self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
         if thresholds is RECALL_THRESHOLDS:
-            # COCO's points: each count's table made once (resamples, blocks and classes
-            # share counts), laid end to end for this block's counts: as many entries as
-            # distinct counts times their size, which a block's lookups outnumber
-            counts, which = np.unique(objects, return_inverse=True)
-            tables = [_coco_points(int(count)) for count in counts]
-            sizes = np.asarray([table.size for table in tables])
-            self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
-            self.table = np.concatenate(tables)
-        elif lookups * objects.size > objects.sum():
-            span = objects + 1
-            self.offsets = np.cumsum(span) - span
-            found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
-            self.table = _thresholds_reached(
-                found / np.repeat(self.objects, span), thresholds
-            ).astype(np.min_scalar_type(thresholds.size))  # the smallest type: less to move
+            self.table = np.concatenate(_coco_tables(counts))
+        else:
+            self.table = _tables(counts, thresholds)
 
     def __call__(self, tp: np.ndarray) -> np.ndarray:
         """[H, R] the thresholds reached by the true positives [H, R] (integers, at most
@@ -162,14 +156,39 @@ class _RecallPoints:
         return np.take(self.table, at)
 
 
-@functools.lru_cache(maxsize=1 << 12)  # emptied after each evaluation's intervals
-def _coco_points(objects: int) -> np.ndarray:
-    """[objects + 1]: how many of COCO's recall points n true positives of `objects` reach,
-    n = 0..objects, as _RecallPoints reads them (read-only: shared)."""
-    recall = np.arange(objects + 1) / max(objects, 1)
-    table = _thresholds_reached(recall, RECALL_THRESHOLDS).astype(np.uint8)
-    table.flags.writeable = False
-    return table
+def _tables(counts: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """How many of the (ascending) thresholds n true positives of each count's objects
+    reach, n = 0..count, the counts' tables end to end: each table steps up at the fewest
+    true positives that reach a threshold, found for each threshold (not a search for every
+    n: a block draws hundreds of counts of thousands of objects)."""
+    sizes = counts + 1
+    objects = np.maximum(counts, 1)[:, None]  # as accumulate divides recall
+    # the fewest n with threshold <= n / objects: ceil(threshold x objects), or one either
+    # side of it where the product rounded; `sizes`: none
+    fewest = np.clip(np.ceil(thresholds * objects), 0, sizes[:, None]).astype(np.int64)
+    fewest -= (fewest > 0) & (thresholds <= (fewest - 1) / objects)
+    fewest += (fewest < sizes[:, None]) & (thresholds > fewest / objects)
+    reached = fewest < sizes[:, None]
+    starts = np.cumsum(sizes) - sizes
+    steps = np.bincount((starts[:, None] + fewest)[reached], minlength=int(sizes.sum()))
+    steps[starts[1:]] -= reached[:-1].sum(axis=1)  # each table counts from 0
+    # the smallest type: less to move
+    return np.cumsum(steps).astype(np.min_scalar_type(thresholds.size))
+
+
+_COCO_TABLES: dict[int, np.ndarray] = {}  # by count; emptied after each evaluation's intervals
+
+
+def _coco_tables(counts: np.ndarray) -> list[np.ndarray]:
+    """Each count's table of COCO's points (`_tables`), those not made yet made together
+    (read-only: shared)."""
+    missing = np.asarray([c for c in counts.tolist() if c not in _COCO_TABLES], dtype=np.int64)
+    if missing.size:
+        made = _tables(missing, RECALL_THRESHOLDS)
+        made.flags.writeable = False
+        parts = np.split(made, np.cumsum(missing + 1)[:-1])
+        _COCO_TABLES.update(zip(missing.tolist(), parts, strict=True))
+    return [_COCO_TABLES[count] for count in counts.tolist()]
 
 
 def _average_precision(
@@ -422,7 +441,7 @@ def resampled_ap(
             plan = _plan(ranking, images)
             found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
             by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
-    _coco_points.cache_clear()
+    _COCO_TABLES.clear()
     return APSamples(np.stack(by_class, axis=2))
 
 
