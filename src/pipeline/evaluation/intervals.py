@@ -35,8 +35,8 @@ AP_METHOD = (
     IMAGES_METHOD + ", pycocotools' matches reweighed, centred on the figure (the resamples'"
     " median moved onto it, by `shift`)"
 )
-# resamples x rows (an area range's run ends over its IoUs) per block, at most: a block's
-# float64 arrays at run ends within a few tens of MiB
+# resamples x rows (`ClassRanking.rows`) per block, at most: a block's arrays at run ends
+# within a few tens of MiB
 _RESAMPLE_BLOCK = 1 << 21
 
 
@@ -112,8 +112,9 @@ class ClassRanking:
 
     @property
     def rows(self) -> int:
-        """The most run ends of one area range over its IoUs: the rows of its arrays."""
-        return max(sum(ends.size for ends in area) for area in self.run_ends)
+        """The most ranks that end a run at some IoU in one area range: the rows of the
+        largest arrays the intervals make of a block of resamples."""
+        return max(np.unique(np.concatenate(area)).size for area in self.run_ends)
 
     def matches(self, area: int, iou: int) -> ClassMatches:
         """The matches of one area range at one IoU, as the eval JSON keeps them."""
