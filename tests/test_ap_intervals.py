@@ -239,11 +239,29 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
     drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
     drawn[members] = weights[image_index[members]]
     expected = np.cumsum(drawn, axis=0)[positions]
-    assert found.dtype == np.int32
+    assert found.dtype == (np.float32 if float32_exact == 1 << 24 else np.float64)
     np.testing.assert_array_equal(found, expected)
     counts = rng.integers(0, 9, (4, images))  # objects by image, per area range
     weighed = weighted_sums.Weights(weights).weighed(counts)
     np.testing.assert_array_equal(weighed, counts.astype(np.int64) @ weights.astype(np.int64))
+
+
+@pytest.mark.parametrize(
+    "thresholds",
+    [intervals.RECALL_THRESHOLDS, np.linspace(0.0, 1.0, 11), np.array([-0.1, 1 / 3, 0.7, 1.5])],
+)
+def test_recall_point_tables_count_the_thresholds_each_recall_reaches(thresholds) -> None:
+    """The tables of recall thresholds reached by n of N objects, made from the fewest n that
+    reach each threshold: for every n of every N, how many thresholds n / N (in float64, as
+    COCOeval.accumulate divides) reaches, ties and rounding included (COCO's 101 points,
+    VOC's 11, thresholds below 0 and above 1)."""
+    counts = np.concatenate([np.arange(0, 1500), [2047, 4099, 65537]])
+    expected = [
+        np.searchsorted(thresholds, np.arange(n + 1) / max(n, 1), side="right") for n in counts
+    ]
+    found = intervals._tables(counts, thresholds)
+    assert found.dtype == np.uint8
+    np.testing.assert_array_equal(found, np.concatenate(expected))
 
 
 def test_blocks_computed_side_by_side_run_torch_on_one_thread_each_and_give_them_back(

@@ -35,10 +35,9 @@ AP_METHOD = (
     IMAGES_METHOD + ", pycocotools' matches reweighed, centred on the figure (the resamples'"
     " median moved onto it, by `shift`)"
 )
-# resamples x (images or true positives) per block: a block's float64 arrays at run ends stay
-# within a core's cache (about 2 MiB) through the passes over them
-_RESAMPLE_BLOCK = 1 << 18
-_FEWEST_RESAMPLES = 128  # per block all the same: Python's overhead is per block, class and IoU
+# resamples x rows (`ClassRanking.rows`) per block, at most: a block's arrays at run ends
+# within a few tens of MiB
+_RESAMPLE_BLOCK = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,21 @@ class ClassRanking:
     counted: np.ndarray  # bool [A, T, D]: not ignored by COCOeval there (true positives are)
     gt_per_image: np.ndarray  # int64 [A, I]: objects that count in each area range
 
+    @functools.cached_property
+    def run_ends(self) -> list[list[np.ndarray]]:
+        """[A][T] the ranks of the true positives that end a run in each area range at each
+        IoU (`_run_ends`): where the intervals read precision and recall."""
+        areas, ious, _ = self.is_tp.shape
+        return [
+            [_run_ends(self.is_tp[a, t], self.counted[a, t]) for t in range(ious)]
+            for a in range(areas)
+        ]
+
     @property
-    def true_positives(self) -> int:
-        """Detections that are a true positive in some area range at some IoU: at most as
-        many runs of them at any one."""
-        return int(self.is_tp.any(axis=(0, 1)).sum())
+    def rows(self) -> int:
+        """The most ranks that end a run at some IoU in one area range: the rows of the
+        largest arrays the intervals make of a block of resamples."""
+        return max(np.unique(np.concatenate(area)).size for area in self.run_ends)
 
     def matches(self, area: int, iou: int) -> ClassMatches:
         """The matches of one area range at one IoU, as the eval JSON keeps them."""
@@ -117,49 +126,70 @@ class ClassRanking:
 
 class _RecallPoints:
     """How many recall thresholds n true positives reach, for each resample's object count
-    [R]; the recall is n / objects in float64, as accumulate divides. Where an area range's
-    IoUs read more points than its resamples hold objects (detections that rarely follow one
-    another as true positives), one table of every n up to each resample's count is made
-    first and read at every IoU."""
+    [R]; the recall is n / objects in float64, as accumulate divides. Read from one table of
+    every n up to each distinct count, laid end to end: for COCO's points always (each
+    count's table shared by resamples, blocks and classes); for other thresholds where an
+    area range's IoUs read more points than its resamples hold objects (detections that
+    rarely follow one another as true positives)."""
 
     def __init__(self, objects: np.ndarray, thresholds: np.ndarray, lookups: int) -> None:
         self.objects = np.maximum(objects, 1)
         self.thresholds = thresholds
         self.count = thresholds.size
         self.table = None
-        if lookups * objects.size <= objects.sum():
+        if thresholds is not RECALL_THRESHOLDS and lookups * objects.size <= objects.sum():
             return
+        counts, which = np.unique(objects, return_inverse=True)
+        sizes = counts + 1
+        self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
         if thresholds is RECALL_THRESHOLDS:
-            # COCO's points: each count's table made once (resamples, blocks and classes
-            # share counts), laid end to end for this block's counts
-            counts, which = np.unique(objects, return_inverse=True)
-            tables = [_coco_points(int(count)) for count in counts]
-            sizes = np.asarray([table.size for table in tables])
-            self.offsets = (np.cumsum(sizes) - sizes)[which.reshape(-1)]
-            self.table = np.concatenate(tables)
+            self.table = np.concatenate(_coco_tables(counts))
         else:
-            span = objects + 1
-            self.offsets = np.cumsum(span) - span
-            found = np.arange(int(span.sum())) - np.repeat(self.offsets, span)
-            self.table = _thresholds_reached(
-                found / np.repeat(self.objects, span), thresholds
-            ).astype(np.min_scalar_type(thresholds.size))  # the smallest type: less to move
+            self.table = _tables(counts, thresholds)
 
     def __call__(self, tp: np.ndarray) -> np.ndarray:
-        """[H, R] the thresholds reached by the true positives [H, R] (at most `objects`)."""
+        """[H, R] the thresholds reached by the true positives [H, R] (integers, at most
+        `objects`; floating-point as the sums make them)."""
         if self.table is None:
             return _thresholds_reached(tp / self.objects[None, :], self.thresholds)
-        return self.table[tp + self.offsets[None, :]]
+        at = tp.astype(np.intp)  # then added to in place: faster than adding to floats
+        at += self.offsets
+        return np.take(self.table, at)
 
 
-@functools.lru_cache(maxsize=1 << 12)  # emptied after each evaluation's intervals
-def _coco_points(objects: int) -> np.ndarray:
-    """[objects + 1]: how many of COCO's recall points n true positives of `objects` reach,
-    n = 0..objects, as _RecallPoints reads them (read-only: shared)."""
-    recall = np.arange(objects + 1) / max(objects, 1)
-    table = _thresholds_reached(recall, RECALL_THRESHOLDS).astype(np.uint8)
-    table.flags.writeable = False
-    return table
+def _tables(counts: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """How many of the (ascending) thresholds n true positives of each count's objects
+    reach, n = 0..count, the counts' tables end to end: each table steps up at the fewest
+    true positives that reach a threshold, found for each threshold (not a search for every
+    n: a block draws hundreds of counts of thousands of objects)."""
+    sizes = counts + 1
+    objects = np.maximum(counts, 1)[:, None]  # as accumulate divides recall
+    # the fewest n with threshold <= n / objects: ceil(threshold x objects), or one either
+    # side of it where the product rounded; `sizes`: none
+    fewest = np.clip(np.ceil(thresholds * objects), 0, sizes[:, None]).astype(np.int64)
+    fewest -= (fewest > 0) & (thresholds <= (fewest - 1) / objects)
+    fewest += (fewest < sizes[:, None]) & (thresholds > fewest / objects)
+    reached = fewest < sizes[:, None]
+    starts = np.cumsum(sizes) - sizes
+    steps = np.bincount((starts[:, None] + fewest)[reached], minlength=int(sizes.sum()))
+    steps[starts[1:]] -= reached[:-1].sum(axis=1)  # each table counts from 0
+    # the smallest type: less to move
+    return np.cumsum(steps).astype(np.min_scalar_type(thresholds.size))
+
+
+_COCO_TABLES: dict[int, np.ndarray] = {}  # by count; emptied after each evaluation's intervals
+
+
+def _coco_tables(counts: np.ndarray) -> list[np.ndarray]:
+    """Each count's table of COCO's points (`_tables`), those not made yet made together
+    (read-only: shared)."""
+    missing = np.asarray([c for c in counts.tolist() if c not in _COCO_TABLES], dtype=np.int64)
+    if missing.size:
+        made = _tables(missing, RECALL_THRESHOLDS)
+        made.flags.writeable = False
+        parts = np.split(made, np.cumsum(missing + 1)[:-1])
+        _COCO_TABLES.update(zip(missing.tolist(), parts, strict=True))
+    return [_COCO_TABLES[count] for count in counts.tolist()]
 
 
 def _average_precision(
@@ -179,18 +209,34 @@ def _average_precision(
     envelope summed over the recall each true positive adds.
     """
     if points is None:
-        precision = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
-        envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]
-        added = np.diff(tp, axis=0, prepend=0) / np.maximum(objects, 1)[None, :]
-        return np.where(objects > 0, (envelope * added).sum(axis=0), np.nan)
-    # accumulate's tp / (tp + fp + eps) in float64, and its envelope, in one array in place
-    envelope = seen.astype(np.float64)
-    envelope += np.spacing(1)
-    np.divide(tp, envelope, out=envelope)
-    np.maximum.accumulate(envelope[::-1], axis=0, out=envelope[::-1])
-    first = np.diff(points(tp), axis=0, prepend=0)  # >= 0: tp never falls
-    ap = np.multiply(envelope, first, out=envelope).sum(axis=0) / points.count
+        envelope = tp / np.maximum(seen, np.finfo(np.float64).eps)  # the devkit's division
+        added = _steps(tp) / np.maximum(objects, 1)[None, :]
+    else:
+        # accumulate's tp / (tp + fp + eps) in float64, and its envelope, in one array in place
+        envelope = np.add(
+            seen, np.spacing(1), dtype=np.float64, out=seen if seen.dtype == np.float64 else None
+        )
+        np.divide(tp, envelope, out=envelope)
+        added = _steps(points(tp))  # >= 0: tp never falls
+    # the envelope: the highest precision at or below each row, row by row from the bottom
+    # (one vectorised maximum of two long rows a step; numpy's maximum.accumulate along the
+    # first axis walks each column apart, several times slower)
+    rows = list(envelope)  # views made once: a step is then the maximum alone
+    for row in range(len(rows) - 2, -1, -1):
+        np.maximum(rows[row], rows[row + 1], out=rows[row])
+    ap = np.multiply(envelope, added, out=envelope).sum(axis=0)
+    if points is not None:
+        ap /= points.count
     return np.where(objects > 0, ap, np.nan)
+
+
+def _steps(values: np.ndarray) -> np.ndarray:
+    """Each row less the one above it, the first row less nothing (np.diff with prepend=0,
+    without its copy)."""
+    steps = np.empty_like(values)
+    np.subtract(values[1:], values[:-1], out=steps[1:])
+    steps[0] = values[0]
+    return steps
 
 
 def _thresholds_reached(recall: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
@@ -223,7 +269,7 @@ def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _IoUPlan:
-    ends: int  # run ends
+    iou: int
     tp: SumsAt  # the true positives' weight at each run end
     seen: np.ndarray  # each run end's row of the area's `always` sums
     more: SumsAt | None  # what this IoU counts beyond `always`
@@ -233,16 +279,14 @@ class _IoUPlan:
 class _AreaPlan:
     always: SumsAt  # what every IoU counts, at every IoU's run ends
     lookups: int  # run ends over all IoUs
-    ious: list[_IoUPlan | None]  # None: no true positive
+    ious: list[_IoUPlan]  # those with a true positive
 
 
 def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
     """What ranked_ap sums where, for every area range and IoU: it depends on the ranking
     alone, not on the weights, so it is made once for every block of resamples."""
-    areas, ious, _ = ranking.is_tp.shape
     plans: list[_AreaPlan | None] = []
-    for a in range(areas):
-        ends = [_run_ends(ranking.is_tp[a, t], ranking.counted[a, t]) for t in range(ious)]
+    for a, ends in enumerate(ranking.run_ends):
         every_end = np.unique(np.concatenate(ends))
         if every_end.size == 0:
             plans.append(None)
@@ -250,23 +294,22 @@ def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
         # what is counted at every IoU, summed up to each run end of any IoU once; an IoU
         # counts more only where a match to an ignored object came or went
         always = ranking.counted[a].all(axis=0)
-        by_iou: list[_IoUPlan | None] = []
-        for t in range(ious):
-            if ends[t].size == 0:
-                by_iou.append(None)
+        by_iou: list[_IoUPlan] = []
+        for t, at in enumerate(ends):
+            if at.size == 0:
                 continue
             hits = np.flatnonzero(ranking.is_tp[a, t])
             more = np.flatnonzero(ranking.counted[a, t] & ~always)
             by_iou.append(
                 _IoUPlan(
-                    ends[t].size,
-                    SumsAt(ranking.image_index, hits, ends[t], images),
-                    np.searchsorted(every_end, ends[t]),
-                    SumsAt(ranking.image_index, more, ends[t], images) if more.size else None,
+                    t,
+                    SumsAt(ranking.image_index, hits, at, images),
+                    np.searchsorted(every_end, at),
+                    SumsAt(ranking.image_index, more, at, images) if more.size else None,
                 )
             )
         always_sums = SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
-        plans.append(_AreaPlan(always_sums, sum(end.size for end in ends), by_iou))
+        plans.append(_AreaPlan(always_sums, sum(at.size for at in ends), by_iou))
     return plans
 
 
@@ -281,26 +324,23 @@ def ranked_ap(
     of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
     None: the VOC devkit's all-point AP). `plan`: the ranking's `_plan`, made once where many
     blocks of weights are read (each block's `Weights` made once for every class)."""
-    areas, ious, _ = ranking.is_tp.shape
+    ious = ranking.is_tp.shape[1]
     weights = by_image if isinstance(by_image, Weights) else Weights(by_image)
     objects = weights.weighed(ranking.gt_per_image)  # [A, R]
-    result = np.full((areas, ious, weights.by_image.shape[1]), np.nan)
+    # an IoU without a true positive: AP 0 where the resample drew objects
+    result = np.repeat(np.where(objects > 0, 0.0, np.nan)[:, None], ious, axis=1)
     images = weights.by_image.shape[0]
     for a, area in enumerate(plan if plan is not None else _plan(ranking, images)):
-        none_found = np.where(objects[a] > 0, 0.0, np.nan)
         if area is None:
-            result[a] = none_found
             continue
         seen_always = area.always(weights)
         points = None if thresholds is None else _RecallPoints(objects[a], thresholds, area.lookups)
-        for t, at in enumerate(area.ious):
-            if at is None:
-                result[a, t] = none_found
-                continue
-            seen = seen_always[at.seen]
-            if at.more is not None:
-                seen += at.more(weights)
-            result[a, t] = _average_precision(at.tp(weights), seen, objects[a], points)
+        # IoU by IoU: each one's arrays stay in the cache through the passes over them
+        for at in area.ious:
+            seen = np.take(seen_always, at.seen, axis=0)
+            if at.more is not None:  # integers: exact in float64
+                seen = np.add(seen, at.more(weights), dtype=np.float64)
+            result[a, at.iou] = _average_precision(at.tp(weights), seen, objects[a], points)
     return result
 
 
@@ -384,8 +424,9 @@ def resampled_ap(
     every thread busy."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
-    width = max(images, *(ranking.true_positives for ranking in rankings))
-    blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
+    rows = max(ranking.rows for ranking in rankings)
+    drawn = bootstrap_weights(images, resamples)
+    blocks = [Weights(block) for block in _blocks(drawn, rows, threads)]
     workers = max(1, min(threads, len(blocks)))
     by_class = []
     # BLAS and torch (the sums' sparse products) would start threads of their own in every
@@ -401,22 +442,28 @@ def resampled_ap(
             plan = _plan(ranking, images)
             found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
             by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
-    _coco_points.cache_clear()
+    _COCO_TABLES.clear()
     return APSamples(np.stack(by_class, axis=2))
 
 
-def _blocks(weights: Iterable[np.ndarray], width: int) -> Iterator[np.ndarray]:
-    """The resamples in blocks, each as image weights [I, rows] with as many rows as keep a
-    block's [width, rows] arrays (weights, sums at run ends) within _RESAMPLE_BLOCK: few
-    blocks (Python's overhead is per block), each pass over them within the cache."""
-    rows, pending = max(_FEWEST_RESAMPLES, _RESAMPLE_BLOCK // max(width, 1)), []
-    for chunk in weights:
-        pending.append(chunk)
-        if sum(len(part) for part in pending) >= rows:
-            yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
-            pending = []
-    if pending:
-        yield np.ascontiguousarray(np.concatenate(pending).T, dtype=np.int32)
+def _blocks(weights: Iterable[np.ndarray], rows: int, parts: int = 1) -> Iterator[np.ndarray]:
+    """The resamples in blocks of whole chunks (as drawn), each as image weights [I, R]: as
+    few as keep a block's [rows, R] arrays (sums and precision at run ends) within
+    _RESAMPLE_BLOCK elements, and at least `parts` (one for each thread). Few and wide: each
+    step of a running sum or maximum down the rows is one numpy call, whose overhead a long
+    row spreads thin."""
+    chunks = list(weights)
+    resamples = sum(len(chunk) for chunk in chunks)
+    count = min(len(chunks), max(parts, -(-resamples * rows // _RESAMPLE_BLOCK)))
+    for group in np.array_split(np.arange(len(chunks)), count):
+        block = np.empty((chunks[0].shape[1], sum(len(chunks[i]) for i in group)), np.int32)
+        start = 0
+        for i in group:
+            # chunk by chunk: a transposed copy of a few hundred rows stays in the cache,
+            # several times faster than transposing them all at once
+            block[:, start : start + len(chunks[i])] = chunks[i].T
+            start += len(chunks[i])
+        yield block
 
 
 def resampled_class_ap(
@@ -427,18 +474,20 @@ def resampled_class_ap(
 ) -> np.ndarray:
     """[K, R] each class's AP at one IoU for each resample of the images (the same resamples
     as every other interval draws)."""
-    width = max(images, *(int(found.is_tp.sum()) for found in classes))
-    blocks = [Weights(block) for block in _blocks(bootstrap_weights(images, resamples), width)]
-    rows = []
-    for found in classes:
-        ranking = found.ranking()
+    rankings = [found.ranking() for found in classes]
+    drawn = bootstrap_weights(images, resamples)
+    blocks = [
+        Weights(block) for block in _blocks(drawn, max((r.rows for r in rankings), default=0))
+    ]
+    by_class = []
+    for ranking in rankings:
         plan = _plan(ranking, images)
-        rows.append(
+        by_class.append(
             np.concatenate(
                 [ranked_ap(ranking, block, recall_thresholds, plan)[0, 0] for block in blocks]
             )
         )
-    return np.stack(rows)
+    return np.stack(by_class)
 
 
 def read_ap50_matches(

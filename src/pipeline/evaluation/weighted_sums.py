@@ -73,17 +73,20 @@ class SumsAt:
         self._matrices = {np.float32: _csr(rows, cells % images, counts, (positions.size, images))}
 
     def __call__(self, weights: Weights) -> np.ndarray:
+        """[P, R] integers, in the floating-point type that holds them exactly."""
         import torch
 
         dtype = weights.exact_type(self.members)
         if dtype not in self._matrices:  # two workers may both make it: the same matrix
             self._matrices[dtype] = self._matrices[np.float32].to(torch.float64)
-        sums = self._matrices[dtype] @ torch.from_numpy(weights.floats(dtype))
-        # down the positions in torch: numpy's cumsum along the first axis steps through
-        # memory column by column, several times slower. Weights summed: at most 100
-        # detections of a class per image (maxDets) times the draws, so int32 holds them up
-        # to 20 million images, at half int64's memory traffic
-        return torch.cumsum(sums, dim=0, dtype=torch.int32).numpy()
+        sums = (self._matrices[dtype] @ torch.from_numpy(weights.floats(dtype))).numpy()
+        # down the positions row by row: a block's rows are long (a thousand resamples or
+        # more), so each step is one vectorised add, where a cumulative sum along the first
+        # axis (numpy's, torch's) steps through memory column by column, several times slower
+        rows = list(sums)  # views made once: a step is then the add alone
+        for row in range(1, len(rows)):
+            np.add(rows[row], rows[row - 1], out=rows[row])
+        return sums
 
 
 def _csr(
