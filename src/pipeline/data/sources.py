@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 from PIL import Image, UnidentifiedImageError
 
 from pipeline.data.orientation import oriented_size
@@ -279,12 +280,23 @@ def _coco_list(document: object, key: str, source: Path) -> list[dict]:
     return entries
 
 
+def _json_document(source: Path) -> object:
+    """The file's JSON, parsed by orjson (a fraction of json's time on a large export); where
+    orjson refuses the text (an error, or the NaN and Infinity that json reads), by json, whose
+    reading and errors are the loaders' own."""
+    try:
+        return orjson.loads(source.read_bytes())
+    except orjson.JSONDecodeError:
+        return json.loads(source.read_text(encoding="utf-8"))
+
+
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
     """The image entries by id; an id listed twice would silently merge two images into one,
     and a file listed under two ids would count twice (in training and in every metric)."""
     records: dict[int, ImageRecord] = {}
     file_names: dict[int, str] = {}
     id_of_file: dict[str, int] = {}
+    folder = str(images_dir)  # normalised as strings: turning each record's Path back costs more
     for img in images:
         try:
             record = ImageRecord(
@@ -301,7 +313,8 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"{file_names[record.image_id]} and for {img['file_name']}. Image ids must be "
                 "unique: give each image its own id."
             )
-        same_file = id_of_file.setdefault(os.path.normpath(record.path), record.image_id)
+        normal = os.path.normpath(os.path.join(folder, img["file_name"]))
+        same_file = id_of_file.setdefault(normal, record.image_id)
         if same_file != record.image_id:
             raise DataError(
                 f"COCO annotation file {source} lists the image file {img['file_name']} twice: "
@@ -333,7 +346,7 @@ def load_coco(
             "data.{train,val,test}_annotations)."
         )
     try:
-        document = json.loads(source.read_text(encoding="utf-8"))
+        document = _json_document(source)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"COCO annotation file {source} is not valid JSON: {error}.") from error
     images = _coco_list(document, "images", source)
