@@ -62,12 +62,12 @@ def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def add_record_options(result: argparse.ArgumentParser) -> None:
-    """--record PATH (default: benchmarks/records/<script>/<machine>-<date>.json) and --no-record."""
+    """--record PATH (default: benchmarks/records/<script>/<machine>-<date>-<commit>.json) and --no-record."""
     result.add_argument(
         "--record",
         type=Path,
         help="JSON record of the figures, the machine, the commit and the command "
-        "(default: benchmarks/records/<script>/<machine>-<date>.json)",
+        "(default: benchmarks/records/<script>/<machine>-<date>-<commit>.json)",
     )
     result.add_argument(
         "--no-record", action="store_true", help="write no record (a quick look, say)"
@@ -475,9 +475,14 @@ def record(
 
 
 def default_record_path(document: dict[str, Any]) -> Path:
-    """benchmarks/records/<script>/<machine id>-<date>.json: one a day per machine and script."""
-    day = document["created"][:10]
-    return RECORDS_DIR / document["benchmark"] / f"{machine_id(document['machine'])}-{day}.json"
+    """benchmarks/records/<script>/<machine id>-<date>-<commit>.json: one per machine, day and
+    commit, so that measuring two commits in a day keeps both (-dirty where tracked files
+    differ from the commit; no commit part outside git)."""
+    name = f"{machine_id(document['machine'])}-{document['created'][:10]}"
+    found = document.get("commit")
+    if found:
+        name += f"-{found['sha'][:7]}" + ("-dirty" if found["dirty"] else "")
+    return RECORDS_DIR / document["benchmark"] / f"{name}.json"
 
 
 def write_record(args: argparse.Namespace, document: dict[str, Any]) -> Path | None:

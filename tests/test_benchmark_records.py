@@ -70,15 +70,20 @@ def test_a_figure_passes_only_within_its_target_and_a_missed_one_fails_the_recor
     assert a_record(ratio=1.2)["passed"] is False
 
 
-def test_records_go_by_default_under_benchmarks_records_one_per_script_machine_and_day(
+def test_records_go_by_default_under_benchmarks_records_one_per_script_machine_day_and_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(harness, "RECORDS_DIR", tmp_path)
-    document = a_record()
+    sha = "0123456" + "f" * 33
+    document = a_record() | {"commit": {"sha": sha, "dirty": False}}
     args = argparse.Namespace(record=None, no_record=False)
     written = harness.write_record(args, document)
-    assert written == tmp_path / "trainer_overhead" / f"{machine_id(machine())}-2026-12-05.json"
+    day = f"{machine_id(machine())}-2026-12-05"
+    assert written == tmp_path / "trainer_overhead" / f"{day}-0123456.json"
     assert json.loads(written.read_text()) == document
+    dirty = document | {"commit": {"sha": sha, "dirty": True}}
+    assert harness.default_record_path(dirty).name == f"{day}-0123456-dirty.json"
+    assert harness.default_record_path(document | {"commit": None}).name == f"{day}.json"
     assert harness.write_record(argparse.Namespace(record=None, no_record=True), document) is None
 
 
