@@ -27,7 +27,7 @@ from pipeline.evaluation.image_bootstrap import (
     paired_change,
     reference_positions,
 )
-from pipeline.evaluation.weighted_sums import SumsAt, Weights, torch_threads
+from pipeline.evaluation.weighted_sums import SumsAt, Weights, accumulate_rows, torch_threads
 from pipeline.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
@@ -218,12 +218,8 @@ def _average_precision(
         )
         np.divide(tp, envelope, out=envelope)
         added = _steps(points(tp))  # >= 0: tp never falls
-    # the envelope: the highest precision at or below each row, row by row from the bottom
-    # (one vectorised maximum of two long rows a step; numpy's maximum.accumulate along the
-    # first axis walks each column apart, several times slower)
-    rows = list(envelope)  # views made once: a step is then the maximum alone
-    for row in range(len(rows) - 2, -1, -1):
-        np.maximum(rows[row], rows[row + 1], out=rows[row])
+    # the envelope: the highest precision at or below each row
+    accumulate_rows(envelope, np.maximum, upward=True)
     ap = np.multiply(envelope, added, out=envelope).sum(axis=0)
     if points is not None:
         ap /= points.count

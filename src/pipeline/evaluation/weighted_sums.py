@@ -80,13 +80,22 @@ class SumsAt:
         if dtype not in self._matrices:  # two workers may both make it: the same matrix
             self._matrices[dtype] = self._matrices[np.float32].to(torch.float64)
         sums = (self._matrices[dtype] @ torch.from_numpy(weights.floats(dtype))).numpy()
-        # down the positions row by row: a block's rows are long (a thousand resamples or
-        # more), so each step is one vectorised add, where a cumulative sum along the first
-        # axis (numpy's, torch's) steps through memory column by column, several times slower
-        rows = list(sums)  # views made once: a step is then the add alone
+        return accumulate_rows(sums, np.add)
+
+
+def accumulate_rows(values: np.ndarray, ufunc: np.ufunc, *, upward: bool = False) -> np.ndarray:
+    """`ufunc.accumulate` down the first axis of `values` (up it, from the last row, where
+    `upward`), in place, row by row: a block's rows are long (a thousand resamples or more),
+    so each step is one vectorised call, where an accumulation along the first axis (numpy's,
+    torch's) steps through memory column by column, several times slower."""
+    rows = list(values)  # views made once: a step is then the ufunc alone
+    if upward:
+        for row in range(len(rows) - 2, -1, -1):
+            ufunc(rows[row], rows[row + 1], out=rows[row])
+    else:
         for row in range(1, len(rows)):
-            np.add(rows[row], rows[row - 1], out=rows[row])
-        return sums
+            ufunc(rows[row], rows[row - 1], out=rows[row])
+    return values
 
 
 def _csr(
