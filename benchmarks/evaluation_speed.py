@@ -186,10 +186,18 @@ class GroundTruthDetections(torch.nn.Module):
     def forward(self, images: torch.Tensor, flip_test: bool = False) -> Any:
         return self.model(images, flip_test=flip_test)
 
-    def decode(self, outputs: Any, max_detections: int) -> list[dict[str, torch.Tensor]]:
-        decoded = self.model.decode(outputs, max_detections=max_detections)
+    def decode(
+        self, outputs: Any, max_detections: int, min_score: float
+    ) -> list[dict[str, torch.Tensor]]:
+        decoded = self.model.decode(outputs, max_detections=max_detections, min_score=min_score)
         taken, self.queue = self.queue[: len(decoded)], self.queue[len(decoded) :]
-        return [{key: torch.from_numpy(value) for key, value in found.items()} for found in taken]
+        return [
+            {
+                key: torch.from_numpy(value[found["scores"] >= min_score])
+                for key, value in found.items()
+            }
+            for found in taken
+        ]
 
     def image_scores(self, outputs: Any) -> torch.Tensor:
         return self.model.image_scores(outputs)

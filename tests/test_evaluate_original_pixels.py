@@ -124,8 +124,12 @@ class ReachesIntoThePadding(torch.nn.Module):
     def forward(self, images: torch.Tensor, flip_test: bool = False) -> torch.Tensor:
         return images
 
-    def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, torch.Tensor]]:
-        return [self.found[self._key(image.to(torch.uint8))] for image in outputs]
+    def decode(
+        self, outputs: torch.Tensor, max_detections: int, min_score: float
+    ) -> list[dict[str, torch.Tensor]]:
+        """As CenterNet.decode: each image's detections scoring at least `min_score`."""
+        found = [self.found[self._key(image.to(torch.uint8))] for image in outputs]
+        return [{key: value[d["scores"] >= min_score] for key, value in d.items()} for d in found]
 
     def image_scores(self, outputs: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(outputs), len(CLASSES))

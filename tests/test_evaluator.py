@@ -857,16 +857,20 @@ class FakeDetector(torch.nn.Module):
         )
         return images[:, 0, 0, 0] * self.weight
 
-    def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, torch.Tensor]]:
+    def decode(
+        self, outputs: torch.Tensor, max_detections: int, min_score: float
+    ) -> list[dict[str, torch.Tensor]]:
+        """As CenterNet.decode: each image's detections scoring at least `min_score`."""
         assert max_detections == 100
         decoded = []
         for image_id in outputs.round().long().tolist():
             boxes, scores, labels = PREDICTIONS[image_id]
+            keep = torch.tensor(scores) >= min_score
             decoded.append(
                 {
-                    "boxes": torch.tensor(boxes, dtype=torch.float32),
-                    "scores": torch.tensor(scores, dtype=torch.float16),  # as under autocast
-                    "labels": torch.tensor(labels),
+                    "boxes": torch.tensor(boxes, dtype=torch.float32)[keep],
+                    "scores": torch.tensor(scores, dtype=torch.float16)[keep],  # as under autocast
+                    "labels": torch.tensor(labels)[keep],
                 }
             )
         return decoded
@@ -1086,9 +1090,11 @@ def test_an_evaluation_passs_metrics_run_without_the_cyclic_collector_and_turn_i
     seen: dict[str, list[bool]] = {"decode": [], "metrics": []}
 
     class Watching(FakeDetector):
-        def decode(self, outputs: torch.Tensor, max_detections: int) -> list[dict[str, Any]]:
+        def decode(
+            self, outputs: torch.Tensor, max_detections: int, min_score: float
+        ) -> list[dict[str, Any]]:
             seen["decode"].append(gc.isenabled())
-            return super().decode(outputs, max_detections)
+            return super().decode(outputs, max_detections, min_score)
 
     counting = evaluator_module.precision_recall_f1
 

@@ -179,6 +179,28 @@ def test_a_batch_decodes_to_each_images_own_decoding_exactly(window: int) -> Non
             assert torch.equal(found[key], alone[key]), (i, key)
 
 
+@pytest.mark.parametrize("label_mode", ["multilabel", "single"])
+@pytest.mark.parametrize("window", [1, 3])
+def test_a_score_floor_keeps_exactly_the_detections_at_or_above_it_bit_for_bit(
+    label_mode: str, window: int
+) -> None:
+    """min_score (eval.min_score) drops detections before their boxes are worked out: what is
+    left is, image by image and in order, what decoding without it gives at or above it."""
+    model = tiny(label_mode).eval()
+    with torch.no_grad():
+        outputs = model(images(3, 64))
+    generator = torch.Generator().manual_seed(6)
+    outputs["box"] = torch.randn(outputs["box"].shape, generator=generator)
+    outputs["heatmap"] = torch.randn(outputs["heatmap"].shape, generator=generator) * 3
+    every = model.decode(outputs, max_detections=200, centre_window=window)
+    floored = model.decode(outputs, max_detections=200, centre_window=window, min_score=0.5)
+    assert 0 < sum(len(f["scores"]) for f in floored) < sum(len(f["scores"]) for f in every)
+    for found, all_of_them in zip(floored, every, strict=True):
+        kept = all_of_them["scores"] >= 0.5
+        for key in ("boxes", "scores", "labels"):
+            assert torch.equal(found[key], all_of_them[key][kept]), key
+
+
 def test_the_peak_test_is_max_pool2ds_3x3_window_at_every_cell() -> None:
     """Decoding's 3x3 maximum (four elementwise maxima, not max_pool2d's slower kernel) is
     max_pool2d's, ties, -inf and NaN included, on a channels-last map too."""

@@ -83,22 +83,14 @@ _UNBOUNDED = (-np.inf, -np.inf, np.inf, np.inf)  # a target without a region: no
 
 
 def _detections(
-    image_ids: Sequence[int],
-    decoded: Sequence[Record],
-    targets: Sequence[Record],
-    min_score: float,
+    image_ids: Sequence[int], decoded: Sequence[Record], targets: Sequence[Record]
 ) -> list[dict[str, Any]]:
     """A batch's decoded detections as the numpy records the metric functions take, the
-    boxes clipped to their images' own areas in the input frame (a target's `region`), and
-    without those scoring below `min_score` (eval.min_score).
+    boxes clipped to their images' own areas in the input frame (a target's `region`).
 
     A letterboxed image fills only part of the square input; a detection reaching into the
     padding is scored as it maps back to the image's own pixels (what the predictions file
     holds): IoU is unchanged by the per-axis scaling between the two frames, not by padding.
-    A detector's top 100 per image are mostly near-zero scores, nearly all false positives
-    ranked after its last true positive, where they change no AP figure (the rare true
-    positive adds a sliver of recall at a precision near nothing); yet matching, COCO AP,
-    the intervals and the predictions file would each pay for every one.
     """
     boxes, rows = _joined([image["boxes"] for image in decoded], "boxes")
     scores, _ = _joined([image["scores"] for image in decoded], "scores")
@@ -108,11 +100,6 @@ def _detections(
     # cost several times the clip itself)
     lower = np.repeat(regions[:, [0, 1, 0, 1]], rows, axis=0)
     boxes = np.clip(boxes, lower, np.repeat(regions[:, [2, 3, 2, 3]], rows, axis=0))
-    if min_score > 0.0:
-        image = np.repeat(np.arange(len(rows)), rows)
-        keep = scores >= min_score
-        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        rows = np.bincount(image[keep], minlength=len(rows))
     return [
         {"image_id": image_id, "boxes": boxes[of], "scores": scores[of], "labels": labels[of]}
         for image_id, of in zip(image_ids, _slices(rows), strict=True)
@@ -227,14 +214,21 @@ class Evaluator:
                 model_s += time.perf_counter() - start
 
                 start = time.perf_counter()
-                decoded = model.decode(outputs, max_detections=self.max_detections)
+                # a detector's top K per image are mostly near-zero scores, nearly all false
+                # positives ranked after its last true positive, where they change no AP figure
+                # (the rare true positive adds a sliver of recall at a precision near nothing);
+                # yet matching, COCO AP, the intervals and the predictions file would each pay
+                # for every one, and decoding for its box
+                decoded = model.decode(
+                    outputs, max_detections=self.max_detections, min_score=self.min_score
+                )
                 if len(decoded) != len(targets) or len(targets) != images.shape[0]:
                     raise ValueError(
                         f"A batch of {images.shape[0]} images came with {len(targets)} targets "
                         f"and {len(decoded)} decoded predictions; they must match one to one."
                     )
                 image_ids = [int(target["image_id"]) for target in targets]
-                dets.extend(_detections(image_ids, decoded, targets, self.min_score))
+                dets.extend(_detections(image_ids, decoded, targets))
                 gts.extend(_targets(image_ids, targets))
                 if self.label_mode == "multilabel":
                     score_rows.append(_numpy(model.image_scores(outputs), torch.float32))

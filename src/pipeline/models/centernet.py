@@ -347,14 +347,17 @@ class CenterNet(nn.Module):
         outputs: dict[str, torch.Tensor],
         max_detections: int = 100,
         centre_window: int = CENTRE_WINDOW,
+        min_score: float = 0.0,
     ) -> list[dict[str, torch.Tensor]]:
         """Peaks of the heatmap (3x3 max-pool test), top K over classes and cells by their
-        `detection_scores`, with their boxes.
+        `detection_scores`, with their boxes: each image's detections scoring above 0 and at
+        least `min_score` (eval.min_score), best first.
 
         A detection's size is the one its class's box channels give at the peak cell; its centre
         is the average of the centres those channels give at the cells of a `centre_window` x
         `centre_window` window around the peak, weighted by the class's score at each cell
-        (1: the peak cell's alone). Cells outside the map weigh nothing.
+        (1: the peak cell's alone). Cells outside the map weigh nothing. Boxes are worked out
+        only for the detections kept: most of the top K score below any useful `min_score`.
         """
         if centre_window < 1 or centre_window % 2 == 0:
             raise ValueError(f"centre_window must be an odd number >= 1, got {centre_window!r}")
@@ -363,6 +366,10 @@ class CenterNet(nn.Module):
         peaks = self.detection_scores(outputs, probs) * (_largest_around(probs) == probs)
         k = min(max_detections, classes * h * w)
         scores, flat = peaks.reshape(batch, -1).topk(k, dim=1)
+        # the kept detections of the whole batch as one list, image by image in rank order (a
+        # NaN score, ranked first by topk, is not kept)
+        keep = (scores > 0) & (scores >= min_score)
+        image, flat, scores = keep.nonzero()[:, :1], flat[keep], scores[keep]
         labels = flat // (h * w)
         cells = flat % (h * w)
         # each class's (dx, dy, log w, log h) at each cell as one row [B*h*w*C, 4]: a view of a
@@ -372,42 +379,28 @@ class CenterNet(nn.Module):
         rows_off, cols_off = (v.reshape(1, -1) for v in torch.meshgrid(reach, reach, indexing="ij"))
         middle = centre_window**2 // 2  # the peak's own position in the window
         size = torch.tensor([w, h, w, h], device=probs.device, dtype=probs.dtype) * self.stride
-        # the whole batch at once [B, K, ...]; each image keeps its detections scoring above 0
-        image = torch.arange(batch, device=probs.device)[:, None, None]  # [B, 1, 1]
-        # the window's cells [B, K, window**2], the peak at `middle`
-        row = (cells // w)[..., None] + rows_off
-        col = (cells % w)[..., None] + cols_off
+        # the window's cells [N, window**2], the peak at `middle`
+        row = (cells // w)[:, None] + rows_off
+        col = (cells % w)[:, None] + cols_off
         within_row, within_col = row.clamp(0, h - 1), col.clamp(0, w - 1)
         inside = (within_row == row) & (within_col == col)
         row, col = within_row, within_col
-        weight = _gather(probs, image, labels[..., None], row, col) * inside
+        weight = _gather(probs, image, labels[:, None], row, col) * inside
         # each cell's box from the detection's own class's box channels
-        place = ((image * h + row) * w + col) * classes + labels[..., None]
+        place = ((image * h + row) * w + col) * classes + labels[:, None]
         values = class_boxes.index_select(0, place.reshape(-1)).reshape(*place.shape, 4)
-        boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [B, K, window**2, 4]
+        boxes = _xyxy(values, col.float(), row.float(), self.stride)  # [N, window**2, 4]
         centres = (boxes[..., :2] + boxes[..., 2:]) / 2
-        centre = (centres * weight[..., None]).sum(2) / weight.sum(2, keepdim=True)
-        half = (boxes[:, :, middle, 2:] - boxes[:, :, middle, :2]) / 2
+        centre = (centres * weight[..., None]).sum(1) / weight.sum(1, keepdim=True)
+        half = (boxes[:, middle, 2:] - boxes[:, middle, :2]) / 2
         picked = torch.cat([centre - half, centre + half], dim=-1)
         picked = torch.minimum(picked.clamp(min=0), size)
-        # topk ranks in descending order, so an image's detections above 0 come first: its
-        # first `found` of them, unless a NaN score (ranked first) breaks the order
-        keep = scores > 0
-        found = keep.sum(dim=1)
-        if bool((keep == (torch.arange(k, device=keep.device) < found[:, None])).all()):
-            return [
-                {"boxes": boxes_of[:n], "scores": scores_of[:n], "labels": labels_of[:n]}
-                for boxes_of, scores_of, labels_of, n in zip(
-                    picked.unbind(), scores.unbind(), labels.unbind(), found.tolist(), strict=True
-                )
-            ]
+        counts = keep.sum(dim=1).tolist()
         return [
-            {
-                "boxes": picked[i][keep[i]],
-                "scores": scores[i][keep[i]],
-                "labels": labels[i][keep[i]],
-            }
-            for i in range(batch)
+            {"boxes": boxes_of, "scores": scores_of, "labels": labels_of}
+            for boxes_of, scores_of, labels_of in zip(
+                picked.split(counts), scores.split(counts), labels.split(counts), strict=True
+            )
         ]
 
 
