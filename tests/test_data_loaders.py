@@ -848,6 +848,28 @@ def test_mapped_detections_are_clipped_to_the_image(coco_root: Path) -> None:
 
 
 @pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+def test_each_evaluation_samples_region_is_where_its_own_image_lies_in_the_input(
+    coco_root: Path, resize: str
+) -> None:
+    """The regions are worked out once per image size: each sample's is still its own image's
+    (40x40, 80x40 and 32x32), and an augmented (training) sample has none."""
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32, resize=resize, cache=False)
+    regions = [dataset[i][1]["region"] for i in range(len(dataset))]
+    assert len({tuple(region.tolist()) for region in regions}) == (
+        2 if resize == "letterbox" else 1
+    )
+    for index, region in enumerate(regions):
+        assert region.dtype == torch.float32
+        assert region.tolist() == dataset.geometry(index).region()
+    if resize == "letterbox":
+        wide = next(i for i, r in enumerate(split.records) if r.path.name == "wide.png")
+        assert regions[wide].tolist() == [0.0, 8.0, 32.0, 24.0]  # 80x40 -> rows 8..24
+    training = DetectionDataset(split, 32, resize=resize, augment=Augment(hflip=1.0), cache=False)
+    assert "region" not in training[0][1]
+
+
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
 def test_all_samples_boxes_map_back_bit_for_bit_as_each_samples_do(
     coco_root: Path, resize: str
 ) -> None:
@@ -1118,6 +1140,36 @@ def test_collate_stacks_images_and_keeps_the_targets_as_a_list(coco_root: Path) 
     assert torch.equal(images[1], samples[1][0])
     assert targets == [t for _, t in samples]
     assert isinstance(targets, list)
+
+
+def test_a_cached_splits_consecutive_samples_batch_as_a_view_of_the_cache_equal_to_a_stack(
+    coco_root: Path,
+) -> None:
+    """Evaluation's batches (a cached split in order) are views of the cache, no copy, with
+    the values stacking gives; samples out of order are stacked; so are a worker's."""
+    split = load_coco(coco_root / "instances_val.json", coco_root)
+    dataset = DetectionDataset(split, 32)
+    samples = [dataset[i] for i in range(len(dataset))]
+    cache = samples[0][0].untyped_storage().data_ptr()
+    for order in (range(5), range(1, 4), [2], [0, 2, 1], [4, 3]):
+        images, _ = collate([samples[i] for i in order])
+        assert torch.equal(images, torch.stack([samples[i][0] for i in order]))
+        assert images.is_contiguous()
+        in_order = list(order) == list(range(order[0], order[0] + len(order)))
+        assert (images.untyped_storage().data_ptr() == cache) == in_order, list(order)
+    stacked = [torch.stack([samples[i][0] for i in batch]) for batch in ([0, 1], [2, 3], [4])]
+    for workers in (0, 1):
+        loader = make_loader(
+            dataset,
+            2,
+            shuffle=False,
+            seed=0,
+            num_workers=workers,
+            pin_memory=False,
+            drop_last=False,
+        )
+        batches = [images for images, _ in loader]
+        assert all(torch.equal(a, b) for a, b in zip(batches, stacked, strict=True))
 
 
 def test_epoch_sampler_order_depends_on_seed_and_epoch_only() -> None:

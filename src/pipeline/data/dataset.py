@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
@@ -262,6 +262,20 @@ class DetectionDataset(Dataset):
                 check_image_files(split)  # raises the error loading would have raised, if any
                 raise
             split.unchecked_images = None
+        # where each image lies in the letterboxed input, for evaluation's clipping (`region`)
+        self._regions = self._input_regions() if self.augment is None else None
+
+    def _input_regions(self) -> tuple[torch.Tensor, ...]:
+        """Each sample's `region` (Geometry.region), worked out once per image size, as views
+        of one tensor made in one call: per sample, a geometry and a tensor of four numbers
+        cost more than the rest of its target."""
+        regions: dict[tuple[int, int], list[float]] = {}
+        for record in self.records:
+            size = (record.height, record.width)
+            if size not in regions:
+                regions[size] = Geometry.of(*size, self.image_size, self.resize).region()
+        every = [regions[(record.height, record.width)] for record in self.records]
+        return torch.tensor(every, dtype=torch.float32).reshape(-1, 4).unbind(0)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -386,10 +400,10 @@ class DetectionDataset(Dataset):
             "ignore_labels": ignore_labels,
             "image_id": record.image_id,
         }
-        if self.augment is None:
+        if self._regions is not None:
             # where the image lies in the letterboxed input: evaluation clips detections to it,
             # so a box reaching into the padding is scored as it maps back to the image
-            target["region"] = torch.tensor(self.geometry(index).region())
+            target["region"] = self._regions[index]
         return image, target
 
 
@@ -424,7 +438,26 @@ def collate(
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """Stack images; keep targets as a list, since images hold different numbers of boxes."""
     images, targets = zip(*batch, strict=True)
-    return torch.stack(images), list(targets)
+    return _batched(images), list(targets)
+
+
+def _batched(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The images as one [B, ...] tensor: where they lie one after the other in one storage (a
+    cached split's consecutive samples: evaluation's batches), the view that spans them, the
+    values stacking would copy; otherwise stacked. A DataLoader worker always stacks: the view
+    would send its whole storage, the cache, to the main process through shared memory."""
+    first = images[0]
+    storage, step = first.untyped_storage().data_ptr(), first.nbytes
+    if get_worker_info() is None and all(
+        image.is_contiguous()
+        and image.shape == first.shape
+        and image.dtype == first.dtype
+        and image.untyped_storage().data_ptr() == storage
+        and image.data_ptr() == first.data_ptr() + position * step
+        for position, image in enumerate(images)
+    ):
+        return first.as_strided((len(images), *first.shape), (first.numel(), *first.stride()))
+    return torch.stack(images)
 
 
 def default_num_workers(cached: bool) -> int:
