@@ -119,9 +119,9 @@ def speed_row(
     }
 
 
-def unfolded(model: torch.nn.Module) -> torch.nn.Module:
+def unfolded(model: torch.nn.Module, *, in_place: bool = False) -> torch.nn.Module:
     """The model as trained, in eval mode: what evaluation ran before the folding."""
-    return copy.deepcopy(model).eval()
+    return (model if in_place else copy.deepcopy(model)).eval()
 
 
 def evaluation(

@@ -94,3 +94,15 @@ def test_making_the_inference_form_leaves_the_training_model_as_it_was_and_able_
     assert not torch.equal(
         moved["backbone.stem.0.1.running_mean"], before["backbone.stem.0.1.running_mean"]
     )
+
+
+def test_in_place_the_model_itself_becomes_the_same_inference_form_as_the_copy() -> None:
+    model = trained_statistics("tiny_conv", {"width": 8}).train()
+    copied = for_inference(model)
+    inferred = for_inference(model, in_place=True)
+    assert inferred is model and not model.training
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert not any(p.requires_grad for p in model.parameters())
+    found, expected = inferred.state_dict(), copied.state_dict()
+    assert found.keys() == expected.keys()
+    assert all(torch.equal(found[key], expected[key]) for key in expected)

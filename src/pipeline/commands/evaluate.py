@@ -112,11 +112,12 @@ def main(argv: list[str]) -> int:
         num_classes=len(class_names),
         label_mode=model_cfg["label_mode"],
     )
-    # one inference form for both splits' passes
+    # one inference form for both splits' passes, made of the restored model itself
     model = for_inference(
         checkpoint.restore_model(
             state, device, memory_format(config["train"]["channels_last"]), args.checkpoint
-        )
+        ),
+        in_place=True,
     )
     # None (a checkpoint without a saved operating point): picked on validation below
     threshold, threshold_source = checkpoint.score_threshold(config, state)

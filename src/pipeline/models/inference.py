@@ -22,14 +22,16 @@ from torchvision.models.resnet import BasicBlock
 _BLOCK_PAIRS = {BasicBlock: (("conv1", "bn1"), ("conv2", "bn2"))}
 
 
-def for_inference(model: nn.Module) -> nn.Module:
+def for_inference(model: nn.Module, *, in_place: bool = False) -> nn.Module:
     """An eval-mode deep copy of `model` with each BatchNorm2d that directly follows a Conv2d
     (in a Sequential, or in a torchvision residual block) folded into that conv and replaced
     by an Identity; `model` itself is left as it was. Made once per set of weights and
     command (`evaluate`'s validation and test passes share one; training makes one per
     validation) and handed to the evaluator: the copy costs a fraction of one forward pass
-    over a split (a profile and a prediction make their own)."""
-    inferred = copy.deepcopy(model).eval().requires_grad_(False)
+    over a split (a profile and a prediction make their own). `in_place`: `model` itself
+    becomes that form, for a caller with no other use for it (`evaluate`, which restored it
+    for this), without the copy's cost."""
+    inferred = (model if in_place else copy.deepcopy(model)).eval().requires_grad_(False)
     with torch.no_grad():
         for module in inferred.modules():
             if isinstance(module, nn.Sequential):
