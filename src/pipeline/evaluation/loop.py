@@ -55,7 +55,10 @@ def _joined(values: Sequence[Any], key: str) -> tuple[np.ndarray, np.ndarray]:
     """The images' `key` tensors as one numpy array, through one copy to the CPU for a batch
     (one per image and key cost more than the metrics they feed), and each image's rows."""
     dtype, shape = _FIELDS[key]
-    parts = [torch.as_tensor(value) for value in values]
+    # as_tensor only where a value is no tensor: per call it costs several times the check
+    parts = [
+        value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in values
+    ]
     rows = np.array([part.shape[0] for part in parts], dtype=np.int64)
     return _numpy(torch.cat(parts), dtype).reshape(shape), rows
 
