@@ -336,3 +336,39 @@ def test_plain_and_mixed_data_are_written_as_their_converted_form(
         assert json.loads(text) == json.loads(expected)
         if indent is None:
             assert text == expected + "\n"
+
+
+@pytest.mark.parametrize("indent", [2, None], ids=["indented", "compact"])
+def test_numpy_arrays_are_written_as_the_text_of_the_lists_they_hold(
+    tmp_path: Path, indent: int | None
+) -> None:
+    """numpy_arrays (a predictions file: each image's numbers views of one array): float64 and
+    int64 arrays, empty ones and rows sliced off a larger array included, come out byte for
+    byte as their lists would; an array orjson refuses (not C-contiguous) and arrays without
+    the option are still written, as their lists."""
+    rng = np.random.default_rng(1)
+    every = rng.uniform(-5, 2000, (60, 4)).round(2)
+    every[:3] = [[0.0, -0.0, 1e-05, 1e16], [math.nan, math.inf, 2.5e-310, 0.1], [1, 2, 3, 4]]
+    scores = rng.uniform(0, 1, 60).round(4)
+    arrays = {
+        "images": [
+            {"boxes": every[a:b], "scores": scores[a:b], "labels": np.arange(a, b)}
+            for a, b in ((0, 3), (3, 3), (3, 60))
+        ],
+        "empty": np.zeros((0, 4)),
+    }
+    as_lists = {
+        "images": [
+            {key: value.tolist() for key, value in image.items()} for image in arrays["images"]
+        ],
+        "empty": [],
+    }
+    expected = atomic.write_json(tmp_path / "lists.json", as_lists, indent=indent).read_bytes()
+    written = atomic.write_json(tmp_path / "a.json", arrays, indent=indent, numpy_arrays=True)
+    assert written.read_bytes() == expected
+    strided = {**arrays, "empty": every[:, ::2]}
+    written = atomic.write_json(tmp_path / "s.json", strided, indent=indent, numpy_arrays=True)
+    assert json.loads(written.read_text()) == json.loads(json.dumps(atomic.jsonable(strided)))
+    assert json.loads(written.read_text())["empty"] == atomic.jsonable(every[:, ::2].tolist())
+    plain = atomic.write_json(tmp_path / "p.json", arrays, indent=indent)
+    assert json.loads(plain.read_text()) == json.loads(expected)

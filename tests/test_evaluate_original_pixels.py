@@ -228,9 +228,9 @@ def test_the_predictions_files_numbers_are_each_rounded_as_pythons_round_rounds_
     scores[2][:4] = [0.00005, 0.12345, 0.99995, 0.5]  # float32 near decimal ties
     boxes = [rng.uniform(0, 640, (len(s), 4)).astype(np.float32) for s in scores]
     counts = [len(s) for s in scores]
-    assert evaluate_command._rounded_rows(scores, 4, counts) == [
+    assert [rows.tolist() for rows in evaluate_command._rounded_rows(scores, 4, counts)] == [
         [round(v, 4) for v in s.tolist()] for s in scores
     ]
-    assert evaluate_command._rounded_rows(boxes, 2, counts) == [
+    assert [rows.tolist() for rows in evaluate_command._rounded_rows(boxes, 2, counts)] == [
         [[round(v, 2) for v in row] for row in b.astype(np.float64).tolist()] for b in boxes
     ]

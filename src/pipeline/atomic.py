@@ -168,6 +168,8 @@ def jsonable(value: Any) -> Any:
         return [jsonable(item) for item in value]
     if isinstance(value, Path):
         return str(value)
+    if getattr(value, "ndim", 0) > 0 and callable(getattr(value, "tolist", None)):  # arrays
+        return jsonable(value.tolist())
     if hasattr(value, "item") and callable(value.item):  # numpy and torch scalars
         return jsonable(value.item())
     return value
@@ -185,7 +187,9 @@ def _one_line(numbers: re.Match[bytes]) -> bytes:
 _ORJSON_INDENTS = {None: 0, 2: orjson.OPT_INDENT_2}
 
 
-def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
+def write_json(
+    path: str | Path, data: Any, *, indent: int | None = 2, numpy_arrays: bool = False
+) -> Path:
     """Indented for people to read, with each list of numbers on one line (a step-time list or
     an eval JSON's per-image counts would take a line per number); `indent=None` writes one
     compact line (large files: a predictions file's numbers). Encoded by orjson, many times
@@ -193,11 +197,17 @@ def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> Path:
     float its shortest round-trip digits, as Python's repr (below 1e-4 without an exponent,
     which JSON allows); non-ASCII as UTF-8, not escaped; NaN and infinities as null. Data
     beyond JSON's own types (numpy scalars, paths, int keys, integers past 64 bits) is made
-    JSON's first (`jsonable`) and goes through json's encoder, as do other indents."""
+    JSON's first (`jsonable`) and goes through json's encoder, as do other indents.
+    `numpy_arrays`: `data` holds C-contiguous float64 or integer numpy arrays, which orjson
+    writes as the lists they hold without making a Python number of each (most of the time a
+    predictions file's numbers took as lists); off, numpy scalars stay `jsonable`'s (orjson
+    would write a float32 one with float32's shortest digits)."""
     text = None
     if indent in _ORJSON_INDENTS:
         try:  # JSON's own types throughout: as they are
             option = _ORJSON_INDENTS[indent] | orjson.OPT_APPEND_NEWLINE
+            if numpy_arrays:
+                option |= orjson.OPT_SERIALIZE_NUMPY
             text = orjson.dumps(data, option=option)
         except TypeError:  # json's way below
             pass

@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
         if args.predictions:
             # compact: indented, every image's detections would make the file several times larger
             predictions = _predictions(loader.dataset, detections, class_names)
-            atomic.write_json(args.predictions, predictions, indent=None)
+            atomic.write_json(args.predictions, predictions, indent=None, numpy_arrays=True)
         atomic.write_json(args.out, result)
     log.info(
         "%s on %s (%s split, %s): F1 %.3f (%s; P %.3f R %.3f) at score %.2f (%s); at validation's "
@@ -246,9 +246,10 @@ def _split_with_the_checkpoints_classes(
 def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dict:
     """Ground truth and detections per image, in the image's own pixels (what a viewer draws).
 
-    Every image's numbers are mapped, rounded and made lists at once: per image, numpy's
-    per-call cost would be most of the work. Scores are float32: times 10**4 exactly in
-    float64, so numpy's rounding to 4 places is Python's round."""
+    Every image's numbers are mapped and rounded at once: per image, numpy's per-call cost
+    would be most of the work. Scores are float32: times 10**4 exactly in float64, so numpy's
+    rounding to 4 places is Python's round. Each image's numbers are a view of the arrays of
+    all (float64 and int64), which the file's writer takes as they are (`numpy_arrays`)."""
     import numpy as np
 
     by_id = {d["image_id"]: d for d in detections}
@@ -292,19 +293,18 @@ def _predictions(dataset, detections: list[dict], class_names: list[str]) -> dic
     return {"format": PREDICTIONS_FORMAT, "class_names": class_names, "images": images}
 
 
-def _rounded_rows(parts: list, decimals: int, counts: list[int]) -> list[list]:
+def _rounded_rows(parts: list, decimals: int, counts: list[int]) -> list:
     """The parts' rows (all images' together, in order) in float64 rounded to `decimals`, as
-    one list per image, made in one go."""
+    one array per image, made in one go."""
     import numpy as np
 
     every = np.concatenate([np.asarray(part, np.float64) for part in parts]).round(decimals)
     return _rows(every, counts)
 
 
-def _rows(every, counts: list[int]) -> list[list]:
-    """An array of all images' rows as one list per image (`counts` rows each)."""
+def _rows(every, counts: list[int]) -> list:
+    """An array of all images' rows as one view of it per image (`counts` rows each)."""
     import numpy as np
 
-    as_list = every.tolist()
     ends = np.cumsum(counts).tolist()
-    return [as_list[end - count : end] for end, count in zip(ends, counts, strict=True)]
+    return [every[end - count : end] for end, count in zip(ends, counts, strict=True)]
