@@ -17,7 +17,9 @@ forward pass timed apart from everything else: decoding the images, the model's 
 of its outputs, matching, COCO AP and the intervals. The model is untrained, so its
 detections are replaced, after its decoding ran, by detections made from the ground truth as
 above: a trained model's number of detections and matches, without training one here (made
-before each split's evaluation, outside the timed work). With --checkpoint (a default run's
+before each split's evaluation, outside the timed work). Its decoding works out every top-K
+box, without eval.min_score, under which an untrained model's scores sit: more than a trained
+model's floor leaves. With --checkpoint (a default run's
 best.pth, as `make report` or `report_time.py --keep` leave it), it is that run's own
 evaluation instead: `python -m pipeline evaluate` as the evaluate rule runs it (predictions
 written too), in this process after one untimed run that pays the imports, with the
@@ -189,7 +191,10 @@ class GroundTruthDetections(torch.nn.Module):
     def decode(
         self, outputs: Any, max_detections: int, min_score: float
     ) -> list[dict[str, torch.Tensor]]:
-        decoded = self.model.decode(outputs, max_detections=max_detections, min_score=min_score)
+        # without the floor: an untrained model's scores sit about it, which would leave its
+        # decoding next to nothing to do; a trained one keeps many (every box worked out, as
+        # before the floor applied while decoding)
+        decoded = self.model.decode(outputs, max_detections=max_detections, min_score=0.0)
         taken, self.queue = self.queue[: len(decoded)], self.queue[len(decoded) :]
         return [
             {
