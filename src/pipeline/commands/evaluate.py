@@ -298,7 +298,7 @@ def _rounded_rows(parts: list, decimals: int, counts: list[int]) -> list:
     one array per image, made in one go."""
     import numpy as np
 
-    every = np.concatenate([np.asarray(part, np.float64) for part in parts]).round(decimals)
+    every = np.concatenate(parts, dtype=np.float64).round(decimals)  # float32 widened exactly
     return _rows(every, counts)
 
 
