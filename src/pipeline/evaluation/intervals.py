@@ -413,18 +413,19 @@ def resampled_ap(
     threads: int = 1,
 ) -> APSamples:
     """Every class's AP in every area range at every IoU for each resample of the images: the
-    same resamples (`image_bootstrap.bootstrap_weights`, seeded) as the F1 intervals draw. `threads`:
-    a class's blocks of resamples computed side by side (numpy lets go of the GIL in its
-    loops), the same figures; class by class, so that one class's plan (as large as its
-    detections) lives at a time, and a set of one class or of one large and many small keeps
-    every thread busy."""
+    same resamples (`image_bootstrap.bootstrap_weights`, seeded) as the F1 intervals draw.
+    `threads`: classes computed side by side, each over all its resamples on one thread (its
+    plan, as large as its detections, made there and dropped with it), the same figures.
+    numpy lets go of the GIL in its loops, but two threads' calls wait on each other for it in
+    between: the fewer and longer the calls, the less they wait, so a class's resamples are
+    divided between the threads only where the classes are fewer than the threads."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     rows = max(ranking.rows for ranking in rankings)
     drawn = bootstrap_weights(images, resamples)
-    blocks = [Weights(block) for block in _blocks(drawn, rows, threads)]
-    workers = max(1, min(threads, len(blocks)))
-    by_class = []
+    divided = len(rankings) < threads
+    blocks = [Weights(block) for block in _blocks(drawn, rows, threads if divided else 1)]
+    workers = max(1, min(threads, len(blocks) if divided else len(rankings)))
     # BLAS and torch (the sums' sparse products) would start threads of their own in every
     # worker: more threads than CPUs, each product waiting on a thread another one's core is
     # running (ten times slower where other work shares the machine); the workers share the
@@ -434,12 +435,30 @@ def resampled_ap(
         torch_threads(max(1, threads // workers)),
         ThreadPoolExecutor(workers) as pool,
     ):
-        for ranking in rankings:
-            plan = _plan(ranking, images)
-            found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
-            by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
+        if divided:
+            by_class = []
+            for ranking in rankings:
+                plan = _plan(ranking, images)
+                found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
+                by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
+        else:
+            # the costliest first (the most run ends: rows of the largest arrays), so that the
+            # last to start is among the shortest
+            order = sorted(range(len(rankings)), key=lambda k: -_run_end_count(rankings[k]))
+            found = pool.map(lambda k: _class_samples(rankings[k], blocks, images), order)
+            by_class = [samples for _, samples in sorted(zip(order, found, strict=True))]
     _COCO_TABLES.clear()
     return APSamples(np.stack(by_class, axis=2))
+
+
+def _run_end_count(ranking: ClassRanking) -> int:
+    return sum(ends.size for area in ranking.run_ends for ends in area)
+
+
+def _class_samples(ranking: ClassRanking, blocks: Sequence[Weights], images: int) -> np.ndarray:
+    """One class's AP [A, T, R] over every block of resamples, its plan made once for them."""
+    plan = _plan(ranking, images)
+    return np.concatenate([ranked_ap(ranking, block, plan=plan) for block in blocks], axis=2)
 
 
 def _blocks(weights: Iterable[np.ndarray], rows: int, parts: int = 1) -> Iterator[np.ndarray]:
