@@ -462,16 +462,16 @@ def _class_samples(ranking: ClassRanking, blocks: Sequence[Weights], images: int
 
 
 def _blocks(weights: Iterable[np.ndarray], rows: int, parts: int = 1) -> Iterator[np.ndarray]:
-    """The resamples in blocks of whole chunks (as drawn), each as image weights [I, R]: as
-    few as keep a block's [rows, R] arrays (sums and precision at run ends) within
-    _RESAMPLE_BLOCK elements, and at least `parts` (one for each thread). Few and wide: each
-    step of a running sum or maximum down the rows is one numpy call, whose overhead a long
-    row spreads thin."""
+    """The resamples in blocks of whole chunks (as drawn), each as image weights [I, R] in
+    float32, the type the sums multiply (exact: a weight is at most the images): as few as
+    keep a block's [rows, R] arrays (sums and precision at run ends) within _RESAMPLE_BLOCK
+    elements, and at least `parts` (one for each thread). Few and wide: each step of a running
+    sum or maximum down the rows is one numpy call, whose overhead a long row spreads thin."""
     chunks = list(weights)
     resamples = sum(len(chunk) for chunk in chunks)
     count = min(len(chunks), max(parts, -(-resamples * rows // _RESAMPLE_BLOCK)))
     for group in np.array_split(np.arange(len(chunks)), count):
-        block = np.empty((chunks[0].shape[1], sum(len(chunks[i]) for i in group)), np.int32)
+        block = np.empty((chunks[0].shape[1], sum(len(chunks[i]) for i in group)), np.float32)
         start = 0
         for i in group:
             # chunk by chunk: a transposed copy of a few hundred rows stays in the cache,
