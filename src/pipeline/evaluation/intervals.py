@@ -111,6 +111,11 @@ class ClassRanking:
         ]
 
     @property
+    def run_end_count(self) -> int:
+        """The run ends of every area range and IoU: the rows a resample's AP is read off."""
+        return sum(ends.size for area in self.run_ends for ends in area)
+
+    @property
     def rows(self) -> int:
         """The most ranks that end a run at some IoU in one area range: the rows of the
         largest arrays the intervals make of a block of resamples."""
@@ -444,15 +449,12 @@ def resampled_ap(
         else:
             # the costliest first (the most run ends: rows of the largest arrays), so that the
             # last to start is among the shortest
-            order = sorted(range(len(rankings)), key=lambda k: -_run_end_count(rankings[k]))
+            order = sorted(range(len(rankings)), key=lambda k: -rankings[k].run_end_count)
             found = pool.map(lambda k: _class_samples(rankings[k], blocks, images), order)
-            by_class = [samples for _, samples in sorted(zip(order, found, strict=True))]
+            by_label = dict(zip(order, found, strict=True))
+            by_class = [by_label[k] for k in range(len(rankings))]
     _COCO_TABLES.clear()
     return APSamples(np.stack(by_class, axis=2))
-
-
-def _run_end_count(ranking: ClassRanking) -> int:
-    return sum(ends.size for area in ranking.run_ends for ends in area)
 
 
 def _class_samples(ranking: ClassRanking, blocks: Sequence[Weights], images: int) -> np.ndarray:
