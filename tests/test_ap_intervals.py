@@ -193,6 +193,21 @@ def test_intervals_on_several_threads_are_those_on_one(monkeypatch) -> None:
     assert sum(value is not None for value in intervals_of(one).values()) >= 18
 
 
+def test_resamples_are_the_same_whether_classes_or_blocks_go_side_by_side(monkeypatch) -> None:
+    """Every class's resampled AP, bit for bit, whether computed on one thread, with classes
+    side by side (no more threads than classes), or with each class's blocks of resamples
+    divided between threads (more threads than classes)."""
+    rankings = captured_rankings(monkeypatch, 90)
+    monkeypatch.setattr(intervals, "_RESAMPLE_BLOCK", 1)  # several blocks of the fewest resamples
+    serial, *parallel = (
+        intervals.resampled_ap(rankings, 90, resamples=400, threads=threads).by_class
+        for threads in (1, 2, len(rankings) + 1)
+    )
+    assert serial.shape == (4, 10, len(rankings), 400) and np.isfinite(serial).sum() > 10_000
+    for found in parallel:
+        np.testing.assert_array_equal(found, serial)
+
+
 def test_blocks_computed_side_by_side_share_the_cpus_with_blas_and_give_them_back(
     monkeypatch,
 ) -> None:

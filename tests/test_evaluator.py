@@ -1310,3 +1310,41 @@ def test_pr_f1_refuses_the_first_image_whose_fields_disagree_in_length() -> None
     with pytest.raises(ValueError, match=r"^Ground truth disagrees in length: 2 boxes, 1 labels"):
         precision_recall_f1(gts, [good], 2, 0.5)
     assert precision_recall_f1(gts[:1], [good], 2, 0.5)["micro"]["tp"] == 1
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[Any]:
+    """torch's thread count set by the test (the CPUs an evaluation believes it has), then put
+    back."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_metrics_with_p_r_f1_beside_coco_ap_are_those_computed_one_after_the_other(
+    torch_threads: Any,
+) -> None:
+    """With two CPUs and a score threshold given, P/R/F1 runs on a thread beside COCO AP's
+    matching and intervals: every figure, interval and count is the one computed in turn."""
+    gts, dets = noisy_scene(40, seed=5)
+    evaluator = Evaluator(["x", "y", "z"], label_mode="single", score_threshold=0.4)
+    found = {}
+    for threads in (1, 2):
+        torch_threads(threads)
+        found[threads] = evaluator._metrics(gts, dets, [], chosen_threshold=0.6, ap_intervals=True)
+    assert found[2] == found[1]
+    assert found[1]["ap50_interval"] is not None and found[1]["chosen_threshold"] is not None
+
+
+def test_a_record_both_p_r_f1_and_coco_ap_refuse_is_refused_by_p_r_f1_on_any_threads(
+    torch_threads: Any,
+) -> None:
+    """Detections whose scores disagree with their boxes: P/R/F1's words whether it ran first
+    or beside COCO AP (which refuses them in words of its own)."""
+    gts, dets = noisy_scene(6, seed=2)
+    dets[3] = {**dets[3], "scores": dets[3]["scores"][:-1]}
+    evaluator = Evaluator(["x", "y", "z"], label_mode="single", score_threshold=0.4)
+    for threads in (1, 2):
+        torch_threads(threads)
+        with pytest.raises(ValueError, match=r"^Detections disagree in length"):
+            evaluator._metrics(gts, dets, [], ap_intervals=True)

@@ -3,6 +3,10 @@ change between two runs."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -184,3 +188,26 @@ def test_a_centred_interval_stays_within_the_figures_range() -> None:
     low, high, shift = image_bootstrap.centred_percentile_interval(samples, 0.99, within=(0.0, 1.0))
     assert shift < 0 and stats.percentile_interval(samples)[1] - shift > 1.0
     assert low < 0.99 < high == 1.0
+
+
+def test_bootstrap_weights_asked_for_by_two_threads_at_once_are_drawn_once(monkeypatch) -> None:
+    """An evaluation's P/R/F1 and AP intervals run on threads of their own and ask for the
+    same resamples: the second waits for the first's draw instead of drawing them again."""
+    image_bootstrap._drawn.cache_clear()
+    chunks: list[int] = []
+    drawing = image_bootstrap.drawn_counts
+
+    def slow_drawing(*args: Any) -> np.ndarray:
+        chunks.append(1)
+        time.sleep(0.02)  # long enough for the other thread to ask meanwhile
+        return drawing(*args)
+
+    def resamples(_: int) -> np.ndarray:
+        return np.concatenate(list(image_bootstrap.bootstrap_weights(29, 600, 3)))
+
+    monkeypatch.setattr(image_bootstrap, "drawn_counts", slow_drawing)
+    with ThreadPoolExecutor(2) as pool:
+        found = list(pool.map(resamples, range(2)))
+    assert len(chunks) == 3  # one draw of three chunks of 200
+    np.testing.assert_array_equal(found[0], found[1])
+    image_bootstrap._drawn.cache_clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +37,13 @@ def bootstrap_weights(
     """Bootstrap resamples of `images` images as weights, [k, images] at a time and
     `resamples` rows in all: how often each image was drawn (with replacement, `images`
     draws). Seeded: the same call gives the same rows (read-only: one evaluation asks for
-    them once per figure, so they are drawn once)."""
-    yield from _drawn(images, resamples, seed)
+    them once per figure, so they are drawn once, also where two of its threads ask at once)."""
+    with _DRAWING:
+        drawn = _drawn(images, resamples, seed)
+    yield from drawn
+
+
+_DRAWING = threading.Lock()  # a thread asking while another draws waits for its rows
 
 
 @functools.lru_cache(maxsize=1)

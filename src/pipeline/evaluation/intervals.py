@@ -111,6 +111,11 @@ class ClassRanking:
         ]
 
     @property
+    def run_end_count(self) -> int:
+        """The run ends of every area range and IoU: the rows a resample's AP is read off."""
+        return sum(ends.size for area in self.run_ends for ends in area)
+
+    @property
     def rows(self) -> int:
         """The most ranks that end a run at some IoU in one area range: the rows of the
         largest arrays the intervals make of a block of resamples."""
@@ -413,18 +418,19 @@ def resampled_ap(
     threads: int = 1,
 ) -> APSamples:
     """Every class's AP in every area range at every IoU for each resample of the images: the
-    same resamples (`image_bootstrap.bootstrap_weights`, seeded) as the F1 intervals draw. `threads`:
-    a class's blocks of resamples computed side by side (numpy lets go of the GIL in its
-    loops), the same figures; class by class, so that one class's plan (as large as its
-    detections) lives at a time, and a set of one class or of one large and many small keeps
-    every thread busy."""
+    same resamples (`image_bootstrap.bootstrap_weights`, seeded) as the F1 intervals draw.
+    `threads`: classes computed side by side, each over all its resamples on one thread (its
+    plan, as large as its detections, made there and dropped with it), the same figures.
+    numpy lets go of the GIL in its loops, but two threads' calls wait on each other for it in
+    between: the fewer and longer the calls, the less they wait, so a class's resamples are
+    divided between the threads only where the classes are fewer than the threads."""
     if not rankings:
         return APSamples(np.full((0, 0, 0, resamples), np.nan))
     rows = max(ranking.rows for ranking in rankings)
     drawn = bootstrap_weights(images, resamples)
-    blocks = [Weights(block) for block in _blocks(drawn, rows, threads)]
-    workers = max(1, min(threads, len(blocks)))
-    by_class = []
+    divided = len(rankings) < threads
+    blocks = [Weights(block) for block in _blocks(drawn, rows, threads if divided else 1)]
+    workers = max(1, min(threads, len(blocks) if divided else len(rankings)))
     # BLAS and torch (the sums' sparse products) would start threads of their own in every
     # worker: more threads than CPUs, each product waiting on a thread another one's core is
     # running (ten times slower where other work shares the machine); the workers share the
@@ -434,25 +440,40 @@ def resampled_ap(
         torch_threads(max(1, threads // workers)),
         ThreadPoolExecutor(workers) as pool,
     ):
-        for ranking in rankings:
-            plan = _plan(ranking, images)
-            found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
-            by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
+        if divided:
+            by_class = []
+            for ranking in rankings:
+                plan = _plan(ranking, images)
+                found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
+                by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
+        else:
+            # the costliest first (the most run ends: rows of the largest arrays), so that the
+            # last to start is among the shortest
+            order = sorted(range(len(rankings)), key=lambda k: -rankings[k].run_end_count)
+            found = pool.map(lambda k: _class_samples(rankings[k], blocks, images), order)
+            by_label = dict(zip(order, found, strict=True))
+            by_class = [by_label[k] for k in range(len(rankings))]
     _COCO_TABLES.clear()
     return APSamples(np.stack(by_class, axis=2))
 
 
+def _class_samples(ranking: ClassRanking, blocks: Sequence[Weights], images: int) -> np.ndarray:
+    """One class's AP [A, T, R] over every block of resamples, its plan made once for them."""
+    plan = _plan(ranking, images)
+    return np.concatenate([ranked_ap(ranking, block, plan=plan) for block in blocks], axis=2)
+
+
 def _blocks(weights: Iterable[np.ndarray], rows: int, parts: int = 1) -> Iterator[np.ndarray]:
-    """The resamples in blocks of whole chunks (as drawn), each as image weights [I, R]: as
-    few as keep a block's [rows, R] arrays (sums and precision at run ends) within
-    _RESAMPLE_BLOCK elements, and at least `parts` (one for each thread). Few and wide: each
-    step of a running sum or maximum down the rows is one numpy call, whose overhead a long
-    row spreads thin."""
+    """The resamples in blocks of whole chunks (as drawn), each as image weights [I, R] in
+    float32, the type the sums multiply (exact: a weight is at most the images): as few as
+    keep a block's [rows, R] arrays (sums and precision at run ends) within _RESAMPLE_BLOCK
+    elements, and at least `parts` (one for each thread). Few and wide: each step of a running
+    sum or maximum down the rows is one numpy call, whose overhead a long row spreads thin."""
     chunks = list(weights)
     resamples = sum(len(chunk) for chunk in chunks)
     count = min(len(chunks), max(parts, -(-resamples * rows // _RESAMPLE_BLOCK)))
     for group in np.array_split(np.arange(len(chunks)), count):
-        block = np.empty((chunks[0].shape[1], sum(len(chunks[i]) for i in group)), np.int32)
+        block = np.empty((chunks[0].shape[1], sum(len(chunks[i]) for i in group)), np.float32)
         start = 0
         for i in group:
             # chunk by chunk: a transposed copy of a few hundred rows stays in the cache,

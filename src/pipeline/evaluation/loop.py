@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -258,24 +259,44 @@ class Evaluator:
         chosen_threshold: float | None = None,
         ap_intervals: bool = False,
     ) -> dict[str, Any]:
-        counts = precision_recall_f1(
-            gts,
-            dets,
-            self.num_classes,
-            self.score_threshold,
-            self.iou_threshold,
-            chosen_threshold,
-            protocol=self.protocol,
-        )
-        coco = coco_ap(
-            gts,
-            dets,
-            self.num_classes,
-            self.class_names,
-            counts["score_threshold"],
-            ap_intervals,
-            threads=torch.get_num_threads(),  # the CPUs this process was given
-        )
+        threads = torch.get_num_threads()  # the CPUs this process was given
+
+        def counting() -> dict[str, Any]:
+            return precision_recall_f1(
+                gts,
+                dets,
+                self.num_classes,
+                self.score_threshold,
+                self.iou_threshold,
+                chosen_threshold,
+                protocol=self.protocol,
+            )
+
+        def coco_at(score_threshold: float) -> dict[str, Any]:
+            return coco_ap(
+                gts,
+                dets,
+                self.num_classes,
+                self.class_names,
+                score_threshold,
+                ap_intervals,
+                threads=threads,
+            )
+
+        if self.score_threshold is None or threads < 2:  # COCO AP reads P/R/F1's threshold
+            counts = counting()
+            coco = coco_at(counts["score_threshold"])
+        else:
+            # P/R/F1 on a thread of its own beside COCO's matching, which AP's intervals wait
+            # on and which keeps one CPU busy: not before it
+            with ThreadPoolExecutor(1) as beside:
+                counted = beside.submit(counting)
+                try:
+                    coco = coco_at(float(self.score_threshold))
+                except Exception:
+                    counted.result()  # P/R/F1's error first, as where it ran first
+                    raise
+                counts = counted.result()
         if self.protocol != "coco":
             found = voc_ap(
                 gts,

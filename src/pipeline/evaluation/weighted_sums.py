@@ -22,7 +22,8 @@ _FLOAT32_EXACT = 1 << 24  # float32 holds every integer below this exactly
 
 class Weights:
     """A block's image weights [I, R]: rows by image, as numpy (read per image) and as the
-    floating-point arrays the sums multiply (made once for every class)."""
+    floating-point arrays the sums multiply (made once for every class; none where the weights
+    are of that type already)."""
 
     def __init__(self, by_image: np.ndarray) -> None:
         self.by_image = by_image
@@ -31,7 +32,7 @@ class Weights:
 
     def floats(self, dtype: type) -> np.ndarray:
         if dtype not in self._floats:
-            self._floats[dtype] = self.by_image.astype(dtype)
+            self._floats[dtype] = self.by_image.astype(dtype, copy=False)
         return self._floats[dtype]
 
     def exact_type(self, members: int) -> type:
