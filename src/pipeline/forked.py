@@ -39,9 +39,14 @@ class Child:
         sys.stdout.flush()  # else what is buffered is written twice, by both processes
         sys.stderr.flush()
         read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", _THREADED_FORK_WARNING, DeprecationWarning)
-            pid = os.fork()
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", _THREADED_FORK_WARNING, DeprecationWarning)
+                pid = os.fork()
+        except BaseException:  # no child (out of processes or memory): no pipe either
+            os.close(read_end)
+            os.close(write_end)
+            raise
         if pid == 0:
             os.close(read_end)
             _run_and_exit(work, write_end)

@@ -49,9 +49,11 @@ def plan(count: int, threads: int | None = None, platform: str = sys.platform) -
     """As many workers as torch may use threads (`cpu_threads`): processes where fork is safe
     and each gets enough images to pay for its start, else threads."""
     threads = torch.get_num_threads() if threads is None else threads
-    workers = max(1, min(threads, count))
-    if workers == 1:
-        return FillPlan(1, False, "decoded in this process (one CPU thread)")
+    if threads <= 1 or count <= 1:
+        return FillPlan(
+            1, False, "decoded in this process" + (" (one CPU thread)" if threads <= 1 else "")
+        )
+    workers = min(threads, count)
     if platform != "linux" or not hasattr(os, "fork"):
         return FillPlan(
             workers, False, f"decoded on {workers} threads (processes are forked on Linux only)"
@@ -67,42 +69,53 @@ def plan(count: int, threads: int | None = None, platform: str = sys.platform) -
     return FillPlan(processes, True, f"decoded by {processes} processes (this one and forks)")
 
 
-def fill(count: int, image_size: int, decode_into: DecodeInto, how: FillPlan) -> torch.Tensor:
-    """The [N,3,S,S] cache, image i written by `decode_into(i, view of image i)`.
+def fill(
+    count: int,
+    image_size: int,
+    decode_into: DecodeInto,
+    how: FillPlan,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> tuple[torch.Tensor, ...]:
+    """The cache: its images in order, each a view of one [N,3,S,S] tensor, image i written by
+    `decode_into(i, its view)`; `meanwhile()` runs here while other workers decode (work that
+    needs no pixels, such as the boxes).
 
     The first bad image's error, as decoding one at a time gives it: each share stops at its
     first bad image, and the shares are read back in order.
     """
     shape = (count, 3, image_size, image_size)
-    bounds = [count * share // how.workers for share in range(how.workers + 1)]
     if how.processes:
         shared = mmap.mmap(-1, decoded_bytes(count, image_size))  # freed with its last view
         images = torch.frombuffer(shared, dtype=torch.uint8).view(shape)
-        _in_processes(images.unbind(0), bounds, decode_into)
-        return images
-    images = torch.empty(shape, dtype=torch.uint8)
+    else:
+        images = torch.empty(shape, dtype=torch.uint8)
     views = images.unbind(0)  # a view per image in one call: indexing per image costs more
+    bounds = [count * share // how.workers for share in range(how.workers + 1)]
 
     def decode_share(share: int) -> None:
         for index in range(bounds[share], bounds[share + 1]):
             decode_into(index, views[index])
 
-    if how.workers == 1:
+    if how.processes:
+        _in_processes(decode_share, bounds, meanwhile, size_text(images.numel()))
+    elif how.workers == 1:
         decode_share(0)
+        meanwhile()
     else:
         with ThreadPoolExecutor(how.workers, thread_name_prefix="decode") as pool:
-            list(pool.map(decode_share, range(how.workers)))  # raises the first share's error
-    return images
+            shares = pool.map(decode_share, range(how.workers))
+            meanwhile()
+            list(shares)  # raises the first share's error
+    return views
 
 
 def _in_processes(
-    views: tuple[torch.Tensor, ...], bounds: list[int], decode_into: DecodeInto
+    decode_share: Callable[[int], None],
+    bounds: list[int],
+    meanwhile: Callable[[], None],
+    size: str,
 ) -> None:
-    """Share 0 here, each other share in a child forked from this process."""
-
-    def decode_share(share: int) -> None:
-        for index in range(bounds[share], bounds[share + 1]):
-            decode_into(index, views[index])
+    """Share 0 here, then `meanwhile()`, each other share in a child forked from this process."""
 
     def in_child(share: int) -> None:
         torch.set_num_threads(1)  # a resize must not start OpenMP workers: see forked.Child
@@ -113,6 +126,7 @@ def _in_processes(
         for share in range(1, len(bounds) - 1):
             children.append(forked.Child(partial(in_child, share)))
         decode_share(0)
+        meanwhile()
         outcomes = [child.outcome() for child in children]
     except BaseException:
         for child in children:
@@ -127,9 +141,8 @@ def _in_processes(
         if kind == "died":
             raise DataError(
                 f"The process decoding images {first} to {last} into the image cache "
-                f"{_ended(value)} before it finished; the cache needs "
-                f"{size_text(len(views) * views[0].numel())} of memory: free some, or set "
-                "data.cache: false."
+                f"{_ended(value)} before it finished; the cache needs {size} of memory: free "
+                "some, or set data.cache: false."
             )
 
 

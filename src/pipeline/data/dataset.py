@@ -322,11 +322,16 @@ class DetectionDataset(Dataset):
 
     def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Every sample, in order, each image a view of one [N,3,S,S] tensor that the decoders
-        write into (`pipeline.data.cache_fill`); the boxes from the annotations, here."""
+        write into (`pipeline.data.cache_fill`); the boxes from the annotations, meanwhile."""
+        boxes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def read_boxes() -> None:
+            boxes.extend(self._boxes(i) for i in range(len(self.records)))
+
         images = cache_fill.fill(
-            len(self.records), self.image_size, self._decode_into, self.fill_plan
+            len(self.records), self.image_size, self._decode_into, self.fill_plan, read_boxes
         )
-        return [(image, *self._boxes(i)) for i, image in enumerate(images.unbind(0))]
+        return [(image, *both) for image, both in zip(images, boxes, strict=True)]
 
     def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input-frame image, boxes and ignore regions."""
