@@ -1,5 +1,6 @@
 """Filling a split's image cache, one [N,3,S,S] uint8 tensor, from its image files: in forked
-processes on Linux, else on threads, each a contiguous share of the images.
+processes on Linux, else on threads, each a contiguous share of the images (a task per image
+would cost a hand-over per image, more than a small image's decoding).
 
 Processes, not threads, where they are safe: decoding a small image is mostly Python around
 a short stretch of C, so threads spend about what they win on handing the GIL over, while
@@ -35,7 +36,7 @@ from pipeline.errors import DataError
 # which the two took the same time.
 MIN_IMAGES_PER_PROCESS = 256
 
-DecodeInto = Callable[[int, torch.Tensor], None]
+DecodeInto = Callable[[int, torch.Tensor], object]
 
 
 @dataclass(frozen=True)
