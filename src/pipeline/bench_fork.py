@@ -6,17 +6,11 @@ OpenMP region hangs)."""
 from __future__ import annotations
 
 import importlib
-import os
-import pickle
-import select
-import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pipeline.errors import PipelineError
+from pipeline import forked
 
 T = TypeVar("T")
 
@@ -37,73 +31,29 @@ def import_before_forking() -> None:
 
 
 def in_child(work: Callable[[], T], timeout_s: float, what: str) -> T:
-    """`work()` run in a child forked from this process, its result pickled back over a pipe.
+    """`work()` run in a child forked from this process (`pipeline.forked`), its result back.
 
     The child's `PipelineError` is raised here as it is, any other error as `ChildFailed`
     with the child's traceback; a child that dies without a result, or runs past
     `timeout_s`, is killed and named, as it is where this process is interrupted.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the caller
-        os.close(read_end)
-        status = 0
-        try:
-            try:
-                payload = pickle.dumps(("ok", work()))
-            except PipelineError as error:  # the user's to act on: raised again as it is
-                payload = pickle.dumps(("raise", error))
-                status = 1
-            except BaseException:  # everything else the child meets goes back
-                payload = pickle.dumps(("error", traceback.format_exc()))
-                status = 1
-            with os.fdopen(write_end, "wb") as pipe:
-                pipe.write(payload)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
-    os.close(write_end)
     try:
-        data = _read_all(read_end, time.monotonic() + timeout_s)
-    except BaseException as error:  # past its time, or this process interrupted
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        if not isinstance(error, TimeoutError):
-            raise
+        kind, result = forked.Child(work).outcome(time.monotonic() + timeout_s)
+    except TimeoutError:
         raise ChildFailed(
             f"The bench child timing {what} ran past {timeout_s:.0f} s and was killed; no "
             "record is written (a child forked after the parent ran OpenMP work hangs)."
         ) from None
-    finally:
-        os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if not data:
+    if kind == "died":
         raise ChildFailed(
-            f"The bench child timing {what} ended with status {code} and sent no result; "
+            f"The bench child timing {what} ended with status {result} and sent no result; "
             "no record is written."
         )
-    kind, result = pickle.loads(data)
     if kind == "raise":
         raise result
     if kind == "error":
         raise ChildFailed(f"The bench child timing {what} failed; no record is written:\n{result}")
     return result
-
-
-def _read_all(fd: int, deadline: float) -> bytes:
-    chunks = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
 
 
 def child_timeout_s(settings: dict[str, Any], precisions: int) -> float:

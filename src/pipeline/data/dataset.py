@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from pipeline.data import cache as image_cache
+from pipeline.data import cache_fill
 from pipeline.data.orientation import upright
 from pipeline.data.sources import ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
@@ -76,13 +76,18 @@ class Augment:
 
 
 def _upright_rgb(path: os.PathLike | str) -> np.ndarray:
-    """Upright RGB uint8 [H,W,3] (EXIF orientation applied); a bad file raises DataError naming it."""
+    """Upright RGB uint8 [H,W,3] (EXIF orientation applied); a bad file raises DataError naming it.
+
+    A view of Pillow's own pixels, 4 bytes each, copied as they are: packing them into 3 (as
+    `np.asarray` does) costs more, and every caller copies them into planes anyway."""
     try:
         with Image.open(path) as img:
             img.load()
             img = upright(img)
             # the decoded pixels as they are where they are RGB already: convert would copy them
-            return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+            pixels = np.frombuffer(rgb.tobytes("raw", "RGBX"), np.uint8)
+            return pixels.reshape(rgb.height, rgb.width, 4)[..., :3]
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
@@ -147,18 +152,34 @@ def fit_to_input(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Resize to a `size` square (keeping the aspect ratio and padding, or stretching), boxes alike."""
     height, width = image.shape[-2:]
-    boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+    return fit_image(image, size, mode), fit_boxes(boxes, height, width, size, mode)
+
+
+def fit_image(image: torch.Tensor, size: int, mode: str = "letterbox") -> torch.Tensor:
+    """The image of `fit_to_input`."""
+    height, width = image.shape[-2:]
     if (height, width) == (size, size):  # nothing to do: torchvision's wrappers cost more
-        return image, boxes
-    img = tv_tensors.Image(image)
-    bbs = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width))
+        return image
     geometry = Geometry.of(height, width, size, mode)
-    img = TF.resize(img, list(geometry.resized), antialias=True)
-    bbs = TF.resize(bbs, list(geometry.resized))
+    img = TF.resize(tv_tensors.Image(image), list(geometry.resized), antialias=True)
     if any(geometry.padding(size)):
         img = TF.pad(img, geometry.padding(size), fill=PAD_VALUE)
+    return img.as_subclass(torch.Tensor)
+
+
+def fit_boxes(
+    boxes: np.ndarray, height: int, width: int, size: int, mode: str = "letterbox"
+) -> torch.Tensor:
+    """The boxes of `fit_to_input`, for an image of (height, width): no pixels needed."""
+    boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+    if (height, width) == (size, size):
+        return boxes
+    bbs = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width))
+    geometry = Geometry.of(height, width, size, mode)
+    bbs = TF.resize(bbs, list(geometry.resized))
+    if any(geometry.padding(size)):
         bbs = TF.pad(bbs, geometry.padding(size))
-    return img.as_subclass(torch.Tensor), bbs.as_subclass(torch.Tensor)
+    return bbs.as_subclass(torch.Tensor)
 
 
 def augment_sample(
@@ -250,6 +271,7 @@ class DetectionDataset(Dataset):
             cache_budget,
             memory or image_cache.available_memory,
         )
+        self.fill_plan = cache_fill.plan(len(self.records))
         if not self.cache_decision.cache:
             # decoded one at a time as they are used: every file checked now, as loading does
             check_image_files(split)
@@ -313,35 +335,25 @@ class DetectionDataset(Dataset):
         return ((every - shift[rows]) * scale[rows]).clip(0, bounds[rows])
 
     def _load_all(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Every sample decoded, in order, each image a view of one [N,3,S,S] tensor that the
-        decoders write into; on as many threads as torch may use (PIL's decoders let go of the GIL),
-        each thread one contiguous share: a task per image would cost the pool's hand-over and a
-        fight for the GIL per image, more than a small image's decoding. The first bad file's
-        error, as one at a time: the shares are read back in order, and each stops at its first
-        bad file."""
-        count = len(self.records)
-        # a view per image, made in one call: indexing the tensor per image costs several times that
-        images = torch.empty(
-            (count, 3, self.image_size, self.image_size), dtype=torch.uint8
-        ).unbind(0)
-        threads = max(1, min(torch.get_num_threads(), count))
-        bounds = [count * share // threads for share in range(threads + 1)]
+        """Every sample, in order, each image a view of one [N,3,S,S] tensor that the decoders
+        write into (`pipeline.data.cache_fill`); the boxes from the annotations, meanwhile."""
+        boxes: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-        def load_share(share: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            return [self._load(i, images[i])[1:] for i in range(bounds[share], bounds[share + 1])]
+        def read_boxes() -> None:
+            boxes.extend(self._boxes(i) for i in range(len(self.records)))
 
-        if threads == 1:
-            boxes = load_share(0)
-        else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="decode") as pool:
-                boxes = [both for part in pool.map(load_share, range(threads)) for both in part]
+        images = cache_fill.fill(
+            len(self.records), self.image_size, self._decode_into, self.fill_plan, read_boxes
+        )
         return [(image, *both) for image, both in zip(images, boxes, strict=True)]
 
-    def _load(
-        self, index: int, out: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The input-frame image (written into `out` where given), boxes and ignore regions; the
-        decoded image is the geometry."""
+    def _load(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input-frame image, boxes and ignore regions."""
+        return self._decode_into(index), *self._boxes(index)
+
+    def _decode_into(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The input-frame image, written into `out` where given; the decoded image is the
+        geometry."""
         record = self.records[index]
         pixels = _upright_rgb(record.path)
         height, width = pixels.shape[:2]
@@ -351,25 +363,33 @@ class DetectionDataset(Dataset):
                 f"annotation says {record.width}x{record.height}: boxes are never rescaled to fit."
             )
         planes = pixels.transpose(2, 0, 1)
-        if (height, width) == (self.image_size, self.image_size):  # as fit_to_input leaves them
-            boxes = torch.from_numpy(np.array(record.boxes, np.float32).reshape(-1, 4))
-            ignore_boxes = torch.from_numpy(
-                np.array(record.ignore_boxes, np.float32).reshape(-1, 4)
-            )
+        if (height, width) == (self.image_size, self.image_size):  # as fit_image leaves them
             if out is None:
-                return torch.from_numpy(np.ascontiguousarray(planes)), boxes, ignore_boxes
+                return torch.from_numpy(np.ascontiguousarray(planes))
             out.numpy()[...] = planes  # straight into place: one copy of the pixels
-            return out, boxes, ignore_boxes
-        count = len(record.boxes)
-        image, both = fit_to_input(
-            torch.from_numpy(np.ascontiguousarray(planes)),
+            return out
+        image = fit_image(
+            torch.from_numpy(np.ascontiguousarray(planes)), self.image_size, self.resize
+        )
+        return image if out is None else out.copy_(image)
+
+    def _boxes(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input-frame boxes and ignore regions, from the annotation's image size."""
+        record = self.records[index]
+        if (record.height, record.width) == (self.image_size, self.image_size):
+            return (
+                torch.from_numpy(np.array(record.boxes, np.float32).reshape(-1, 4)),
+                torch.from_numpy(np.array(record.ignore_boxes, np.float32).reshape(-1, 4)),
+            )
+        both = fit_boxes(
             np.concatenate([record.boxes, record.ignore_boxes]),
+            record.height,
+            record.width,
             self.image_size,
             self.resize,
         )
-        if out is not None:
-            image = out.copy_(image)
-        return image, both[:count], both[count:]
+        count = len(record.boxes)
+        return both[:count], both[count:]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
@@ -514,7 +534,7 @@ def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool, 
     if workers == "auto":
         workers = default_num_workers(cached)
     loading = (
-        "samples come from memory"
+        f"samples come from memory, {dataset.fill_plan.reason}"
         if cached
         else f"images are decoded as they are loaded, by {workers} DataLoader worker(s)"
         if workers

@@ -1,0 +1,156 @@
+"""Filling a split's image cache, one [N,3,S,S] uint8 tensor, from its image files: in forked
+processes on Linux, else on threads, each a contiguous share of the images (a task per image
+would cost a hand-over per image, more than a small image's decoding).
+
+Processes, not threads, where they are safe: decoding a small image is mostly Python around
+a short stretch of C, so threads spend about what they win on handing the GIL over, while
+each process decodes with an interpreter of its own. Forked, not spawned nor from a
+forkserver: a fork starts with every module the parent imported and the split's records,
+where a new interpreter would first import them (torch, for a letterboxed image's resize);
+a fork is unsafe on macOS (its system libraries) and absent on Windows, so threads there.
+The children write into an anonymous shared mapping (MAP_SHARED|MAP_ANONYMOUS), which
+lives in no file system: not /dev/shm either, whose size containers often cap far below a
+large cache. The boxes are no business of theirs: they come from the annotations.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from pipeline import forked
+from pipeline.data.cache import decoded_bytes, size_text
+from pipeline.errors import DataError
+
+# The fewest images for which a process of its own pays for its fork, its first touches of
+# the memory it shares with this process and its end: measured against threads on the
+# synthetic shapes' 128 px PNGs (the cheapest images to decode there are), as the share at
+# which the two took the same time.
+MIN_IMAGES_PER_PROCESS = 256
+
+DecodeInto = Callable[[int, torch.Tensor], object]
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    workers: int  # processes (this one and forked children) or threads, each a share
+    processes: bool
+    reason: str  # how the images are decoded, and why, for the split's log line
+
+
+def plan(count: int, threads: int | None = None, platform: str = sys.platform) -> FillPlan:
+    """As many workers as torch may use threads (`cpu_threads`): processes where fork is safe
+    and each gets enough images to pay for its start, else threads."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads <= 1 or count <= 1:
+        return FillPlan(
+            1, False, "decoded in this process" + (" (one CPU thread)" if threads <= 1 else "")
+        )
+    workers = min(threads, count)
+    if platform != "linux" or not hasattr(os, "fork"):
+        return FillPlan(
+            workers, False, f"decoded on {workers} threads (processes are forked on Linux only)"
+        )
+    processes = min(workers, count // MIN_IMAGES_PER_PROCESS)
+    if processes < 2:
+        return FillPlan(
+            workers,
+            False,
+            f"decoded on {workers} threads (too few images for processes: "
+            f"{MIN_IMAGES_PER_PROCESS} or more each)",
+        )
+    return FillPlan(processes, True, f"decoded by {processes} processes (this one and forks)")
+
+
+def fill(
+    count: int,
+    image_size: int,
+    decode_into: DecodeInto,
+    how: FillPlan,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> tuple[torch.Tensor, ...]:
+    """The cache: its images in order, each a view of one [N,3,S,S] tensor, image i written by
+    `decode_into(i, its view)`; `meanwhile()` runs here while other workers decode (work that
+    needs no pixels, such as the boxes).
+
+    The first bad image's error, as decoding one at a time gives it: each share stops at its
+    first bad image, and the shares are read back in order.
+    """
+    shape = (count, 3, image_size, image_size)
+    if how.processes:
+        shared = mmap.mmap(-1, decoded_bytes(count, image_size))  # freed with its last view
+        images = torch.frombuffer(shared, dtype=torch.uint8).view(shape)
+    else:
+        images = torch.empty(shape, dtype=torch.uint8)
+    views = images.unbind(0)  # a view per image in one call: indexing per image costs more
+    bounds = [count * share // how.workers for share in range(how.workers + 1)]
+
+    def decode_share(share: int) -> None:
+        for index in range(bounds[share], bounds[share + 1]):
+            decode_into(index, views[index])
+
+    if how.processes:
+        _in_processes(decode_share, bounds, meanwhile, size_text(images.numel()))
+    elif how.workers == 1:
+        decode_share(0)
+        meanwhile()
+    else:
+        with ThreadPoolExecutor(how.workers, thread_name_prefix="decode") as pool:
+            shares = pool.map(decode_share, range(how.workers))
+            meanwhile()
+            list(shares)  # raises the first share's error
+    return views
+
+
+def _in_processes(
+    decode_share: Callable[[int], None],
+    bounds: list[int],
+    meanwhile: Callable[[], None],
+    size: str,
+) -> None:
+    """Share 0 here, then `meanwhile()`, each other share in a child forked from this process."""
+
+    def in_child(share: int) -> None:
+        torch.set_num_threads(1)  # a resize must not start OpenMP workers: see forked.Child
+        decode_share(share)
+
+    children: list[forked.Child] = []
+    try:
+        for share in range(1, len(bounds) - 1):
+            children.append(forked.Child(partial(in_child, share)))
+        decode_share(0)
+        meanwhile()
+        outcomes = [child.outcome() for child in children]
+    except BaseException:
+        for child in children:
+            child.kill()
+        raise
+    for share, (kind, value) in enumerate(outcomes, start=1):
+        first, last = bounds[share], bounds[share + 1] - 1
+        if kind == "raise":
+            raise value
+        if kind == "error":
+            raise RuntimeError(f"Decoding images {first} to {last} failed in a child:\n{value}")
+        if kind == "died":
+            raise DataError(
+                f"The process decoding images {first} to {last} into the image cache "
+                f"{_ended(value)} before it finished; the cache needs {size} of memory: free "
+                "some, or set data.cache: false."
+            )
+
+
+def _ended(code: int) -> str:
+    if code >= 0:
+        return f"ended with status {code}"
+    name = signal.Signals(-code).name
+    if -code == signal.SIGKILL:
+        return f"was killed ({name}: most often by the kernel, out of memory)"
+    return f"was killed ({name})"
