@@ -29,18 +29,17 @@ from pipeline.data import (
 )
 from pipeline.data.cache import Memory, available_memory
 from pipeline.data.dataset import (
-    PAD_VALUE,
     Augment,
     DetectionDataset,
     EpochSampler,
     augment_sample,
     collate,
     default_num_workers,
-    fit_to_input,
     loader_for,
     make_loader,
     read_image,
 )
+from pipeline.data.geometry import PAD_VALUE, fit_to_input
 from pipeline.data.shapes import render_sample
 from pipeline.data.sources import (
     ImageRecord,

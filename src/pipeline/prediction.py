@@ -21,7 +21,8 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline.data.dataset import Geometry, fit_to_input, read_image
+from pipeline.data.dataset import read_image
+from pipeline.data.geometry import Geometry, fit_to_input
 from pipeline.device import DeviceLike, autocast
 from pipeline.errors import DataError
 from pipeline.models.inference import for_inference

@@ -21,17 +21,15 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from torchvision import tv_tensors
 from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as TF
 
 from pipeline.data import cache as image_cache
 from pipeline.data import cache_fill
+from pipeline.data.geometry import PAD_VALUE, RESIZE_MODES, Geometry, fit_boxes, fit_image
 from pipeline.data.orientation import upright
 from pipeline.data.sources import ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
-PAD_VALUE = 114
-RESIZE_MODES = ("letterbox", "stretch")
 
 
 # RandomPhotometricDistort's ranges, without its channel permutation (data.augment.channel_shuffle
@@ -100,86 +98,6 @@ def read_image(path: os.PathLike | str) -> torch.Tensor:
     """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
     # numpy's copy of the interleaved pixels into planes: torch's permuted copy costs more
     return torch.from_numpy(np.ascontiguousarray(_upright_rgb(path).transpose(2, 0, 1)))
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """How an image of (height, width) maps onto the square input: resized, then padded."""
-
-    resized: tuple[int, int]  # (height, width) after resizing
-    left: int
-    top: int
-
-    @classmethod
-    def of(cls, height: int, width: int, size: int, mode: str) -> Geometry:
-        if mode == "stretch":
-            return cls((size, size), 0, 0)
-        scale = size / max(height, width)
-        resized = (max(1, round(height * scale)), max(1, round(width * scale)))
-        return cls(resized, (size - resized[1]) // 2, (size - resized[0]) // 2)
-
-    def region(self) -> list[float]:
-        """The image's own area in the input frame, xyxy: what a detection is clipped to."""
-        return [
-            float(self.left),
-            float(self.top),
-            float(self.left + self.resized[1]),
-            float(self.top + self.resized[0]),
-        ]
-
-    def padding(self, size: int) -> list[int]:
-        """[left, top, right, bottom] as torchvision's pad takes it."""
-        return [
-            self.left,
-            self.top,
-            size - self.resized[1] - self.left,
-            size - self.resized[0] - self.top,
-        ]
-
-    def to_original(self, boxes: np.ndarray, height: int, width: int) -> np.ndarray:
-        """Input-frame xyxy boxes back in the original image's pixels, clipped to the image.
-
-        A detection reaching into the letterbox padding would otherwise map outside the image.
-        """
-        scale = np.array([width / self.resized[1], height / self.resized[0]] * 2, np.float32)
-        shift = np.array([self.left, self.top] * 2, np.float32)
-        boxes = (np.asarray(boxes, np.float32).reshape(-1, 4) - shift) * scale
-        return boxes.clip(0, np.array([width, height] * 2, np.float32))
-
-
-def fit_to_input(
-    image: torch.Tensor, boxes: np.ndarray, size: int, mode: str = "letterbox"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Resize to a `size` square (keeping the aspect ratio and padding, or stretching), boxes alike."""
-    height, width = image.shape[-2:]
-    return fit_image(image, size, mode), fit_boxes(boxes, height, width, size, mode)
-
-
-def fit_image(image: torch.Tensor, size: int, mode: str = "letterbox") -> torch.Tensor:
-    """The image of `fit_to_input`."""
-    height, width = image.shape[-2:]
-    if (height, width) == (size, size):  # nothing to do: torchvision's wrappers cost more
-        return image
-    geometry = Geometry.of(height, width, size, mode)
-    img = TF.resize(tv_tensors.Image(image), list(geometry.resized), antialias=True)
-    if any(geometry.padding(size)):
-        img = TF.pad(img, geometry.padding(size), fill=PAD_VALUE)
-    return img.as_subclass(torch.Tensor)
-
-
-def fit_boxes(
-    boxes: np.ndarray, height: int, width: int, size: int, mode: str = "letterbox"
-) -> torch.Tensor:
-    """The boxes of `fit_to_input`, for an image of (height, width): no pixels needed."""
-    boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4)
-    if (height, width) == (size, size):
-        return boxes
-    bbs = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width))
-    geometry = Geometry.of(height, width, size, mode)
-    bbs = TF.resize(bbs, list(geometry.resized))
-    if any(geometry.padding(size)):
-        bbs = TF.pad(bbs, geometry.padding(size))
-    return bbs.as_subclass(torch.Tensor)
 
 
 def augment_sample(
