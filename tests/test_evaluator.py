@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.evaluation import intervals
+from pipeline.evaluation import intervals, paired_ap
 from pipeline.evaluation import loop as evaluator_module
 from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
 from pipeline.evaluation.image_level import image_level_f1
@@ -1166,21 +1166,21 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
     pycocotools' AP@.5 with every image drawn once, and a run against itself changes by 0."""
     gts, dets = noisy_scene(30, seed=5)
     ap = coco_ap(gts, dets, 3, ["x", "y", "z"], ap_intervals=True)
-    image_ids, labels, classes = intervals.read_ap50_matches(ap["ap50_matches"])
+    image_ids, labels, classes = paired_ap.read_ap50_matches(ap["ap50_matches"])
     assert sorted(image_ids) == sorted(g["image_id"] for g in gts) and labels == [0, 1, 2]
     ones = np.ones((1, len(image_ids)))
     assert intervals.class_mean(intervals.weighted_class_ap(classes, ones))[0] == pytest.approx(
         ap["ap50"], abs=1e-12
     )
     shuffled = {**ap["ap50_matches"], "classes": ap["ap50_matches"]["classes"][::-1]}
-    same = intervals.ap50_change(ap["ap50_matches"], shuffled, tolerance=0.01)
+    same = paired_ap.ap50_change(ap["ap50_matches"], shuffled, tolerance=0.01)
     assert (same.change, same.low, same.high, same.verdict) == (0.0, 0.0, 0.0, "held")
     relabelled = {
         **ap["ap50_matches"],
         "classes": [{**row, "label": row["label"] + 1} for row in ap["ap50_matches"]["classes"]],
     }
     with pytest.raises(ValueError, match="different classes"):
-        intervals.ap50_change(ap["ap50_matches"], relabelled, tolerance=0.01)
+        paired_ap.ap50_change(ap["ap50_matches"], relabelled, tolerance=0.01)
     assert coco_ap(gts, dets, 3, ["x", "y", "z"])["ap50_matches"] is None
 
 
@@ -1204,8 +1204,8 @@ def test_a_paired_ap50_change_does_not_depend_on_the_order_each_file_lists_its_i
             for row in matches[1]["classes"]
         ],
     }
-    as_written = intervals.ap50_change(matches[0], matches[1], tolerance=0.01)
-    assert intervals.ap50_change(matches[0], reversed_file, tolerance=0.01) == as_written
+    as_written = paired_ap.ap50_change(matches[0], matches[1], tolerance=0.01)
+    assert paired_ap.ap50_change(matches[0], reversed_file, tolerance=0.01) == as_written
     assert as_written.change != 0.0
 
 

@@ -2,4 +2,4 @@
 (`matching`, COCO's or the VOC devkit's rules), COCO AP as pycocotools computes it, with size
 buckets (`coco`, its matching on arrays in `coco_matching`), VOC AP@.5 (`voc`), the intervals
 over images of F1, precision, recall and F1's paired change (`image_bootstrap`), AP's
-(`intervals`), image-level F1 (`image_level`) and the evaluation loop (`loop`)."""
+(`intervals`) and AP@.5's paired change (`paired_ap`), image-level F1 (`image_level`) and the evaluation loop (`loop`)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.evaluation.image_bootstrap import PairedChange, f1_change
-from pipeline.evaluation.intervals import ap50_change
+from pipeline.evaluation.paired_ap import ap50_change
 from pipeline.report.formatting import number
 from pipeline.runs import parse_run
 from pipeline.summary.load import RunResults
