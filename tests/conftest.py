@@ -123,6 +123,15 @@ def fake_mps(monkeypatch: pytest.MonkeyPatch, no_backend_env: None) -> FakeMps:
 
 
 @pytest.fixture
+def two_torch_threads() -> Iterator[None]:
+    """Torch on two threads, as a 2-CPU machine runs it, whatever this one has; restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def no_cuda(monkeypatch: pytest.MonkeyPatch, no_backend_env: None) -> None:
     """A CUDA build of torch that sees no GPU, whatever the real machine has."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

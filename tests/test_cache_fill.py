@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +22,6 @@ from pipeline.data.sources import ImageRecord, SplitAnnotations
 from pipeline.errors import DataError
 
 SIZE = 32
-
-
-@pytest.fixture
-def two_torch_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(params=["processes", "threads"])

@@ -9,7 +9,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -892,14 +892,6 @@ def test_uncached_dataset_gives_the_same_samples_as_the_cached_one(coco_root: Pa
         (a, ta), (b, tb) = cached[index], lazy[index]
         assert torch.equal(a, b)
         assert torch.equal(ta["boxes"], tb["boxes"])
-
-
-@pytest.fixture
-def two_torch_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_cache_decoded_on_several_threads_holds_every_sample_in_order(
