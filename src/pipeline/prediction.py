@@ -148,15 +148,15 @@ def predict(
                 images = torch.stack([sample.fitted for sample in readable]).to(device)
                 with autocast(device, precision):
                     outputs = model(images, flip_test=flip_test)
-                decoded = model.decode(outputs, max_detections=max_detections)
+                decoded = model.decode(
+                    outputs, max_detections=max_detections, min_score=score_threshold
+                )
                 found = {sample.index: d for sample, d in zip(readable, decoded, strict=True)}
             for sample in batch:
                 if sample.error is not None:
                     yield Unreadable(sample.index, Path(paths[sample.index]), sample.error)
                 else:
-                    yield _in_image_pixels(
-                        sample, paths, found[sample.index], image_size, resize, score_threshold
-                    )
+                    yield _in_image_pixels(sample, paths, found[sample.index], image_size, resize)
             progress.advance(len(batch))
 
 
@@ -166,11 +166,8 @@ def _in_image_pixels(
     found: dict[str, torch.Tensor],
     image_size: int,
     resize: str,
-    score_threshold: float,
 ) -> Detections:
-    scores = found["scores"].detach().to("cpu", torch.float32).numpy()
-    keep = scores >= score_threshold
-    boxes = found["boxes"].detach().to("cpu", torch.float32).numpy()[keep]
+    boxes = found["boxes"].detach().to("cpu", torch.float32).numpy()
     geometry = Geometry.of(sample.height, sample.width, image_size, resize)
     return Detections(
         sample.index,
@@ -178,8 +175,8 @@ def _in_image_pixels(
         sample.width,
         sample.height,
         geometry.to_original(boxes, sample.height, sample.width),
-        scores[keep],
-        found["labels"].detach().cpu().numpy()[keep],
+        found["scores"].detach().to("cpu", torch.float32).numpy(),
+        found["labels"].detach().cpu().numpy(),
         sample.original,
     )
 
