@@ -455,10 +455,17 @@ def resampled_ap(
     return APSamples(np.stack(by_class, axis=2))
 
 
-def _class_samples(ranking: ClassRanking, blocks: Sequence[Weights], images: int) -> np.ndarray:
+def _class_samples(
+    ranking: ClassRanking,
+    blocks: Sequence[Weights],
+    images: int,
+    recall_thresholds: np.ndarray | None = RECALL_THRESHOLDS,
+) -> np.ndarray:
     """One class's AP [A, T, R] over every block of resamples, its plan made once for them."""
     plan = _plan(ranking, images)
-    return np.concatenate([ranked_ap(ranking, block, plan=plan) for block in blocks], axis=2)
+    return np.concatenate(
+        [ranked_ap(ranking, block, recall_thresholds, plan) for block in blocks], axis=2
+    )
 
 
 def _blocks(weights: Iterable[np.ndarray], rows: int, parts: int = 1) -> Iterator[np.ndarray]:
@@ -494,12 +501,6 @@ def resampled_class_ap(
     blocks = [
         Weights(block) for block in _blocks(drawn, max((r.rows for r in rankings), default=0))
     ]
-    by_class = []
-    for ranking in rankings:
-        plan = _plan(ranking, images)
-        by_class.append(
-            np.concatenate(
-                [ranked_ap(ranking, block, recall_thresholds, plan)[0, 0] for block in blocks]
-            )
-        )
-    return np.stack(by_class)
+    return np.stack(
+        [_class_samples(ranking, blocks, images, recall_thresholds)[0, 0] for ranking in rankings]
+    )
