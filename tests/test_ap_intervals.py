@@ -283,16 +283,28 @@ def test_blocks_computed_side_by_side_run_torch_on_one_thread_each_and_give_them
     monkeypatch,
 ) -> None:
     """The sums' sparse products are torch's: in each of two workers on two threads, torch
-    runs one thread, not two more apiece, and its own setting is back afterwards."""
+    runs one thread, not two more apiece, set in the worker itself before its first product
+    (MKL's products take no count from another thread), and its own setting is back
+    afterwards."""
+    import threading
+
     import torch
 
     rankings = captured_rankings(monkeypatch, 60)
-    seen: list[int] = []
+    seen: list[tuple[int, int | None]] = []
     ranked_ap = intervals.ranked_ap
+    set_in: dict[int, int] = {}
+    set_num_threads = torch.set_num_threads
+
+    def setting(count: int) -> None:
+        set_in[threading.get_ident()] = count
+        set_num_threads(count)
 
     def watching(*args: Any, **kwargs: Any) -> np.ndarray:
-        seen.append(torch.get_num_threads())
+        seen.append((torch.get_num_threads(), set_in.get(threading.get_ident())))
         return ranked_ap(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "set_num_threads", setting)
 
     monkeypatch.setattr(intervals, "ranked_ap", watching)
     monkeypatch.setattr(intervals, "_RESAMPLE_BLOCK", 1)  # blocks of the fewest resamples
@@ -303,7 +315,7 @@ def test_blocks_computed_side_by_side_run_torch_on_one_thread_each_and_give_them
         after = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-    assert seen and set(seen) == {1}
+    assert seen and set(seen) == {(1, 1)}
     assert after == 2
 
 

@@ -435,8 +435,8 @@ def resampled_ap(
     # CPUs out
     with (
         threadpool_limits(max(1, threads // workers), user_api="blas"),
-        torch_threads(max(1, threads // workers)),
-        ThreadPoolExecutor(workers) as pool,
+        torch_threads(max(1, threads // workers)) as start_thread,
+        ThreadPoolExecutor(workers, initializer=start_thread) as pool,
     ):
         if divided:
             by_class = []
