@@ -1,6 +1,6 @@
 """Weighted counts of a ranking's detections for every resample at once: each resample's
 weight (how often it drew each detection's image) of chosen detections, summed up to chosen
-ranks, and the plan of which a class ranking's AP reads in each area range at each IoU
+ranks; and which of those sums a class ranking's AP reads in each area range at each IoU
 (pipeline.evaluation.intervals reads AP's precision and recall off them).
 
 torch (its sparse products) is imported where a sum is made, not with this module: the summary
