@@ -216,14 +216,41 @@ def _by_score_within(groups: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """np.lexsort((-scores, groups)): by group, then descending score, ties in their order,
     as two stable argsorts (numpy's lexsort compares a float key several times slower)."""
     order = np.argsort(-scores, kind="stable")
-    return order[np.argsort(groups[order], kind="stable")]
+    return order[_stable_order(groups[order])]
+
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable") of integer keys, sorted in the narrowest integer type
+    that holds them: numpy sorts 8- and 16-bit integers by radix, several times faster than
+    int64 (a class, or an image and class, of a few thousand images fits in 16 bits)."""
+    if keys.size:
+        keys = keys.astype(
+            np.promote_types(
+                np.min_scalar_type(int(keys.min())), np.min_scalar_type(int(keys.max()))
+            )
+        )
+    return np.argsort(keys, kind="stable")
+
+
+def _descending_within(blocks: np.ndarray, scores: np.ndarray) -> bool:
+    """Whether `blocks` (of equal ids) lie one after the other, ascending, and within each the
+    scores never rise: a detector's detections of each image, as decoded, best first."""
+    same = blocks[1:] == blocks[:-1]
+    return bool(((blocks[1:] > blocks[:-1]) | (same & (scores[1:] <= scores[:-1]))).all())
 
 
 def _kept(found: Boxes, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(indices, ranks) of the detections COCOeval keeps: each image and class's highest
-    `MAX_DETECTIONS` by score (a stable sort: ties keep their order), with their rank there."""
+    `MAX_DETECTIONS` by score (a stable sort: ties keep their order), with their rank there.
+
+    Where each image's detections come best first (as a detector decodes them), the order
+    within an image and class is its ranking already: a stable sort by the group alone keeps
+    it, and the sort by score (most of the work) is left out."""
     groups = found.image * (int(found.labels.max(initial=0)) + 1) + found.labels
-    order = _by_score_within(groups, scores)
+    if _descending_within(found.image, scores):
+        order = _stable_order(groups)
+    else:
+        order = _by_score_within(groups, scores)
     group = groups[order]
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     sizes = np.diff(np.r_[starts, order.size])
