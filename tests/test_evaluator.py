@@ -217,6 +217,27 @@ def test_best_f1_never_splits_tied_scores_and_prefers_the_higher_threshold_on_eq
     assert best["threshold"] == pytest.approx(0.9, abs=1e-6)
 
 
+def test_records_of_flat_lists_and_single_values_score_as_their_arrays_do() -> None:
+    """Records need not hold arrays of a record's own shapes: a flat list of corners, a single
+    label or score (each reshaped where the records are laid end to end) score the same."""
+    flat_gts = [
+        {
+            "image_id": g["image_id"],
+            "boxes": g["boxes"].reshape(-1).tolist(),
+            "labels": g["labels"].tolist(),
+        }
+        for g in HAND_GTS
+    ]
+    flat_gts[1]["labels"] = int(HAND_GTS[1]["labels"][0])  # one object: its label alone
+    flat_dets = [{**d, "boxes": d["boxes"].reshape(-1).tolist()} for d in HAND_DETS]
+    flat_dets[1]["scores"] = float(HAND_DETS[1]["scores"][0])
+    flat_dets[1]["labels"] = int(HAND_DETS[1]["labels"][0])
+    names = ["a", "b", "c"]
+    assert coco_ap(flat_gts, flat_dets, 3, names) == coco_ap(HAND_GTS, HAND_DETS, 3, names)
+    flat = precision_recall_f1(flat_gts, flat_dets, 3, 0.5)
+    assert flat == precision_recall_f1(HAND_GTS, HAND_DETS, 3, 0.5) and flat["micro"]["tp"] == 1
+
+
 def test_best_f1_is_the_same_whatever_order_tied_scores_come_in() -> None:
     """A tie is one threshold, read at its end: the order of its detections (which the sort
     behind the sweep leaves as it finds it) changes no figure."""

@@ -448,16 +448,24 @@ def _end_to_end(records: Sequence[Record], scores: bool) -> _Images:
             _detections(boxes[at], found[at], labels[at])
         _objects(boxes[at], labels[at])
     return _Images(
-        np.concatenate([*(part.reshape(-1, 4) for part in boxes), _NO_BOXES]).astype(np.float64),
-        np.concatenate([*(part.reshape(-1) for part in found), _NO_VALUES]).astype(np.float64)
-        if scores
-        else None,
-        np.concatenate([*(part.reshape(-1) for part in labels), _NO_VALUES]).astype(np.int64),
+        end_to_end(boxes, 4).astype(np.float64),
+        end_to_end(found).astype(np.float64) if scores else None,
+        end_to_end(labels).astype(np.int64),
         np.repeat(np.arange(len(records)), counts),
     )
 
 
-_NO_BOXES, _NO_VALUES = np.zeros((0, 4)), np.zeros(0)  # what an empty list of images lays out
+def end_to_end(parts: Sequence[np.ndarray], width: int | None = None) -> np.ndarray:
+    """The parts' rows of `width` values (None: single values) one after the other, an empty
+    float64 part closing them (what no parts lay out). Parts that have that shape already (a
+    record's arrays) are joined as they are: reshaping each of thousands of small parts costs
+    more than joining them; any other part is reshaped first, as all of them then are."""
+    shape = (-1,) if width is None else (-1, width)
+    closing = np.zeros((0, *shape[1:]))
+    try:
+        return np.concatenate([*parts, closing])
+    except ValueError:  # some part of another shape (a flat list of corners, a scalar)
+        return np.concatenate([*(part.reshape(shape) for part in parts), closing])
 
 
 def _voc_flags(
