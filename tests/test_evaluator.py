@@ -217,6 +217,64 @@ def test_best_f1_never_splits_tied_scores_and_prefers_the_higher_threshold_on_eq
     assert best["threshold"] == pytest.approx(0.9, abs=1e-6)
 
 
+def test_records_of_flat_lists_and_single_values_score_as_their_arrays_do() -> None:
+    """Records need not hold arrays of a record's own shapes: a flat list of corners, a single
+    label or score (each reshaped where the records are laid end to end) score the same."""
+    flat_gts = [
+        {
+            "image_id": g["image_id"],
+            "boxes": g["boxes"].reshape(-1).tolist(),
+            "labels": g["labels"].tolist(),
+        }
+        for g in HAND_GTS
+    ]
+    flat_gts[1]["labels"] = int(HAND_GTS[1]["labels"][0])  # one object: its label alone
+    flat_dets = [{**d, "boxes": d["boxes"].reshape(-1).tolist()} for d in HAND_DETS]
+    flat_dets[1]["scores"] = float(HAND_DETS[1]["scores"][0])
+    flat_dets[1]["labels"] = int(HAND_DETS[1]["labels"][0])
+    names = ["a", "b", "c"]
+    assert coco_ap(flat_gts, flat_dets, 3, names) == coco_ap(HAND_GTS, HAND_DETS, 3, names)
+    flat = precision_recall_f1(flat_gts, flat_dets, 3, 0.5)
+    assert flat == precision_recall_f1(HAND_GTS, HAND_DETS, 3, 0.5) and flat["micro"]["tp"] == 1
+
+
+def test_best_f1_is_the_same_whatever_order_tied_scores_come_in() -> None:
+    """A tie is one threshold, read at its end: the order of its detections (which the sort
+    behind the sweep leaves as it finds it) changes no figure."""
+    rng = np.random.default_rng(3)
+    objects = [[x, 0, x + 10, 10] for x in range(0, 400, 20)]
+    on, off = (
+        [[x, 0, x + 10, 10] for x in range(0, 200, 20)],
+        [[x, 50, x + 10, 60] for x in range(0, 400, 20)],
+    )
+    boxes = np.asarray(on + off, dtype=np.float64)
+    scores = rng.choice([0.2, 0.4, 0.6, 0.8], len(boxes)).astype(np.float32)  # many ties
+    found = []
+    for _ in range(5):
+        order = rng.permutation(len(boxes))
+        dets = [det(1, boxes[order].tolist(), scores[order].tolist(), [0] * len(boxes))]
+        found.append(precision_recall_f1([gt(1, objects, [0] * 20)], dets, 1, 0.5)["best"])
+    assert all(best == found[0] for best in found) and 0 < found[0]["f1"] < 1
+
+
+def test_the_figures_at_a_chosen_threshold_equal_to_the_fixed_one_reuse_its_resamples(
+    monkeypatch,
+) -> None:
+    import pipeline.evaluation.matching as matching
+
+    resampled = []
+    original = matching.micro_intervals
+    monkeypatch.setattr(
+        matching, "micro_intervals", lambda *a, **k: resampled.append(1) or original(*a, **k)
+    )
+    counts = precision_recall_f1(HAND_GTS, HAND_DETS, 3, score_threshold=0.5, chosen_threshold=0.5)
+    assert len(resampled) == 1
+    chosen = counts["chosen_threshold"]
+    assert chosen["f1_interval"] == counts["f1_interval"] and chosen["f1"] == counts["micro"]["f1"]
+    elsewhere = precision_recall_f1(HAND_GTS, HAND_DETS, 3, 0.5, chosen_threshold=0.92)
+    assert len(resampled) == 3 and elsewhere["chosen_threshold"]["tp"] < counts["micro"]["tp"]
+
+
 def test_ground_truth_given_as_predictions_scores_ap_1_and_f1_1(
     scene: list[dict[str, Any]],
 ) -> None:

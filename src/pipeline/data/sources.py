@@ -37,6 +37,10 @@ def _no_labels() -> np.ndarray:
     return np.zeros((0,), np.int64)
 
 
+# an image's boxes, labels, ignore regions and their labels before the annotations are read
+_NO_OBJECTS = (_no_boxes(), _no_labels(), _no_boxes(), _no_labels())
+
+
 @dataclass
 class ImageRecord:
     """One image, its objects and its ignore regions in the image's own pixels (xyxy).
@@ -77,7 +81,9 @@ class SplitAnnotations:
     @property
     def used_classes(self) -> list[str]:
         """Class names that at least one object (not an ignore region) has, in label order."""
-        used = {int(label) for record in self.records for label in record.labels}
+        # one array of every label: per label, a numpy scalar made into an int costs far more
+        labels = np.concatenate([_no_labels(), *(record.labels for record in self.records)])
+        used = set(np.unique(labels).tolist())
         return [name for label, name in enumerate(self.class_names) if label in used]
 
 
@@ -300,7 +306,12 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
     for img in images:
         try:
             record = ImageRecord(
-                int(img["id"]), images_dir / img["file_name"], int(img["width"]), int(img["height"])
+                int(img["id"]),
+                images_dir / img["file_name"],
+                int(img["width"]),
+                int(img["height"]),
+                # placeholders, not arrays of its own: _attach_all gives every record its boxes
+                *_NO_OBJECTS,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise DataError(
@@ -380,7 +391,7 @@ def load_coco(
     for ann in annotations:
         try:
             image_id, category_id = int(ann["image_id"]), int(ann["category_id"])
-            x, y, w, h = (float(v) for v in ann["bbox"])
+            x, y, w, h = map(float, ann["bbox"])
         except (KeyError, TypeError, ValueError) as error:
             raise DataError(
                 f"COCO annotation file {source}: annotation {ann.get('id', '?')} is malformed ({error})."
