@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -182,3 +184,13 @@ def test_forking_a_process_with_threads_warns_nobody(monkeypatch: pytest.MonkeyP
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert forked.Child(lambda: 42).outcome() == ("ok", 42)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc shows whether a child is reaped")
+def test_a_child_that_has_sent_its_result_is_reaped_without_this_process_waiting() -> None:
+    child = forked.Child(lambda: 42)
+    assert child.outcome() == ("ok", 42)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # a zombie keeps its /proc entry until it is reaped
+    assert not Path(f"/proc/{child.pid}").exists()
