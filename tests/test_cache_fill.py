@@ -226,7 +226,7 @@ def test_the_first_bad_image_is_raised_whichever_process_meets_it() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc shows whether a child is reaped")
-def test_a_child_that_has_sent_its_result_is_reaped_without_this_process_waiting() -> None:
+def test_a_child_that_has_sent_its_result_is_reaped_all_the_same() -> None:
     child = forked.Child(lambda: 42)
     assert child.outcome() == ("ok", 42)
     deadline = time.monotonic() + 10
