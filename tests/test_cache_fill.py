@@ -1,11 +1,14 @@
 """The image cache filled by forked processes or by threads (`pipeline.data.cache_fill`): the
-same tensors either way, the same first error, a child's death named, the choice logged."""
+same tensors either way, the same first error, a child's death named, the choice logged, the
+processes helping each other to the end."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -182,3 +185,51 @@ def test_forking_a_process_with_threads_warns_nobody(monkeypatch: pytest.MonkeyP
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert forked.Child(lambda: 42).outcome() == ("ok", 42)
+
+
+def _fill_marking_who_decodes(
+    count: int, slow_child: float, bad: set[int] = frozenset()
+) -> tuple[torch.Tensor, ...]:
+    """The cache of `count` 1-pixel images filled by this process and one child, each image
+    1 where this process decoded it, 2 where the child did, which takes `slow_child` seconds
+    an image (a CPU shared with other work); images in `bad` raise DataError naming them."""
+    parent = os.getpid()
+
+    def decode_into(index: int, out: torch.Tensor) -> None:
+        if index in bad:
+            raise DataError(f"image {index} is bad")
+        if os.getpid() != parent:
+            time.sleep(slow_child)
+        out.numpy()[...] = 1 if os.getpid() == parent else 2
+
+    return cache_fill.fill(count, 1, decode_into, cache_fill.FillPlan(2, True, "processes"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the cache is filled by forks on Linux only")
+def test_a_process_that_has_finished_its_share_decodes_what_is_left_of_the_others() -> None:
+    chunk = cache_fill.CHUNK_IMAGES
+    images = _fill_marking_who_decodes(8 * chunk, slow_child=0.02)
+    by = [int(image.sum()) // 3 for image in images]
+    # the child's share is the second half: its first chunk its own, the rest this process's
+    assert by == [1] * 4 * chunk + [2] * chunk + [1] * 3 * chunk
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the cache is filled by forks on Linux only")
+def test_the_first_bad_image_is_raised_whichever_process_meets_it() -> None:
+    chunk = cache_fill.CHUNK_IMAGES
+    # this process meets 6 * chunk (in the child's share) before the child meets 4 * chunk + 1
+    later, first = 6 * chunk, 4 * chunk + 1
+    with pytest.raises(DataError, match=f"image {later} is bad"):
+        _fill_marking_who_decodes(8 * chunk, slow_child=0.02, bad={later})
+    with pytest.raises(DataError, match=f"image {first} is bad"):
+        _fill_marking_who_decodes(8 * chunk, slow_child=0.02, bad={later, first})
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc shows whether a child is reaped")
+def test_a_child_that_has_sent_its_result_is_reaped_all_the_same() -> None:
+    child = forked.Child(lambda: 42)
+    assert child.outcome() == ("ok", 42)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # a zombie keeps its /proc entry until it is reaped
+    assert not Path(f"/proc/{child.pid}").exists()

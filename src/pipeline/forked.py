@@ -9,6 +9,7 @@ import pickle
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -67,10 +68,13 @@ class Child:
             self.kill()
             raise
         self._close()
-        _, status = os.waitpid(self.pid, 0)
         self._reaped = True
         if not data:
+            _, status = os.waitpid(self.pid, 0)
             return "died", os.waitstatus_to_exitcode(status)
+        # What it sent is whole: its exit, which unmaps an address space as large as this
+        # process's (longer than a short work's last part), is reaped on a thread of its own.
+        threading.Thread(target=os.waitpid, args=(self.pid, 0), daemon=True).start()
         return pickle.loads(data)
 
     def kill(self) -> None:

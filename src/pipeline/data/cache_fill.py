@@ -1,6 +1,9 @@
 """Filling a split's image cache, one [N,3,S,S] uint8 tensor, from its image files: in forked
 processes on Linux, else on threads, each a contiguous share of the images (a task per image
-would cost a hand-over per image, more than a small image's decoding).
+would cost a hand-over per image, more than a small image's decoding). A process that has
+finished its share helps with what is left of the others', a chunk at a time, so the
+processes end together however fast each runs (a CPU shared with other work, this one's
+boxes).
 
 Processes, not threads, where they are safe: decoding a small image is mostly Python around
 a short stretch of C, so threads spend about what they win on handing the GIL over, while
@@ -18,23 +21,32 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 
 import torch
 
 from pipeline import forked
 from pipeline.data.cache import decoded_bytes, size_text
-from pipeline.errors import DataError
+from pipeline.errors import DataError, PipelineError
 
-# The fewest images for which a process of its own pays for its fork, its first touches of
-# the memory it shares with this process and its end: measured against threads on the
-# synthetic shapes' 128 px PNGs (the cheapest images to decode there are), as the share at
-# which the two took the same time.
-MIN_IMAGES_PER_PROCESS = 256
+# The fewest images for which a process of its own pays for its fork and its first touches
+# of the memory it shares with this process (its end is not waited for): measured against
+# threads on the synthetic shapes' 128 px PNGs (the cheapest images to decode there are), as
+# the share from which processes took less time, the shares balanced as `_Chunks` does.
+MIN_IMAGES_PER_PROCESS = 128
+
+# Images a process decodes between two looks at what is left: the processes end within a
+# chunk's decoding of each other, and one read of a pipe per chunk costs nothing that shows.
+CHUNK_IMAGES = 8
+# a share's chunks at most: their starts, 4 bytes each, must fit in an empty pipe's buffer
+# (one page where a user's pipes are limited) for writing them never to block
+_MAX_CHUNKS = 1024
 
 DecodeInto = Callable[[int, torch.Tensor], object]
 
@@ -81,8 +93,8 @@ def fill(
     `decode_into(i, its view)`; `meanwhile()` runs here while other workers decode (work that
     needs no pixels, such as the boxes).
 
-    The first bad image's error, as decoding one at a time gives it: each share stops at its
-    first bad image, and the shares are read back in order.
+    The first bad image's error, as decoding one at a time gives it: each worker stops at its
+    first bad image, and the lowest of those is raised.
     """
     shape = (count, 3, image_size, image_size)
     if how.processes:
@@ -98,7 +110,12 @@ def fill(
             decode_into(index, views[index])
 
     if how.processes:
-        _in_processes(decode_share, bounds, meanwhile, size_text(images.numel()))
+        _in_processes(
+            lambda index: decode_into(index, views[index]),
+            bounds,
+            meanwhile,
+            size_text(images.numel()),
+        )
     elif how.workers == 1:
         decode_share(0)
         meanwhile()
@@ -111,40 +128,113 @@ def fill(
 
 
 def _in_processes(
-    decode_share: Callable[[int], None],
+    decode_one: Callable[[int], object],
     bounds: list[int],
     meanwhile: Callable[[], None],
     size: str,
 ) -> None:
-    """Share 0 here, then `meanwhile()`, each other share in a child forked from this process."""
+    """`meanwhile()` here, then share 0, each other share in a child forked from this process;
+    then each helps with what is left of the others' (`_Chunks`). The first bad image's
+    error, as one at a time gives it: each stops at its first, and the lowest is raised."""
+    chunks = _Chunks(bounds)
 
-    def in_child(share: int) -> None:
+    def in_child(share: int) -> tuple[int, PipelineError] | None:
         torch.set_num_threads(1)  # a resize must not start OpenMP workers: see forked.Child
-        decode_share(share)
+        return _first_bad(chunks.of_share(share), decode_one) or _first_bad(
+            chunks.left_by(share), decode_one
+        )
 
     children: list[forked.Child] = []
     try:
         for share in range(1, len(bounds) - 1):
             children.append(forked.Child(partial(in_child, share)))
-        decode_share(0)
-        meanwhile()
+        meanwhile()  # first: what is left of its share at the end is the children's to take
+        found = [
+            _first_bad(chunks.of_share(0), decode_one) or _first_bad(chunks.left_by(0), decode_one)
+        ]
         outcomes = [child.outcome() for child in children]
     except BaseException:
         for child in children:
             child.kill()
         raise
+    finally:
+        chunks.close()
     for share, (kind, value) in enumerate(outcomes, start=1):
         first, last = bounds[share], bounds[share + 1] - 1
-        if kind == "raise":
-            raise value
-        if kind == "error":
-            raise RuntimeError(f"Decoding images {first} to {last} failed in a child:\n{value}")
         if kind == "died":
             raise DataError(
                 f"The process decoding images {first} to {last} into the image cache "
                 f"{_ended(value)} before it finished; the cache needs {size} of memory: free "
                 "some, or set data.cache: false."
             )
+        if kind != "ok":
+            raise RuntimeError(f"Decoding images {first} to {last} failed in a child:\n{value}")
+        found.append(value)
+    bad = min((each for each in found if each is not None), key=lambda each: each[0], default=None)
+    if bad is not None:
+        raise bad[1]
+
+
+class _Chunks:
+    """Each share's images in chunks: its first chunk is its own worker's, the starts of the
+    others wait in a pipe of the share's, written before the fork and closed for writing.
+    Every worker reads its own share's pipe, then the others' (`left_by`), till they read as
+    empty: the kernel serialises a pipe's reads, so each start is read by one worker only.
+    Each share's first chunk is never handed out: each worker has images of its own."""
+
+    def __init__(self, bounds: list[int]) -> None:
+        self.bounds = bounds
+        longest = max(stop - start for start, stop in pairwise(bounds))
+        self.size = max(CHUNK_IMAGES, -(-longest // _MAX_CHUNKS))
+        self._pipes: list[int] = []
+        try:
+            for start, stop in pairwise(bounds):
+                read_end, write_end = os.pipe()
+                self._pipes.append(read_end)
+                starts = range(start + self.size, stop, self.size)
+                try:
+                    os.write(write_end, struct.pack(f"<{len(starts)}I", *starts))
+                finally:
+                    os.close(write_end)
+        except BaseException:
+            self.close()
+            raise
+
+    def of_share(self, share: int) -> Iterator[range]:
+        """The share's first chunk, then those its pipe still holds."""
+        start, stop = self.bounds[share], self.bounds[share + 1]
+        yield range(start, min(start + self.size, stop))
+        yield from self._handed_out(share)
+
+    def left_by(self, share: int) -> Iterator[range]:
+        """The chunks still in the other shares' pipes, the next shares' first."""
+        count = len(self._pipes)
+        for step in range(1, count):
+            yield from self._handed_out((share + step) % count)
+
+    def _handed_out(self, share: int) -> Iterator[range]:
+        stop = self.bounds[share + 1]
+        while token := os.read(self._pipes[share], 4):
+            (start,) = struct.unpack("<I", token)
+            yield range(start, min(start + self.size, stop))
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            os.close(pipe)
+        self._pipes = []
+
+
+def _first_bad(
+    chunks: Iterator[range], decode_one: Callable[[int], object]
+) -> tuple[int, PipelineError] | None:
+    """The chunks' images decoded in order, up to the first bad one: its index and error."""
+    for chunk in chunks:
+        for index in chunk:
+            try:
+                decode_one(index)
+            except PipelineError as error:
+                return index, error
+    return None
 
 
 def _ended(code: int) -> str:

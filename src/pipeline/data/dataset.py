@@ -73,31 +73,39 @@ class Augment:
         return v2.Compose(steps) if steps else None
 
 
-def _upright_rgb(path: os.PathLike | str) -> np.ndarray:
-    """Upright RGB uint8 [H,W,3] (EXIF orientation applied); a bad file raises DataError naming it.
+# where each of R, G and B sits in a pixel of Pillow's, read as a little-endian 32-bit word
+_PLANE_SHIFTS = np.array([0, 8, 16], "<u4").reshape(3, 1, 1)
 
-    A view of Pillow's own pixels, 4 bytes each, copied as they are: packing them into 3 (as
-    `np.asarray` does) costs more, and every caller copies them into planes anyway."""
+
+def _upright_planes(path: os.PathLike | str, out: np.ndarray | None = None) -> np.ndarray:
+    """Upright RGB uint8 planes [3,H,W] (EXIF orientation applied), written into `out` where it
+    has their shape; a bad file raises DataError naming it.
+
+    Pillow keeps an RGB pixel in 4 bytes (R, G, B, a pad byte), copied out as they are: packing
+    them into 3 costs more. Read as 32-bit words, a plane is the words shifted right by 0, 8 or
+    16 bits, cast to their low byte: numpy shifts in one vectorised pass, in about half the
+    time its strided copy of every fourth byte takes."""
     try:
         with Image.open(path) as img:
             img.load()
             img = upright(img)
             # the decoded pixels as they are where they are RGB already: convert would copy them
             rgb = img if img.mode == "RGB" else img.convert("RGB")
-            pixels = np.frombuffer(rgb.tobytes("raw", "RGBX"), np.uint8)
-            return pixels.reshape(rgb.height, rgb.width, 4)[..., :3]
+            words = np.frombuffer(rgb.tobytes("raw", "RGBX"), "<u4").reshape(rgb.height, rgb.width)
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(
             f"Image file {path} is truncated, corrupt or not an image: {error}."
         ) from error
+    if out is None or out.shape != (3, *words.shape):
+        out = np.empty((3, *words.shape), np.uint8)
+    return np.right_shift(words, _PLANE_SHIFTS, out=out, casting="unsafe")
 
 
 def read_image(path: os.PathLike | str) -> torch.Tensor:
     """Upright RGB uint8 [3,H,W] (EXIF orientation applied); a bad file raises DataError naming it."""
-    # numpy's copy of the interleaved pixels into planes: torch's permuted copy costs more
-    return torch.from_numpy(np.ascontiguousarray(_upright_rgb(path).transpose(2, 0, 1)))
+    return torch.from_numpy(_upright_planes(path))
 
 
 def augment_sample(
@@ -273,22 +281,17 @@ class DetectionDataset(Dataset):
         """The input-frame image, written into `out` where given; the decoded image is the
         geometry."""
         record = self.records[index]
-        pixels = _upright_rgb(record.path)
-        height, width = pixels.shape[:2]
+        # straight into place where the image is at input size: one copy of its pixels
+        planes = _upright_planes(record.path, None if out is None else out.numpy())
+        height, width = planes.shape[1:]
         if (height, width) != (record.height, record.width):
             raise DataError(
                 f"Image file {record.path} is {width}x{height} (EXIF orientation applied), but its "
                 f"annotation says {record.width}x{record.height}: boxes are never rescaled to fit."
             )
-        planes = pixels.transpose(2, 0, 1)
         if (height, width) == (self.image_size, self.image_size):  # as fit_image leaves them
-            if out is None:
-                return torch.from_numpy(np.ascontiguousarray(planes))
-            out.numpy()[...] = planes  # straight into place: one copy of the pixels
-            return out
-        image = fit_image(
-            torch.from_numpy(np.ascontiguousarray(planes)), self.image_size, self.resize
-        )
+            return torch.from_numpy(planes) if out is None else out
+        image = fit_image(torch.from_numpy(planes), self.image_size, self.resize)
         return image if out is None else out.copy_(image)
 
     def _boxes(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
