@@ -261,47 +261,6 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
     np.testing.assert_array_equal(weighed, counts.astype(np.int64) @ weights.astype(np.int64))
 
 
-@pytest.mark.parametrize("float32_exact", [1 << 24, 300])
-def test_a_signed_change_added_to_sums_gives_the_running_sums_of_the_changed_members(
-    monkeypatch, float32_exact: int
-) -> None:
-    """A base set's sums at the positions with the change to another set (members gained +1,
-    lost -1) added where it steps: the other set's own running sums, integer for integer, and
-    in float64 where the result could reach float32's limit (300: the base's sums and the
-    change's each stay below it, in float32, their sum could not)."""
-    from pipeline.evaluation import weighted_sums
-
-    monkeypatch.setattr(weighted_sums, "_FLOAT32_EXACT", float32_exact)
-    rng = np.random.default_rng(9)
-    images, ranked = 30, 400
-    image_index = rng.integers(0, images, ranked)
-    base = rng.random(ranked) < 0.15
-    other = base.copy()
-    flipped = rng.choice(ranked, 14, replace=False)  # gained and lost
-    other[flipped] = ~other[flipped]
-    positions = np.unique(rng.choice(ranked, 60, replace=False))
-    weights = weighted_sums.Weights(rng.integers(0, 5, (images, 17)))
-    assert weights.largest == 4
-
-    def running_sums(members: np.ndarray) -> np.ndarray:
-        drawn = np.zeros((ranked, 17), dtype=np.int64)
-        drawn[members] = weights.by_image[image_index[members]]
-        return np.cumsum(drawn, axis=0)[positions]
-
-    base_sums = weighted_sums.SumsAt(image_index, np.flatnonzero(base), positions, images)
-    changed = np.flatnonzero(other != base)
-    change = weighted_sums.StepsAt(
-        image_index, changed, positions, images, np.where(other[changed], 1.0, -1.0)
-    )
-    taken = base_sums(weights)
-    found = change.added_to(taken, base_sums.members, weights)
-    np.testing.assert_array_equal(found, running_sums(np.flatnonzero(other)))
-    assert taken.dtype == np.float32
-    assert found.dtype == (np.float32 if float32_exact == 1 << 24 else np.float64)
-    assert max(base_sums.members, change.members) * 4 < 300
-    assert (base_sums.members + change.members) * 4 >= 300
-
-
 @pytest.mark.parametrize(
     "thresholds",
     [intervals.RECALL_THRESHOLDS, np.linspace(0.0, 1.0, 11), np.array([-0.1, 1 / 3, 0.7, 1.5])],

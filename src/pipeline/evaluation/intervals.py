@@ -25,13 +25,7 @@ from pipeline.evaluation.image_bootstrap import (
     bootstrap_interval,
     bootstrap_weights,
 )
-from pipeline.evaluation.weighted_sums import (
-    AreaSums,
-    Weights,
-    accumulate_rows,
-    plan_sums,
-    torch_threads,
-)
+from pipeline.evaluation.weighted_sums import SumsAt, Weights, accumulate_rows, torch_threads
 from pipeline.stats import BOOTSTRAP_RESAMPLES
 
 RECALL_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # COCOeval's recThrs
@@ -272,16 +266,62 @@ def _run_ends(is_tp: np.ndarray, counted: np.ndarray) -> np.ndarray:
     return ranks[hits & last]
 
 
+@dataclass(frozen=True)
+class _IoUPlan:
+    iou: int
+    tp: SumsAt  # the true positives' weight at each run end
+    seen: np.ndarray  # each run end's row of the area's `always` sums
+    more: SumsAt | None  # what this IoU counts beyond `always`
+
+
+@dataclass(frozen=True)
+class _AreaPlan:
+    always: SumsAt  # what every IoU counts, at every IoU's run ends
+    lookups: int  # run ends over all IoUs
+    ious: list[_IoUPlan]  # those with a true positive
+
+
+def _plan(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
+    """What ranked_ap sums where, for every area range and IoU: it depends on the ranking
+    alone, not on the weights, so it is made once for every block of resamples."""
+    plans: list[_AreaPlan | None] = []
+    for a, ends in enumerate(ranking.run_ends):
+        every_end = np.unique(np.concatenate(ends))
+        if every_end.size == 0:
+            plans.append(None)
+            continue
+        # what is counted at every IoU, summed up to each run end of any IoU once; an IoU
+        # counts more only where a match to an ignored object came or went
+        always = ranking.counted[a].all(axis=0)
+        by_iou: list[_IoUPlan] = []
+        for t, at in enumerate(ends):
+            if at.size == 0:
+                continue
+            hits = np.flatnonzero(ranking.is_tp[a, t])
+            more = np.flatnonzero(ranking.counted[a, t] & ~always)
+            by_iou.append(
+                _IoUPlan(
+                    t,
+                    SumsAt(ranking.image_index, hits, at, images),
+                    np.searchsorted(every_end, at),
+                    SumsAt(ranking.image_index, more, at, images) if more.size else None,
+                )
+            )
+        always_sums = SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
+        plans.append(_AreaPlan(always_sums, sum(at.size for at in ends), by_iou))
+    return plans
+
+
 def ranked_ap(
     ranking: ClassRanking,
     by_image: np.ndarray | Weights,
     thresholds: np.ndarray | None = RECALL_THRESHOLDS,
-    plan: list[AreaSums | None] | None = None,
+    plan: list[_AreaPlan | None] | None = None,
 ) -> np.ndarray:
     """AP [A, T, R] of one class in each area range at each IoU threshold, for each column of
     image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
     of the class's objects there. All-ones weights give pycocotools' per-class AP (thresholds
-    None: the VOC devkit's all-point AP). `plan`: the ranking's `plan_sums`, made once where many
+    None: the VOC devkit's all-point AP). `plan`: the ranking's `_plan`, made once where many
     blocks of weights are read (each block's `Weights` made once for every class)."""
     ious = ranking.is_tp.shape[1]
     weights = by_image if isinstance(by_image, Weights) else Weights(by_image)
@@ -289,12 +329,17 @@ def ranked_ap(
     # an IoU without a true positive: AP 0 where the resample drew objects
     result = np.repeat(np.where(objects > 0, 0.0, np.nan)[:, None], ious, axis=1)
     images = weights.by_image.shape[0]
-    for a, area in enumerate(plan if plan is not None else plan_sums(ranking, images)):
+    for a, area in enumerate(plan if plan is not None else _plan(ranking, images)):
         if area is None:
             continue
+        seen_always = area.always(weights)
         points = None if thresholds is None else _RecallPoints(objects[a], thresholds, area.lookups)
-        for iou, tp, seen in area.read(weights):
-            result[a, iou] = _average_precision(tp, seen, objects[a], points)
+        # IoU by IoU: each one's arrays stay in the cache through the passes over them
+        for at in area.ious:
+            seen = np.take(seen_always, at.seen, axis=0)
+            if at.more is not None:  # integers: exact in float64
+                seen = np.add(seen, at.more(weights), dtype=np.float64)
+            result[a, at.iou] = _average_precision(at.tp(weights), seen, objects[a], points)
     return result
 
 
@@ -396,7 +441,7 @@ def resampled_ap(
         if divided:
             by_class = []
             for ranking in rankings:
-                plan = plan_sums(ranking, images)
+                plan = _plan(ranking, images)
                 found = pool.map(lambda block: ranked_ap(ranking, block, plan=plan), blocks)  # noqa: B023
                 by_class.append(np.concatenate(list(found), axis=2))  # [A, T, R]
         else:
@@ -417,7 +462,7 @@ def _class_samples(
     recall_thresholds: np.ndarray | None = RECALL_THRESHOLDS,
 ) -> np.ndarray:
     """One class's AP [A, T, R] over every block of resamples, its plan made once for them."""
-    plan = plan_sums(ranking, images)
+    plan = _plan(ranking, images)
     return np.concatenate(
         [ranked_ap(ranking, block, recall_thresholds, plan) for block in blocks], axis=2
     )
