@@ -233,3 +233,24 @@ def test_a_child_that_has_sent_its_result_is_reaped_all_the_same() -> None:
     while Path(f"/proc/{child.pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.01)  # a zombie keeps its /proc entry until it is reaped
     assert not Path(f"/proc/{child.pid}").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the cache is filled by forks on Linux only")
+def test_a_bad_image_stops_the_other_process_at_its_next_chunk(tmp_path: Path) -> None:
+    chunk = cache_fill.CHUNK_IMAGES
+    parent, log = os.getpid(), tmp_path / "decoded_by_the_child"
+
+    def decode_into(index: int, out: torch.Tensor) -> None:
+        if index == 1:
+            raise DataError("image 1 is bad")
+        if os.getpid() != parent:
+            time.sleep(0.02)
+            with log.open("a") as file:
+                file.write(f"{index}\n")
+
+    with pytest.raises(DataError, match="image 1 is bad"):
+        cache_fill.fill(8 * chunk, 1, decode_into, cache_fill.FillPlan(2, True, "processes"))
+    # the child's share is 4 chunks and the rest of this process's 3 more: it stops within
+    # the chunk it was decoding when this process met image 1
+    decoded = log.read_text().split() if log.exists() else []
+    assert len(decoded) <= chunk

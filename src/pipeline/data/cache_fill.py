@@ -23,11 +23,12 @@ import os
 import signal
 import struct
 import sys
+from array import array
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from itertools import pairwise
+from itertools import chain, pairwise
 
 import torch
 
@@ -140,18 +141,14 @@ def _in_processes(
 
     def in_child(share: int) -> tuple[int, PipelineError] | None:
         torch.set_num_threads(1)  # a resize must not start OpenMP workers: see forked.Child
-        return _first_bad(chunks.of_share(share), decode_one) or _first_bad(
-            chunks.left_by(share), decode_one
-        )
+        return chunks.decode(share, decode_one)
 
     children: list[forked.Child] = []
     try:
         for share in range(1, len(bounds) - 1):
             children.append(forked.Child(partial(in_child, share)))
         meanwhile()  # first: what is left of its share at the end is the children's to take
-        found = [
-            _first_bad(chunks.of_share(0), decode_one) or _first_bad(chunks.left_by(0), decode_one)
-        ]
+        found = [chunks.decode(0, decode_one)]
         outcomes = [child.outcome() for child in children]
     except BaseException:
         for child in children:
@@ -180,12 +177,19 @@ class _Chunks:
     others wait in a pipe of the share's, written before the fork and closed for writing.
     Every worker reads its own share's pipe, then the others' (`left_by`), till they read as
     empty: the kernel serialises a pipe's reads, so each start is read by one worker only.
-    Each share's first chunk is never handed out: each worker has images of its own."""
+    Each share's first chunk is never handed out: each worker has images of its own.
+
+    A worker that meets a bad image says so, in memory the workers share (a slot each, one
+    writer each): the others decode no chunk that starts past the lowest such image, whose
+    error would not be the first, so a bad file fails the fill about as soon as the images
+    before it are decoded, not after all of them."""
 
     def __init__(self, bounds: list[int]) -> None:
         self.bounds = bounds
         longest = max(stop - start for start, stop in pairwise(bounds))
         self.size = max(CHUNK_IMAGES, -(-longest // _MAX_CHUNKS))
+        self._first_bad = memoryview(mmap.mmap(-1, 8 * (len(bounds) - 1))).cast("q")
+        self._first_bad[:] = array("q", [bounds[-1]] * (len(bounds) - 1))  # none yet
         self._pipes: list[int] = []
         try:
             for start, stop in pairwise(bounds):
@@ -200,10 +204,25 @@ class _Chunks:
             self.close()
             raise
 
+    def decode(
+        self, share: int, decode_one: Callable[[int], object]
+    ) -> tuple[int, PipelineError] | None:
+        """The share's chunks, then what is left of the others', decoded in order up to the
+        first bad image: its index and error, told the other workers."""
+        for chunk in chain(self.of_share(share), self.left_by(share)):
+            for index in chunk:
+                try:
+                    decode_one(index)
+                except PipelineError as error:
+                    self._first_bad[share] = index
+                    return index, error
+        return None
+
     def of_share(self, share: int) -> Iterator[range]:
         """The share's first chunk, then those its pipe still holds."""
         start, stop = self.bounds[share], self.bounds[share + 1]
-        yield range(start, min(start + self.size, stop))
+        if start < min(self._first_bad):
+            yield range(start, min(start + self.size, stop))
         yield from self._handed_out(share)
 
     def left_by(self, share: int) -> Iterator[range]:
@@ -216,25 +235,14 @@ class _Chunks:
         stop = self.bounds[share + 1]
         while token := os.read(self._pipes[share], 4):
             (start,) = struct.unpack("<I", token)
+            if start >= min(self._first_bad):  # and so are the pipe's next ones
+                return
             yield range(start, min(start + self.size, stop))
 
     def close(self) -> None:
         for pipe in self._pipes:
             os.close(pipe)
         self._pipes = []
-
-
-def _first_bad(
-    chunks: Iterator[range], decode_one: Callable[[int], object]
-) -> tuple[int, PipelineError] | None:
-    """The chunks' images decoded in order, up to the first bad one: its index and error."""
-    for chunk in chunks:
-        for index in chunk:
-            try:
-                decode_one(index)
-            except PipelineError as error:
-                return index, error
-    return None
 
 
 def _ended(code: int) -> str:
