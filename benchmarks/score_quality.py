@@ -23,7 +23,8 @@ import harness
 import numpy as np
 
 from pipeline.errors import DataError
-from pipeline.evaluation.matching import as_boxes, matched_objects
+from pipeline.evaluation.matching import matched_objects
+from pipeline.evaluation.records import as_boxes
 
 NAME = "score_quality"
 FIXED_THRESHOLDS = (0.3, 0.4, 0.5)

@@ -25,7 +25,8 @@ from pipeline.evaluation.intervals import (
     interval_of,
     resampled_ap,
 )
-from pipeline.evaluation.matching import Record, by_image, ratio
+from pipeline.evaluation.matching import ratio
+from pipeline.evaluation.records import Record, by_image
 
 # Object size buckets by the square root of the box area in the model's input pixels (after
 # resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96

@@ -18,11 +18,11 @@ from pipeline.evaluation.image_level import image_level_f1
 from pipeline.evaluation.matching import (
     FIGURE_PROTOCOLS,
     PROTOCOLS,
-    Record,
     precision_recall_f1,
     ratio,
     resolve_protocol,
 )
+from pipeline.evaluation.records import Record
 from pipeline.evaluation.voc import voc_ap
 
 LABEL_MODES = ("multilabel", "single")

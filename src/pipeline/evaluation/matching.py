@@ -20,8 +20,19 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
-from pipeline.errors import DataError
 from pipeline.evaluation.image_bootstrap import f1_of_counts, micro_intervals
+from pipeline.evaluation.records import (
+    NOTHING_FOUND,
+    Images,
+    Record,
+    as_boxes,
+    as_vector,
+    by_image,
+    check_joined_labels,
+    image_detections,
+    image_objects,
+    laid_end_to_end,
+)
 
 # The operating point of a pass without detections: nothing is kept at any threshold.
 NO_DETECTIONS_THRESHOLD = 1.0
@@ -49,18 +60,6 @@ def resolve_protocol(protocol: str, data_format: str) -> str:
     if protocol not in PROTOCOLS:
         raise ValueError(f"eval.protocol {protocol!r} is not one of auto, {', '.join(PROTOCOLS)}")
     return protocol
-
-
-Record = Mapping[str, Any]
-
-
-def as_boxes(value: Any) -> np.ndarray:
-    # float64 so that IoU at the threshold is decided as pycocotools (double precision) decides it
-    return np.asarray(value, dtype=np.float64).reshape(-1, 4)
-
-
-def as_vector(value: Any, dtype: type) -> np.ndarray:
-    return np.asarray(value, dtype=dtype).reshape(-1)
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -102,48 +101,13 @@ def matched_objects(
 ) -> np.ndarray:
     """For each detection of one image, in the detections' original order, the index of the
     ground-truth object it matches, -1 for none (`matched_in_images`' rule)."""
-    boxes, scores, labels = _detections(det_boxes, det_scores, det_labels)
-    truth_boxes, truth_labels = _objects(gt_boxes, gt_labels)
+    boxes, scores, labels = image_detections(det_boxes, det_scores, det_labels)
+    truth_boxes, truth_labels = image_objects(gt_boxes, gt_labels)
     return matched_in_images(
-        _Images(boxes, scores, labels, np.zeros(len(scores), dtype=np.int64)),
-        _Images(truth_boxes, None, truth_labels, np.zeros(len(truth_labels), dtype=np.int64)),
+        Images(boxes, scores, labels, np.zeros(len(scores), dtype=np.int64)),
+        Images(truth_boxes, None, truth_labels, np.zeros(len(truth_labels), dtype=np.int64)),
         iou_threshold,
     )
-
-
-def _detections(boxes: Any, scores: Any, labels: Any) -> tuple[np.ndarray, ...]:
-    """One image's detections as the matcher reads them, checked to agree in length."""
-    found = as_boxes(boxes), as_vector(scores, np.float64), as_vector(labels, np.int64)
-    if not len(found[0]) == len(found[1]) == len(found[2]):
-        raise ValueError(
-            f"Detections disagree in length: {len(found[0])} boxes, {len(found[1])} scores, "
-            f"{len(found[2])} labels."
-        )
-    return found
-
-
-def _objects(boxes: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """One image's ground truth as the matcher reads it, checked to agree in length."""
-    truth = as_boxes(boxes), as_vector(labels, np.int64)
-    if len(truth[0]) != len(truth[1]):
-        raise ValueError(
-            f"Ground truth disagrees in length: {len(truth[0])} boxes, {len(truth[1])} labels."
-        )
-    return truth
-
-
-@dataclass(frozen=True)
-class _Images:
-    """Boxes of many images end to end, each tagged with its image's position (ascending)."""
-
-    boxes: np.ndarray  # float64 [N, 4]
-    scores: np.ndarray | None  # float64 [N]; None for ground truth
-    labels: np.ndarray  # int64 [N]
-    image: np.ndarray  # int64 [N]
-
-    def of_image(self, position: int) -> slice:
-        """Where one image's boxes are."""
-        return slice(*np.searchsorted(self.image, [position, position + 1]).tolist())
 
 
 def _paired_iou(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -167,7 +131,7 @@ def same_class_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(detection, object) index pairs of every detection with every object of its image and
     class, detection by detection, each one's objects in their order; images ascending on
-    both sides (as `_Images` lays them): work in proportion to the pairs of a class, not to
+    both sides (as `Images` lays them): work in proportion to the pairs of a class, not to
     all boxes of an image."""
     if found_image.size == 0 or truth_image.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -188,7 +152,7 @@ def same_class_pairs(
     return detection, by_cell[first_object[found_cell][detection] + within]
 
 
-def matched_in_images(found: _Images, truth: _Images, iou_threshold: float) -> np.ndarray:
+def matched_in_images(found: Images, truth: Images, iou_threshold: float) -> np.ndarray:
     """For each detection, the index (into `truth`) of the object it matches, -1 for none:
     every image matched at once.
 
@@ -331,51 +295,6 @@ class _Pooled:
         }
 
 
-def index_by_image(records: Iterable[Record], what: str) -> dict[int, Record]:
-    indexed: dict[int, Record] = {}
-    for record in records:
-        image_id = int(record["image_id"])
-        if image_id in indexed:
-            raise DataError(
-                f"The {what} list holds image_id {image_id} twice; image ids must be unique."
-            )
-        indexed[image_id] = record
-    return indexed
-
-
-def by_image(gts: Iterable[Record], dets: Iterable[Record]) -> tuple[dict[int, Record], ...]:
-    """Ground truth and detections by image id; detections of an image without ground truth
-    are refused, since nothing could score them."""
-    truth = index_by_image(gts, "ground truth")
-    found = index_by_image(dets, "detections")
-    unknown = sorted(set(found) - set(truth))
-    if unknown:
-        raise ValueError(f"Detections for image ids without ground truth: {unknown[:10]}.")
-    return truth, found
-
-
-def check_labels(labels: np.ndarray, num_classes: int, image_id: int, what: str) -> None:
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        bad = labels[(labels < 0) | (labels >= num_classes)][0]
-        message = (
-            f"{what} of image {image_id} has label {int(bad)}, outside [0, {num_classes}): "
-            "labels are 0-based class indices, so check the class list against the data."
-        )
-        raise DataError(message) if what == "Ground truth" else ValueError(message)
-
-
-def check_joined_labels(
-    labels: np.ndarray, owner: np.ndarray, ids: Sequence[Any], num_classes: int, what: str
-) -> None:
-    """`check_labels` over many images' labels laid end to end in one pass (`owner`: each
-    label's image, as a position in `ids`, ascending): the first image with a label out of
-    range is refused as `check_labels` words it."""
-    wrong = (labels < 0) | (labels >= num_classes)
-    if wrong.any():
-        at = int(owner[np.flatnonzero(wrong)[0]])
-        check_labels(labels[owner == at], num_classes, ids[at], what)
-
-
 def pool(
     gts: Iterable[Record],
     dets: Iterable[Record],
@@ -395,8 +314,8 @@ def pool(
         for position, gt in enumerate(truth.values())
         if len(gt.get("ignore_boxes", ()))
     }
-    found_all = _end_to_end([found.get(image_id, _NOTHING_FOUND) for image_id in truth], True)
-    truth_all = _end_to_end(list(truth.values()), scores=False)
+    found_all = laid_end_to_end([found.get(image_id, NOTHING_FOUND) for image_id in truth], True)
+    truth_all = laid_end_to_end(list(truth.values()), scores=False)
     for what, images in (("Ground truth", truth_all), ("Detections", found_all)):
         check_joined_labels(images.labels, images.image, list(truth), num_classes, what)
     cells = truth_all.labels * len(truth) + truth_all.image  # [class, image], flattened
@@ -426,50 +345,8 @@ def pool(
     )
 
 
-_NOTHING_FOUND = {"boxes": np.zeros((0, 4)), "scores": np.zeros(0), "labels": np.zeros(0)}
-
-
-def _end_to_end(records: Sequence[Record], scores: bool) -> _Images:
-    """The records' boxes, [scores,] and labels laid end to end, tagged by image position: one
-    conversion for all images (one per image cost more than the matching), each image's
-    fields checked to agree in length, a disagreement refused as `_detections` or `_objects`
-    refuse it for the first image that has one."""
-    boxes = [np.asarray(record["boxes"]) for record in records]
-    labels = [np.asarray(record["labels"]) for record in records]
-    found = [np.asarray(record["scores"]) for record in records] if scores else labels
-    counts, box_sizes, score_sizes = (
-        np.fromiter((part.size for part in parts), np.int64, len(parts))
-        for parts in (labels, boxes, found)
-    )
-    wrong = np.flatnonzero((box_sizes != 4 * counts) | (score_sizes != counts))
-    if wrong.size:  # the first such image's own check raises, naming what disagrees
-        at = int(wrong[0])
-        if scores:
-            _detections(boxes[at], found[at], labels[at])
-        _objects(boxes[at], labels[at])
-    return _Images(
-        end_to_end(boxes, 4).astype(np.float64),
-        end_to_end(found).astype(np.float64) if scores else None,
-        end_to_end(labels).astype(np.int64),
-        np.repeat(np.arange(len(records)), counts),
-    )
-
-
-def end_to_end(parts: Sequence[np.ndarray], width: int | None = None) -> np.ndarray:
-    """The parts' rows of `width` values (None: single values) one after the other, an empty
-    float64 part closing them (what no parts lay out). Parts that have that shape already (a
-    record's arrays) are joined as they are: reshaping each of thousands of small parts costs
-    more than joining them; any other part is reshaped first, as all of them then are."""
-    shape = (-1,) if width is None else (-1, width)
-    closing = np.zeros((0, *shape[1:]))
-    try:
-        return np.concatenate([*parts, closing])
-    except ValueError:  # some part of another shape (a flat list of corners, a scalar)
-        return np.concatenate([*(part.reshape(shape) for part in parts), closing])
-
-
 def _voc_flags(
-    found: _Images, truth: _Images, regions: Mapping[int, tuple[Any, Any]], iou_threshold: float
+    found: Images, truth: Images, regions: Mapping[int, tuple[Any, Any]], iou_threshold: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """(true positive, counted) of every detection, matched image by image as the VOC devkit
     matches (`match_voc`, ignore regions as difficult objects)."""

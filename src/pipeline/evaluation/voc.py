@@ -17,7 +17,8 @@ from pipeline.evaluation.intervals import (
     resampled_class_ap,
     weighted_class_ap,
 )
-from pipeline.evaluation.matching import Record, pool
+from pipeline.evaluation.matching import pool
+from pipeline.evaluation.records import Record
 
 # the VOC2007 devkit's recall points, np.arange(0, 1.1, 0.1) as it writes them (0.30000000000000004)
 VOC2007_RECALL_POINTS = np.arange(0.0, 1.1, 0.1)
