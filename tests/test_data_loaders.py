@@ -39,7 +39,7 @@ from pipeline.data.dataset import (
     make_loader,
     read_image,
 )
-from pipeline.data.geometry import PAD_VALUE, fit_to_input
+from pipeline.data.geometry import PAD_VALUE, fit_boxes, fit_image
 from pipeline.data.shapes import render_sample
 from pipeline.data.sources import (
     ImageRecord,
@@ -1638,8 +1638,10 @@ def test_an_image_already_at_input_size_is_handed_on_as_decoded_with_its_boxes()
     """Nothing to resize or pad: the decoded tensor itself, and the boxes as float32 [N, 4],
     without torchvision's wrappers (their cost per image is most of a small image's)."""
     image = torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8)
-    fitted, boxes = fit_to_input(image, np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64), 32)
+    fitted = fit_image(image, 32)
+    boxes = fit_boxes(np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64), 32, 32, 32)
     assert fitted is image
     assert boxes.dtype == torch.float32 and boxes.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
-    smaller, moved = fit_to_input(image, np.array([[0, 0, 32, 16]], np.float32), 16)
+    smaller = fit_image(image, 16)
+    moved = fit_boxes(np.array([[0, 0, 32, 16]], np.float32), 32, 32, 16)
     assert smaller.shape == (3, 16, 16) and moved.tolist() == [[0.0, 0.0, 16.0, 8.0]]

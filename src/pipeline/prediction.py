@@ -2,7 +2,7 @@
 pixels, an unreadable image reported and skipped.
 
 Images are decoded and fitted to the model's input exactly as evaluation decodes them
-(`read_image` turns them upright by their EXIF orientation, `fit_to_input` letterboxes them),
+(`read_image` turns them upright by their EXIF orientation, `fit_image` letterboxes them),
 and the boxes are mapped back with the same geometry, so the detections of an image are the
 ones evaluation's predictions file holds for it.
 """
@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.data.dataset import read_image
-from pipeline.data.geometry import Geometry, fit_to_input
+from pipeline.data.geometry import Geometry, fit_image
 from pipeline.device import DeviceLike, autocast
 from pipeline.errors import DataError
 from pipeline.models.inference import for_inference
@@ -32,7 +32,6 @@ FORMAT = "pipeline.predict/1"  # schemas/predict.schema.yaml
 PROGRESS_INTERVAL_S = 10.0
 # distinct, readable on photographs; class i takes colour i modulo their number
 BOX_COLOURS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6")
-_NO_BOXES = np.zeros((0, 4), np.float32)
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class _Images(Dataset):
         except DataError as error:
             return _Sample(index, None, None, 0, 0, str(error))
         height, width = image.shape[-2:]
-        fitted, _ = fit_to_input(image, _NO_BOXES, self.image_size, self.resize)
+        fitted = fit_image(image, self.image_size, self.resize)
         return _Sample(index, fitted, image if self.keep else None, height, width, None)
 
 

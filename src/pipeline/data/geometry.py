@@ -60,16 +60,9 @@ class Geometry:
         return boxes.clip(0, np.array([width, height] * 2, np.float32))
 
 
-def fit_to_input(
-    image: torch.Tensor, boxes: np.ndarray, size: int, mode: str = "letterbox"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Resize to a `size` square (keeping the aspect ratio and padding, or stretching), boxes alike."""
-    height, width = image.shape[-2:]
-    return fit_image(image, size, mode), fit_boxes(boxes, height, width, size, mode)
-
-
 def fit_image(image: torch.Tensor, size: int, mode: str = "letterbox") -> torch.Tensor:
-    """The image of `fit_to_input`."""
+    """The image resized to a `size` square, keeping its aspect ratio and padded (letterbox),
+    or stretched."""
     height, width = image.shape[-2:]
     if (height, width) == (size, size):  # nothing to do: torchvision's wrappers cost more
         return image
@@ -83,7 +76,7 @@ def fit_image(image: torch.Tensor, size: int, mode: str = "letterbox") -> torch.
 def fit_boxes(
     boxes: np.ndarray, height: int, width: int, size: int, mode: str = "letterbox"
 ) -> torch.Tensor:
-    """The boxes of `fit_to_input`, for an image of (height, width): no pixels needed."""
+    """Boxes moved as `fit_image` moves an image of (height, width): no pixels needed."""
     boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4)
     if (height, width) == (size, size):
         return boxes
