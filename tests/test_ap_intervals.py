@@ -261,6 +261,35 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
     np.testing.assert_array_equal(weighed, counts.astype(np.int64) @ weights.astype(np.int64))
 
 
+def test_weighted_sums_hold_under_torchs_kernel_without_mkl(monkeypatch) -> None:
+    """Torch built without MKL (macOS) multiplies addmm's output by beta before adding the
+    product, so with beta 0 an uninitialised buffer's NaN would survive: the sums must not
+    depend on what memory held before (np.empty filled with NaN here, that kernel stood in)."""
+    import torch
+
+    from pipeline.evaluation import weighted_sums
+
+    def without_mkl(input, mat1, mat2, *, beta=1, alpha=1, out):
+        out.mul_(beta)  # as at::native addmm_out_sparse_csr_native_cpu does
+        return out.add_(torch.mm(mat1, mat2), alpha=alpha)
+
+    rng = np.random.default_rng(3)
+    images, ranked = 12, 90
+    image_index = rng.integers(0, images, ranked)
+    members = np.flatnonzero(rng.random(ranked) < 0.5)
+    positions = np.unique(rng.choice(ranked, 15, replace=False))
+    weights = rng.integers(0, 4, (images, 9)).astype(np.int32)
+    sums = weighted_sums.SumsAt(image_index, members, positions, images)
+    empty = np.empty
+    monkeypatch.setattr(torch, "addmm", without_mkl)
+    monkeypatch.setattr(np, "empty", lambda *a, **k: np.full_like(empty(*a, **k), np.nan))
+    found = sums(weighted_sums.Weights(weights))
+    monkeypatch.undo()
+    drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
+    drawn[members] = weights[image_index[members]]
+    np.testing.assert_array_equal(found, np.cumsum(drawn, axis=0)[positions])
+
+
 @pytest.mark.parametrize(
     "thresholds",
     [intervals.RECALL_THRESHOLDS, np.linspace(0.0, 1.0, 11), np.array([-0.1, 1 / 3, 0.7, 1.5])],

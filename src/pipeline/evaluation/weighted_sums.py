@@ -82,8 +82,9 @@ class SumsAt:
         if dtype not in self._matrices:  # two workers may both make it: the same matrix
             self._matrices[dtype] = self._matrices[np.float32].to(torch.float64)
         # into an array of numpy's: torch's own output of the product (`@`) costs several
-        # times more per row; beta 0: its contents are not read
-        sums = np.empty((self.size, weights.by_image.shape[1]), dtype=dtype)
+        # times more per row. Zeros, though beta is 0: MKL's kernel ignores them, but torch's
+        # own (builds without MKL, as on macOS) multiplies them by beta, and 0 x NaN is NaN
+        sums = np.zeros((self.size, weights.by_image.shape[1]), dtype=dtype)
         out = torch.from_numpy(sums)
         matrix, by_image = self._matrices[dtype], torch.from_numpy(weights.floats(dtype))
         torch.addmm(out, matrix, by_image, beta=0, out=out)
