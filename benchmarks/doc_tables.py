@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 RECORDS_DIR = REPO / "benchmarks" / "records"
 MACHINES_DIR = REPO / "benchmarks" / "machines"
 MACHINES = "machines"
-NOT_SCRIPTS = {"harness", "doc_tables", "real_layouts"}  # helpers, not benchmark scripts
+# helpers, not benchmark scripts
+NOT_SCRIPTS = {"harness", "doc_tables", "real_layouts", "repeated_runs"}
 OWN_TABLE = "real_sets"  # its records and its table are its own (real_sets.table)
 # A marker is a line of its own: one quoted in prose (`<!-- generated:NAME:start -->`) is not.
 BLOCK = re.compile(

@@ -25,6 +25,15 @@ evaluation instead: `python -m pipeline evaluate` as the evaluate rule runs it (
 written too), in this process after one untimed run that pays the imports, with the
 checkpoint's precision and detections; the forward pass is the eval JSON's own timing of it.
 Target: everything else at most as long as the forward pass.
+
+Repeated: one run's figures swing (the forward pass most: oneDNN's kernels, the machine), so
+that one run may pass a target and the next fail it. Each part is timed --repeats times
+(default 5): the default-size evaluation in N runs, the COCO scale in N rounds of one run of
+each size, the first of them alternating (ABBA). Times are the medians of the runs, with
+their smallest and largest; each ratio is the median of the per-run (per-round) ratios, both
+halves of one taken in the same run, with its 95% bootstrap interval over the runs
+(`stats.paired_speedup`). The verdict reads that median; its line shows the interval and
+says where it crosses the target, where another N runs may well read the other way.
 """
 
 from __future__ import annotations
@@ -37,8 +46,9 @@ from typing import Any
 import harness
 import numpy as np
 import torch
+from repeated_runs import Times, paired_ratio, ratio_figure, spread, spread_figures, with_spread
 
-from pipeline import timing
+from pipeline import stats, timing
 from pipeline.config import load_config, merge, parse_overrides
 from pipeline.data import load_split
 from pipeline.data.dataset import loader_for
@@ -85,6 +95,13 @@ def parse_args(argv: list[str]):
     parser.add_argument("--small", type=int, default=1000, help="images, smaller COCO-scale set")
     parser.add_argument("--large", type=int, default=5000, help="images, larger COCO-scale set")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="N: timed runs of the default-size evaluation, and rounds of the two COCO-scale "
+        f"sets (at least {stats.MIN_ROUNDS_TO_PAIR}, what a ratio's interval pairs over)",
+    )
+    parser.add_argument(
         "--data-root", default=str(harness.DEFAULT_DATA_ROOT), help="the generated data set"
     )
     parser.add_argument(
@@ -96,6 +113,12 @@ def parse_args(argv: list[str]):
     )
     args = parser.parse_args(argv)
     harness.check_positive(parser, args, "small", "large")
+    if args.repeats < stats.MIN_ROUNDS_TO_PAIR:
+        parser.error(
+            f"--repeats must be at least {stats.MIN_ROUNDS_TO_PAIR}, got {args.repeats}: the "
+            "intervals of the ratios are bootstrapped over the runs, and fewer hold far less "
+            "than their confidence"
+        )
     return args
 
 
@@ -146,11 +169,9 @@ def coco_scale(images: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[
     return gts, dets
 
 
-def time_coco_scale(images: int) -> dict[str, Any]:
+def time_coco_scale(gts: list[dict[str, Any]], dets: list[dict[str, Any]]) -> dict[str, Any]:
     """What evaluation computes from detections, at COCO scale, timed in its two halves."""
-    gts, dets = coco_scale(images, seed=images)
     names = [f"class{c}" for c in range(COCO_CLASSES)]
-    conditions = timing.RunConditions()
     start = time.perf_counter()
     counts = precision_recall_f1(gts, dets, COCO_CLASSES, None)
     matched = time.perf_counter()
@@ -164,15 +185,28 @@ def time_coco_scale(images: int) -> dict[str, Any]:
     )
     done = time.perf_counter()
     return {
-        "images": images,
+        "images": len(gts),
         "p_r_f1_s": matched - start,
         "coco_ap_s": done - matched,
         "total_s": done - start,
-        "ms_per_image": 1000 * (done - start) / images,
+        "ms_per_image": 1000 * (done - start) / len(gts),
         "ap50": ap["ap50"],
         "ap50_interval": ap["ap50_interval"],
-        "conditions": conditions.finish(),
     }
+
+
+def coco_scale_rounds(small: int, large: int, repeats: int) -> dict[str, Any]:
+    """`repeats` rounds, each timing the smaller and the larger set, the first of them
+    alternating from round to round (ABBA): a machine that speeds up or slows down over the
+    rounds favours neither size, and both halves of a round's ratio share its moment."""
+    workloads = {"small": coco_scale(small, seed=small), "large": coco_scale(large, seed=large)}
+    conditions = timing.RunConditions()
+    rounds = []
+    for index in range(repeats):
+        order = timing.balanced_order(list(workloads), index)
+        timed = {size: time_coco_scale(*workloads[size]) for size in order}
+        rounds.append({"round": index, "order": order, **timed})
+    return {"rounds": rounds, "conditions": conditions.finish()}
 
 
 class GroundTruthDetections(torch.nn.Module):
@@ -212,7 +246,6 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
     """`evaluate`'s work on validation then test: decoding, forward, the rest."""
     config = load_config(None, [f"data.root={args.data_root}", *args.settings])
     rng = np.random.default_rng(args.seed)
-    conditions = timing.RunConditions()
     start = time.perf_counter()
     decode_s = forward_s = made_s = 0.0
     threshold = None
@@ -267,7 +300,6 @@ def time_default_size(args, device: torch.device) -> dict[str, Any]:
         "else_s": total_s - forward_s,
         "parts": parts_of(passes, total_s - forward_s),
         "ratio": (total_s - forward_s) / forward_s,
-        "conditions": conditions.finish(),
     }
 
 
@@ -288,9 +320,7 @@ def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
             "--device", str(device), "--data", args.data_root, "--out", str(out),
             "--predictions", str(Path(scratch) / "predictions.json"), *args.settings,
         ]  # fmt: skip
-        for _run in range(2):  # the first pays the imports: report_time's evaluate stage has them
-            conditions = timing.RunConditions()
-            result, total_s = harness.evaluate_in_process(argv, out)
+        result, total_s = harness.evaluate_in_process(argv, out)
     passes = [result["metrics"], *([result["val_metrics"]] if result["val_metrics"] else [])]
     forward_s = sum(metrics["timing"]["model_s"] for metrics in passes)
     return {
@@ -304,131 +334,187 @@ def time_evaluate_command(args, device: torch.device) -> dict[str, Any]:
         "else_s": total_s - forward_s,
         "parts": parts_of(passes, total_s - forward_s),
         "ratio": (total_s - forward_s) / forward_s,
-        "conditions": conditions.finish(),
     }
+
+
+def default_size_runs(args, device: torch.device) -> dict[str, Any]:
+    """--repeats timed runs of the default-size evaluation, with --checkpoint after one untimed
+    run that pays the imports (report_time's evaluate stage has them paid): the forward pass
+    swings from run to run (oneDNN's kernels, the machine), so one run's ratio says little."""
+    if args.checkpoint:
+        time_evaluate_command(args, device)
+    time_run = time_evaluate_command if args.checkpoint else time_default_size
+    conditions = timing.RunConditions()
+    runs = [time_run(args, device) for _ in range(args.repeats)]
+    return {"runs": runs, "conditions": conditions.finish()}
+
+
+def coco_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per size the medians over rounds (with their range), and the median of the per-round
+    ratios, larger over smaller set's ms per image, with its interval."""
+    sizes = {
+        size: {
+            "images": rounds[0][size]["images"],
+            **{
+                key: spread([r[size][key] for r in rounds])
+                for key in ("p_r_f1_s", "coco_ap_s", "ms_per_image")
+            },
+        }
+        for size in ("small", "large")
+    }
+    scale_ratio = paired_ratio(
+        [r["large"]["ms_per_image"] for r in rounds], [r["small"]["ms_per_image"] for r in rounds]
+    )
+    return {**sizes, "scale_ratio": scale_ratio}
+
+
+def default_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians over runs (with their range) of the times and of each part of everything
+    else, and the median of the per-run ratios, everything else over the forward pass, with
+    its interval."""
+    times = ("total_s", "forward_s", "else_s") + (
+        () if runs[0]["decode_images_s"] is None else ("decode_images_s",)
+    )
+    return {
+        **{key: runs[0][key] for key in ("images", "image_size", "model", "precision")},
+        **{key: spread([run[key] for run in runs]) for key in times},
+        "parts": {key: spread([run["parts"][key] for run in runs]) for key in runs[0]["parts"]},
+        "ratio": paired_ratio([run["else_s"] for run in runs], [run["forward_s"] for run in runs]),
+    }
+
+
+def coco_times(coco: dict[str, Any]) -> Times:
+    """(key, label, median and range, unit) of each COCO-scale time in the record."""
+    return [
+        (
+            f"coco_{coco[size]['images']}.ms_per_image",
+            f"COCO scale, {coco[size]['images']} images: evaluation ms per image",
+            coco[size]["ms_per_image"],
+            "ms",
+        )
+        for size in ("small", "large")
+    ]
+
+
+DEFAULT_TIMES = {
+    "total_s": "the whole evaluation",
+    "forward_s": "forward pass",
+    "else_s": "everything but the forward pass",
+    "decode_images_s": "decoding the images (part of everything else)",
+}
+
+
+def default_times(default: dict[str, Any]) -> Times:
+    """(key, label, median and range, unit) of each default-size time in the record: the
+    images' decoding only where it was timed apart (not inside the command)."""
+    times = [
+        (f"default.{key}", f"default size: {label}", default[key], "s")
+        for key, label in DEFAULT_TIMES.items()
+        if key in default
+    ]
+    return times + [
+        (
+            f"default.{key}",
+            f"default size: {PART_LABELS[key]} (part of everything else)",
+            value,
+            "s",
+        )
+        for key, value in default["parts"].items()
+    ]
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = harness.setup_torch(args)
     started = time.perf_counter()
-    coco = [time_coco_scale(images) for images in (args.small, args.large)]
-    scale_ratio = coco[1]["ms_per_image"] / coco[0]["ms_per_image"]
-    if args.checkpoint:
-        default = time_evaluate_command(args, device)
-    else:
-        default = time_default_size(args, device)
+    coco_runs = coco_scale_rounds(args.small, args.large, args.repeats)
+    coco = coco_summary(coco_runs["rounds"])
+    default_runs = default_size_runs(args, device)
+    default = default_summary(default_runs["runs"])
+    runs = args.repeats
 
     print(
         harness.table(
-            ("COCO scale, no model", "images", "P/R/F1 s", "COCO AP + intervals s", "ms/image"),
+            (
+                f"COCO scale, no model, median of {runs} rounds (range)",
+                "images",
+                "P/R/F1 s",
+                "COCO AP + intervals s",
+                "ms/image",
+            ),
             [
                 [
                     f"{COCO_CLASSES} classes",
-                    r["images"],
-                    r["p_r_f1_s"],
-                    r["coco_ap_s"],
-                    harness.ms(r["ms_per_image"]),
+                    coco[size]["images"],
+                    with_spread(coco[size]["p_r_f1_s"]),
+                    with_spread(coco[size]["coco_ap_s"]),
+                    with_spread(coco[size]["ms_per_image"], 2),
                 ]
-                for r in coco
+                for size in ("small", "large")
             ],
         )
     )
     passed_scale, line = harness.verdict(
-        f"ms per image, {args.large} / {args.small} images", scale_ratio, SCALE_TARGET
+        f"ms per image, {args.large} / {args.small} images, median of {runs} rounds' ratios",
+        coco["scale_ratio"]["median"],
+        SCALE_TARGET,
+        interval=(coco["scale_ratio"]["low"], coco["scale_ratio"]["high"]),
     )
     print(line)
     print(
         harness.table(
-            ("default size", "images", "forward s", "decoding images s", "else s", "total s"),
+            (
+                f"{default['model']} at {default['image_size']} px, {default['precision']}, "
+                f"{default['images']} images: median of {runs} runs (range)",
+                "s",
+            ),
             [
-                [
-                    f"{default['model']} at {default['image_size']} px, {default['precision']}",
-                    default["images"],
-                    default["forward_s"],
-                    "-" if default["decode_images_s"] is None else default["decode_images_s"],
-                    default["else_s"],
-                    default["total_s"],
-                ]
+                [label.removeprefix("default size: "), with_spread(value)]
+                for _key, label, value, _unit in default_times(default)
             ],
         )
     )
     print(
-        harness.table(
-            ("everything else, divided", "s"),
-            [[PART_LABELS[key], seconds] for key, seconds in default["parts"].items()],
-        )
+        "per-run everything else / forward pass: "
+        + ", ".join(f"{run['ratio']:.3f}" for run in default_runs["runs"])
     )
     passed_else, line = harness.verdict(
-        "everything but the forward pass / the forward pass", default["ratio"], ELSE_TARGET
+        f"everything but the forward pass / the forward pass, median of {runs} runs' ratios",
+        default["ratio"]["median"],
+        ELSE_TARGET,
+        interval=(default["ratio"]["low"], default["ratio"]["high"]),
     )
     print(line)
     print(f"took {time.perf_counter() - started:.0f} s")
 
-    flags = []
-    for row in coco:
-        flags += harness.condition_flags(row["conditions"], f"the {row['images']}-image set")
-    flags += harness.condition_flags(default["conditions"], "the default-size evaluation")
-    for row in (*coco, default):
-        harness.warn_if_loaded(row["conditions"], "a part of this run")
+    flags = [
+        *harness.condition_flags(coco_runs["conditions"], "the COCO-scale rounds"),
+        *harness.condition_flags(default_runs["conditions"], "the default-size runs"),
+    ]
+    for part in (coco_runs, default_runs):
+        harness.warn_if_loaded(part["conditions"], "a part of this run")
     figures = [
-        *(
-            harness.figure(
-                f"coco_{row['images']}.ms_per_image",
-                f"COCO scale, {row['images']} images: evaluation ms per image",
-                row["ms_per_image"],
-                "ms",
-            )
-            for row in coco
-        ),
-        harness.figure(
+        *spread_figures(coco_times(coco), runs),
+        ratio_figure(
             "coco.scale_ratio",
             f"ms per image, {args.large} / {args.small} images",
-            scale_ratio,
-            "ratio",
-            target=("<=", SCALE_TARGET),
+            coco["scale_ratio"],
+            SCALE_TARGET,
+            f"{runs} rounds",
         ),
-        harness.figure(
-            "default.forward_s", "default size: forward pass", default["forward_s"], "s"
-        ),
-        harness.figure(
-            "default.else_s",
-            "default size: everything but the forward pass",
-            default["else_s"],
-            "s",
-        ),
-        *(
-            []
-            if default["decode_images_s"] is None  # inside the command: not timed apart
-            else [
-                harness.figure(
-                    "default.decode_images_s",
-                    "default size: decoding the images (part of everything else)",
-                    default["decode_images_s"],
-                    "s",
-                )
-            ]
-        ),
-        *(
-            harness.figure(
-                f"default.{key}",
-                f"default size: {PART_LABELS[key]} (part of everything else)",
-                seconds,
-                "s",
-            )
-            for key, seconds in default["parts"].items()
-        ),
-        harness.figure(
+        *spread_figures(default_times(default), runs),
+        ratio_figure(
             "default.ratio",
             "default size: everything but the forward pass / the forward pass",
             default["ratio"],
-            "ratio",
-            target=("<=", ELSE_TARGET),
+            ELSE_TARGET,
+            f"{runs} runs",
         ),
     ]
     settings = {
         "small": args.small,
         "large": args.large,
+        "repeats": args.repeats,
         "classes": COCO_CLASSES,
         "detections_per_image": DETECTIONS,
         "data_root": args.data_root,
@@ -439,8 +525,8 @@ def main(argv: list[str]) -> int:
     harness.write_record(args, harness.record(NAME, figures, settings=settings, flags=flags))
     record = {
         "benchmark": NAME,
-        "coco_scale": coco,
-        "default_size": default,
+        "coco_scale": {**coco_runs, "summary": coco},
+        "default_size": {**default_runs, "summary": default},
         "settings": settings,
         "environment": harness.environment(device),
     }

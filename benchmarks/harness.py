@@ -312,9 +312,19 @@ def print_sides(
     return ratio, per_round
 
 
-def verdict(label: str, ratio: float, target: float) -> tuple[bool, str]:
+def verdict(
+    label: str, ratio: float, target: float, *, interval: tuple[float, float] | None = None
+) -> tuple[bool, str]:
+    """PASS or FAIL by the point figure; with its `interval` (at stats.CONFIDENCE) the line
+    shows it, and says so where it crosses the target: another run may well read otherwise."""
     passed = ratio <= target
-    return passed, f"{label}: {ratio:.3f}   target <= {target:.2f}   {'PASS' if passed else 'FAIL'}"
+    shown = f"{ratio:.3f}"
+    if interval is not None:
+        shown += f" ({stats.CONFIDENCE:.0%} interval {interval[0]:.3f}-{interval[1]:.3f})"
+    line = f"{label}: {shown}   target <= {target:.2f}   {'PASS' if passed else 'FAIL'}"
+    if interval is not None and interval[0] <= target <= interval[1]:
+        line += " (the interval crosses the target: not settled by this run)"
+    return passed, line
 
 
 def side_summary(label: str, samples: Sequence[float]) -> dict[str, Any]:

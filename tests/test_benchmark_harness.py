@@ -42,3 +42,15 @@ def test_measure_warms_every_side_up_then_alternates_them_with_the_conditions_of
         (1, "A", 1),
     ]
     assert conditions == {"high_load": False}
+
+
+def test_a_verdict_reads_the_point_figure_and_says_when_its_interval_crosses_the_target() -> None:
+    harness = load("harness")
+    passed, line = harness.verdict("else / forward", 0.95, 1.0, interval=(0.90, 1.04))
+    assert passed and "PASS" in line and "95% interval 0.900-1.040" in line
+    assert "crosses the target" in line
+    passed, line = harness.verdict("else / forward", 1.02, 1.0, interval=(0.98, 1.10))
+    assert not passed and "FAIL" in line and "crosses the target" in line
+    passed, line = harness.verdict("else / forward", 0.95, 1.0, interval=(0.90, 0.99))
+    assert passed and "crosses" not in line
+    assert "interval" not in harness.verdict("else / forward", 0.95, 1.0)[1]
