@@ -1,8 +1,8 @@
 """AP@.5's interval over images beside fresh sets of images: where it lies and what it holds.
 
-evaluation_speed's COCO-scale workload (80 classes; 100 detections per image made from the
-ground truth with noise, most of them false positives) on --splits fresh sets of --images
-images (default 20 of 200), each scored as `evaluate` scores a split (pycocotools, AP's
+detection_workload's COCO-scale workload, the one evaluation_speed times (80 classes; 100
+detections per image made from the ground truth with noise, most of them false positives)
+on --splits fresh sets of --images images (default 20 of 200), each scored as `evaluate` scores a split (pycocotools, AP's
 intervals over images); and one set of --large images (default 4,000) for AP@.5 on many
 images. Per set: AP@.5, its interval (centred on the figure) and the plain percentile interval
 of the same resamples (the centred one moved back by its shift). Figures: the sets' mean AP@.5
@@ -19,8 +19,8 @@ import io
 import statistics
 from typing import Any
 
-import evaluation_speed
 import harness
+from detection_workload import COCO_CLASSES, coco_scale
 
 from pipeline.evaluation.coco import coco_ap
 
@@ -40,8 +40,8 @@ def parse_args(argv: list[str]):
 
 def scored(images: int, seed: int, intervals: bool) -> dict[str, Any]:
     """AP@.5 of one set of the COCO-scale workload, with its interval where asked."""
-    gts, dets = evaluation_speed.coco_scale(images, seed=seed)
-    classes = evaluation_speed.COCO_CLASSES
+    gts, dets = coco_scale(images, seed=seed)
+    classes = COCO_CLASSES
     with contextlib.redirect_stdout(io.StringIO()):
         found = coco_ap(gts, dets, classes, [f"class{c}" for c in range(classes)], 0.5, intervals)
     return {"ap50": found["ap50"], "interval": found["ap50_interval"]}

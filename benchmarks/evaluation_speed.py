@@ -2,10 +2,8 @@
 
 Two parts, one run.
 
-COCO scale, no model: 80 classes; images of 1 to 15 objects (COCO's mean is about 7) from
-4 to 400 px in a 640-px input; 100 detections per image, each a ground-truth box of its image
-moved by noise (most far off: false positives; some of another class), scored higher the
-nearer they are. Timed: what `evaluate` computes from detections (matching and P/R/F1 with
+COCO scale, no model: `detection_workload.coco_scale`'s 80 classes, 1 to 15 objects per
+image and 100 detections each, made from the ground truth with noise. Timed: what `evaluate` computes from detections (matching and P/R/F1 with
 their intervals, COCO AP with the size buckets, every AP interval), at --small and
 --large images (default 1,000 and 5,000). Target: time per image at the larger size at most
 1.5 x that at the smaller (evaluation linear in its work).
@@ -15,8 +13,8 @@ by default) through `Evaluator.evaluate` as `python -m pipeline evaluate` runs i
 first, its best-F1 threshold applied to test, AP intervals on test), the default model's
 forward pass timed apart from everything else: decoding the images, the model's own decoding
 of its outputs, matching, COCO AP and the intervals. The model is untrained, so its
-detections are replaced, after its decoding ran, by detections made from the ground truth as
-above: a trained model's number of detections and matches, without training one here (made
+detections are replaced, after its decoding ran, by detections made from the ground truth
+as above (`detection_workload.noisy_detections`): a trained model's number of detections and matches, without training one here (made
 before each split's evaluation, outside the timed work). Its decoding works out every top-K
 box, without eval.min_score, under which an untrained model's scores sit: more than a trained
 model's floor leaves. With --checkpoint (a default run's
@@ -46,6 +44,7 @@ from typing import Any
 import harness
 import numpy as np
 import torch
+from detection_workload import COCO_CLASSES, DETECTIONS, coco_scale, noisy_detections
 from repeated_runs import Times, paired_ratio, ratio_figure, spread, spread_figures, with_spread
 
 from pipeline import stats, timing
@@ -62,9 +61,6 @@ from pipeline.models.inference import for_inference
 NAME = "evaluation_speed"
 SCALE_TARGET = 1.5  # time per image, larger / smaller set
 ELSE_TARGET = 1.0  # everything but the forward pass / the forward pass
-COCO_CLASSES = 80
-COCO_INPUT = 640
-DETECTIONS = 100
 
 
 # how the passes divide what they spend beside the forward pass (the eval JSON's timing keys)
@@ -120,53 +116,6 @@ def parse_args(argv: list[str]):
             "than their confidence"
         )
     return args
-
-
-def noisy_detections(
-    boxes: np.ndarray, labels: np.ndarray, classes: int, size: int, rng: np.random.Generator
-) -> dict[str, np.ndarray]:
-    """DETECTIONS boxes made from an image's objects: each a copy of one of them moved by
-    noise of a random scale (up to its own size: mostly false positives), of another class one
-    time in five, scored higher the smaller the noise. Without objects: boxes anywhere."""
-    if len(boxes) == 0:
-        corners = rng.uniform(0, size * 0.8, (DETECTIONS, 2))
-        found = np.concatenate([corners, corners + rng.uniform(4, size * 0.2, (DETECTIONS, 2))], 1)
-        return {
-            "boxes": found.astype(np.float32),
-            "scores": rng.uniform(0, 0.5, DETECTIONS).astype(np.float32),
-            "labels": rng.integers(0, classes, DETECTIONS),
-        }
-    pick = rng.integers(0, len(boxes), DETECTIONS)
-    sides = np.repeat(boxes[pick, 2:] - boxes[pick, :2], 2, axis=0).reshape(-1, 4)
-    noise = rng.exponential(0.25, (DETECTIONS, 1))
-    moved = boxes[pick] + rng.normal(0, 1, (DETECTIONS, 4)) * noise * sides
-    moved[:, 2:] = np.maximum(moved[:, 2:], moved[:, :2] + 1)
-    other = rng.random(DETECTIONS) < 0.2
-    found_labels = np.where(other, rng.integers(0, classes, DETECTIONS), labels[pick])
-    scores = np.clip(1 - noise[:, 0] + rng.normal(0, 0.1, DETECTIONS), 0.01, 1)
-    return {
-        "boxes": np.clip(moved, 0, size).astype(np.float32),
-        "scores": scores.astype(np.float32),
-        "labels": found_labels,
-    }
-
-
-def coco_scale(images: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rng = np.random.default_rng(seed)
-    gts, dets = [], []
-    for image_id in range(1, images + 1):
-        count = int(rng.integers(1, 16))
-        sides = np.exp(rng.uniform(np.log(4), np.log(400), (count, 1))) * rng.uniform(
-            0.6, 1.4, (count, 2)
-        )
-        sides = np.minimum(sides, COCO_INPUT - 1)
-        corners = rng.uniform(0, COCO_INPUT - sides)
-        boxes = np.concatenate([corners, corners + sides], axis=1)
-        labels = rng.integers(0, COCO_CLASSES, count)
-        gts.append({"image_id": image_id, "boxes": boxes.astype(np.float32), "labels": labels})
-        found = noisy_detections(boxes, labels, COCO_CLASSES, COCO_INPUT, rng)
-        dets.append({"image_id": image_id, **found})
-    return gts, dets
 
 
 def time_coco_scale(gts: list[dict[str, Any]], dets: list[dict[str, Any]]) -> dict[str, Any]:

@@ -349,7 +349,7 @@ def test_blocks_computed_side_by_side_run_torch_on_one_thread_each_and_give_them
 
 
 def test_ap_intervals_hold_their_figures_where_resampling_raises_ap_beyond_its_spread() -> None:
-    """evaluation_speed's COCO-scale workload (80 classes, a hundred detections per image,
+    """detection_workload's COCO-scale workload (80 classes, a hundred detections per image,
     most of them false positives) on 100 images: a resample's AP lies above the figure by
     more than the resamples spread (the precision envelope is a running maximum, and images
     drawn twice lift it), so the plain percentile interval lay wholly above AP@.5. Every AP
@@ -358,17 +358,17 @@ def test_ap_intervals_hold_their_figures_where_resampling_raises_ap_beyond_its_s
 
     from pipeline.evaluation.voc import voc_ap
 
-    speed = load("evaluation_speed")
-    gts, dets = speed.coco_scale(100, seed=100)
-    names = [f"class{c}" for c in range(speed.COCO_CLASSES)]
-    result = coco_ap(gts, dets, speed.COCO_CLASSES, names, 0.5, ap_intervals=True)
+    workload = load("detection_workload")
+    gts, dets = workload.coco_scale(100, seed=100)
+    names = [f"class{c}" for c in range(workload.COCO_CLASSES)]
+    result = coco_ap(gts, dets, workload.COCO_CLASSES, names, 0.5, ap_intervals=True)
     figures = {name: result[name] for name in ("ap", "ap50", "ap75")}
     for row in result["per_class"]:
         figures.update({f"class {row['name']} {name}": row[name] for name in ("ap", "ap50")})
     for bucket, row in result["size_buckets"].items():
         figures.update({f"{bucket} {name}": row[name] for name in ("ap", "ap50")})
     found = intervals_of(result)
-    voc = voc_ap(gts, dets, speed.COCO_CLASSES, intervals=True)
+    voc = voc_ap(gts, dets, workload.COCO_CLASSES, intervals=True)
     figures["voc ap50"], found["voc ap50"] = voc["ap50"], voc["ap50_interval"]
     for label, row in enumerate(voc["per_class"]):
         figures[f"voc {label} ap50"], found[f"voc {label} ap50"] = row["ap50"], row["ap50_interval"]
