@@ -233,16 +233,19 @@ def test_a_users_error_in_a_child_is_raised_here_as_it_is(
         bench.run_backend(torch.device("cpu"), ["fp32"], ["train"], ["tiny_conv"], settings)
 
 
-@pytest.mark.parametrize("backend", ["fake_cuda", "fake_mps", "cpu, fork=False"])
+@pytest.mark.parametrize("backend", ["fake_cuda", "fake_mps", "cpu, fork=False", "cpu on macOS"])
 def test_cuda_mps_and_a_cpu_told_not_to_fork_time_their_instances_in_this_process(
     monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, backend: str
 ) -> None:
+    """Nor does a CPU where forking is unsafe (macOS: its system libraries' threads)."""
     if backend.startswith("fake"):
         request.getfixturevalue(backend)
     device = {"fake_cuda": torch.device("cuda", 0), "fake_mps": torch.device("mps")}.get(
         backend, torch.device("cpu")
     )
-    fork = {"fork": False} if backend.startswith("cpu") else {}
+    fork = {"fork": False} if backend == "cpu, fork=False" else {}
+    if backend == "cpu on macOS":
+        monkeypatch.setattr(sys, "platform", "darwin")
     prepared: list[tuple[int, str, list[int]]] = []
 
     def prepare(shared, precisions, mode, model_name, instances, records, ready):
@@ -261,6 +264,7 @@ def test_cuda_mps_and_a_cpu_told_not_to_fork_time_their_instances_in_this_proces
     records = bench.run_backend(device, ["fp32"], ["train"], ["tiny_conv"], settings, **fork)
     assert prepared == [(os.getpid(), device.type, [0, 1])]
     assert records[0]["reason"] == "simulated"
+    monkeypatch.setattr(sys, "platform", "linux")
     with pytest.raises(AssertionError, match="forked"):  # where the CPU bench forks
         bench.run_backend(torch.device("cpu"), ["fp32"], ["train"], ["tiny_conv"], settings)
 

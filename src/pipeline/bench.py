@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import bench_record, bench_schedule, timing
+from pipeline import bench_record, bench_schedule, forked, timing
 from pipeline import device as dev
 from pipeline.bench_schedule import Ready
 from pipeline.bench_stops import FRESH_REFERENCE_STEPS, FarBehind, slower_than
@@ -116,9 +116,10 @@ def run_backend(
     fork: bool = True,
 ) -> list[dict[str, Any]]:
     """Every model x precision x mode on one backend; one record each, fp32's first, then
-    each other precision's, each with its modes in order. On a CPU, each model instance
-    index in a child forked from this process, which must not have run torch compute yet
-    (`bench_schedule.forked`); `fork=False` keeps them in this process, for a caller that has.
+    each other precision's, each with its modes in order. On a CPU where forking is safe
+    (`forked.safe`: Linux), each model instance index in a child forked from this process,
+    which must not have run torch compute yet (`bench_schedule.forked`); `fork=False` keeps
+    them in this process, for a caller that has.
 
     For each model and mode, every precision gets `bench.instances` freshly built models
     (instance k from seed k, the first from the seed a process of its own would use), each
@@ -135,7 +136,7 @@ def run_backend(
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
     shared = _Shared(device, settings)
-    shared.fork = fork and device.type == "cpu" and FORK_CPU_INSTANCES
+    shared.fork = fork and device.type == "cpu" and FORK_CPU_INSTANCES and forked.safe()
     ordered = sorted(dict.fromkeys(precisions), key=lambda p: p != "fp32")
     records = []
     for model_name in models:

@@ -1,6 +1,6 @@
 """Work run in a child forked from this process, what it returns or raises pickled back over a
 pipe: the bench's CPU model instances (`pipeline.bench_fork`) and the image cache's decoding
-(`pipeline.data.cache_fill`) use it. POSIX only (`os.fork`)."""
+(`pipeline.data.cache_fill`) use it, where `safe` says a fork is."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ from pipeline.errors import PipelineError
 _THREADED_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\)"
 
 Kind = Literal["ok", "raise", "error", "died"]
+
+
+def safe(platform: str | None = None) -> bool:
+    """Whether this package forks on `platform` (default: this one): on Linux alone. macOS's
+    system libraries (Accelerate, libdispatch) keep threads and locks a child does not get,
+    so a forked child can crash or hang there (Python itself spawns there since 3.8), and
+    Windows has no fork."""
+    return (sys.platform if platform is None else platform) == "linux" and hasattr(os, "fork")
 
 
 class Child:

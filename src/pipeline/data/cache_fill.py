@@ -22,7 +22,6 @@ import mmap
 import os
 import signal
 import struct
-import sys
 from array import array
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -59,16 +58,17 @@ class FillPlan:
     reason: str  # how the images are decoded, and why, for the split's log line
 
 
-def plan(count: int, threads: int | None = None, platform: str = sys.platform) -> FillPlan:
+def plan(count: int, threads: int | None = None, platform: str | None = None) -> FillPlan:
     """As many workers as torch may use threads (`cpu_threads`): processes where fork is safe
-    and each gets enough images to pay for its start, else threads."""
+    (`forked.safe` on `platform`, default this one) and each gets enough images to pay for its
+    start, else threads."""
     threads = torch.get_num_threads() if threads is None else threads
     if threads <= 1 or count <= 1:
         return FillPlan(
             1, False, "decoded in this process" + (" (one CPU thread)" if threads <= 1 else "")
         )
     workers = min(threads, count)
-    if platform != "linux" or not hasattr(os, "fork"):
+    if not forked.safe(platform):
         return FillPlan(
             workers, False, f"decoded on {workers} threads (processes are forked on Linux only)"
         )
