@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from pipeline.evaluation import intervals
+from pipeline.evaluation import intervals, weighted_ap
 from pipeline.evaluation.coco import coco_ap
 
 REFERENCE = Path(__file__).parent / "data" / "ap_intervals_reference.json"
@@ -158,7 +158,7 @@ def test_every_resamples_ap_is_cocoeval_accumulate_on_the_reweighed_matches(monk
     weights = np.random.default_rng(3).integers(0, 4, size=(120, 25))
     compared = 0
     for ranking in rankings:
-        found = intervals.ranked_ap(ranking, weights)
+        found = weighted_ap.ranked_ap(ranking, weights)
         areas, ious, _ = ranking.is_tp.shape
         for area in range(areas):
             for iou in range(ious):
@@ -177,7 +177,7 @@ def test_every_resamples_all_point_ap_is_the_voc_devkits_on_the_reweighed_matche
     weights = np.random.default_rng(4).integers(0, 4, size=(120, 25))
     for ranking in rankings:
         matches = ranking.matches(0, 0)
-        found = intervals.ranked_ap(matches.ranking(), weights, None)[0, 0]
+        found = weighted_ap.ranked_ap(matches.ranking(), weights, None)[0, 0]
         expected = [voc_devkit_ap(matches, weights[:, r]) for r in range(25)]
         assert found == pytest.approx(expected, abs=1e-12, nan_ok=True)
 
@@ -292,7 +292,7 @@ def test_weighted_sums_hold_under_torchs_kernel_without_mkl(monkeypatch) -> None
 
 @pytest.mark.parametrize(
     "thresholds",
-    [intervals.RECALL_THRESHOLDS, np.linspace(0.0, 1.0, 11), np.array([-0.1, 1 / 3, 0.7, 1.5])],
+    [weighted_ap.RECALL_THRESHOLDS, np.linspace(0.0, 1.0, 11), np.array([-0.1, 1 / 3, 0.7, 1.5])],
 )
 def test_recall_point_tables_count_the_thresholds_each_recall_reaches(thresholds) -> None:
     """The tables of recall thresholds reached by n of N objects, made from the fewest n that
@@ -303,7 +303,7 @@ def test_recall_point_tables_count_the_thresholds_each_recall_reaches(thresholds
     expected = [
         np.searchsorted(thresholds, np.arange(n + 1) / max(n, 1), side="right") for n in counts
     ]
-    found = intervals._tables(counts, thresholds)
+    found = weighted_ap._tables(counts, thresholds)
     assert found.dtype == np.uint8
     np.testing.assert_array_equal(found, np.concatenate(expected))
 

@@ -21,7 +21,7 @@ from pipeline.evaluation.coco_matching import (
     accumulate,
     match,
 )
-from pipeline.evaluation.intervals import RECALL_THRESHOLDS
+from pipeline.evaluation.weighted_ap import RECALL_THRESHOLDS
 
 AREA_RANGES = [[0.0, 1e10], [0.0, float(np.nextafter(16.0**2, 0))], [256.0, 4095.9], [4096.0, 1e10]]
 

@@ -28,6 +28,7 @@ from pipeline.data import (
     split_files,
 )
 from pipeline.data.cache import Memory, available_memory
+from pipeline.data.coco_source import load_coco
 from pipeline.data.dataset import (
     Augment,
     DetectionDataset,
@@ -41,14 +42,9 @@ from pipeline.data.dataset import (
 )
 from pipeline.data.geometry import PAD_VALUE, fit_boxes, fit_image
 from pipeline.data.shapes import render_sample
-from pipeline.data.sources import (
-    ImageRecord,
-    SplitAnnotations,
-    load_coco,
-    load_voc,
-    with_classes,
-)
+from pipeline.data.sources import ImageRecord, SplitAnnotations, with_classes
 from pipeline.data.synthetic import SyntheticSpec
+from pipeline.data.voc_source import load_voc
 from pipeline.errors import ConfigError, DataError
 
 PALETTE_COLOUR = (200, 30, 60)

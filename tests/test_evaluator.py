@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.evaluation import intervals, paired_ap
+from pipeline.evaluation import intervals, paired_ap, weighted_ap
 from pipeline.evaluation import loop as evaluator_module
 from pipeline.evaluation.coco import SIZE_BUCKETS, coco_ap
 from pipeline.evaluation.image_level import image_level_f1
@@ -1227,7 +1227,7 @@ def test_the_kept_matches_give_back_pycocotools_ap50_and_pair_a_run_with_itself(
     image_ids, labels, classes = paired_ap.read_ap50_matches(ap["ap50_matches"])
     assert sorted(image_ids) == sorted(g["image_id"] for g in gts) and labels == [0, 1, 2]
     ones = np.ones((1, len(image_ids)))
-    assert intervals.class_mean(intervals.weighted_class_ap(classes, ones))[0] == pytest.approx(
+    assert weighted_ap.class_mean(weighted_ap.weighted_class_ap(classes, ones))[0] == pytest.approx(
         ap["ap50"], abs=1e-12
     )
     shuffled = {**ap["ap50_matches"], "classes": ap["ap50_matches"]["classes"][::-1]}

@@ -10,7 +10,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.sources import SplitAnnotations, load_coco, load_voc, with_classes
+from pipeline.data.coco_source import load_coco
+from pipeline.data.sources import SplitAnnotations, with_classes
+from pipeline.data.voc_source import load_voc
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")

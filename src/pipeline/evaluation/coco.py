@@ -19,14 +19,10 @@ import numpy as np
 
 from pipeline.evaluation.coco_matching import IOU_THRESHOLDS, accumulate, as_arrays, match
 from pipeline.evaluation.image_bootstrap import bootstrap_weights
-from pipeline.evaluation.intervals import (
-    APSamples,
-    ClassRanking,
-    interval_of,
-    resampled_ap,
-)
+from pipeline.evaluation.intervals import APSamples, interval_of, resampled_ap
 from pipeline.evaluation.matching import ratio
 from pipeline.evaluation.records import Record, by_image
+from pipeline.evaluation.weighted_ap import ClassRanking
 
 # Object size buckets by the square root of the box area in the model's input pixels (after
 # resizing): [lower, upper), upper None for no limit. COCO's own buckets are absolute (32 and 96
@@ -285,7 +281,7 @@ def coco_ap(
     AP@[.5:.95]'s intervals too, and each size bucket its recall's, from the same resamples
     (seconds per 500 images on a CPU, so the evaluate stage asks for them and validation
     during training does not), and `ap50_matches` holds pycocotools' matches at IoU 0.5
-    (`intervals.ClassMatches`); else they are None. `threads`: the classes' intervals are
+    (`weighted_ap.ClassMatches`); else they are None. `threads`: the classes' intervals are
     computed on that many threads (numpy lets go of the GIL), the same figures. Per-class AP
     is None for a class without ground truth (pycocotools' -1).
     Ignore regions are matched as COCO's `iscrowd=1` annotations, which pycocotools neither

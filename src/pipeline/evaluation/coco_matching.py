@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.evaluation.intervals import RECALL_THRESHOLDS, ClassRanking
 from pipeline.evaluation.matching import same_class_pairs
 from pipeline.evaluation.records import Record, check_joined_labels, end_to_end
+from pipeline.evaluation.weighted_ap import RECALL_THRESHOLDS, ClassRanking
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)  # COCOeval's iouThrs, as it makes them
 MAX_DETECTIONS = 100  # per image and class: COCO's AP, AP@.5 and AP@.75 (stats[0:3])

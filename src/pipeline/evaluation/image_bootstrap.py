@@ -1,5 +1,5 @@
 """Bootstrap intervals over the images of a detection run: its micro F1, precision and
-recall, and the paired change of F1 (AP@.5's is pipeline.evaluation.intervals') between two
+recall, and the paired change of F1 (AP@.5's is pipeline.evaluation.paired_ap's) between two
 runs scored on the same images. Without torch: the summary reads it too."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pipeline.evaluation.image_bootstrap import (
     paired_change,
     reference_positions,
 )
-from pipeline.evaluation.intervals import ClassMatches, class_mean, weighted_class_ap
+from pipeline.evaluation.weighted_ap import ClassMatches, class_mean, weighted_class_ap
 from pipeline.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE
 
 

@@ -10,15 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.evaluation.intervals import (
-    ClassMatches,
-    class_mean,
-    interval_of,
-    resampled_class_ap,
-    weighted_class_ap,
-)
+from pipeline.evaluation.intervals import interval_of, resampled_class_ap
 from pipeline.evaluation.matching import pool
 from pipeline.evaluation.records import Record
+from pipeline.evaluation.weighted_ap import ClassMatches, class_mean, weighted_class_ap
 
 # the VOC2007 devkit's recall points, np.arange(0, 1.1, 0.1) as it writes them (0.30000000000000004)
 VOC2007_RECALL_POINTS = np.arange(0.0, 1.1, 0.1)

@@ -1,9 +1,9 @@
 """Weighted counts of a ranking's detections for every resample at once: each resample's
 weight (how often it drew each detection's image) of chosen detections, summed up to chosen
-ranks (pipeline.evaluation.intervals reads AP's precision and recall off them).
+ranks (pipeline.evaluation.weighted_ap reads AP's precision and recall off them).
 
 torch (its sparse products) is imported where a sum is made, not with this module: the summary
-and the report import the intervals' module and must start without torch."""
+and the report import weighted_ap (through paired_ap) and must start without torch."""
 
 from __future__ import annotations
 

@@ -1,0 +1,125 @@
+"""The Pascal VOC reader: a split's listing (ImageSets/Main), one XML file per image
+(Annotations) and the images (JPEGImages), read into the records of pipeline.data.sources.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from pipeline.data.sources import (
+    ImageRecord,
+    SplitAnnotations,
+    attach_objects,
+    check_image_files,
+    report_split,
+)
+from pipeline.errors import DataError
+
+
+def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
+    try:
+        name = obj.findtext("name", "").strip()
+        box = obj.find("bndbox")
+        coords = [float(box.findtext(tag)) for tag in ("xmin", "ymin", "xmax", "ymax")]
+    except (AttributeError, TypeError, ValueError) as error:
+        raise DataError(
+            f"VOC annotation {xml_file}: an <object> lacks <name> or a numeric <bndbox> ({error})."
+        ) from error
+    if not name:
+        raise DataError(f"VOC annotation {xml_file}: an <object> has an empty <name>.")
+    # VOC pixel indices are 1-based and inclusive
+    return name, [coords[0] - 1, coords[1] - 1, coords[2], coords[3]]
+
+
+def load_voc(
+    root: str | Path,
+    split_name: str,
+    classes: list[str] | None = None,
+    classes_from: str | None = None,
+    *,
+    check_images: bool = True,
+) -> SplitAnnotations:
+    """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
+
+    Difficult objects become ignore regions; class names come from the other objects unless
+    `classes` is given. Objects of classes outside `classes` are dropped and counted, as COCO's
+    are, where the list is the user's (data.classes); where it comes from elsewhere,
+    `classes_from` says where (the training split, a checkpoint), and such an object is an
+    error naming its XML file: a class the model never trained on cannot be scored.
+    `check_images=False` leaves the check of the image files to whoever decodes them
+    (`check_image_files`).
+    """
+    root = Path(root)
+    listing = root / "ImageSets" / "Main" / f"{split_name}.txt"
+    if not listing.is_file():
+        raise DataError(
+            f"VOC split file {listing} does not exist (config data.root and data.{{train,val,test}}_split)."
+        )
+    ids = [line.split()[0] for line in listing.read_text().splitlines() if line.strip()]
+    if not ids:
+        raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
+    parsed = []
+    xml_of_image: dict[Path, Path] = {}
+    for image_name in ids:
+        xml_file = root / "Annotations" / f"{image_name}.xml"
+        try:
+            tree = ET.parse(xml_file).getroot()
+        except FileNotFoundError as error:
+            raise DataError(
+                f"VOC annotation file {xml_file} does not exist (listed in {listing})."
+            ) from error
+        except ET.ParseError as error:
+            raise DataError(f"VOC annotation file {xml_file} is not valid XML: {error}.") from error
+        try:
+            width = int(float(tree.findtext("size/width")))
+            height = int(float(tree.findtext("size/height")))
+        except (TypeError, ValueError) as error:
+            raise DataError(
+                f"VOC annotation file {xml_file} lacks a numeric <size><width>/<height>."
+            ) from error
+        file_name = tree.findtext("filename") or f"{image_name}.jpg"
+        objects, difficult = [], []
+        for obj in tree.findall("object"):
+            is_difficult = obj.findtext("difficult", "0").strip() == "1"
+            (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
+        path = root / "JPEGImages" / file_name
+        if path in xml_of_image:
+            raise DataError(
+                f"VOC split {listing} lists the image file {path} twice: through "
+                f"{xml_of_image[path]} and {xml_file}. It would count twice; list each image once."
+            )
+        xml_of_image[path] = xml_file
+        parsed.append((xml_file, path, width, height, objects, difficult))
+    names = sorted({name for *_, objects, _ in parsed for name, _ in objects})
+    class_names = list(classes) if classes else names
+    if not class_names:
+        raise DataError(
+            f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
+        )
+    split = SplitAnnotations([], class_names, listing)
+    found: list[tuple[int, bool, int, list[float]]] = []
+    for image_id, (xml_file, path, width, height, objects, difficult) in enumerate(parsed, 1):
+        unknown = sorted({name for name, _ in objects} - set(class_names))
+        if unknown and classes_from:
+            raise DataError(
+                f"VOC annotation file {xml_file} (split {split_name!r}, listed in {listing}) has "
+                f"objects of class(es) {unknown}, which are not among the classes of "
+                f"{classes_from} {class_names}: a model cannot learn a class it never trains on. "
+                "Add images of it to the training split, or set data.classes to the classes to "
+                "use (objects of the others are then left out and counted)."
+            )
+        split.other_class_objects += sum(1 for name, _ in objects if name not in class_names)
+        owner = len(split.records)
+        split.records.append(ImageRecord(image_id, path, width, height))
+        for ignored, named in ((False, objects), (True, difficult)):
+            # a difficult object of a class outside the list has nothing to be ignored for
+            found += [
+                (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
+            ]
+    attach_objects(split, found)
+    report_split(split)
+    split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
+    if check_images:
+        check_image_files(split)
+    return split
