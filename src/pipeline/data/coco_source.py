@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 
 from pipeline.data.sources import (
+    FoundBox,
     ImageRecord,
     SplitAnnotations,
     attach_objects,
@@ -164,7 +165,7 @@ def load_coco(
 
     records = _coco_images(images, Path(images_dir), source)
     position = {image_id: index for index, image_id in enumerate(records)}
-    found: list[tuple[int, bool, int, list[float]]] = []
+    found: list[FoundBox] = []
     other_class_objects = 0
     for ann in annotations:
         try:

@@ -215,14 +215,17 @@ def check_image_files(split: SplitAnnotations) -> None:
         split.unchecked_images = None
 
 
-def attach_objects(
-    split: SplitAnnotations, found: list[tuple[int, bool, int, list[float]]]
-) -> None:
+# a box as a reader finds it: its record's index in `split.records`, whether it is an ignore
+# region, its label, its xyxy corners
+FoundBox = tuple[int, bool, int, list[float]]
+
+
+def attach_objects(split: SplitAnnotations, found: list[FoundBox]) -> None:
     """Every record's objects and ignore regions, each in the order read, clipped to its image,
     without the degenerate ones and the ones with a coordinate that is no finite number (an
-    infinite width would otherwise clip to the edge), both counted. `found`: each box as (its
-    record's index in `split.records`, whether it is an ignore region, its label, its xyxy
-    corners). All records in one go: per image, numpy's per-call cost would be most of it."""
+    infinite width would otherwise clip to the edge), both counted. `found`: each box as a
+    reader found it (`FoundBox`). All records in one go: per image, numpy's per-call cost
+    would be most of it."""
     records = split.records
     owners = np.array([box[0] for box in found], np.int64)
     ignored = np.array([box[1] for box in found], bool)

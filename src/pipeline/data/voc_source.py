@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pipeline.data.sources import (
+    FoundBox,
     ImageRecord,
     SplitAnnotations,
     attach_objects,
@@ -98,7 +99,7 @@ def load_voc(
             f"VOC split {listing} has no objects and data.classes is not set: the class list is unknown."
         )
     split = SplitAnnotations([], class_names, listing)
-    found: list[tuple[int, bool, int, list[float]]] = []
+    found: list[FoundBox] = []
     for image_id, (xml_file, path, width, height, objects, difficult) in enumerate(parsed, 1):
         unknown = sorted({name for name, _ in objects} - set(class_names))
         if unknown and classes_from:
