@@ -243,17 +243,9 @@ def test_weighted_sums_are_each_resamples_running_sums_at_the_positions(
 
     monkeypatch.setattr(weighted_sums, "_FLOAT32_EXACT", float32_exact)
     rng = np.random.default_rng(7)
-    images, ranked = 30, 400
-    image_index = rng.integers(0, images, ranked)
-    members = np.flatnonzero(rng.random(ranked) < 0.6)
-    positions = np.unique(rng.choice(ranked, 40, replace=False))
-    weights = rng.integers(0, 5, (images, 17)).astype(np.int32)
-    found = weighted_sums.SumsAt(image_index, members, positions, images)(
-        weighted_sums.Weights(weights)
-    )
-    drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
-    drawn[members] = weights[image_index[members]]
-    expected = np.cumsum(drawn, axis=0)[positions]
+    images = 30
+    sums, weights, expected = _sums_at_random_positions(rng, images, 400, 0.6, 40, 17)
+    found = sums(weighted_sums.Weights(weights))
     assert found.dtype == (np.float32 if float32_exact == 1 << 24 else np.float64)
     np.testing.assert_array_equal(found, expected)
     counts = rng.integers(0, 9, (4, images))  # objects by image, per area range
@@ -273,21 +265,32 @@ def test_weighted_sums_hold_under_torchs_kernel_without_mkl(monkeypatch) -> None
         out.mul_(beta)  # as at::native addmm_out_sparse_csr_native_cpu does
         return out.add_(torch.mm(mat1, mat2), alpha=alpha)
 
-    rng = np.random.default_rng(3)
-    images, ranked = 12, 90
-    image_index = rng.integers(0, images, ranked)
-    members = np.flatnonzero(rng.random(ranked) < 0.5)
-    positions = np.unique(rng.choice(ranked, 15, replace=False))
-    weights = rng.integers(0, 4, (images, 9)).astype(np.int32)
-    sums = weighted_sums.SumsAt(image_index, members, positions, images)
+    sums, weights, expected = _sums_at_random_positions(
+        np.random.default_rng(3), 12, 90, 0.5, 15, 9
+    )
     empty = np.empty
     monkeypatch.setattr(torch, "addmm", without_mkl)
     monkeypatch.setattr(np, "empty", lambda *a, **k: np.full_like(empty(*a, **k), np.nan))
     found = sums(weighted_sums.Weights(weights))
     monkeypatch.undo()
-    drawn = np.zeros((ranked, weights.shape[1]), dtype=np.int64)
+    np.testing.assert_array_equal(found, expected)
+
+
+def _sums_at_random_positions(
+    rng: np.random.Generator, images: int, ranked: int, share: float, positions: int, resamples: int
+):
+    """A ranking's `SumsAt` (members: about `share` of the ranks) at random positions, random
+    image weights [images, resamples], and the sums they must give, counted rank by rank."""
+    from pipeline.evaluation import weighted_sums
+
+    image_index = rng.integers(0, images, ranked)
+    members = np.flatnonzero(rng.random(ranked) < share)
+    at = np.unique(rng.choice(ranked, positions, replace=False))
+    weights = rng.integers(0, 5, (images, resamples)).astype(np.int32)
+    drawn = np.zeros((ranked, resamples), dtype=np.int64)
     drawn[members] = weights[image_index[members]]
-    np.testing.assert_array_equal(found, np.cumsum(drawn, axis=0)[positions])
+    sums = weighted_sums.SumsAt(image_index, members, at, images)
+    return sums, weights, np.cumsum(drawn, axis=0)[at]
 
 
 @pytest.mark.parametrize(
