@@ -2,22 +2,22 @@
 
 Two parts, one run.
 
-COCO scale, no model: `detection_workload.coco_scale`'s 80 classes, 1 to 15 objects per
-image and 100 detections each, made from the ground truth with noise. Timed: what `evaluate` computes from detections (matching and P/R/F1 with
-their intervals, COCO AP with the size buckets, every AP interval), at --small and
---large images (default 1,000 and 5,000). Target: time per image at the larger size at most
-1.5 x that at the smaller (evaluation linear in its work).
+COCO scale, no model: `detection_workload.coco_scale`'s 80 classes, 1 to 15 objects per image
+and 100 detections each, made from the ground truth with noise. Timed: what `evaluate` computes
+from detections (matching and P/R/F1 with their intervals, COCO AP with the size buckets, every
+AP interval), at --small and --large images (default 1,000 and 5,000). Target: time per image
+at the larger size at most 1.5 x that at the smaller (evaluation linear in its work).
 
-Default size: the generated data set's validation and test splits (2,304 images of 128 px
-by default) through `Evaluator.evaluate` as `python -m pipeline evaluate` runs it (validation
+Default size: the generated data set's validation and test splits (2,304 images of 128 px by
+default) through `Evaluator.evaluate` as `python -m pipeline evaluate` runs it (validation
 first, its best-F1 threshold applied to test, AP intervals on test), the default model's
-forward pass timed apart from everything else: decoding the images, the model's own decoding
-of its outputs, matching, COCO AP and the intervals. The model is untrained, so its
-detections are replaced, after its decoding ran, by detections made from the ground truth
-as above (`detection_workload.noisy_detections`): a trained model's number of detections and matches, without training one here (made
-before each split's evaluation, outside the timed work). Its decoding works out every top-K
-box, without eval.min_score, under which an untrained model's scores sit: more than a trained
-model's floor leaves. With --checkpoint (a default run's
+forward pass timed apart from everything else: decoding the images, the model's own decoding of
+its outputs, matching, COCO AP and the intervals. The model is untrained, so its detections are
+replaced, after its decoding ran, by detections made from the ground truth as above
+(`detection_workload.noisy_detections`): a trained model's number of detections and matches,
+without training one here (made before each split's evaluation, outside the timed work). Its
+decoding works out every top-K box, without eval.min_score, under which an untrained model's
+scores sit: more than a trained model's floor leaves. With --checkpoint (a default run's
 best.pth, as `make report` or `report_time.py --keep` leave it), it is that run's own
 evaluation instead: `python -m pipeline evaluate` as the evaluate rule runs it (predictions
 written too), in this process after one untimed run that pays the imports, with the
