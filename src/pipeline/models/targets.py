@@ -161,7 +161,7 @@ def _drawn(
     exponent = -((torch.from_numpy(at).float() - torch.from_numpy(mean)) ** 2) / (
         2 * torch.from_numpy(deviation) ** 2
     )
-    # exp of each Gaussian's columns, and of its rows, apart, as ever (see above `_enumerate`)
+    # exp of each Gaussian's columns, and of its rows, apart (see the note above `_enumerate`)
     parts = exponent.split(count.sum(2).reshape(-1).tolist())
     profile = torch.cat([part.exp() for part in parts]).numpy()
 
@@ -194,7 +194,7 @@ def _joined(
     """(the images' values of `key` joined on the host as `dtype`, each image's count).
 
     Where every image holds a host tensor of `dtype` and shape (as the loader gives them), they
-    are joined in one call instead of converted one by one: per call, the checks cost less.
+    are joined in one call: checking them costs less than converting each.
     """
     shape = (-1, width) if width else (-1,)
     values = [target.get(key) for target in targets]
