@@ -243,10 +243,10 @@ def plan_targets(
 
 def _ignore_key(targets, num_classes: int, stride: int, h: int, w: int) -> torch.Tensor | None:
     """Cells (of the region's class) that an ignore region overlaps; None without regions."""
-    regions, counts = _joined(targets, "ignore_boxes", torch.float32, 4)
     labels = _joined(targets, "ignore_labels", torch.long)[0].numpy()
     if not len(labels):
         return None
+    regions, counts = _joined(targets, "ignore_boxes", torch.float32, 4)
     image = np.repeat(np.arange(len(targets), dtype=np.int64), counts)
     # a margin of a cell each side, then the exact test: the cell [x s, x s + s) overlaps
     low = (regions[:, :2] / stride).clamp(-1, max(h, w)).floor().long().numpy() - 1
