@@ -19,6 +19,7 @@ from pipeline.data.synthetic import generate
 from pipeline.engine.step import TrainStep, build_optimizer
 from pipeline.engine.trainer import Trainer
 from pipeline.models import build_model
+from pipeline.models import loss as loss_module
 from pipeline.models.loss import DetectionLoss
 
 pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
@@ -50,6 +51,18 @@ def host_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
     monkeypatch.setattr(
         dev, "synchronize", lambda device: (calls.append("synchronize"), synchronize(device))
     )
+    # the loss's target plan is host work on the loader's host tensors (numpy views of them
+    # included), which is no read of the device: see `pipeline.models.targets`
+    plan_targets = loss_module.plan_targets
+
+    def host_plan(*args, **kwargs):
+        paused, calls.paused = calls.paused, True
+        try:
+            return plan_targets(*args, **kwargs)
+        finally:
+            calls.paused = paused
+
+    monkeypatch.setattr(loss_module, "plan_targets", host_plan)
     return calls
 
 

@@ -18,10 +18,12 @@ to the host first, and that copy waits.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline import device as dev
@@ -97,85 +99,120 @@ class TargetPlan:
         return first[key] == obj
 
 
-# On the host, gathers are index_select and masks are taken by their indices: torch's indexing
-# with a tensor (aten::index) costs many times as much per call on a CPU, for the same values.
-def _at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """values[index] along the first dimension."""
-    return values.index_select(0, index)
-
-
-def _where(mask: torch.Tensor) -> torch.Tensor:
-    """The indices of a 1-D mask's true entries, in order (so that `_at(v, _where(m))` is v[m])."""
-    return mask.nonzero().squeeze(1)
+# The plan's index work (counts, ranges, gathers, keys) is numpy: a numpy call on these arrays
+# costs a fraction of a torch op's dispatch on the host, and the plan makes many. The values
+# (float32) are computed by torch with the same operations on the same arrays as ever: exp's
+# last bit differs between libraries and CPUs, and in torch even with an entry's position in
+# its array (a vector body and a scalar tail run different kernels).
+def _enumerate(count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(item, index within the item) of each of `count[item]` entries per item, in order."""
+    item = np.repeat(np.arange(len(count), dtype=np.int64), count)
+    return item, np.arange(len(item), dtype=np.int64) - (np.cumsum(count) - count)[item]
 
 
 def _windows(
-    x0: torch.Tensor, y0: torch.Tensor, x1: torch.Tensor, y1: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(item, x, y) of every cell of each item's window [x0, x1] x [y0, y1] (inclusive), host."""
-    across = (x1 - x0 + 1).clamp(min=0)
-    count = across * (y1 - y0 + 1).clamp(min=0)
-    item = torch.repeat_interleave(torch.arange(len(count)), count)
-    local = torch.arange(len(item)) - _at(count.cumsum(0) - count, item)
-    across = _at(across, item)
-    return item, _at(x0, item) + local % across, _at(y0, item) + local // across
+    x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item, x, y) of every cell of each item's window [x0, x1] x [y0, y1] (inclusive)."""
+    across = np.maximum(x1 - x0 + 1, 0)
+    item, cell = _enumerate(across * np.maximum(y1 - y0 + 1, 0))
+    across = across[item]
+    return item, x0[item] + cell % across, y0[item] + cell // across
 
 
-def _ranges(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(item, value) of every integer in each item's range [low, high] (inclusive), in order."""
-    count = (high - low + 1).clamp(min=0)
-    item = torch.repeat_interleave(torch.arange(len(count)), count)
-    return item, _at(low, item) + torch.arange(len(item)) - _at(count.cumsum(0) - count, item)
-
-
-def _reach(sigma: torch.Tensor, cutoff: float) -> torch.Tensor:
-    """Whole cells from the centre within which a Gaussian of `sigma` may exceed `cutoff`."""
-    return (sigma * math.sqrt(2 * math.log(1 / cutoff))).ceil().long()
+# The Gaussians drawn for each object, the heatmap target's and the area where boxes are
+# regressed, [Gaussian, 1, 1]: their spreads (a fraction of the box size), floors of sigma
+# (cells), and sqrt(2 ln(1 / cut-off)), the distance in sigmas within which each may exceed its
+# cut-off. float32: torch multiplies a float32 tensor by a Python number as float32 too.
+_SPREAD = torch.tensor([HEAT_ALPHA, BOX_BETA], dtype=torch.float32).view(2, 1, 1)
+_FLOOR = torch.tensor([MIN_SIGMA, MIN_BOX_SIGMA], dtype=torch.float32).view(2, 1, 1)
+_CUTOFF = (HEAT_CUTOFF, BOX_AREA_CUTOFF)
+_REACH = torch.tensor(
+    [math.sqrt(2 * math.log(1 / cutoff)) for cutoff in _CUTOFF], dtype=torch.float32
+).view(2, 1, 1)
 
 
 def _drawn(
-    centre: torch.Tensor, wh: torch.Tensor, spread: float, min_sigma: float, cutoff: float, h, w
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(object, flat cell y * w + x, Gaussian) where each object's Gaussian exceeds `cutoff`.
+    centre: torch.Tensor, wh: torch.Tensor, plane: np.ndarray, h: int, w: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per Gaussian (heatmap, box area), (object, key, Gaussian) where each object's Gaussian
+    exceeds its cut-off; a key is the cell y * w + x in the object's class map (at `plane`).
 
-    The cells are those of `_windows` in its order (each object's window row by row), and each
-    value is the whole map's Gaussian there: the product of the object's column profile at x
-    and row profile at y, each computed once per column and row (the same operations on the
-    same numbers as per cell, so the same values) instead of once per cell.
+    A Gaussian exceeds its cut-off only within sigma * `_REACH` cells of the centre: its window,
+    whose cells run row by row, x fastest. Each value is the whole map's Gaussian there: the
+    product of the object's column profile at x and row profile at y, each computed once per
+    column and row (the same operations on the same numbers as per cell, so the same values)
+    instead of once per cell. The profiles of both Gaussians, both axes and every object lie
+    end to end in one array, and so do the windows' rows, so that each step is one call.
     """
-    sigma = (spread * wh / 6).clamp(min=min_sigma)
-    reach = _reach(sigma, cutoff)
-    low = centre.long() - reach
-    high = centre.long() + reach
-    x0, x1 = low[:, 0].clamp(min=0), high[:, 0].clamp(max=w - 1)
-    column_obj, x = _ranges(x0, x1)
-    row_obj, y = _ranges(low[:, 1].clamp(min=0), high[:, 1].clamp(max=h - 1))
-    across = torch.exp(
-        -((x.float() - _at(centre[:, 0], column_obj)) ** 2)
-        / (2 * _at(sigma[:, 0], column_obj) ** 2)
+    objects = len(centre)
+    sigma = (_SPREAD * wh / 6).clamp(min=_FLOOR)  # [Gaussian, object, axis]
+    reach = (sigma * _REACH).ceil().long().numpy()
+    cell = centre.long().numpy()
+    # one profile per [Gaussian, axis, object]: a Gaussian's columns of each object, its rows
+    low = np.maximum(cell - reach, 0).transpose(0, 2, 1)
+    high = np.minimum(cell + reach, (w - 1, h - 1)).transpose(0, 2, 1)
+    count = np.maximum(high - low + 1, 0)
+    item, step = _enumerate(count.reshape(-1))
+    first = np.cumsum(count) - count.reshape(-1)  # where each profile starts
+    at = low.reshape(-1)[item] + step  # the column's x or the row's y
+    mean = np.broadcast_to(centre.numpy().T, low.shape).reshape(-1)[item]
+    deviation = sigma.transpose(1, 2).reshape(-1).numpy()[item]
+    exponent = -((torch.from_numpy(at).float() - torch.from_numpy(mean)) ** 2) / (
+        2 * torch.from_numpy(deviation) ** 2
     )
-    down = torch.exp(
-        -((y.float() - _at(centre[:, 1], row_obj)) ** 2) / (2 * _at(sigma[:, 1], row_obj) ** 2)
-    )
-    # each row of a window holds its object's width of cells, x running fastest
-    width = (x1 - x0 + 1).clamp(min=0)
-    row_width = _at(width, row_obj)
-    row, column = _ranges(torch.zeros_like(row_width), row_width - 1)
-    column += _at(_at(width.cumsum(0) - width, row_obj), row)  # the object's first column
-    value = _at(down, row) * _at(across, column)
-    keep = _where(value > cutoff)
-    row, column = _at(row, keep), _at(column, keep)
-    return _at(row_obj, row), _at(y, row) * w + _at(x, column), _at(value, keep)
+    # exp of each Gaussian's columns, and of its rows, apart (see the note above `_enumerate`)
+    parts = exponent.split(count.sum(2).reshape(-1).tolist())
+    profile = torch.cat([part.exp() for part in parts]).numpy()
+
+    # the windows' rows [Gaussian, object, y]; each holds its column profile's cells, x fastest
+    rows = np.flatnonzero(item % max(2 * objects, 1) >= objects)  # their profile entries
+    columns = item[rows] - objects  # the item of each row's column profile
+    width = count.reshape(-1)[columns]
+    edge = np.concatenate([[0], np.cumsum(width)])  # where each row's cells start, then the end
+    row_obj = item[rows] % max(objects, 1)
+    # cell i of them all: x = x0 + i - edge of its row, column profile entry first + i - edge
+    cells = np.arange(edge[-1], dtype=np.int64)
+    column = cells + np.repeat(first[columns] - edge[:-1], width)
+    down = torch.from_numpy(np.repeat(profile[rows], width))
+    value = (down * torch.from_numpy(profile[column])).numpy()
+    x0 = low.reshape(-1)[columns]
+    key = cells + np.repeat(plane[row_obj] + at[rows] * w + x0 - edge[:-1], width)
+    obj = np.repeat(row_obj, width)
+    # the rows of each Gaussian are those of its items, [2 g objects, 2 (g + 1) objects)
+    ends = edge[np.searchsorted(item[rows], 2 * objects * np.arange(len(_CUTOFF) + 1))]
+    drawn = []
+    for (begin, end), cutoff in zip(itertools.pairwise(ends), _CUTOFF, strict=True):
+        keep = np.flatnonzero(value[begin:end] > np.float32(cutoff)) + begin
+        drawn.append((obj[keep], key[keep], value[keep]))
+    return drawn
 
 
-def _host(targets: Sequence[dict[str, Any]], key: str, dtype: torch.dtype, width: int = 0):
+def _joined(
+    targets: Sequence[dict[str, Any]], key: str, dtype: torch.dtype, width: int = 0
+) -> tuple[torch.Tensor, list[int]]:
+    """(the images' values of `key` joined on the host as `dtype`, each image's count).
+
+    Where every image holds a host tensor of `dtype` and shape (as the loader gives them), they
+    are joined in one call: checking them costs less than converting each.
+    """
+    shape = (-1, width) if width else (-1,)
+    values = [target.get(key) for target in targets]
+    if values and all(
+        type(value) is torch.Tensor
+        and value.dtype is dtype
+        and value.is_cpu
+        and value.dim() == len(shape)
+        and (not width or value.shape[1] == width)
+        for value in values
+    ):
+        return torch.cat(values).detach(), [value.shape[0] for value in values]
     parts = []
-    for target in targets:
-        value = target.get(key)
+    for value in values:
         value = torch.zeros(0) if value is None else torch.as_tensor(value)
-        value = value.detach().to("cpu", dtype)
-        parts.append(value.reshape(-1, width) if width else value.reshape(-1))
-    return parts
+        parts.append(value.detach().to("cpu", dtype).reshape(shape))
+    joined = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype).reshape(shape)
+    return joined, [len(part) for part in parts]
 
 
 def plan_targets(
@@ -183,55 +220,44 @@ def plan_targets(
 ) -> TargetPlan:
     """The plan of a batch's targets (`boxes`, `labels`, optional `ignore_boxes` and
     `ignore_labels` per image) for [B, C, h, w] maps at `stride`, on the host."""
-    boxes_list = _host(targets, "boxes", torch.float32, 4)
-    labels_list = _host(targets, "labels", torch.long)
-    image = torch.repeat_interleave(
-        torch.arange(len(targets)), torch.tensor([len(b) for b in boxes_list], dtype=torch.long)
-    )
-    boxes = torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4)
-    labels = torch.cat(labels_list) if labels_list else torch.zeros(0, dtype=torch.long)
+    boxes, counts = _joined(targets, "boxes", torch.float32, 4)
+    labels = _joined(targets, "labels", torch.long)[0].numpy()
+    image = np.repeat(np.arange(len(targets), dtype=np.int64), counts)
     wh = (boxes[:, 2:] - boxes[:, :2]) / stride  # cells
     centre = ((boxes[:, :2] + boxes[:, 2:]) / 2 / stride).floor()
     centre = torch.stack([centre[:, 0].clamp(0, w - 1), centre[:, 1].clamp(0, h - 1)], dim=-1)
     plane = (image * num_classes + labels) * (h * w)  # where each object's class map starts
-
-    heat_obj, heat_cell, heat_value = _drawn(centre, wh, HEAT_ALPHA, MIN_SIGMA, HEAT_CUTOFF, h, w)
-    box_obj, box_cell, box_value = _drawn(
-        centre, wh, BOX_BETA, MIN_BOX_SIGMA, BOX_AREA_CUTOFF, h, w
-    )
+    (_, heat_key, heat_value), (box_obj, box_key, box_value) = _drawn(centre, wh, plane, h, w)
     return TargetPlan(
         shape=(len(targets), num_classes, h, w),
         boxes=boxes,
         area=(wh[:, 0] * wh[:, 1]).clamp(min=EPS),
-        heat_key=_at(plane, heat_obj) + heat_cell,
-        heat_value=heat_value,
-        box_key=_at(plane, box_obj) + box_cell,
-        box_object=box_obj,
-        box_value=box_value,
+        heat_key=torch.from_numpy(heat_key),
+        heat_value=torch.from_numpy(heat_value),
+        box_key=torch.from_numpy(box_key),
+        box_object=torch.from_numpy(box_obj),
+        box_value=torch.from_numpy(box_value),
         ignore_key=_ignore_key(targets, num_classes, stride, h, w),
     )
 
 
 def _ignore_key(targets, num_classes: int, stride: int, h: int, w: int) -> torch.Tensor | None:
     """Cells (of the region's class) that an ignore region overlaps; None without regions."""
-    regions_list = _host(targets, "ignore_boxes", torch.float32, 4)
-    labels_list = _host(targets, "ignore_labels", torch.long)
-    if not any(len(labels) for labels in labels_list):
+    labels = _joined(targets, "ignore_labels", torch.long)[0].numpy()
+    if not len(labels):
         return None
-    image = torch.repeat_interleave(
-        torch.arange(len(targets)), torch.tensor([len(r) for r in regions_list], dtype=torch.long)
-    )
-    regions, labels = torch.cat(regions_list), torch.cat(labels_list)
+    regions, counts = _joined(targets, "ignore_boxes", torch.float32, 4)
+    image = np.repeat(np.arange(len(targets), dtype=np.int64), counts)
     # a margin of a cell each side, then the exact test: the cell [x s, x s + s) overlaps
-    low = (regions[:, :2] / stride).clamp(-1, max(h, w)).floor().long() - 1
-    high = (regions[:, 2:] / stride).clamp(-1, max(h, w)).ceil().long()
+    low = (regions[:, :2] / stride).clamp(-1, max(h, w)).floor().long().numpy() - 1
+    high = (regions[:, 2:] / stride).clamp(-1, max(h, w)).ceil().long().numpy()
     item, x, y = _windows(
-        low[:, 0].clamp(min=0), low[:, 1].clamp(min=0),
-        high[:, 0].clamp(max=w - 1), high[:, 1].clamp(max=h - 1),
+        np.maximum(low[:, 0], 0), np.maximum(low[:, 1], 0),
+        np.minimum(high[:, 0], w - 1), np.minimum(high[:, 1], h - 1),
     )  # fmt: skip
-    left, top = x.float() * stride, y.float() * stride
-    region = _at(regions, item)
+    left, top = torch.from_numpy(x).float() * stride, torch.from_numpy(y).float() * stride
+    region = torch.from_numpy(regions.numpy()[item])
     inside = (left < region[:, 2]) & (left + stride > region[:, 0])
     inside &= (top < region[:, 3]) & (top + stride > region[:, 1])
-    plane = (_at(image, item) * num_classes + _at(labels, item)) * (h * w)
-    return _at(plane + y * w + x, _where(inside))
+    plane = (image[item] * num_classes + labels[item]) * (h * w)
+    return torch.from_numpy((plane + y * w + x)[inside.numpy()])
