@@ -168,19 +168,16 @@ def _drawn(
     # the windows' rows [Gaussian, object, y]; each holds its column profile's cells, x fastest
     rows = np.flatnonzero(item % max(2 * objects, 1) >= objects)  # their profile entries
     columns = item[rows] - objects  # the item of each row's column profile
-    width = count.reshape(-1)[columns]
-    edge = np.concatenate([[0], np.cumsum(width)])  # where each row's cells start, then the end
     row_obj = item[rows] % max(objects, 1)
-    # cell i of them all: x = x0 + i - edge of its row, column profile entry first + i - edge
-    cells = np.arange(edge[-1], dtype=np.int64)
-    column = cells + np.repeat(first[columns] - edge[:-1], width)
-    down = torch.from_numpy(np.repeat(profile[rows], width))
-    value = (down * torch.from_numpy(profile[column])).numpy()
+    row, dx = _enumerate(count.reshape(-1)[columns])  # each window cell's row and x - x0
+    down = torch.from_numpy(profile[rows][row])
+    value = (down * torch.from_numpy(profile[first[columns][row] + dx])).numpy()
     x0 = low.reshape(-1)[columns]
-    key = cells + np.repeat(plane[row_obj] + at[rows] * w + x0 - edge[:-1], width)
-    obj = np.repeat(row_obj, width)
+    key = (plane[row_obj] + at[rows] * w + x0)[row] + dx
+    obj = row_obj[row]
     # the rows of each Gaussian are those of its items, [2 g objects, 2 (g + 1) objects)
-    ends = edge[np.searchsorted(item[rows], 2 * objects * np.arange(len(_CUTOFF) + 1))]
+    bounds = np.searchsorted(item[rows], 2 * objects * np.arange(len(_CUTOFF) + 1))
+    ends = np.searchsorted(row, bounds)  # the cells of those rows
     drawn = []
     for (begin, end), cutoff in zip(itertools.pairwise(ends), _CUTOFF, strict=True):
         keep = np.flatnonzero(value[begin:end] > np.float32(cutoff)) + begin
