@@ -106,17 +106,15 @@ def fill(
     views = images.unbind(0)  # a view per image in one call: indexing per image costs more
     bounds = [count * share // how.workers for share in range(how.workers + 1)]
 
+    def decode_one(index: int) -> None:
+        decode_into(index, views[index])
+
     def decode_share(share: int) -> None:
         for index in range(bounds[share], bounds[share + 1]):
-            decode_into(index, views[index])
+            decode_one(index)
 
     if how.processes:
-        _in_processes(
-            lambda index: decode_into(index, views[index]),
-            bounds,
-            meanwhile,
-            size_text(images.numel()),
-        )
+        _in_processes(decode_one, bounds, meanwhile, size_text(images.numel()))
     elif how.workers == 1:
         decode_share(0)
         meanwhile()
