@@ -267,16 +267,19 @@ class _IoUPlan:
 
 
 @dataclass(frozen=True)
-class _AreaPlan:
+class AreaPlan:
+    """Where `ranked_ap` reads its sums in one area range (`plan_sums`): made from a ranking
+    once, read by every block of its resamples."""
+
     always: SumsAt  # what every IoU counts, at every IoU's run ends
     lookups: int  # run ends over all IoUs
     ious: list[_IoUPlan]  # those with a true positive
 
 
-def plan_sums(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
+def plan_sums(ranking: ClassRanking, images: int) -> list[AreaPlan | None]:
     """What ranked_ap sums where, for every area range and IoU: it depends on the ranking
     alone, not on the weights, so it is made once for every block of resamples."""
-    plans: list[_AreaPlan | None] = []
+    plans: list[AreaPlan | None] = []
     for a, ends in enumerate(ranking.run_ends):
         every_end = np.unique(np.concatenate(ends))
         if every_end.size == 0:
@@ -300,7 +303,7 @@ def plan_sums(ranking: ClassRanking, images: int) -> list[_AreaPlan | None]:
                 )
             )
         always_sums = SumsAt(ranking.image_index, np.flatnonzero(always), every_end, images)
-        plans.append(_AreaPlan(always_sums, sum(at.size for at in ends), by_iou))
+        plans.append(AreaPlan(always_sums, sum(at.size for at in ends), by_iou))
     return plans
 
 
@@ -308,7 +311,7 @@ def ranked_ap(
     ranking: ClassRanking,
     by_image: np.ndarray | Weights,
     thresholds: np.ndarray | None = RECALL_THRESHOLDS,
-    plan: list[_AreaPlan | None] | None = None,
+    plan: list[AreaPlan | None] | None = None,
 ) -> np.ndarray:
     """AP [A, T, R] of one class in each area range at each IoU threshold, for each column of
     image weights [I, R] (how often a resample drew each image); NaN where a resample drew none
