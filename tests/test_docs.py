@@ -1,19 +1,32 @@
-"""The README and docs/ stay usable: short README, every relative link resolves, machines named
-by what they are."""
+"""The README and docs/ stay usable: short README, every relative link resolves, every
+`python -m pipeline` command shown exists with the options it is shown with, machines named by
+what they are."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
+import io
 import re
 from pathlib import Path
 
 import pytest
 
+from pipeline.cli import ALIASES, COMMANDS
+
 REPO = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^ *```.*?^ *```", re.DOTALL | re.MULTILINE)  # indented in a list too
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.MULTILINE)
+# `python -m pipeline [--debug|--log F|--cpu-threads N] COMMAND rest`, in code a page shows
+PIPELINE_COMMAND = re.compile(
+    r"python -m pipeline((?: --(?:cpu-threads|log) \S+| --debug)*) ([a-z][\w-]*)([^#]*)"
+)
+OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+SPAN = re.compile(r"`([^`]+)`")
 NICKNAME = re.compile(r"\b(Zen \d|AMX( fp16)?|AVX2|AVX-512|Intel|AMD) machine\b")
 
 
@@ -55,6 +68,42 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
+@functools.cache
+def command_options(name: str) -> frozenset[str]:
+    """The options `python -m pipeline NAME` takes, as its --help lists them."""
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+        importlib.import_module(COMMANDS[name][0]).main(["--help"])
+    return frozenset(OPTION.findall(shown.getvalue()))
+
+
+def shown_code(text: str) -> list[str]:
+    """Every line of the fenced blocks and every inline code span of a page (a span may wrap
+    onto the next line; a line continued with a backslash is one)."""
+    fences = [block.strip().strip("`") for block in FENCE.findall(text)]
+    spans = [span.replace("\n", " ") for span in SPAN.findall(FENCE.sub("", text))]
+    lines = re.sub(r" *\\\n\s*", " ", "\n".join(fences)).splitlines()
+    return lines + spans
+
+
+def unknown_commands_and_options(page: Path) -> list[str]:
+    """`python -m pipeline` commands a page shows that do not exist, or with an option that
+    the command does not take."""
+    unknown = []
+    for code in shown_code(page.read_text(encoding="utf-8")):
+        for match in PIPELINE_COMMAND.finditer(code):
+            name = ALIASES.get(match[2], match[2])
+            if name not in COMMANDS:
+                unknown.append(f"{match[0].strip()} (no command {name})")
+                continue
+            unknown += [
+                f"{match[0].strip()} ({name} takes no {option})"
+                for option in OPTION.findall(match[3])
+                if option not in command_options(name)
+            ]
+    return unknown
+
+
 def test_the_readme_is_short_enough_for_a_newcomer() -> None:
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES
@@ -76,6 +125,26 @@ def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path: Pat
     assert broken_links(page) == [
         "missing.md (no such file)",
         "other.md#nowhere (no such heading in other.md)",
+    ]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_pipeline_command_shown_exists_with_the_options_shown(page: Path) -> None:
+    assert unknown_commands_and_options(page) == []
+
+
+def test_the_command_check_finds_an_unknown_command_and_option(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `python -m pipeline --cpu-threads 2 evaluate --checkpoint b.pth\n--out e.json` or\n"
+        "`python -m pipeline eval --checkpoint b.pth --outfile e.json`.\n\n```bash\n"
+        "python -m pipeline train --out x \\\n    --epochs 3 train.lr=0.1   # not --resume\n"
+        "python -m pipeline trian --out x\npython -m pipeline --help\n```\n"
+    )
+    assert unknown_commands_and_options(page) == [
+        "python -m pipeline train --out x --epochs 3 train.lr=0.1 (train takes no --epochs)",
+        "python -m pipeline trian --out x (no command trian)",
+        "python -m pipeline eval --checkpoint b.pth --outfile e.json (evaluate takes no --outfile)",
     ]
 
 

@@ -240,3 +240,16 @@ def test_sgd_whose_first_step_is_skipped_trains_as_if_it_started_at_the_second(
     )
     for name, value in reference.items():
         torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_sgd_without_momentum_is_plain_sgd_not_a_nesterov_error() -> None:
+    """train.momentum: 0 is a valid setting (the schema's minimum): Nesterov needs momentum, so
+    without it the optimizer is plain SGD, one step being `weight -= lr * grad`."""
+    weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    optimizer = build_optimizer([weight], {**SGD, "momentum": 0.0, "weight_decay": 0.0})
+    assert optimizer.defaults["nesterov"] is False
+    weight.grad = torch.tensor([0.5, 0.5, -1.0])
+    optimizer.step()
+    torch.testing.assert_close(
+        weight.detach(), torch.tensor([1.0, -2.0, 3.0]) - SGD["lr"] * weight.grad
+    )

@@ -30,7 +30,7 @@ def build_optimizer(params, train: dict[str, Any]) -> torch.optim.Optimizer:
                     params,
                     lr=train["lr"],
                     momentum=train["momentum"],
-                    nesterov=True,
+                    nesterov=train["momentum"] > 0,  # torch refuses Nesterov without momentum
                     weight_decay=train["weight_decay"],
                     **options,
                 )
