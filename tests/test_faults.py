@@ -1139,6 +1139,55 @@ def test_non_finite_steps_count_across_epochs_and_such_epochs_have_no_mean_loss(
     assert [row["train_loss"] is None for row in epochs] == [False, False, True, True]
 
 
+# --- outputs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "profile", "prepare-data", "--log"])
+def test_an_output_folder_where_a_file_is_names_the_file_and_leaves_it_as_it_was(
+    command: str,
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+) -> None:
+    blocker = here / "taken"
+    blocker.write_text("my notes\n")
+    out = blocker / "run"
+    argv = {
+        "train": ["train", "--out", str(out), *tiny_settings(data_root)],
+        "profile": ["profile", "--checkpoint", str(checkpoints["good"]), "--out", str(out)],
+        "prepare-data": ["prepare-data", "--out", str(out)],
+        "--log": ["--log", str(out / "train.log"), "config"],
+    }[command]
+    message = user_error(capsys, *argv)
+    assert message.startswith(f"Could not create the folder {out}")
+    assert message.endswith(
+        f": {blocker} is a file, not a folder. Nothing was written. Move that file away, or "
+        "write elsewhere."
+    )
+    assert blocker.read_text() == "my notes\n"
+
+
+def test_a_log_file_that_is_a_folder_is_named_and_nothing_runs(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (here / "logs").mkdir()
+    message = user_error(
+        capsys,
+        "--log",
+        str(here / "logs"),
+        "train",
+        "--out",
+        str(here / "run"),
+        *tiny_settings(data_root),
+    )
+    assert message == (
+        f"Could not open the log file {here / 'logs'} (--log): Is a directory. Nothing was run. "
+        "Give --log a file path in a folder that can be written."
+    )
+    assert not (here / "run").exists()
+
+
 # --- the real process: no traceback without --debug ------------------------------------------
 
 

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     layout = memory_format(config["train"]["channels_last"])
     model = checkpoint.restore_model(state, device, layout, args.checkpoint)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    atomic.make_folder(out)
     log.info(
         "profiling %s on %s (%s%s), batch sizes %s",
         args.checkpoint,
