@@ -512,6 +512,44 @@ def test_a_config_file_with_broken_yaml_is_named(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_config_file_that_is_a_folder_or_not_utf8_text_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"^Config file {re.escape(str(tmp_path))} is a folder"):
+        load_config(tmp_path)
+    binary = tmp_path / "latin1.yaml"
+    binary.write_bytes("data: {root: /donn\u00e9es}\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as raised:
+        load_config(binary)
+    assert str(raised.value) == (
+        f"Config file {binary} is not a YAML text file: the byte at offset 18 is not UTF-8 "
+        "(invalid continuation byte). Save it as UTF-8 text."
+    )
+
+
+def test_a_key_set_twice_in_a_config_file_is_refused_naming_the_key_and_its_lines(
+    tmp_path: Path,
+) -> None:
+    """Plain YAML keeps the last of two keys: a second `data:` block would drop the first's."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("data:\n  image_size: 64\ntrain:\n  epochs: 2\ndata:\n  root: /x\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value).startswith(
+        f"Config file {path} is not valid YAML: the key 'data' is set a second time (first on "
+        "line 1); only the last would count: merge them into one\n"
+    )
+    assert "line 5, column 1" in str(raised.value)
+    path.write_text("data:\n  image_size: 64\n  image_size: 96\n")
+    with pytest.raises(ConfigError, match="the key 'image_size' is set a second time"):
+        load_config(path)
+
+
+def test_a_merge_key_and_the_keys_beside_it_are_not_a_key_set_twice(tmp_path: Path) -> None:
+    path = tmp_path / "anchors.yaml"
+    path.write_text("train:\n  <<: {epochs: 2, batch_size: 4}\n  epochs: 3\n")
+    train = load_config(path)["train"]
+    assert (train["epochs"], train["batch_size"]) == (3, 4)
+
+
 def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:
     config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
     result, speed = result_settings(config), speed_settings(config)

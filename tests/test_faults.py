@@ -154,6 +154,19 @@ def test_zero_or_negative_sizes_name_the_key_and_the_minimum(
     assert f"{value} is less than the minimum of {minimum}" in message
 
 
+@pytest.mark.parametrize("threads", ["0", "-3", "abc", "1.5"])
+def test_a_cpu_thread_count_that_is_no_positive_integer_is_named(
+    threads: str, here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert cli.main(["--cpu-threads", threads, "check-env", "--out", str(here / "env.json")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.rstrip().endswith(
+        f"ERROR cpu_threads must be 'auto' or a positive integer, got {threads!r}."
+    )
+    assert not (here / "env.json").exists()
+
+
 def test_an_image_size_the_models_stride_cannot_divide_names_the_stride_and_two_sizes_that_fit(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

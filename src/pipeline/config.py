@@ -386,12 +386,47 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key set twice in one mapping: plain YAML keeps the last
+    without a word, so a second `data:` block at the end of a file would drop every key of the
+    first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys written beside win
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key!r} is set a second time (first on line {first_line[key]}); "
+                    "only the last would count: merge them into one",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str):
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
     except FileNotFoundError as error:
         raise ConfigError(f"Config file {path} does not exist.") from error
+    except IsADirectoryError as error:
+        raise ConfigError(f"Config file {path} is a folder, not a YAML file.") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"Config file {path} is not a YAML text file: the byte at offset {error.start} is not UTF-8 "
+            f"({error.reason}). Save it as UTF-8 text."
+        ) from error
+    except OSError as error:
+        raise ConfigError(
+            f"Config file {path} cannot be read: {error.strerror or error}."
+        ) from error
     except yaml.YAMLError as error:
         raise ConfigError(f"Config file {path} is not valid YAML: {error}") from error
     if data is None:

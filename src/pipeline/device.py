@@ -718,7 +718,10 @@ def set_cpu_threads(requested: int | str = "auto") -> int:
     time and train CPU runs on one core. The workflow runs those jobs one at a time, so
     they take the cores they may run on, and every record says how many that was.
     """
-    count = usable_cpu_count() if requested in ("auto", None) else int(requested)
+    try:
+        count = usable_cpu_count() if requested in ("auto", None) else int(requested)
+    except ValueError:
+        count = 0  # refused below, with the value given
     if count < 1:
         raise ConfigError(f"cpu_threads must be 'auto' or a positive integer, got {requested!r}.")
     torch.set_num_threads(count)
