@@ -610,6 +610,71 @@ def test_read_image_of_a_non_image_or_missing_file_raises_naming_it(tmp_path: Pa
         read_image(tmp_path / "gone.png")
 
 
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_a_16_bit_greyscale_image_reads_by_its_high_byte_not_clipped_to_white(
+    tmp_path: Path, suffix: str
+) -> None:
+    """Pillow's own conversion clips every 16-bit value above 255 to white."""
+    path = tmp_path / f"microscope{suffix}"
+    values = np.array([[0, 255, 256 * 100 + 99, 65535]], np.uint16)
+    Image.fromarray(values).save(path)
+    assert Image.open(path).mode.startswith("I")
+    assert read_image(path).tolist() == [[[0, 0, 100, 255]]] * 3
+
+
+@pytest.mark.parametrize(
+    ("values", "described"),
+    [
+        (
+            np.array([[0.0, 0.5, 1.0]], np.float32),
+            "floating-point pixel values (Pillow mode F, from 0.0 to 1.0)",
+        ),
+        (
+            np.array([[0, 300, 70000]], np.int32),
+            "32-bit integer pixel values (Pillow mode I, from 0 to 70000)",
+        ),
+    ],
+)
+def test_a_float_or_wide_integer_image_is_refused_naming_its_values_never_clipped(
+    tmp_path: Path, values: np.ndarray, described: str
+) -> None:
+    path = tmp_path / "depth.tif"
+    Image.fromarray(values).save(path)
+    with pytest.raises(DataError) as raised:
+        read_image(path)
+    assert str(raised.value) == (
+        f"Image file {path} holds {described}, which have no brightness scale to read them in: "
+        "convert the images to 8- or 16-bit PNG or TIFF."
+    )
+
+
+def test_a_32_bit_integer_image_within_8_bits_reads_as_its_values(tmp_path: Path) -> None:
+    path = tmp_path / "labels.tif"
+    Image.fromarray(np.array([[0, 7, 255]], np.int32)).save(path)
+    assert read_image(path).tolist() == [[[0, 7, 255]]] * 3
+
+
+def test_an_image_beyond_the_decompression_bomb_limit_is_named_when_checked_and_when_read(
+    coco_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pillow refuses an image of more than twice Image.MAX_IMAGE_PIXELS with an error of its
+    own, neither an OSError nor a ValueError; here the limit is lowered, not the image raised."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(DataError) as raised:
+        read_image(coco_root / "wide.png")
+    assert str(raised.value).startswith(
+        f"Image file {coco_root / 'wide.png'} is too large to decode: "
+    )
+    assert str(raised.value).endswith(
+        "Downscale or tile it: the model sees it at data.image_size in any case."
+    )
+    with pytest.raises(
+        DataError,
+        match=r"refers to image\(s\) too large to decode: \S*gray\.png \(Image size \(1600 pixels\)",
+    ):
+        load_coco(coco_root / "instances_val.json", coco_root)
+
+
 def test_a_corrupt_image_in_a_data_set_raises_naming_it_when_read(coco_root: Path) -> None:
     path = coco_root / "wide.png"
     path.write_bytes(path.read_bytes()[:60])

@@ -169,13 +169,16 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
     that the annotation tool did not apply, and rescaling would put every box in the wrong
     place without a word.
     """
-    missing, unreadable, mismatched = [], [], []
+    missing, unreadable, too_large, mismatched = [], [], [], []
     for record in records:
         try:
             with Image.open(record.path) as image:
                 width, height = oriented_size(image)
         except FileNotFoundError:
             missing.append(str(record.path))
+            continue
+        except Image.DecompressionBombError as error:
+            too_large.append(f"{record.path} ({error})")
             continue
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
             unreadable.append(f"{record.path} ({error})")
@@ -192,6 +195,11 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
         )
     if unreadable:
         raise DataError(f"{source} refers to file(s) that are not images: {_listing(unreadable)}.")
+    if too_large:
+        raise DataError(
+            f"{source} refers to image(s) too large to decode: {_listing(too_large)}. "
+            "Downscale or tile them: the model sees them at data.image_size in any case."
+        )
     if mismatched:
         raise DataError(
             f"{source}: {len(mismatched)} image(s) are not the size their annotation says: "
