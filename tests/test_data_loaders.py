@@ -269,6 +269,132 @@ def test_coco_malformed_bbox_raises_naming_the_file(coco_root: Path) -> None:
         load_coco(path, coco_root)
 
 
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"image_id": 1, "category_id": 3}, "annotation 1 has no 'bbox' ("),
+        ({"image_id": 1, "bbox": [1, 2, 3, 4]}, "annotation 1 has no 'category_id' ("),
+        (
+            {"image_id": 1, "category_id": 3, "bbox": None},
+            "annotation 1 has the bbox null, not 4 numbers [x, y, width, height].",
+        ),
+        (
+            {"image_id": "img1", "category_id": 3, "bbox": [1, 2, 3, 4]},
+            'annotation 1 has image_id "img1", which is not an integer.',
+        ),
+    ],
+)
+def test_coco_an_annotation_that_does_not_read_is_named_with_the_key_or_value_at_fault(
+    coco_root: Path, entry: dict[str, Any], said: str
+) -> None:
+    path = _write_coco(coco_root, "bad.json", _coco_document({"gray.png": (40, 40)}, [entry]))
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value).startswith(f"COCO annotation file {path}: {said}")
+
+
+@pytest.mark.parametrize(
+    ("image", "said"),
+    [
+        ({"id": 1, "width": 40, "height": 40}, "image entry 0 has no 'file_name' ("),
+        ({"id": 1, "file_name": "gray.png", "height": 40}, "image entry 0 has no 'width' ("),
+        (
+            {"id": "img1", "file_name": "gray.png", "width": 40, "height": 40},
+            'image entry 0 has id "img1", which is not an integer.',
+        ),
+        (
+            {"id": 1, "file_name": "gray.png", "width": 40.5, "height": 40},
+            "image entry 0 has width 40.5, which is not an integer.",
+        ),
+    ],
+)
+def test_coco_an_image_entry_that_does_not_read_is_named_with_the_key_or_value_at_fault(
+    coco_root: Path, image: dict[str, Any], said: str
+) -> None:
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    path = _write_coco(coco_root, "bad.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value).startswith(f"COCO annotation file {path}: {said}")
+
+
+def test_coco_ids_and_sizes_written_as_whole_floats_or_text_read_as_integers(
+    coco_root: Path,
+) -> None:
+    image = {"id": "1", "file_name": "gray.png", "width": 40.0, "height": "40"}
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    split = load_coco(_write_coco(coco_root, "loose.json", document), coco_root)
+    record = split.records[0]
+    assert (record.image_id, record.width, record.height) == (1, 40, 40)
+
+
+@pytest.mark.parametrize("value", ["0", "1", 2, None, "no"])
+def test_coco_iscrowd_other_than_0_or_1_is_refused_never_read_as_a_crowd(
+    coco_root: Path, value: Any
+) -> None:
+    """Python reads the string "0" as true: the object would silently become an ignore region."""
+    entry = {"image_id": 1, "category_id": 3, "bbox": [1, 2, 3, 4]}
+    document = _coco_document({"gray.png": (40, 40)}, [entry])
+    document["annotations"][0]["iscrowd"] = value
+    path = _write_coco(coco_root, "crowd.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value) == (
+        f"COCO annotation file {path}: annotation 1 has iscrowd {json.dumps(value)}; COCO's "
+        "iscrowd is 0 (an object) or 1 (a crowd region, ignored)."
+    )
+
+
+def test_coco_iscrowd_as_a_boolean_or_absent_reads_as_cocos_0_and_1(coco_root: Path) -> None:
+    entries = [{"image_id": 1, "category_id": 3, "bbox": [1, 2, 3, 4]}] * 3
+    document = _coco_document({"gray.png": (40, 40)}, entries)
+    document["annotations"][0]["iscrowd"] = True
+    document["annotations"][1]["iscrowd"] = False
+    del document["annotations"][2]["iscrowd"]
+    split = load_coco(_write_coco(coco_root, "crowd.json", document), coco_root)
+    assert (len(split.records[0].boxes), len(split.records[0].ignore_boxes)) == (2, 1)
+
+
+def test_coco_a_category_id_listed_twice_raises_naming_both_names(coco_root: Path) -> None:
+    categories = [*CATEGORIES, {"id": CATEGORIES[0]["id"], "name": "blob"}]
+    document = _coco_document({"gray.png": (40, 40)}, [], categories)
+    path = _write_coco(coco_root, "twice.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value) == (
+        f"COCO annotation file {path} lists category id {CATEGORIES[0]['id']} twice: as "
+        f"{CATEGORIES[0]['name']!r} and as 'blob'. Category ids must be unique: give each "
+        "category its own id."
+    )
+
+
+def test_coco_a_super_category_named_as_its_one_class_is_one_class(coco_root: Path) -> None:
+    """A one-class export whose project (its super-category, id 0) has the class's name."""
+    categories = [
+        {"id": 0, "name": "helmet", "supercategory": "none"},
+        {"id": 1, "name": "helmet", "supercategory": "helmet"},
+    ]
+    entry = {"image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]}
+    path = _write_coco(
+        coco_root, "one.json", _coco_document({"gray.png": (40, 40)}, [entry], categories)
+    )
+    split = load_coco(path, coco_root)
+    assert split.class_names == ["helmet"]
+    assert split.records[0].labels.tolist() == [0]
+
+
+def test_coco_a_file_that_starts_with_a_utf8_byte_order_mark_loads(coco_root: Path) -> None:
+    """As Windows tools save UTF-8; json.loads refuses the mark."""
+    text = json.dumps(_coco_document({"gray.png": (40, 40)}, GOOD[:1]))
+    path = coco_root / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert len(load_coco(path, coco_root).records[0].boxes) == 1
+    (coco_root / "bom_nan.json").write_bytes(
+        b"\xef\xbb\xbf" + text.replace('"iscrowd": 0', '"area": NaN, "iscrowd": 0').encode()
+    )
+    assert len(load_coco(coco_root / "bom_nan.json", coco_root).records) == 1
+
+
 def test_coco_unknown_category_id_raises_naming_it(coco_root: Path) -> None:
     sizes = {"gray.png": (40, 40)}
     document = _coco_document(sizes, [{"image_id": 1, "category_id": 99, "bbox": [1, 1, 5, 5]}])
