@@ -630,6 +630,71 @@ def test_voc_missing_xml_raises_naming_it_and_the_listing(voc_root: Path) -> Non
 
 
 @pytest.mark.parametrize(
+    ("written", "difficult"), [("1", True), ("True", True), ("false", False), ("", False)]
+)
+def test_voc_difficult_reads_0_1_true_false_and_empty(
+    voc_root: Path, written: str, difficult: bool
+) -> None:
+    xml = _voc_xml(
+        "gray.png", (40, 40), [("bird", (1, 1, 10, 10), written), ("person", (1, 1, 20, 20))]
+    )
+    (voc_root / "Annotations" / "gray.xml").write_text(xml)
+    gray = load_voc(voc_root, "val").records[0]
+    assert (len(gray.boxes), len(gray.ignore_boxes)) == ((1, 1) if difficult else (2, 0))
+
+
+def test_voc_difficult_of_another_value_is_refused_never_read_as_not_difficult(
+    voc_root: Path,
+) -> None:
+    xml = _voc_xml("gray.png", (40, 40), [("bird", (1, 1, 10, 10), "yes")])
+    (voc_root / "Annotations" / "gray.xml").write_text(xml)
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC annotation {voc_root / 'Annotations' / 'gray.xml'}: an <object> (bird) has "
+        "<difficult>yes</difficult>; VOC's difficult is 0 or 1."
+    )
+
+
+def test_voc_class_names_differing_only_in_case_or_spacing_are_named_in_a_warning(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    xml = _voc_xml("gray.png", (40, 40), [("Bird", (1, 1, 10, 10)), ("Person  one", (1, 1, 9, 9))])
+    (voc_root / "Annotations" / "gray.xml").write_text(xml)
+    xml = _voc_xml("wide.png", (80, 40), [("bird", (1, 1, 10, 10)), ("person one", (1, 1, 9, 9))])
+    (voc_root / "Annotations" / "wide.xml").write_text(xml)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    assert split.class_names == ["Bird", "Person  one", "bird", "person one"]
+    listing = voc_root / "ImageSets" / "Main" / "val.txt"
+    assert [r.getMessage() for r in _pipeline_warnings(caplog)] == [
+        f"{listing}: the class names ['Bird', 'bird'] and ['Person  one', 'person one'] differ "
+        "only in case or spacing, and are trained as separate classes; if each group is one "
+        "class, write it one way in the XML files (or set data.classes to the ones to keep)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        load_voc(voc_root, "val", ["bird", "Bird"])
+    assert _pipeline_warnings(caplog) == []
+
+
+def test_voc_an_unreadable_listing_or_annotation_file_is_named(voc_root: Path) -> None:
+    listing = voc_root / "ImageSets" / "Main" / "val.txt"
+    listing.write_bytes("gray\nwide\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC split file {listing} is not a text listing of image names: the byte at offset 9 "
+        "is not UTF-8 (invalid continuation byte)."
+    )
+    listing.write_text("gray\n")
+    (voc_root / "Annotations" / "gray.xml").unlink()
+    (voc_root / "Annotations" / "gray.xml").mkdir()
+    with pytest.raises(DataError, match=r"gray\.xml cannot be read: Is a directory \(listed in "):
+        load_voc(voc_root, "val")
+
+
+@pytest.mark.parametrize(
     "xml",
     [
         "<annotation><filename>wide.png</filename></annotation>",  # no size
