@@ -927,6 +927,31 @@ def test_eval_names_a_test_image_of_another_size_than_annotated_before_evaluatin
     assert no_evaluation == []
 
 
+def test_eval_refuses_a_test_split_without_objects_before_evaluating_never_reporting_zeros(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    no_evaluation: list[str],
+) -> None:
+    """Recall and AP of no objects would read 0 whatever the model (an images-only COCO file,
+    as a test set without public annotations ships, says 'no objects' the same way)."""
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_test.json", lambda d: d.pop("annotations"))
+    message = eval_fails(capsys, here, checkpoints["good"], f"data.root={data}")
+    assert message == (
+        f"The test split {data / 'instances_test.json'} has no objects (8 image(s), none with an "
+        f"object of {CLASSES}): recall, F1 and AP are undefined on it, and would read as 0. Give "
+        "the test split images with objects, or set data.test_split=null to report on "
+        "validation."
+    )
+    assert no_evaluation == []
+    out = here / "eval.json"
+    argv = ["eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)]
+    assert pipeline(*argv, f"data.root={data}", "data.test_split=null") == 0
+    assert json.loads(out.read_text())["split"] == "val"
+
+
 def test_eval_names_a_truncated_test_image_found_by_the_cache_before_evaluating(
     here: Path,
     data_root: Path,

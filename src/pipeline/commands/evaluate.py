@@ -104,6 +104,8 @@ def main(argv: list[str]) -> int:
         test_loader = (
             loader_for(test, config, train=False, pin_memory=pin) if test is not None else None
         )
+        if test is not None:
+            require_objects(test, "test")
     model_cfg = config["model"]
     checkpoint.check_compatible(
         state,

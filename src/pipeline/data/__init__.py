@@ -128,9 +128,23 @@ def load_split(
     )
 
 
-def require_objects(split: SplitAnnotations) -> SplitAnnotations:
-    """A validation split without objects is refused: F1 and AP are undefined on it (0 at every
-    epoch), so the best checkpoint and the score threshold would be picked from nothing."""
+# why a split of each role needs objects, and what to do about one without
+_WITHOUT_OBJECTS = {
+    "validation": (
+        "F1 and AP are undefined on it, so neither the best checkpoint nor the score threshold "
+        "could be picked. Give the validation split images with objects."
+    ),
+    "test": (
+        "recall, F1 and AP are undefined on it, and would read as 0. Give the test split images "
+        "with objects, or set data.test_split=null to report on validation."
+    ),
+}
+
+
+def require_objects(split: SplitAnnotations, role: str = "validation") -> SplitAnnotations:
+    """A validation or test split without objects is refused: F1 and AP are undefined on it
+    (0 whatever the model), so a validation split would pick the best checkpoint and the score
+    threshold from nothing, and a test split would report figures of nothing."""
     if any(len(record.boxes) for record in split.records):
         return split
     others = (
@@ -139,10 +153,8 @@ def require_objects(split: SplitAnnotations) -> SplitAnnotations:
         else ""
     )
     raise DataError(
-        f"The validation split {split.source} has no objects ({len(split.records)} image(s), "
-        f"none with an object of {split.class_names}{others}): F1 and AP are undefined on it, "
-        "so neither the best checkpoint nor the score threshold could be picked. Give the "
-        "validation split images with objects."
+        f"The {role} split {split.source} has no objects ({len(split.records)} image(s), "
+        f"none with an object of {split.class_names}{others}): {_WITHOUT_OBJECTS[role]}"
     )
 
 
