@@ -395,6 +395,17 @@ def test_coco_a_file_that_starts_with_a_utf8_byte_order_mark_loads(coco_root: Pa
     assert len(load_coco(coco_root / "bom_nan.json", coco_root).records) == 1
 
 
+def test_coco_a_file_name_with_windows_separators_names_the_file_in_its_subfolder(
+    coco_root: Path,
+) -> None:
+    (coco_root / "shots").mkdir()
+    (coco_root / "gray.png").rename(coco_root / "shots" / "gray.png")
+    image = {"id": 1, "file_name": "shots\\gray.png", "width": 40, "height": 40}
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    split = load_coco(_write_coco(coco_root, "windows.json", document), coco_root)
+    assert split.records[0].path == coco_root / "shots" / "gray.png"
+
+
 def test_coco_unknown_category_id_raises_naming_it(coco_root: Path) -> None:
     sizes = {"gray.png": (40, 40)}
     document = _coco_document(sizes, [{"image_id": 1, "category_id": 99, "bbox": [1, 1, 5, 5]}])

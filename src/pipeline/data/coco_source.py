@@ -169,6 +169,8 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"COCO annotation file {source}: {what} has the file_name "
                 f"{json.dumps(file_name)}, which names no file."
             )
+        if os.sep == "/" and "\\" in file_name:  # a path a Windows tool wrote: its separators
+            file_name = file_name.replace("\\", "/")
         record = ImageRecord(
             _integer(img, "id", what, source),
             images_dir / file_name,
@@ -180,19 +182,19 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
         if record.image_id in records:
             raise DataError(
                 f"COCO annotation file {source} lists image id {record.image_id} twice: for "
-                f"{file_names[record.image_id]} and for {img['file_name']}. Image ids must be "
+                f"{file_names[record.image_id]} and for {file_name}. Image ids must be "
                 "unique: give each image its own id."
             )
-        normal = os.path.normpath(os.path.join(folder, img["file_name"]))
+        normal = os.path.normpath(os.path.join(folder, file_name))
         same_file = id_of_file.setdefault(normal, record.image_id)
         if same_file != record.image_id:
             raise DataError(
-                f"COCO annotation file {source} lists the image file {img['file_name']} twice: "
+                f"COCO annotation file {source} lists the image file {file_name} twice: "
                 f"under image ids {same_file} and {record.image_id}. It would count twice; "
                 "list each file once, with all its annotations under one id."
             )
         records[record.image_id] = record
-        file_names[record.image_id] = str(img["file_name"])
+        file_names[record.image_id] = file_name
     return records
 
 
