@@ -550,6 +550,29 @@ def test_a_merge_key_and_the_keys_beside_it_are_not_a_key_set_twice(tmp_path: Pa
     assert (train["epochs"], train["batch_size"]) == (3, 4)
 
 
+def test_a_preset_given_after_a_users_file_warns_naming_each_value_it_overrides(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Later files win: `--configfile mine.yaml presets/p.yaml` silently undoes mine.yaml."""
+    (tmp_path / "presets").mkdir()
+    preset = tmp_path / "presets" / "photos.yaml"
+    preset.write_text("data:\n  augment: {hflip: 0.5, vflip: 0.0}\ntrain: {epochs: 100}\n")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("data:\n  augment: {hflip: 0.0, vflip: 0.0}\n  image_size: 256\n")
+    with caplog.at_level("WARNING", logger="pipeline"):
+        config = load_config([mine, preset])
+    assert config["data"]["augment"]["hflip"] == 0.5  # the order still decides
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{preset}, given after {mine}, overrides what it sets: data.augment.hflip (0.0 -> 0.5). "
+        f"Later config files win: if {mine} is your own, give it after the presets "
+        f"(--configfile {preset} {mine})."
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline"):
+        load_config([preset, mine], ["train.epochs=3"])
+    assert caplog.records == []
+
+
 def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:
     config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
     result, speed = result_settings(config), speed_settings(config)

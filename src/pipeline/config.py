@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,13 @@ import yaml
 
 from pipeline.errors import ConfigError
 
+log = logging.getLogger("pipeline")
+
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = Path("config/config.yaml")
 COMMAND_LINE = "the command line"
 DEFAULTS = "the defaults"
+PRESETS_FOLDER = "presets"  # config/presets/: files meant to go under a user's own
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
@@ -482,11 +486,55 @@ def merge_layers(layers: Sequence[Layer]) -> dict[str, Any]:
     return config
 
 
+def _leaves(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every value under `values` by its dotted key."""
+    leaves: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            leaves.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def _is_preset(layer: Layer) -> bool:
+    return Path(layer.source).parent.name == PRESETS_FOLDER
+
+
+def warn_of_presets_layered_last(layers: Sequence[Layer]) -> None:
+    """A preset layered after a file of the user's overrides what that file set, as the later
+    file always wins: most often the files were given in the wrong order (presets go first)."""
+    for index, preset in enumerate(layers):
+        if not _is_preset(preset):
+            continue
+        theirs = _leaves(preset.values)
+        for mine in layers[:index]:
+            if mine.source in (COMMAND_LINE, str(DEFAULT_CONFIG)) or _is_preset(mine):
+                continue  # the shipped defaults are what presets amend
+            lost = [
+                f"{key} ({value!r} -> {theirs[key]!r})"
+                for key, value in _leaves(mine.values).items()
+                if key in theirs and theirs[key] != value
+            ]
+            if lost:
+                log.warning(
+                    "%s, given after %s, overrides what it sets: %s. Later config files win: if "
+                    "%s is your own, give it after the presets (--configfile %s %s).",
+                    preset.source,
+                    mine.source,
+                    ", ".join(lost),
+                    mine.source,
+                    preset.source,
+                    mine.source,
+                )
+
+
 def validate_layers(
     layers: Sequence[Layer], merged: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """`merged` (default: the layers merged in order) validated, an error naming the layer its
     bad value came from."""
+    warn_of_presets_layered_last(layers)
     source = " + ".join(layer.source for layer in layers) or DEFAULTS
     return validate(
         merge_layers(layers) if merged is None else merged,
