@@ -31,6 +31,7 @@ from tiny_runs import make_data, tiny_config, tiny_settings
 from pipeline import cli
 from pipeline import device as dev
 from pipeline.config import load_schema
+from pipeline.data import SPLITS
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
 from pipeline.errors import ConfigError
@@ -1065,6 +1066,43 @@ def test_eval_of_a_checkpoint_with_other_classes_names_both_class_lists_and_coun
         "on data with the same classes (--data ROOT), or set data.classes to the checkpoint's "
         "list if the data defines them all."
     )
+
+
+def test_eval_with_data_reads_that_roots_splits_not_the_files_the_checkpoint_named(
+    here: Path, data_root: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    """A run trained on an export names its files one by one (data.val_annotations, ...):
+    --data ROOT must not leave them in effect, evaluating the old data under the new name."""
+    state = checkpoint.load(checkpoints["good"])
+    data = {
+        **state["config"]["data"],
+        **{f"{split}_annotations": str(data_root / f"instances_{split}.json") for split in SPLITS},
+    }
+    named = here / "named.pth"
+    checkpoint.save(named, {**state, "config": {**state["config"], "data": data}})
+    other = copy_data(data_root, here)
+
+    def five_images(document: dict[str, Any]) -> None:
+        document["images"] = document["images"][:5]
+        kept = {image["id"] for image in document["images"]}
+        document["annotations"] = [a for a in document["annotations"] if a["image_id"] in kept]
+
+    edit_json(other / "instances_test.json", five_images)
+    out = here / "eval.json"
+    assert (
+        pipeline("eval", "--checkpoint", str(named), "--out", str(out), "--data", str(other)) == 0
+    )
+    splits = json.loads(out.read_text())["splits"]
+    assert splits["val"]["source"] == str(other / "instances_val.json")
+    assert (splits["test"]["source"], splits["test"]["num_images"]) == (
+        str(other / "instances_test.json"),
+        5,
+    )
+    # a split's file named beside --data wins over the root's
+    argv = ["eval", "--checkpoint", str(named), "--out", str(out), "--data", str(other)]
+    assert pipeline(*argv, f"data.test_annotations={data_root / 'instances_test.json'}") == 0
+    assert json.loads(out.read_text())["splits"]["test"]["num_images"] == 8
+    capsys.readouterr()
 
 
 def test_eval_with_data_classes_set_to_the_checkpoints_evaluates_those_classes(

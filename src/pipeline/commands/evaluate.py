@@ -45,7 +45,10 @@ def main(argv: list[str]) -> int:
         parser, "default: the checkpoint's (a measured run's: the choice it trained in)"
     )
     parser.add_argument(
-        "--data", metavar="ROOT", help="evaluate on this data root instead of the checkpoint's"
+        "--data",
+        metavar="ROOT",
+        help="evaluate on the data set at this root instead of the checkpoint's (none of the "
+        "split files the checkpoint's config names, unless named here as data.* settings too)",
     )
     parser.add_argument("--out", required=True, metavar="FILE.json", help="metrics JSON")
     parser.add_argument(
@@ -62,7 +65,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from pipeline import device as dev
-    from pipeline.data import has_test_split, require_objects
+    from pipeline.data import at_root, has_test_split, require_objects
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
     from pipeline.evaluation.coco import size_bucket_text, without_cyclic_gc
@@ -77,8 +80,8 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             f"evaluate only takes data.* and eval.* settings, not {sorted(set(overrides) - {'data', 'eval'})}."
         )
-    if args.data:
-        overrides = merge(overrides, {"data": {"root": args.data}})
+    if args.data:  # the root's own files, not the checkpoint's, unless named here as well
+        overrides = merge({"data": at_root(args.data)}, overrides)
     config = checkpoint.config_of(state, args.checkpoint, overrides)
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)

@@ -17,6 +17,17 @@ from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
 SPLITS = ("train", "val", "test")
+# the keys that name files of a split one by one, each beside data.root and winning over it
+SPLIT_FILE_KEYS = (
+    "images_dir",
+    *(f"{split}_{kind}" for split in SPLITS for kind in ("annotations", "images_dir")),
+)
+
+
+def at_root(root: str) -> dict[str, Any]:
+    """The data settings of the data set at `root` alone: with every split's own files unset,
+    so that none named for another data set (a checkpoint's) is read instead of root's."""
+    return {"root": root, **dict.fromkeys(SPLIT_FILE_KEYS)}
 
 
 def _path(value: str) -> Path:
