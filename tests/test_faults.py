@@ -387,6 +387,20 @@ def test_an_empty_split_names_its_annotation_file(
     )
 
 
+def test_a_training_split_without_objects_is_refused_as_nothing_to_learn(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An images-only COCO file (no 'annotations') for training: every image a negative."""
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_train.json", lambda d: d.pop("annotations"))
+    message = train_fails(capsys, here / "run", data)
+    assert message == (
+        f"The training split {data / 'instances_train.json'} has no objects (16 image(s), none "
+        f"with an object of {CLASSES}): there is nothing to learn from it. Give the training "
+        "split images with objects."
+    )
+
+
 def test_a_validation_split_without_objects_is_refused_as_nothing_could_pick_the_checkpoint(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -141,6 +141,7 @@ def load_split(
 
 # why a split of each role needs objects, and what to do about one without
 _WITHOUT_OBJECTS = {
+    "training": "there is nothing to learn from it. Give the training split images with objects.",
     "validation": (
         "F1 and AP are undefined on it, so neither the best checkpoint nor the score threshold "
         "could be picked. Give the validation split images with objects."
@@ -153,9 +154,10 @@ _WITHOUT_OBJECTS = {
 
 
 def require_objects(split: SplitAnnotations, role: str = "validation") -> SplitAnnotations:
-    """A validation or test split without objects is refused: F1 and AP are undefined on it
-    (0 whatever the model), so a validation split would pick the best checkpoint and the score
-    threshold from nothing, and a test split would report figures of nothing."""
+    """A split without objects is refused: a training split teaches nothing, and F1 and AP are
+    undefined on a validation or test split (0 whatever the model), so a validation split would
+    pick the best checkpoint and the score threshold from nothing, and a test split would report
+    figures of nothing."""
     if any(len(record.boxes) for record in split.records):
         return split
     others = (
@@ -176,7 +178,7 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
     Unless data.classes names them, classes that no object of either split has (an export's
     unused super-category, say) are left out of training and metrics, in one info line.
     """
-    train = load_split(config, "train")
+    train = require_objects(load_split(config, "train"), "training")
     if config["data"]["format"] == "voc":
         return train, require_objects(
             load_split(config, "val", train.class_names, f"the training split {train.source}")
@@ -195,11 +197,6 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
         return train, require_objects(val)
     used = set(train.used_classes) | set(val.used_classes)
     kept = [name for name in train.class_names if name in used]
-    if not kept:
-        raise DataError(
-            f"Neither {train.source} nor {val.source} has a single object: there is nothing to "
-            "learn."
-        )
     if len(kept) < len(train.class_names):
         log.info(
             "%s, %s: categories %s have no objects in either split: left out of training and "
