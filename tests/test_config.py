@@ -573,6 +573,12 @@ def test_a_preset_given_after_a_users_file_warns_naming_each_value_it_overrides(
     assert caplog.records == []
 
 
+def test_a_class_named_twice_in_data_classes_is_refused() -> None:
+    """Both would take the first's label: a class the model has but never trains."""
+    with pytest.raises(ConfigError, match=r"data.classes = \['cat', 'cat'\] .* non-unique"):
+        load_config(None, ["data.classes=[cat,cat]"])
+
+
 def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:
     config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
     result, speed = result_settings(config), speed_settings(config)
