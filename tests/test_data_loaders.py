@@ -868,7 +868,7 @@ def test_an_image_beyond_the_decompression_bomb_limit_is_named_when_checked_and_
         f"Image file {coco_root / 'wide.png'} is too large to decode: "
     )
     assert str(raised.value).endswith(
-        "Downscale or tile it: the model sees it at data.image_size in any case."
+        "Downscale or tile such images: the model sees them at data.image_size in any case."
     )
     with pytest.raises(
         DataError,

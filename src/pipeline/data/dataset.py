@@ -26,7 +26,7 @@ from pipeline.data import cache as image_cache
 from pipeline.data import cache_fill
 from pipeline.data.geometry import PAD_VALUE, RESIZE_MODES, Geometry, fit_boxes, fit_image
 from pipeline.data.orientation import upright
-from pipeline.data.sources import ImageRecord, SplitAnnotations, check_image_files
+from pipeline.data.sources import TOO_LARGE, ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
@@ -73,10 +73,6 @@ class Augment:
         return v2.Compose(steps) if steps else None
 
 
-# what to do with an image beyond Pillow's limit against decompression bombs
-TOO_LARGE = "Downscale or tile it: the model sees it at data.image_size in any case."
-
-
 def _eight_bit_grey(img: Image.Image, path: os.PathLike | str, sixteen_bit: bool) -> Image.Image:
     """A 16-bit greyscale image (microscopy, medical, depth) as 8 bits, its high byte, as Pillow
     reduces a 16-bit colour PNG: Pillow's own conversion of greyscale clips every value above
@@ -109,7 +105,7 @@ def _upright_planes(path: os.PathLike | str, out: np.ndarray | None = None) -> n
     try:
         with Image.open(path) as img:
             img.load()
-            # a PNG holds at most 16 bits a value: Pillow before 13 opened its grey ones as I
+            # a PNG holds at most 16 bits a value: older Pillow opens its grey ones as I
             sixteen_bit = img.mode.startswith("I;16") or (img.mode, img.format) == ("I", "PNG")
             img = upright(img)
             if img.mode.startswith("I") or img.mode == "F":  # one value per pixel, beyond 8 bits

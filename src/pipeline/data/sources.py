@@ -25,6 +25,8 @@ from pipeline.data.orientation import oriented_size
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
+# what to do with an image beyond Pillow's limit against decompression bombs
+TOO_LARGE = "Downscale or tile such images: the model sees them at data.image_size in any case."
 
 
 def no_boxes() -> np.ndarray:
@@ -197,8 +199,7 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
         raise DataError(f"{source} refers to file(s) that are not images: {_listing(unreadable)}.")
     if too_large:
         raise DataError(
-            f"{source} refers to image(s) too large to decode: {_listing(too_large)}. "
-            "Downscale or tile them: the model sees them at data.image_size in any case."
+            f"{source} refers to image(s) too large to decode: {_listing(too_large)}. {TOO_LARGE}"
         )
     if mismatched:
         raise DataError(
