@@ -505,11 +505,17 @@ def test_a_config_file_that_is_not_a_mapping_is_named(tmp_path: Path, text: str)
         load_config(path)
 
 
-def test_a_config_file_with_broken_yaml_is_named(tmp_path: Path) -> None:
+def test_a_config_file_with_broken_yaml_is_named_with_the_place_on_one_line(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("train: {epochs: 3\n")
-    with pytest.raises(ConfigError, match=rf"{re.escape(str(path))} is not valid YAML"):
+    with pytest.raises(ConfigError) as raised:
         load_config(path)
+    assert str(raised.value) == (
+        f"Config file {path} is not valid YAML: while parsing a flow mapping, expected ',' or "
+        "'}', but got '<stream end>' (line 2, column 1)."
+    )
 
 
 def test_a_config_file_that_is_a_folder_or_not_utf8_text_is_named(tmp_path: Path) -> None:
@@ -533,11 +539,10 @@ def test_a_key_set_twice_in_a_config_file_is_refused_naming_the_key_and_its_line
     path.write_text("data:\n  image_size: 64\ntrain:\n  epochs: 2\ndata:\n  root: /x\n")
     with pytest.raises(ConfigError) as raised:
         load_config(path)
-    assert str(raised.value).startswith(
+    assert str(raised.value) == (
         f"Config file {path} is not valid YAML: the key 'data' is set a second time (first on "
-        "line 1); only the last would count: merge them into one\n"
+        "line 1); only the last would count: merge them into one (line 5, column 1)."
     )
-    assert "line 5, column 1" in str(raised.value)
     path.write_text("data:\n  image_size: 64\n  image_size: 96\n")
     with pytest.raises(ConfigError, match="the key 'image_size' is set a second time"):
         load_config(path)

@@ -414,6 +414,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, where it is: its own text draws the line with a caret under
+    the place, over several lines."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"{error}."
+    mark = error.problem_mark
+    context = f"{error.context}, " if error.context else ""
+    return f"{context}{error.problem} (line {mark.line + 1}, column {mark.column + 1})."
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
@@ -432,7 +442,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"Config file {path} cannot be read: {error.strerror or error}."
         ) from error
     except yaml.YAMLError as error:
-        raise ConfigError(f"Config file {path} is not valid YAML: {error}") from error
+        raise ConfigError(
+            f"Config file {path} is not valid YAML: {_yaml_problem(error)}"
+        ) from error
     if data is None:
         return {}
     if not isinstance(data, dict):
