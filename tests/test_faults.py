@@ -1258,6 +1258,49 @@ def test_an_output_folder_where_a_file_is_names_the_file_and_leaves_it_as_it_was
     assert blocker.read_text() == "my notes\n"
 
 
+def test_an_output_that_names_the_checkpoint_or_the_other_output_is_refused_before_any_work(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    """`evaluate --out best.pth` wrote the metrics over the checkpoint it had just read."""
+    kept = here / "best.pth"
+    shutil.copy(checkpoints["good"], kept)
+    before = kept.read_bytes()
+    message = user_error(capsys, "eval", "--checkpoint", str(kept), "--out", str(kept))
+    assert message == (
+        f"--out {kept} names the same file as --checkpoint, which the command reads: it would be "
+        "written over. Give --out a path of its own."
+    )
+    out = here / "eval.json"
+    twice = here / "sub" / ".." / "eval.json"
+    argv = ["eval", "--checkpoint", str(kept), "--out", str(out), "--predictions", str(twice)]
+    (here / "sub").mkdir()
+    assert user_error(capsys, *argv) == (
+        f"--predictions {twice} names the same file as --out, which the command writes: it would "
+        "be written over. Give --predictions a path of its own."
+    )
+    assert kept.read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_report_or_compare_writing_over_the_summary_it_reads_is_refused(
+    command: str, here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    summary = here / "summary.json"
+    summary.write_text("{}\n")
+    if command == "report":
+        argv, option, other = ["report", "--summary", str(summary), "--out"], "--out", "--summary"
+    else:
+        argv, option, other = (
+            ["compare", str(summary), "--markdown"],
+            "--markdown",
+            "a SUMMARY.json argument",
+        )
+    assert user_error(capsys, *argv, str(summary)).startswith(
+        f"{option} {summary} names the same file as {other}, which the command reads"
+    )
+    assert summary.read_text() == "{}\n"
+
+
 def test_a_log_file_that_is_a_folder_is_named_and_nothing_runs(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:

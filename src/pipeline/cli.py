@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -221,6 +221,29 @@ def add_precision_option(parser: argparse.ArgumentParser, help: str, *choices: s
         "--precision", choices=choices or ("auto", "fp32", "fp16", "bf16", "measured"), help=help
     )
     parser.add_argument("--amp", action=_ReplacedByPrecision, help=argparse.SUPPRESS)
+
+
+def refuse_writing_over(
+    inputs: Iterable[tuple[str, str | None]], outputs: Iterable[tuple[str, str | None]]
+) -> None:
+    """Refuse an output that names a file the command reads (`evaluate --out best.pth` wrote
+    its metrics over the checkpoint) or one another output writes (the first lost), before any
+    work: each pair is an option and the path given to it (None: not given)."""
+    taken: dict[Path, tuple[str, str]] = {}
+    for option, value in inputs:
+        if value:
+            taken.setdefault(Path(value).resolve(), (option, "reads"))
+    for option, value in outputs:
+        if not value:
+            continue
+        path = Path(value).resolve()
+        if path in taken:
+            other, verb = taken[path]
+            raise ConfigError(
+                f"{option} {value} names the same file as {other}, which the command {verb}: it "
+                f"would be written over. Give {option} a path of its own."
+            )
+        taken[path] = (option, "writes")
 
 
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pipeline import atomic
-from pipeline.cli import add_precision_option, command_parser
+from pipeline.cli import add_precision_option, command_parser, refuse_writing_over
 from pipeline.config import merge, parse_overrides
 from pipeline.errors import ConfigError
 
@@ -63,6 +63,10 @@ def main(argv: list[str]) -> int:
         help="data and eval overrides, e.g. eval.score_threshold=0.4",
     )
     args = parser.parse_args(argv)
+    refuse_writing_over(
+        [("--checkpoint", args.checkpoint)],
+        [("--out", args.out), ("--predictions", args.predictions)],
+    )
 
     from pipeline import device as dev
     from pipeline.data import at_root, has_test_split, require_objects
