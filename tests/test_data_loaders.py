@@ -406,6 +406,51 @@ def test_coco_a_file_name_with_windows_separators_names_the_file_in_its_subfolde
     assert split.records[0].path == coco_root / "shots" / "gray.png"
 
 
+def test_coco_boxes_all_under_a_pixel_are_refused_as_fractions_of_the_image(
+    coco_root: Path,
+) -> None:
+    """YOLO's coordinates copied into a COCO file: every object a dot, every figure 0."""
+    entries = [
+        {"image_id": 1, "category_id": 3, "bbox": [0.1, 0.2, 0.25, 0.5]},
+        {"image_id": 4, "category_id": 7, "bbox": [0.5, 0.5, 0.4, 0.3]},
+    ]
+    path = _write_coco(
+        coco_root,
+        "yolo.json",
+        _coco_document(
+            {
+                "gray.png": (40, 40),
+                "rgba.png": (40, 40),
+                "palette.png": (40, 40),
+                "wide.png": (80, 40),
+            },
+            entries,
+        ),
+    )
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value) == (
+        f"{path}: every box is less than a pixel wide and high (the largest 0.4 x 0.5): these "
+        "look like fractions of the image, as YOLO gives them, where boxes here are in the "
+        "image's pixels. Multiply them by each image's width and height."
+    )
+    entries.append({"image_id": 1, "category_id": 3, "bbox": [5, 5, 1, 1]})  # one pixel: a dot
+    path = _write_coco(
+        coco_root,
+        "dots.json",
+        _coco_document(
+            {
+                "gray.png": (40, 40),
+                "rgba.png": (40, 40),
+                "palette.png": (40, 40),
+                "wide.png": (80, 40),
+            },
+            entries,
+        ),
+    )
+    assert sum(len(record.boxes) for record in load_coco(path, coco_root).records) == 3
+
+
 def test_coco_unknown_category_id_raises_naming_it(coco_root: Path) -> None:
     sizes = {"gray.png": (40, 40)}
     document = _coco_document(sizes, [{"image_id": 1, "category_id": 99, "bbox": [1, 1, 5, 5]}])

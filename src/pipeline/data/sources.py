@@ -229,6 +229,20 @@ def check_image_files(split: SplitAnnotations) -> None:
 FoundBox = tuple[int, bool, int, list[float]]
 
 
+def _refuse_fractions(split: SplitAnnotations, boxes: np.ndarray) -> None:
+    """Boxes all under a pixel wide and high are fractions of the image (YOLO's coordinates,
+    converted without the image's size), not pixels: the objects would be dots in a corner,
+    and every figure 0 without a word."""
+    sides = boxes[:, 2:] - boxes[:, :2]
+    if len(boxes) and (sides < 1).all():
+        raise DataError(
+            f"{split.source}: every box is less than a pixel wide and high (the largest "
+            f"{float(sides[:, 0].max()):.3g} x {float(sides[:, 1].max()):.3g}): these look like "
+            "fractions of the image, as YOLO gives them, where boxes here are in the image's "
+            "pixels. Multiply them by each image's width and height."
+        )
+
+
 def attach_objects(split: SplitAnnotations, found: list[FoundBox]) -> None:
     """Every record's objects and ignore regions, each in the order read, clipped to its image,
     without the degenerate ones and the ones with a coordinate that is no finite number (an
@@ -246,6 +260,7 @@ def attach_objects(split: SplitAnnotations, found: list[FoundBox]) -> None:
     keep = finite & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     split.dropped_boxes += int((~keep & finite).sum())
     split.nonfinite_boxes += int((~finite).sum())
+    _refuse_fractions(split, boxes[keep])
     # kept boxes grouped by record, objects before ignore regions, each group in reading order
     group = (2 * owners + ignored)[keep]
     order = np.argsort(group, kind="stable")
