@@ -525,6 +525,18 @@ def test_classes_the_file_does_not_define_raise_naming_them(coco_root: Path) -> 
         load_coco(coco_root / "instances_val.json", coco_root, classes=["cat", "horse"])
 
 
+def test_classes_the_file_does_not_define_are_named_with_the_names_they_resemble(
+    coco_root: Path,
+) -> None:
+    path = coco_root / "instances_val.json"
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root, classes=["Cat", "horse"])
+    assert str(raised.value) == (
+        f"data.classes names ['Cat', 'horse'], which {path} does not define (it has ['cat', "
+        "'dog']). Did you mean ['cat']?"
+    )
+
+
 # ------------------------------------------------------- config-driven loading (data/__init__)
 
 

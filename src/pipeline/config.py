@@ -126,7 +126,8 @@ _DefaultingValidator = _extend_with_default(jsonschema.Draft202012Validator)
 Origin = Callable[[Sequence[str]], str]
 
 
-def _close_match(word: Any, choices: Iterable[Any]) -> str | None:
+def close_match(word: Any, choices: Iterable[Any]) -> str | None:
+    """The choice nearest to a misspelt word (difflib's closest), or None."""
     strings = [choice for choice in choices if isinstance(choice, str)]
     if not isinstance(word, str) or not strings:
         return None
@@ -144,7 +145,7 @@ def _describe(error: jsonschema.ValidationError, origin: Origin) -> str:
         unknown = sorted(set(error.instance) - set(allowed))
         where = f"{key}." if path else ""
         named = [f"{where}{name} in {origin([*path, name])}" for name in unknown]
-        close = _close_match(unknown[0], allowed)
+        close = close_match(unknown[0], allowed)
         hint = f" Did you mean {where}{close}?" if close else ""
         return (
             f"Unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(named)}.{hint} "
@@ -152,7 +153,7 @@ def _describe(error: jsonschema.ValidationError, origin: Origin) -> str:
         )
     description = error.schema.get("description")
     expected = f" ({key}: {description})" if description else ""
-    close = _close_match(error.instance, error.schema.get("enum", []))
+    close = close_match(error.instance, error.schema.get("enum", []))
     hint = f" Did you mean {close!r}?" if close and close != error.instance else ""
     return (
         f"Config key {key} = {error.instance!r} in {origin(path)} is not valid: "

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from pipeline.config import close_match
 from pipeline.data.sources import (
     FoundBox,
     ImageRecord,
@@ -231,8 +232,10 @@ def load_coco(
     class_names = list(classes) if classes else names
     unknown_classes = sorted(set(class_names) - set(names))
     if unknown_classes:
+        meant = [match for name in unknown_classes if (match := close_match(name, names))]
         raise DataError(
             f"data.classes names {unknown_classes}, which {source} does not define (it has {names})."
+            + (f" Did you mean {meant}?" if meant else "")
         )
     label_of = {
         cid: class_names.index(name) for cid, name in categories.items() if name in class_names
