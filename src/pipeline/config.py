@@ -397,7 +397,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     first."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
+        first_line: dict[str, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys written beside win
                 continue
@@ -428,7 +428,9 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
+        data = yaml.load(
+            path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader
+        )  # safe: no Python objects
     except FileNotFoundError as error:
         raise ConfigError(f"Config file {path} does not exist.") from error
     except IsADirectoryError as error:
@@ -514,7 +516,7 @@ def _is_preset(layer: Layer) -> bool:
     return Path(layer.source).parent.name == PRESETS_FOLDER
 
 
-def warn_of_presets_layered_last(layers: Sequence[Layer]) -> None:
+def _warn_of_presets_layered_last(layers: Sequence[Layer]) -> None:
     """A preset layered after a file of the user's overrides what that file set, as the later
     file always wins: most often the files were given in the wrong order (presets go first)."""
     for index, preset in enumerate(layers):
@@ -547,7 +549,7 @@ def validate_layers(
 ) -> dict[str, Any]:
     """`merged` (default: the layers merged in order) validated, an error naming the layer its
     bad value came from."""
-    warn_of_presets_layered_last(layers)
+    _warn_of_presets_layered_last(layers)
     source = " + ".join(layer.source for layer in layers) or DEFAULTS
     return validate(
         merge_layers(layers) if merged is None else merged,
