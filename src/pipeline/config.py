@@ -437,8 +437,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"Config file {path} is a folder, not a YAML file.") from error
     except UnicodeDecodeError as error:
         raise ConfigError(
-            f"Config file {path} is not a YAML text file: the byte at offset {error.start} is not UTF-8 "
-            f"({error.reason}). Save it as UTF-8 text."
+            f"Config file {path} is not a YAML text file: the byte at offset {error.start} is "
+            f"not UTF-8 ({error.reason}). Save it as UTF-8 text."
         ) from error
     except OSError as error:
         raise ConfigError(
