@@ -232,6 +232,24 @@ def test_coco_missing_annotation_file_raises_naming_it(tmp_path: Path) -> None:
         load_coco(tmp_path / "nowhere.json", tmp_path)
 
 
+def test_a_missing_coco_file_names_the_json_files_of_an_export_laid_out_by_split(
+    tmp_path: Path,
+) -> None:
+    """A Roboflow export under data.root: each split's file in a folder of its own."""
+    for split in ("train", "valid"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "_annotations.coco.json").write_text("{}")
+    config = _coco_config(tmp_path)
+    with pytest.raises(DataError) as raised:
+        load_split(config, "train")
+    assert str(raised.value) == (
+        f"COCO annotation file {tmp_path / 'instances_train.json'} does not exist (config "
+        f"data.root / data.{{train,val,test}}_annotations). JSON files under {tmp_path}: "
+        "train/_annotations.coco.json, valid/_annotations.coco.json. Name a split's file with "
+        "data.train_annotations, data.val_annotations or data.test_annotations."
+    )
+
+
 def test_coco_malformed_json_raises_naming_the_file(coco_root: Path) -> None:
     path = coco_root / "broken.json"
     path.write_text('{"images": [')

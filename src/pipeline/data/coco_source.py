@@ -199,6 +199,26 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
     return records
 
 
+def _json_files_near(source: Path) -> str:
+    """The JSON files in the folder where a missing annotation file was looked for, and in its
+    subfolders: an export that puts each split in a folder of its own (Roboflow's
+    `train/_annotations.coco.json`) is found by naming its files, not by data.root alone."""
+    folder = source.parent
+    if not folder.is_dir():
+        return ""
+    found = sorted(
+        path.relative_to(folder).as_posix()
+        for path in [*folder.glob("*.json"), *folder.glob("*/*.json")]
+    )
+    if not found:
+        return ""
+    more = f" and {len(found) - 6} more" if len(found) > 6 else ""
+    return (
+        f" JSON files under {folder}: {', '.join(found[:6])}{more}. Name a split's file with "
+        "data.train_annotations, data.val_annotations or data.test_annotations."
+    )
+
+
 def load_coco(
     annotation_file: str | Path,
     images_dir: str | Path,
@@ -215,8 +235,9 @@ def load_coco(
     source = Path(annotation_file)
     if not source.is_file():
         raise DataError(
-            f"COCO annotation file {source} does not exist (config data.root / "
-            "data.{train,val,test}_annotations)."
+            f"COCO annotation file {source} "
+            f"{'is a folder' if source.is_dir() else 'does not exist'} (config data.root / "
+            "data.{train,val,test}_annotations)." + _json_files_near(source)
         )
     try:
         document = _json_document(source)
