@@ -584,6 +584,27 @@ def test_a_class_named_twice_in_data_classes_is_refused() -> None:
         load_config(None, ["data.classes=[cat,cat]"])
 
 
+@pytest.mark.parametrize(
+    ("setting", "shown"),
+    [
+        ("eval.score_threshold=nan", "nan"),
+        ("train.lr=inf", "inf"),
+        ("sweep.lr=[0.1,-.inf]", "-inf"),
+    ],
+)
+def test_a_value_that_is_not_a_finite_number_is_refused_naming_its_key(
+    setting: str, shown: str
+) -> None:
+    """NaN passes every minimum and maximum: a threshold of NaN would count no detection."""
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [setting])
+    assert str(raised.value) == (
+        f"Config key {key} = {shown} in the command line is not valid: {shown} is not a finite "
+        "number."
+    )
+
+
 def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:
     config = load_config(None, ["eval.batch_size=7", "data.num_workers=3"])
     result, speed = result_settings(config), speed_settings(config)

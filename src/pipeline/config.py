@@ -14,6 +14,7 @@ import copy
 import difflib
 import functools
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -205,6 +206,23 @@ def _refuse_legacy_precision(config: dict[str, Any], origin: Origin) -> None:
     )
 
 
+def _refuse_non_finite(value: Any, origin: Origin, path: tuple[str, ...] = ()) -> None:
+    """NaN and infinity pass every minimum and maximum of the schema (a comparison with NaN is
+    false): eval.score_threshold=nan would count no detection, and read as an F1 of 0."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _refuse_non_finite(item, origin, (*path, str(key)))
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_non_finite(item, origin, path)
+    elif isinstance(value, float) and not math.isfinite(value):
+        key = ".".join(path)
+        raise ConfigError(
+            f"Config key {key} = {value!r} in {origin(path)} is not valid: {value!r} is not a "
+            "finite number."
+        )
+
+
 def validate(
     config: dict[str, Any], source: str = "the configuration", origin: Origin | None = None
 ) -> dict[str, Any]:
@@ -212,6 +230,7 @@ def validate(
     where it came from: `origin(key path)` (see `Layer.origin`), else `source`."""
     _refuse_legacy_precision(config, origin or (lambda path: source))
     config = normalize(copy.deepcopy(config))
+    _refuse_non_finite(config, origin or (lambda path: source))
     validator = _DefaultingValidator(load_schema())
     errors = sorted(
         validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path))
