@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
         "time_budget_s": args.time_budget,
         "trace_steps": args.trace_steps,
     }
-    if args.repeats < 1 or args.trace_steps < 1 or args.warmup < 0 or args.time_budget <= 0:
+    # `not > 0`: a budget of NaN is no budget, and passes `<= 0`
+    if args.repeats < 1 or args.trace_steps < 1 or args.warmup < 0 or not args.time_budget > 0:
         raise ConfigError(
             "--repeats and --trace-steps must be at least 1, --warmup at least 0, --time-budget positive."
         )
