@@ -1082,6 +1082,27 @@ def test_eval_of_a_checkpoint_with_other_classes_names_both_class_lists_and_coun
     )
 
 
+def test_eval_of_a_measured_bf16_checkpoint_on_a_cpu_without_bf16_says_to_give_fp32(
+    here: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trained where the benchmarks chose bf16, evaluated on a laptop without native bf16."""
+    state = checkpoint.load(checkpoints["good"])
+    measured = here / "measured.pth"
+    config = {**state["config"], "precision": "measured"}
+    checkpoint.save(measured, {**state, "config": config, "precision": "bf16"})
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "bf16,fp16")
+    out = here / "eval.json"
+    message = user_error(capsys, "eval", "--checkpoint", str(measured), "--out", str(out))
+    assert message.startswith("precision=measured cannot evaluate in bf16 on cpu: ")
+    assert message.endswith(". Give --precision fp32 to evaluate in fp32 here.")
+    argv = ["eval", "--checkpoint", str(measured), "--out", str(out), "--precision", "fp32"]
+    assert pipeline(*argv) == 0
+    assert json.loads(out.read_text())["precision"] == "fp32"
+
+
 def test_eval_with_data_reads_that_roots_splits_not_the_files_the_checkpoint_named(
     here: Path, data_root: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:

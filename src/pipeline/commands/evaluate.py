@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]
-    precision = dev.run_precision(requested, device, state.get("precision"))
+    precision = dev.run_precision(requested, device, state.get("precision"), "evaluate")
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]

@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]
-    precision = dev.run_precision(requested, device, state.get("precision"))
+    precision = dev.run_precision(requested, device, state.get("precision"), "profile")
     dev.require_precision(device, precision, "profiling")
     layout = memory_format(config["train"]["channels_last"])
     model = checkpoint.restore_model(state, device, layout, args.checkpoint)
