@@ -505,11 +505,104 @@ def test_a_config_file_that_is_not_a_mapping_is_named(tmp_path: Path, text: str)
         load_config(path)
 
 
-def test_a_config_file_with_broken_yaml_is_named(tmp_path: Path) -> None:
+def test_a_config_file_with_broken_yaml_is_named_with_the_place_on_one_line(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("train: {epochs: 3\n")
-    with pytest.raises(ConfigError, match=rf"{re.escape(str(path))} is not valid YAML"):
+    with pytest.raises(ConfigError) as raised:
         load_config(path)
+    assert str(raised.value) == (
+        f"Config file {path} is not valid YAML: while parsing a flow mapping, expected ',' or "
+        "'}', but got '<stream end>' (line 2, column 1)."
+    )
+
+
+def test_a_config_file_that_is_a_folder_or_not_utf8_text_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"^Config file {re.escape(str(tmp_path))} is a folder"):
+        load_config(tmp_path)
+    binary = tmp_path / "latin1.yaml"
+    binary.write_bytes("data: {root: /donn\u00e9es}\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as raised:
+        load_config(binary)
+    assert str(raised.value) == (
+        f"Config file {binary} is not a YAML text file: the byte at offset 18 is not UTF-8 "
+        "(invalid continuation byte). Save it as UTF-8 text."
+    )
+
+
+def test_a_key_set_twice_in_a_config_file_is_refused_naming_the_key_and_its_lines(
+    tmp_path: Path,
+) -> None:
+    """Plain YAML keeps the last of two keys: a second `data:` block would drop the first's."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("data:\n  image_size: 64\ntrain:\n  epochs: 2\ndata:\n  root: /x\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value) == (
+        f"Config file {path} is not valid YAML: the key 'data' is set a second time (first on "
+        "line 1); only the last would count: merge them into one (line 5, column 1)."
+    )
+    path.write_text("data:\n  image_size: 64\n  image_size: 96\n")
+    with pytest.raises(ConfigError, match="the key 'image_size' is set a second time"):
+        load_config(path)
+
+
+def test_a_merge_key_and_the_keys_beside_it_are_not_a_key_set_twice(tmp_path: Path) -> None:
+    path = tmp_path / "anchors.yaml"
+    path.write_text("train:\n  <<: {epochs: 2, batch_size: 4}\n  epochs: 3\n")
+    train = load_config(path)["train"]
+    assert (train["epochs"], train["batch_size"]) == (3, 4)
+
+
+def test_a_preset_given_after_a_users_file_warns_naming_each_value_it_overrides(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Later files win: `--configfile mine.yaml presets/p.yaml` silently undoes mine.yaml."""
+    (tmp_path / "presets").mkdir()
+    preset = tmp_path / "presets" / "photos.yaml"
+    preset.write_text("data:\n  augment: {hflip: 0.5, vflip: 0.0}\ntrain: {epochs: 100}\n")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("data:\n  augment: {hflip: 0.0, vflip: 0.0}\n  image_size: 256\n")
+    with caplog.at_level("WARNING", logger="pipeline"):
+        config = load_config([mine, preset])
+    assert config["data"]["augment"]["hflip"] == 0.5  # the order still decides
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{preset}, given after {mine}, overrides what it sets: data.augment.hflip (0.0 -> 0.5). "
+        f"Later config files win: if {mine} is your own, give it after the presets "
+        f"(--configfile {preset} {mine})."
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline"):
+        load_config([preset, mine], ["train.epochs=3"])
+    assert caplog.records == []
+
+
+def test_a_class_named_twice_in_data_classes_is_refused() -> None:
+    """Both would take the first's label: a class the model has but never trains."""
+    with pytest.raises(ConfigError, match=r"data.classes = \['cat', 'cat'\] .* non-unique"):
+        load_config(None, ["data.classes=[cat,cat]"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "shown"),
+    [
+        ("eval.score_threshold=nan", "nan"),
+        ("train.lr=inf", "inf"),
+        ("sweep.lr=[0.1,-.inf]", "-inf"),
+    ],
+)
+def test_a_value_that_is_not_a_finite_number_is_refused_naming_its_key(
+    setting: str, shown: str
+) -> None:
+    """NaN passes every minimum and maximum: a threshold of NaN would count no detection."""
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [setting])
+    assert str(raised.value) == (
+        f"Config key {key} = {shown} in the command line is not valid: {shown} is not a finite "
+        "number."
+    )
 
 
 def test_result_and_speed_settings_split_what_training_reads_without_overlap() -> None:

@@ -232,6 +232,24 @@ def test_coco_missing_annotation_file_raises_naming_it(tmp_path: Path) -> None:
         load_coco(tmp_path / "nowhere.json", tmp_path)
 
 
+def test_a_missing_coco_file_names_the_json_files_of_an_export_laid_out_by_split(
+    tmp_path: Path,
+) -> None:
+    """A Roboflow export under data.root: each split's file in a folder of its own."""
+    for split in ("train", "valid"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "_annotations.coco.json").write_text("{}")
+    config = _coco_config(tmp_path)
+    with pytest.raises(DataError) as raised:
+        load_split(config, "train")
+    assert str(raised.value) == (
+        f"COCO annotation file {tmp_path / 'instances_train.json'} does not exist (config "
+        f"data.root / data.{{train,val,test}}_annotations). JSON files under {tmp_path}: "
+        "train/_annotations.coco.json, valid/_annotations.coco.json. Name a split's file with "
+        "data.train_annotations, data.val_annotations or data.test_annotations."
+    )
+
+
 def test_coco_malformed_json_raises_naming_the_file(coco_root: Path) -> None:
     path = coco_root / "broken.json"
     path.write_text('{"images": [')
@@ -267,6 +285,188 @@ def test_coco_malformed_bbox_raises_naming_the_file(coco_root: Path) -> None:
     path = _write_coco(coco_root, "short_bbox.json", document)
     with pytest.raises(DataError, match=r"short_bbox\.json"):
         load_coco(path, coco_root)
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"image_id": 1, "category_id": 3}, "annotation 1 has no 'bbox' ("),
+        ({"image_id": 1, "bbox": [1, 2, 3, 4]}, "annotation 1 has no 'category_id' ("),
+        (
+            {"image_id": 1, "category_id": 3, "bbox": None},
+            "annotation 1 has the bbox null, not 4 numbers [x, y, width, height].",
+        ),
+        (
+            {"image_id": "img1", "category_id": 3, "bbox": [1, 2, 3, 4]},
+            'annotation 1 has image_id "img1", which is not an integer.',
+        ),
+    ],
+)
+def test_coco_an_annotation_that_does_not_read_is_named_with_the_key_or_value_at_fault(
+    coco_root: Path, entry: dict[str, Any], said: str
+) -> None:
+    path = _write_coco(coco_root, "bad.json", _coco_document({"gray.png": (40, 40)}, [entry]))
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value).startswith(f"COCO annotation file {path}: {said}")
+
+
+@pytest.mark.parametrize(
+    ("image", "said"),
+    [
+        ({"id": 1, "width": 40, "height": 40}, "image entry 0 has no 'file_name' ("),
+        ({"id": 1, "file_name": "gray.png", "height": 40}, "image entry 0 has no 'width' ("),
+        (
+            {"id": "img1", "file_name": "gray.png", "width": 40, "height": 40},
+            'image entry 0 has id "img1", which is not an integer.',
+        ),
+        (
+            {"id": 1, "file_name": "gray.png", "width": 40.5, "height": 40},
+            "image entry 0 has width 40.5, which is not an integer.",
+        ),
+    ],
+)
+def test_coco_an_image_entry_that_does_not_read_is_named_with_the_key_or_value_at_fault(
+    coco_root: Path, image: dict[str, Any], said: str
+) -> None:
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    path = _write_coco(coco_root, "bad.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value).startswith(f"COCO annotation file {path}: {said}")
+
+
+def test_coco_ids_and_sizes_written_as_whole_floats_or_text_read_as_integers(
+    coco_root: Path,
+) -> None:
+    image = {"id": "1", "file_name": "gray.png", "width": 40.0, "height": "40"}
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    split = load_coco(_write_coco(coco_root, "loose.json", document), coco_root)
+    record = split.records[0]
+    assert (record.image_id, record.width, record.height) == (1, 40, 40)
+
+
+@pytest.mark.parametrize("value", ["0", "1", 2, None, "no"])
+def test_coco_iscrowd_other_than_0_or_1_is_refused_never_read_as_a_crowd(
+    coco_root: Path, value: Any
+) -> None:
+    """Python reads the string "0" as true: the object would silently become an ignore region."""
+    entry = {"image_id": 1, "category_id": 3, "bbox": [1, 2, 3, 4]}
+    document = _coco_document({"gray.png": (40, 40)}, [entry])
+    document["annotations"][0]["iscrowd"] = value
+    path = _write_coco(coco_root, "crowd.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value) == (
+        f"COCO annotation file {path}: annotation 1 has iscrowd {json.dumps(value)}; COCO's "
+        "iscrowd is 0 (an object) or 1 (a crowd region, ignored)."
+    )
+
+
+def test_coco_iscrowd_as_a_boolean_or_absent_reads_as_cocos_0_and_1(coco_root: Path) -> None:
+    entries = [{"image_id": 1, "category_id": 3, "bbox": [1, 2, 3, 4]}] * 3
+    document = _coco_document({"gray.png": (40, 40)}, entries)
+    document["annotations"][0]["iscrowd"] = True
+    document["annotations"][1]["iscrowd"] = False
+    del document["annotations"][2]["iscrowd"]
+    split = load_coco(_write_coco(coco_root, "crowd.json", document), coco_root)
+    assert (len(split.records[0].boxes), len(split.records[0].ignore_boxes)) == (2, 1)
+
+
+def test_coco_a_category_id_listed_twice_raises_naming_both_names(coco_root: Path) -> None:
+    categories = [*CATEGORIES, {"id": CATEGORIES[0]["id"], "name": "blob"}]
+    document = _coco_document({"gray.png": (40, 40)}, [], categories)
+    path = _write_coco(coco_root, "twice.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value) == (
+        f"COCO annotation file {path} lists category id {CATEGORIES[0]['id']} twice: as "
+        f"{CATEGORIES[0]['name']!r} and as 'blob'. Category ids must be unique: give each "
+        "category its own id."
+    )
+
+
+def test_coco_a_super_category_named_as_its_one_class_is_one_class(coco_root: Path) -> None:
+    """A one-class export whose project (its super-category, id 0) has the class's name."""
+    categories = [
+        {"id": 0, "name": "helmet", "supercategory": "none"},
+        {"id": 1, "name": "helmet", "supercategory": "helmet"},
+    ]
+    entry = {"image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]}
+    path = _write_coco(
+        coco_root, "one.json", _coco_document({"gray.png": (40, 40)}, [entry], categories)
+    )
+    split = load_coco(path, coco_root)
+    assert split.class_names == ["helmet"]
+    assert split.records[0].labels.tolist() == [0]
+
+
+def test_coco_a_file_that_starts_with_a_utf8_byte_order_mark_loads(coco_root: Path) -> None:
+    """As Windows tools save UTF-8; json.loads refuses the mark."""
+    text = json.dumps(_coco_document({"gray.png": (40, 40)}, GOOD[:1]))
+    path = coco_root / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert len(load_coco(path, coco_root).records[0].boxes) == 1
+    (coco_root / "bom_nan.json").write_bytes(
+        b"\xef\xbb\xbf" + text.replace('"iscrowd": 0', '"area": NaN, "iscrowd": 0').encode()
+    )
+    assert len(load_coco(coco_root / "bom_nan.json", coco_root).records) == 1
+
+
+def test_coco_a_file_name_with_windows_separators_names_the_file_in_its_subfolder(
+    coco_root: Path,
+) -> None:
+    (coco_root / "shots").mkdir()
+    (coco_root / "gray.png").rename(coco_root / "shots" / "gray.png")
+    image = {"id": 1, "file_name": "shots\\gray.png", "width": 40, "height": 40}
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    split = load_coco(_write_coco(coco_root, "windows.json", document), coco_root)
+    assert split.records[0].path == coco_root / "shots" / "gray.png"
+
+
+def test_coco_boxes_all_under_a_pixel_are_refused_as_fractions_of_the_image(
+    coco_root: Path,
+) -> None:
+    """YOLO's coordinates copied into a COCO file: every object a dot, every figure 0."""
+    entries = [
+        {"image_id": 1, "category_id": 3, "bbox": [0.1, 0.2, 0.25, 0.5]},
+        {"image_id": 4, "category_id": 7, "bbox": [0.5, 0.5, 0.4, 0.3]},
+    ]
+    path = _write_coco(
+        coco_root,
+        "yolo.json",
+        _coco_document(
+            {
+                "gray.png": (40, 40),
+                "rgba.png": (40, 40),
+                "palette.png": (40, 40),
+                "wide.png": (80, 40),
+            },
+            entries,
+        ),
+    )
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root)
+    assert str(raised.value) == (
+        f"{path}: every box is less than a pixel wide and high (the largest 0.4 x 0.5): these "
+        "look like fractions of the image, as YOLO gives them, where boxes here are in the "
+        "image's pixels. Multiply them by each image's width and height."
+    )
+    entries.append({"image_id": 1, "category_id": 3, "bbox": [5, 5, 1, 1]})  # one pixel: a dot
+    path = _write_coco(
+        coco_root,
+        "dots.json",
+        _coco_document(
+            {
+                "gray.png": (40, 40),
+                "rgba.png": (40, 40),
+                "palette.png": (40, 40),
+                "wide.png": (80, 40),
+            },
+            entries,
+        ),
+    )
+    assert sum(len(record.boxes) for record in load_coco(path, coco_root).records) == 3
 
 
 def test_coco_unknown_category_id_raises_naming_it(coco_root: Path) -> None:
@@ -341,6 +541,18 @@ def test_a_subset_of_classes_drops_the_other_classes_objects(coco_root: Path) ->
 def test_classes_the_file_does_not_define_raise_naming_them(coco_root: Path) -> None:
     with pytest.raises(DataError, match=r"horse"):
         load_coco(coco_root / "instances_val.json", coco_root, classes=["cat", "horse"])
+
+
+def test_classes_the_file_does_not_define_are_named_with_the_names_they_resemble(
+    coco_root: Path,
+) -> None:
+    path = coco_root / "instances_val.json"
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root, classes=["Cat", "horse"])
+    assert str(raised.value) == (
+        f"data.classes names ['Cat', 'horse'], which {path} does not define (it has ['cat', "
+        "'dog']). Did you mean ['cat']?"
+    )
 
 
 # ------------------------------------------------------- config-driven loading (data/__init__)
@@ -504,6 +716,71 @@ def test_voc_missing_xml_raises_naming_it_and_the_listing(voc_root: Path) -> Non
 
 
 @pytest.mark.parametrize(
+    ("written", "difficult"), [("1", True), ("True", True), ("false", False), ("", False)]
+)
+def test_voc_difficult_reads_0_1_true_false_and_empty(
+    voc_root: Path, written: str, difficult: bool
+) -> None:
+    xml = _voc_xml(
+        "gray.png", (40, 40), [("bird", (1, 1, 10, 10), written), ("person", (1, 1, 20, 20))]
+    )
+    (voc_root / "Annotations" / "gray.xml").write_text(xml)
+    gray = load_voc(voc_root, "val").records[0]
+    assert (len(gray.boxes), len(gray.ignore_boxes)) == ((1, 1) if difficult else (2, 0))
+
+
+def test_voc_difficult_of_another_value_is_refused_never_read_as_not_difficult(
+    voc_root: Path,
+) -> None:
+    xml = _voc_xml("gray.png", (40, 40), [("bird", (1, 1, 10, 10), "yes")])
+    (voc_root / "Annotations" / "gray.xml").write_text(xml)
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC annotation {voc_root / 'Annotations' / 'gray.xml'}: an <object> (bird) has "
+        "<difficult>yes</difficult>; VOC's difficult is 0 or 1."
+    )
+
+
+def test_voc_class_names_differing_only_in_case_or_spacing_are_named_in_a_warning(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    xml = _voc_xml("gray.png", (40, 40), [("Bird", (1, 1, 10, 10)), ("Person  one", (1, 1, 9, 9))])
+    (voc_root / "Annotations" / "gray.xml").write_text(xml)
+    xml = _voc_xml("wide.png", (80, 40), [("bird", (1, 1, 10, 10)), ("person one", (1, 1, 9, 9))])
+    (voc_root / "Annotations" / "wide.xml").write_text(xml)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    assert split.class_names == ["Bird", "Person  one", "bird", "person one"]
+    listing = voc_root / "ImageSets" / "Main" / "val.txt"
+    assert [r.getMessage() for r in _pipeline_warnings(caplog)] == [
+        f"{listing}: the class names ['Bird', 'bird'] and ['Person  one', 'person one'] differ "
+        "only in case or spacing, and are trained as separate classes; if each group is one "
+        "class, write it one way in the XML files (or set data.classes to the ones to keep)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        load_voc(voc_root, "val", ["bird", "Bird"])
+    assert _pipeline_warnings(caplog) == []
+
+
+def test_voc_an_unreadable_listing_or_annotation_file_is_named(voc_root: Path) -> None:
+    listing = voc_root / "ImageSets" / "Main" / "val.txt"
+    listing.write_bytes("gray\nwide\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC split file {listing} is not a text listing of image names: the byte at offset 9 "
+        "is not UTF-8 (invalid continuation byte)."
+    )
+    listing.write_text("gray\n")
+    (voc_root / "Annotations" / "gray.xml").unlink()
+    (voc_root / "Annotations" / "gray.xml").mkdir()
+    with pytest.raises(DataError, match=r"gray\.xml cannot be read: Is a directory \(listed in "):
+        load_voc(voc_root, "val")
+
+
+@pytest.mark.parametrize(
     "xml",
     [
         "<annotation><filename>wide.png</filename></annotation>",  # no size
@@ -608,6 +885,71 @@ def test_read_image_of_a_non_image_or_missing_file_raises_naming_it(tmp_path: Pa
         read_image(tmp_path / "text.png")
     with pytest.raises(DataError, match=r"gone\.png"):
         read_image(tmp_path / "gone.png")
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_a_16_bit_greyscale_image_reads_by_its_high_byte_not_clipped_to_white(
+    tmp_path: Path, suffix: str
+) -> None:
+    """Pillow's own conversion clips every 16-bit value above 255 to white."""
+    path = tmp_path / f"microscope{suffix}"
+    values = np.array([[0, 255, 256 * 100 + 99, 65535]], np.uint16)
+    Image.fromarray(values).save(path)
+    assert Image.open(path).mode.startswith("I")
+    assert read_image(path).tolist() == [[[0, 0, 100, 255]]] * 3
+
+
+@pytest.mark.parametrize(
+    ("values", "described"),
+    [
+        (
+            np.array([[0.0, 0.5, 1.0]], np.float32),
+            "floating-point pixel values (Pillow mode F, from 0.0 to 1.0)",
+        ),
+        (
+            np.array([[0, 300, 70000]], np.int32),
+            "32-bit integer pixel values (Pillow mode I, from 0 to 70000)",
+        ),
+    ],
+)
+def test_a_float_or_wide_integer_image_is_refused_naming_its_values_never_clipped(
+    tmp_path: Path, values: np.ndarray, described: str
+) -> None:
+    path = tmp_path / "depth.tif"
+    Image.fromarray(values).save(path)
+    with pytest.raises(DataError) as raised:
+        read_image(path)
+    assert str(raised.value) == (
+        f"Image file {path} holds {described}, which have no brightness scale to read them in: "
+        "convert the images to 8- or 16-bit PNG or TIFF."
+    )
+
+
+def test_a_32_bit_integer_image_within_8_bits_reads_as_its_values(tmp_path: Path) -> None:
+    path = tmp_path / "labels.tif"
+    Image.fromarray(np.array([[0, 7, 255]], np.int32)).save(path)
+    assert read_image(path).tolist() == [[[0, 7, 255]]] * 3
+
+
+def test_an_image_beyond_the_decompression_bomb_limit_is_named_when_checked_and_when_read(
+    coco_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pillow refuses an image of more than twice Image.MAX_IMAGE_PIXELS with an error of its
+    own, neither an OSError nor a ValueError; here the limit is lowered, not the image raised."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(DataError) as raised:
+        read_image(coco_root / "wide.png")
+    assert str(raised.value).startswith(
+        f"Image file {coco_root / 'wide.png'} is too large to decode: "
+    )
+    assert str(raised.value).endswith(
+        "Downscale or tile such images: the model sees them at data.image_size in any case."
+    )
+    with pytest.raises(
+        DataError,
+        match=r"too large to decode: \S*gray\.png \(Image size \(1600 pixels\)",
+    ):
+        load_coco(coco_root / "instances_val.json", coco_root)
 
 
 def test_a_corrupt_image_in_a_data_set_raises_naming_it_when_read(coco_root: Path) -> None:

@@ -31,6 +31,7 @@ from tiny_runs import make_data, tiny_config, tiny_settings
 from pipeline import cli
 from pipeline import device as dev
 from pipeline.config import load_schema
+from pipeline.data import SPLITS
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
 from pipeline.errors import ConfigError
@@ -152,6 +153,19 @@ def test_zero_or_negative_sizes_name_the_key_and_the_minimum(
     message = train_fails(capsys, here / "run", data_root, setting)
     assert message.startswith(f"Config key {key} = {value} in the command line")
     assert f"{value} is less than the minimum of {minimum}" in message
+
+
+@pytest.mark.parametrize("threads", ["0", "-3", "abc", "1.5"])
+def test_a_cpu_thread_count_that_is_no_positive_integer_is_named(
+    threads: str, here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert cli.main(["--cpu-threads", threads, "check-env", "--out", str(here / "env.json")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.rstrip().endswith(
+        f"ERROR cpu_threads must be 'auto' or a positive integer, got {threads!r}."
+    )
+    assert not (here / "env.json").exists()
 
 
 def test_an_image_size_the_models_stride_cannot_divide_names_the_stride_and_two_sizes_that_fit(
@@ -370,6 +384,20 @@ def test_an_empty_split_names_its_annotation_file(
     message = train_fails(capsys, here / "run", data)
     assert message == (
         f"COCO annotation file {data / 'instances_val.json'} lists no images: the split is empty."
+    )
+
+
+def test_a_training_split_without_objects_is_refused_as_nothing_to_learn(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An images-only COCO file (no 'annotations') for training: every image a negative."""
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_train.json", lambda d: d.pop("annotations"))
+    message = train_fails(capsys, here / "run", data)
+    assert message == (
+        f"The training split {data / 'instances_train.json'} has no objects (16 image(s), none "
+        f"with an object of {CLASSES}): there is nothing to learn from it. Give the training "
+        "split images with objects."
     )
 
 
@@ -914,6 +942,31 @@ def test_eval_names_a_test_image_of_another_size_than_annotated_before_evaluatin
     assert no_evaluation == []
 
 
+def test_eval_refuses_a_test_split_without_objects_before_evaluating_never_reporting_zeros(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    no_evaluation: list[str],
+) -> None:
+    """Recall and AP of no objects would read 0 whatever the model (an images-only COCO file,
+    as a test set without public annotations ships, says 'no objects' the same way)."""
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_test.json", lambda d: d.pop("annotations"))
+    message = eval_fails(capsys, here, checkpoints["good"], f"data.root={data}")
+    assert message == (
+        f"The test split {data / 'instances_test.json'} has no objects (8 image(s), none with an "
+        f"object of {CLASSES}): recall, F1 and AP are undefined on it, and would read as 0. Give "
+        "the test split images with objects, or set data.test_split=null to report on "
+        "validation."
+    )
+    assert no_evaluation == []
+    out = here / "eval.json"
+    argv = ["eval", "--checkpoint", str(checkpoints["good"]), "--out", str(out)]
+    assert pipeline(*argv, f"data.root={data}", "data.test_split=null") == 0
+    assert json.loads(out.read_text())["split"] == "val"
+
+
 def test_eval_names_a_truncated_test_image_found_by_the_cache_before_evaluating(
     here: Path,
     data_root: Path,
@@ -1029,6 +1082,64 @@ def test_eval_of_a_checkpoint_with_other_classes_names_both_class_lists_and_coun
     )
 
 
+def test_eval_of_a_measured_bf16_checkpoint_on_a_cpu_without_bf16_says_to_give_fp32(
+    here: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trained where the benchmarks chose bf16, evaluated on a laptop without native bf16."""
+    state = checkpoint.load(checkpoints["good"])
+    measured = here / "measured.pth"
+    config = {**state["config"], "precision": "measured"}
+    checkpoint.save(measured, {**state, "config": config, "precision": "bf16"})
+    monkeypatch.setenv(dev.HIDE_CPU_NATIVE_ENV, "bf16,fp16")
+    out = here / "eval.json"
+    message = user_error(capsys, "eval", "--checkpoint", str(measured), "--out", str(out))
+    assert message.startswith("precision=measured cannot evaluate in bf16 on cpu: ")
+    assert message.endswith(". Give --precision fp32 to evaluate in fp32 here.")
+    argv = ["eval", "--checkpoint", str(measured), "--out", str(out), "--precision", "fp32"]
+    assert pipeline(*argv) == 0
+    assert json.loads(out.read_text())["precision"] == "fp32"
+
+
+def test_eval_with_data_reads_that_roots_splits_not_the_files_the_checkpoint_named(
+    here: Path, data_root: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    """A run trained on an export names its files one by one (data.val_annotations, ...):
+    --data ROOT must not leave them in effect, evaluating the old data under the new name."""
+    state = checkpoint.load(checkpoints["good"])
+    data = {
+        **state["config"]["data"],
+        **{f"{split}_annotations": str(data_root / f"instances_{split}.json") for split in SPLITS},
+    }
+    named = here / "named.pth"
+    checkpoint.save(named, {**state, "config": {**state["config"], "data": data}})
+    other = copy_data(data_root, here)
+
+    def five_images(document: dict[str, Any]) -> None:
+        document["images"] = document["images"][:5]
+        kept = {image["id"] for image in document["images"]}
+        document["annotations"] = [a for a in document["annotations"] if a["image_id"] in kept]
+
+    edit_json(other / "instances_test.json", five_images)
+    out = here / "eval.json"
+    assert (
+        pipeline("eval", "--checkpoint", str(named), "--out", str(out), "--data", str(other)) == 0
+    )
+    splits = json.loads(out.read_text())["splits"]
+    assert splits["val"]["source"] == str(other / "instances_val.json")
+    assert (splits["test"]["source"], splits["test"]["num_images"]) == (
+        str(other / "instances_test.json"),
+        5,
+    )
+    # a split's file named beside --data wins over the root's
+    argv = ["eval", "--checkpoint", str(named), "--out", str(out), "--data", str(other)]
+    assert pipeline(*argv, f"data.test_annotations={data_root / 'instances_test.json'}") == 0
+    assert json.loads(out.read_text())["splits"]["test"]["num_images"] == 8
+    capsys.readouterr()
+
+
 def test_eval_with_data_classes_set_to_the_checkpoints_evaluates_those_classes(
     here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
@@ -1137,6 +1248,98 @@ def test_non_finite_steps_count_across_epochs_and_such_epochs_have_no_mean_loss(
     epochs = metric_rows(run / "metrics.jsonl", "epoch")
     assert [row["epoch"] for row in epochs] == [1, 2, 3, 4]
     assert [row["train_loss"] is None for row in epochs] == [False, False, True, True]
+
+
+# --- outputs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "profile", "prepare-data", "--log"])
+def test_an_output_folder_where_a_file_is_names_the_file_and_leaves_it_as_it_was(
+    command: str,
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+) -> None:
+    blocker = here / "taken"
+    blocker.write_text("my notes\n")
+    out = blocker / "run"
+    argv = {
+        "train": ["train", "--out", str(out), *tiny_settings(data_root)],
+        "profile": ["profile", "--checkpoint", str(checkpoints["good"]), "--out", str(out)],
+        "prepare-data": ["prepare-data", "--out", str(out)],
+        "--log": ["--log", str(out / "train.log"), "config"],
+    }[command]
+    message = user_error(capsys, *argv)
+    assert message.startswith(f"Could not create the folder {out}")
+    assert message.endswith(
+        f": {blocker} is a file, not a folder. Nothing was written. Move that file away, or "
+        "write elsewhere."
+    )
+    assert blocker.read_text() == "my notes\n"
+
+
+def test_an_output_that_names_the_checkpoint_or_the_other_output_is_refused_before_any_work(
+    here: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    """`evaluate --out best.pth` wrote the metrics over the checkpoint it had just read."""
+    kept = here / "best.pth"
+    shutil.copy(checkpoints["good"], kept)
+    before = kept.read_bytes()
+    message = user_error(capsys, "eval", "--checkpoint", str(kept), "--out", str(kept))
+    assert message == (
+        f"--out {kept} names the same file as --checkpoint, which the command reads: it would be "
+        "written over. Give --out a path of its own."
+    )
+    out = here / "eval.json"
+    twice = here / "sub" / ".." / "eval.json"
+    argv = ["eval", "--checkpoint", str(kept), "--out", str(out), "--predictions", str(twice)]
+    (here / "sub").mkdir()
+    assert user_error(capsys, *argv) == (
+        f"--predictions {twice} names the same file as --out, which the command writes: it would "
+        "be written over. Give --predictions a path of its own."
+    )
+    assert kept.read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_report_or_compare_writing_over_the_summary_it_reads_is_refused(
+    command: str, here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    summary = here / "summary.json"
+    summary.write_text("{}\n")
+    if command == "report":
+        argv, option, other = ["report", "--summary", str(summary), "--out"], "--out", "--summary"
+    else:
+        argv, option, other = (
+            ["compare", str(summary), "--markdown"],
+            "--markdown",
+            "a SUMMARY.json argument",
+        )
+    assert user_error(capsys, *argv, str(summary)).startswith(
+        f"{option} {summary} names the same file as {other}, which the command reads"
+    )
+    assert summary.read_text() == "{}\n"
+
+
+def test_a_log_file_that_is_a_folder_is_named_and_nothing_runs(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (here / "logs").mkdir()
+    message = user_error(
+        capsys,
+        "--log",
+        str(here / "logs"),
+        "train",
+        "--out",
+        str(here / "run"),
+        *tiny_settings(data_root),
+    )
+    assert message == (
+        f"Could not open the log file {here / 'logs'} (--log): Is a directory. Nothing was run. "
+        "Give --log a file path in a folder that can be written."
+    )
+    assert not (here / "run").exists()
 
 
 # --- the real process: no traceback without --debug ------------------------------------------

@@ -201,6 +201,16 @@ def test_images_are_named_by_files_folders_and_patterns_each_once(tmp_path: Path
     ]
 
 
+def test_a_file_whose_name_holds_pattern_characters_is_taken_as_named_not_as_a_pattern(
+    tmp_path: Path,
+) -> None:
+    """As a pattern, shot[1].png would match shot1.png: another photo, predicted silently."""
+    for name in ("shot[1].png", "shot1.png"):
+        (tmp_path / name).write_bytes(b"")
+    assert find_images([str(tmp_path / "shot[1].png")]) == [tmp_path / "shot[1].png"]
+    assert find_images([str(tmp_path / "shot[12].png")]) == [tmp_path / "shot1.png"]
+
+
 @pytest.mark.parametrize(
     ("item", "message"),
     [

@@ -180,7 +180,13 @@ def test_bad_batch_sizes_exit_2_without_traceback(
 
 @pytest.mark.parametrize(
     "option",
-    [["--repeats", "0"], ["--trace-steps", "0"], ["--warmup", "-1"], ["--time-budget", "0"]],
+    [
+        ["--repeats", "0"],
+        ["--trace-steps", "0"],
+        ["--warmup", "-1"],
+        ["--time-budget", "0"],
+        ["--time-budget", "nan"],
+    ],
 )
 def test_bad_repeat_settings_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture, option: list[str]

@@ -24,7 +24,7 @@ from report_fixtures import (
 from report_page import Page
 
 from pipeline import cli, config, formats
-from pipeline.errors import ResultsFileError
+from pipeline.errors import PipelineError, ResultsFileError
 from pipeline.report import render, run_views
 from pipeline.summary import build, load
 from pipeline.summary.read import read_summary
@@ -225,6 +225,22 @@ def test_the_commit_is_the_checkouts_and_says_whether_files_differ(tmp_path: Pat
     (tmp_path / "b.txt").write_text("b")
     state = load.git_state(tmp_path)
     assert len(state["id"]) == 40 and (state["changed"], state["untracked"]) == (0, 1)
+
+
+@pytest.mark.parametrize("made", ["nothing", "a file"])
+def test_a_results_folder_that_is_missing_or_a_file_is_named_as_such(
+    tmp_path: Path, made: str
+) -> None:
+    root = tmp_path / "results"
+    if made == "a file":
+        root.write_text("not a folder\n")
+    what = "is a file, not a folder" if made == "a file" else "does not exist"
+    with pytest.raises(PipelineError) as raised:
+        load.load_results(root)
+    assert str(raised.value) == (
+        f"Results folder {root} {what}: run the workflow first (snakemake --cores 1), or pass "
+        "--results DIR."
+    )
 
 
 def test_without_a_config_the_summary_has_no_accuracy_basis(tmp_path: Path) -> None:

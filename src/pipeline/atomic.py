@@ -108,14 +108,36 @@ def append_line(path: str | Path, line: str, advice: str = "") -> None:
         raise _write_failed(path, error, kept, advice) from error
 
 
-def _write_failed(path: Path, error: OSError, kept: str, advice: str = "") -> OutputError:
-    """The one message of a failed write: the file, why, the free space there, what is intact."""
+def make_folder(path: str | Path) -> Path:
+    """`path` and the folders above it, where they are missing; a file in the way, a read-only
+    mount, no permission or a full disk end in one OutputError naming the folder, as a failed
+    write does, never in a traceback."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:  # a file holds a folder's name
+        blocker = next(folder for folder in (path, *path.parents) if folder.exists())
+        raise OutputError(
+            f"Could not create the folder {path}: {blocker} is a file, not a folder. Nothing "
+            "was written. Move that file away, or write elsewhere."
+        ) from error
+    except OSError as error:
+        raise _write_failed(path, error, "Nothing was written.", folder=True) from error
+    return path
+
+
+def _write_failed(
+    path: Path, error: OSError, kept: str, advice: str = "", *, folder: bool = False
+) -> OutputError:
+    """The one message of a failed write: the file (or `folder`), why, the free space there,
+    what is intact."""
     code = errno.errorcode.get(error.errno or 0)
     culprit = Path(error.filename) if error.filename else None
     if code and culprit and culprit.parent != path.parent:  # a folder on the way, say
         code = f"{code}: {culprit}"
     reason = f"{error.strerror} ({code})" if error.strerror and code else str(error)
-    parts = [f"Could not write {path}: {reason}{_free_space(path.parent)}.", kept]
+    action = "create the folder" if folder else "write"
+    parts = [f"Could not {action} {path}: {reason}{_free_space(path.parent)}.", kept]
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         parts.append("Free some space (or write elsewhere) and run again.")
     if advice:

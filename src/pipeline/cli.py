@@ -14,14 +14,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__
+from pipeline import __version__, atomic
 from pipeline.config import Layer, config_layers, config_paths, validate_layers
-from pipeline.errors import ConfigError, PipelineError, user_message
+from pipeline.errors import ConfigError, OutputError, PipelineError, user_message
 
 COMMANDS = {
     "check-env": ("pipeline.commands.check_env", "report Python, torch, CPU and every backend"),
@@ -223,6 +223,29 @@ def add_precision_option(parser: argparse.ArgumentParser, help: str, *choices: s
     parser.add_argument("--amp", action=_ReplacedByPrecision, help=argparse.SUPPRESS)
 
 
+def refuse_writing_over(
+    inputs: Iterable[tuple[str, str | None]], outputs: Iterable[tuple[str, str | None]]
+) -> None:
+    """Refuse an output that names a file the command reads (`evaluate --out best.pth` wrote
+    its metrics over the checkpoint) or one another output writes (the first lost), before any
+    work: each pair is an option and the path given to it (None: not given)."""
+    taken: dict[Path, tuple[str, str]] = {}
+    for option, value in inputs:
+        if value:
+            taken.setdefault(Path(value).resolve(), (option, "reads"))
+    for option, value in outputs:
+        if not value:
+            continue
+        path = Path(value).resolve()
+        if path in taken:
+            other, verb = taken[path]
+            raise ConfigError(
+                f"{option} {value} names the same file as {other}, which the command {verb}: it "
+                f"would be written over. Give {option} a path of its own."
+            )
+        taken[path] = (option, "writes")
+
+
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:
     return _expanding_home(
         argparse.ArgumentParser(
@@ -231,16 +254,28 @@ def command_parser(name: str, description: str) -> argparse.ArgumentParser:
     )
 
 
+def _add_handler(handler: logging.Handler) -> None:
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+
+
 def configure_logging(log_file: str | None) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file:
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file, mode="w", encoding="utf-8"))
-    for handler in handlers:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    log.handlers[:] = handlers
+    """Log to stderr, and to `log_file` where given; a log file that cannot be opened (a folder
+    or a file in the way) is an OutputError, said on stderr, whose handler is in place first."""
+    log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False
+    _add_handler(logging.StreamHandler(sys.stderr))
+    if log_file:
+        path = Path(log_file)
+        atomic.make_folder(path.parent)
+        try:
+            _add_handler(logging.FileHandler(path, mode="w", encoding="utf-8"))
+        except OSError as error:
+            raise OutputError(
+                f"Could not open the log file {path} (--log): {error.strerror or error}. "
+                "Nothing was run. Give --log a file path in a folder that can be written."
+            ) from error
 
 
 def _root_parser() -> argparse.ArgumentParser:
@@ -285,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         root.error(f"unknown command {name!r}; choose one of: {', '.join(COMMANDS)}")
     rest = argv[:position] + argv[position + 1 :]
     options, _ = common_options().parse_known_args(rest)
-    configure_logging(options.log)
     try:
+        configure_logging(options.log)
         with sigterm_raises_terminated():
             if name in COMPUTE_COMMANDS:
                 from pipeline.device import set_cpu_threads

@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,10 +26,13 @@ import yaml
 
 from pipeline.errors import ConfigError
 
+log = logging.getLogger("pipeline")
+
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = Path("config/config.yaml")
 COMMAND_LINE = "the command line"
 DEFAULTS = "the defaults"
+PRESETS_FOLDER = "presets"  # config/presets/: files meant to go under a user's own
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
@@ -122,7 +127,8 @@ _DefaultingValidator = _extend_with_default(jsonschema.Draft202012Validator)
 Origin = Callable[[Sequence[str]], str]
 
 
-def _close_match(word: Any, choices: Iterable[Any]) -> str | None:
+def close_match(word: Any, choices: Iterable[Any]) -> str | None:
+    """The choice nearest to a misspelt word (difflib's closest), or None."""
     strings = [choice for choice in choices if isinstance(choice, str)]
     if not isinstance(word, str) or not strings:
         return None
@@ -140,7 +146,7 @@ def _describe(error: jsonschema.ValidationError, origin: Origin) -> str:
         unknown = sorted(set(error.instance) - set(allowed))
         where = f"{key}." if path else ""
         named = [f"{where}{name} in {origin([*path, name])}" for name in unknown]
-        close = _close_match(unknown[0], allowed)
+        close = close_match(unknown[0], allowed)
         hint = f" Did you mean {where}{close}?" if close else ""
         return (
             f"Unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(named)}.{hint} "
@@ -148,7 +154,7 @@ def _describe(error: jsonschema.ValidationError, origin: Origin) -> str:
         )
     description = error.schema.get("description")
     expected = f" ({key}: {description})" if description else ""
-    close = _close_match(error.instance, error.schema.get("enum", []))
+    close = close_match(error.instance, error.schema.get("enum", []))
     hint = f" Did you mean {close!r}?" if close and close != error.instance else ""
     return (
         f"Config key {key} = {error.instance!r} in {origin(path)} is not valid: "
@@ -200,6 +206,23 @@ def _refuse_legacy_precision(config: dict[str, Any], origin: Origin) -> None:
     )
 
 
+def _refuse_non_finite(value: Any, origin: Origin, path: tuple[str, ...] = ()) -> None:
+    """NaN and infinity pass every minimum and maximum of the schema (a comparison with NaN is
+    false): eval.score_threshold=nan would count no detection, and read as an F1 of 0."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _refuse_non_finite(item, origin, (*path, str(key)))
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_non_finite(item, origin, path)
+    elif isinstance(value, float) and not math.isfinite(value):
+        key = ".".join(path)
+        raise ConfigError(
+            f"Config key {key} = {value!r} in {origin(path)} is not valid: {value!r} is not a "
+            "finite number."
+        )
+
+
 def validate(
     config: dict[str, Any], source: str = "the configuration", origin: Origin | None = None
 ) -> dict[str, Any]:
@@ -207,6 +230,7 @@ def validate(
     where it came from: `origin(key path)` (see `Layer.origin`), else `source`."""
     _refuse_legacy_precision(config, origin or (lambda path: source))
     config = normalize(copy.deepcopy(config))
+    _refuse_non_finite(config, origin or (lambda path: source))
     validator = _DefaultingValidator(load_schema())
     errors = sorted(
         validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path))
@@ -386,14 +410,63 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key set twice in one mapping: plain YAML keeps the last
+    without a word, so a second `data:` block at the end of a file would drop every key of the
+    first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys written beside win
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key!r} is set a second time (first on line {first_line[key]}); "
+                    "only the last would count: merge them into one",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str):
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, where it is: its own text draws the line with a caret under
+    the place, over several lines."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"{error}."
+    mark = error.problem_mark
+    context = f"{error.context}, " if error.context else ""
+    return f"{context}{error.problem} (line {mark.line + 1}, column {mark.column + 1})."
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(
+            path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader
+        )  # safe: no Python objects
     except FileNotFoundError as error:
         raise ConfigError(f"Config file {path} does not exist.") from error
+    except IsADirectoryError as error:
+        raise ConfigError(f"Config file {path} is a folder, not a YAML file.") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"Config file {path} is not a YAML text file: the byte at offset {error.start} is "
+            f"not UTF-8 ({error.reason}). Save it as UTF-8 text."
+        ) from error
+    except OSError as error:
+        raise ConfigError(
+            f"Config file {path} cannot be read: {error.strerror or error}."
+        ) from error
     except yaml.YAMLError as error:
-        raise ConfigError(f"Config file {path} is not valid YAML: {error}") from error
+        raise ConfigError(
+            f"Config file {path} is not valid YAML: {_yaml_problem(error)}"
+        ) from error
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -447,11 +520,55 @@ def merge_layers(layers: Sequence[Layer]) -> dict[str, Any]:
     return config
 
 
+def _leaves(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every value under `values` by its dotted key."""
+    leaves: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            leaves.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def _is_preset(layer: Layer) -> bool:
+    return Path(layer.source).parent.name == PRESETS_FOLDER
+
+
+def _warn_of_presets_layered_last(layers: Sequence[Layer]) -> None:
+    """A preset layered after a file of the user's overrides what that file set, as the later
+    file always wins: most often the files were given in the wrong order (presets go first)."""
+    for index, preset in enumerate(layers):
+        if not _is_preset(preset):
+            continue
+        theirs = _leaves(preset.values)
+        for mine in layers[:index]:
+            if mine.source in (COMMAND_LINE, str(DEFAULT_CONFIG)) or _is_preset(mine):
+                continue  # the shipped defaults are what presets amend
+            lost = [
+                f"{key} ({value!r} -> {theirs[key]!r})"
+                for key, value in _leaves(mine.values).items()
+                if key in theirs and theirs[key] != value
+            ]
+            if lost:
+                log.warning(
+                    "%s, given after %s, overrides what it sets: %s. Later config files win: if "
+                    "%s is your own, give it after the presets (--configfile %s %s).",
+                    preset.source,
+                    mine.source,
+                    ", ".join(lost),
+                    mine.source,
+                    preset.source,
+                    mine.source,
+                )
+
+
 def validate_layers(
     layers: Sequence[Layer], merged: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """`merged` (default: the layers merged in order) validated, an error naming the layer its
     bad value came from."""
+    _warn_of_presets_layered_last(layers)
     source = " + ".join(layer.source for layer in layers) or DEFAULTS
     return validate(
         merge_layers(layers) if merged is None else merged,

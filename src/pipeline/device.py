@@ -229,11 +229,15 @@ def training_precision(requested: str, backend: DeviceLike) -> str:
     return "fp32"
 
 
-def run_precision(requested: str, backend: DeviceLike, measured: str | None = None) -> str:
+def run_precision(
+    requested: str, backend: DeviceLike, measured: str | None = None, action: str = "train"
+) -> str:
     """The precision a run trains, evaluates and profiles in, `precision: measured` included.
 
     With 'measured' the precision comes from the benchmarks (`pipeline.measured`), and must be
     one the backend may train in when measured; every other value follows `training_precision`.
+    `action` (train, evaluate, predict, profile) words the error: a checkpoint is most often
+    evaluated on another machine than the one that chose its precision.
     """
     if requested != "measured":
         return training_precision(requested, backend)
@@ -244,7 +248,10 @@ def run_precision(requested: str, backend: DeviceLike, measured: str | None = No
         )
     reason = measured_precision_refused_reason(backend, measured)
     if reason:
-        raise ConfigError(f"precision=measured cannot train in {measured} on {backend}: {reason}.")
+        advice = "" if action == "train" else f" Give --precision fp32 to {action} in fp32 here."
+        raise ConfigError(
+            f"precision=measured cannot {action} in {measured} on {backend}: {reason}.{advice}"
+        )
     return measured
 
 
@@ -718,7 +725,10 @@ def set_cpu_threads(requested: int | str = "auto") -> int:
     time and train CPU runs on one core. The workflow runs those jobs one at a time, so
     they take the cores they may run on, and every record says how many that was.
     """
-    count = usable_cpu_count() if requested in ("auto", None) else int(requested)
+    try:
+        count = usable_cpu_count() if requested in ("auto", None) else int(requested)
+    except ValueError:
+        count = 0  # refused below, with the value given
     if count < 1:
         raise ConfigError(f"cpu_threads must be 'auto' or a positive integer, got {requested!r}.")
     torch.set_num_threads(count)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from pipeline import atomic
-from pipeline.cli import command_parser
+from pipeline.cli import command_parser, refuse_writing_over
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -37,6 +37,11 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             "compare writes nothing without --out FILE.html or --markdown [FILE]: give one or both."
         )
+    markdown_file = None if args.markdown == "-" else args.markdown
+    refuse_writing_over(
+        [("a SUMMARY.json argument", summary) for summary in args.summaries],
+        [("--out", args.out), ("--markdown", markdown_file)],
+    )
 
     from pipeline.compare import compare, markdown_text, read_machines
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pipeline import atomic
-from pipeline.cli import add_precision_option, command_parser
+from pipeline.cli import add_precision_option, command_parser, refuse_writing_over
 from pipeline.config import merge, parse_overrides
 from pipeline.errors import ConfigError
 
@@ -45,7 +45,10 @@ def main(argv: list[str]) -> int:
         parser, "default: the checkpoint's (a measured run's: the choice it trained in)"
     )
     parser.add_argument(
-        "--data", metavar="ROOT", help="evaluate on this data root instead of the checkpoint's"
+        "--data",
+        metavar="ROOT",
+        help="evaluate on the data set at this root instead of the checkpoint's (none of the "
+        "split files the checkpoint's config names, unless named here as data.* settings too)",
     )
     parser.add_argument("--out", required=True, metavar="FILE.json", help="metrics JSON")
     parser.add_argument(
@@ -60,9 +63,13 @@ def main(argv: list[str]) -> int:
         help="data and eval overrides, e.g. eval.score_threshold=0.4",
     )
     args = parser.parse_args(argv)
+    refuse_writing_over(
+        [("--checkpoint", args.checkpoint)],
+        [("--out", args.out), ("--predictions", args.predictions)],
+    )
 
     from pipeline import device as dev
-    from pipeline.data import has_test_split, require_objects
+    from pipeline.data import at_root, has_test_split, require_objects
     from pipeline.data.dataset import loader_for
     from pipeline.engine import checkpoint
     from pipeline.evaluation.coco import size_bucket_text, without_cyclic_gc
@@ -77,13 +84,13 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             f"evaluate only takes data.* and eval.* settings, not {sorted(set(overrides) - {'data', 'eval'})}."
         )
-    if args.data:
-        overrides = merge(overrides, {"data": {"root": args.data}})
+    if args.data:  # the root's own files, not the checkpoint's, unless named here as well
+        overrides = merge({"data": at_root(args.data)}, overrides)
     config = checkpoint.config_of(state, args.checkpoint, overrides)
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]
-    precision = dev.run_precision(requested, device, state.get("precision"))
+    precision = dev.run_precision(requested, device, state.get("precision"), "evaluate")
     dev.require_precision(device, precision, "evaluation")
 
     class_names = state["class_names"]
@@ -104,6 +111,8 @@ def main(argv: list[str]) -> int:
         test_loader = (
             loader_for(test, config, train=False, pin_memory=pin) if test is not None else None
         )
+        if test is not None:
+            require_objects(test, "test")
     model_cfg = config["model"]
     checkpoint.check_compatible(
         state,

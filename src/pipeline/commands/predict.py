@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         )
     device = dev.resolve_device(args.device or config["device"])
     requested = args.precision or config["precision"]
-    precision = dev.run_precision(requested, device, state.get("precision"))
+    precision = dev.run_precision(requested, device, state.get("precision"), "predict")
     dev.require_precision(device, precision, "prediction")
     model = checkpoint.restore_model(
         state, device, memory_format(config["train"]["channels_last"]), args.checkpoint

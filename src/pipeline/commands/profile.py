@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
         "time_budget_s": args.time_budget,
         "trace_steps": args.trace_steps,
     }
-    if args.repeats < 1 or args.trace_steps < 1 or args.warmup < 0 or args.time_budget <= 0:
+    # `not > 0`: a budget of NaN is no budget, and passes `<= 0`
+    if args.repeats < 1 or args.trace_steps < 1 or args.warmup < 0 or not args.time_budget > 0:
         raise ConfigError(
             "--repeats and --trace-steps must be at least 1, --warmup at least 0, --time-budget positive."
         )
@@ -81,12 +82,12 @@ def main(argv: list[str]) -> int:
     device = dev.resolve_device(args.device or config["device"])
     # a run of precision=measured keeps the precision its benchmarks chose (the checkpoint's)
     requested = args.precision or config["precision"]
-    precision = dev.run_precision(requested, device, state.get("precision"))
+    precision = dev.run_precision(requested, device, state.get("precision"), "profile")
     dev.require_precision(device, precision, "profiling")
     layout = memory_format(config["train"]["channels_last"])
     model = checkpoint.restore_model(state, device, layout, args.checkpoint)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    atomic.make_folder(out)
     log.info(
         "profiling %s on %s (%s%s), batch sizes %s",
         args.checkpoint,

@@ -15,6 +15,7 @@ from pipeline.cli import (
     add_resolved_config_options,
     command_parser,
     json_object,
+    refuse_writing_over,
     resolved_config,
 )
 
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
         "--out", metavar="FILE", help="HTML file to write (default: <results>/report.html)"
     )
     args = parser.parse_args(argv)
+    refuse_writing_over([("--summary", args.summary)], [("--out", args.out)])
     config = resolved_config(args)
     invocation = None
     if args.invocation_json is not None:

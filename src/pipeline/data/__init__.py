@@ -17,6 +17,17 @@ from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
 SPLITS = ("train", "val", "test")
+# the keys that name files of a split one by one, each beside data.root and winning over it
+SPLIT_FILE_KEYS = (
+    "images_dir",
+    *(f"{split}_{kind}" for split in SPLITS for kind in ("annotations", "images_dir")),
+)
+
+
+def at_root(root: str) -> dict[str, Any]:
+    """The data settings of the data set at `root` alone: with every split's own files unset,
+    so that none named for another data set (a checkpoint's) is read instead of root's."""
+    return {"root": root, **dict.fromkeys(SPLIT_FILE_KEYS)}
 
 
 def _path(value: str) -> Path:
@@ -128,9 +139,25 @@ def load_split(
     )
 
 
-def require_objects(split: SplitAnnotations) -> SplitAnnotations:
-    """A validation split without objects is refused: F1 and AP are undefined on it (0 at every
-    epoch), so the best checkpoint and the score threshold would be picked from nothing."""
+# why a split of each role needs objects, and what to do about one without
+_WITHOUT_OBJECTS = {
+    "training": "there is nothing to learn from it. Give the training split images with objects.",
+    "validation": (
+        "F1 and AP are undefined on it, so neither the best checkpoint nor the score threshold "
+        "could be picked. Give the validation split images with objects."
+    ),
+    "test": (
+        "recall, F1 and AP are undefined on it, and would read as 0. Give the test split images "
+        "with objects, or set data.test_split=null to report on validation."
+    ),
+}
+
+
+def require_objects(split: SplitAnnotations, role: str = "validation") -> SplitAnnotations:
+    """A split without objects is refused: a training split teaches nothing, and F1 and AP are
+    undefined on a validation or test split (0 whatever the model), so a validation split would
+    pick the best checkpoint and the score threshold from nothing, and a test split would report
+    figures of nothing."""
     if any(len(record.boxes) for record in split.records):
         return split
     others = (
@@ -139,10 +166,8 @@ def require_objects(split: SplitAnnotations) -> SplitAnnotations:
         else ""
     )
     raise DataError(
-        f"The validation split {split.source} has no objects ({len(split.records)} image(s), "
-        f"none with an object of {split.class_names}{others}): F1 and AP are undefined on it, "
-        "so neither the best checkpoint nor the score threshold could be picked. Give the "
-        "validation split images with objects."
+        f"The {role} split {split.source} has no objects ({len(split.records)} image(s), "
+        f"none with an object of {split.class_names}{others}): {_WITHOUT_OBJECTS[role]}"
     )
 
 
@@ -153,7 +178,7 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
     Unless data.classes names them, classes that no object of either split has (an export's
     unused super-category, say) are left out of training and metrics, in one info line.
     """
-    train = load_split(config, "train")
+    train = require_objects(load_split(config, "train"), "training")
     if config["data"]["format"] == "voc":
         return train, require_objects(
             load_split(config, "val", train.class_names, f"the training split {train.source}")
@@ -172,11 +197,6 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
         return train, require_objects(val)
     used = set(train.used_classes) | set(val.used_classes)
     kept = [name for name in train.class_names if name in used]
-    if not kept:
-        raise DataError(
-            f"Neither {train.source} nor {val.source} has a single object: there is nothing to "
-            "learn."
-        )
     if len(kept) < len(train.class_names):
         log.info(
             "%s, %s: categories %s have no objects in either split: left out of training and "

@@ -5,12 +5,14 @@ structure is checked entry by entry, so a malformed file is named, never half re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import orjson
 
+from pipeline.config import close_match
 from pipeline.data.sources import (
     FoundBox,
     ImageRecord,
@@ -65,14 +67,92 @@ def _coco_list(document: object, key: str, source: Path) -> list[dict]:
     return entries
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _json_document(source: Path) -> object:
     """The file's JSON, parsed by orjson (a fraction of json's time on a large export); where
     orjson refuses the text (an error, or the NaN and Infinity that json reads), by json, whose
     reading and errors are the loaders' own."""
+    data = source.read_bytes().removeprefix(_UTF8_BOM)  # as Windows tools save UTF-8
     try:
-        return orjson.loads(source.read_bytes())
+        return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(source.read_text(encoding="utf-8"))
+        return json.loads(data.decode("utf-8"))
+
+
+_MISSING = object()
+
+
+def _field(entry: dict, key: str, what: str, source: Path) -> object:
+    """`entry[key]`, or a DataError naming the entry (`what`) and the missing key."""
+    if key not in entry:
+        raise DataError(
+            f"COCO annotation file {source}: {what} has no {key!r} ({json.dumps(entry)[:80]})."
+        )
+    return entry[key]
+
+
+def _integer(entry: dict, key: str, what: str, source: Path) -> int:
+    """An id or a size: an integer (or its text, or a float with nothing after the point), else
+    a DataError naming the entry, the key and the value; never a float cut to an integer."""
+    value = entry.get(key, _MISSING)
+    if type(value) is int:  # nearly always: the checks below are for the rest
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    if value is _MISSING:
+        _field(entry, key, what, source)  # raises, naming the key
+    raise DataError(
+        f"COCO annotation file {source}: {what} has {key} {json.dumps(value)}, which is not an "
+        "integer."
+    )
+
+
+def _coco_categories(entries: list[dict], source: Path) -> dict[int, str]:
+    """Category names by id; an id listed twice would silently take the last name for both."""
+    categories: dict[int, str] = {}
+    for index, entry in enumerate(entries):
+        what = f"category entry {index}"
+        category_id = _integer(entry, "id", what, source)
+        name = _field(entry, "name", what, source)
+        if not isinstance(name, str | int | float) or isinstance(name, bool) or not str(name):
+            raise DataError(
+                f"COCO annotation file {source}: {what} (id {category_id}) has the name "
+                f"{json.dumps(name)}: a class needs a name."
+            )
+        name = str(name)  # a number, as in digit data sets, names its class as its text
+        if category_id in categories:
+            raise DataError(
+                f"COCO annotation file {source} lists category id {category_id} twice: as "
+                f"{categories[category_id]!r} and as {name!r}. Category ids must be unique: give "
+                "each category its own id."
+            )
+        categories[category_id] = name
+    return categories
+
+
+def _malformed_annotation(ann: dict, source: Path) -> DataError:
+    """What is wrong with an annotation that would not read: the key it lacks, or the value."""
+    what = f"annotation {ann.get('id', '?')}"
+    _integer(ann, "image_id", what, source)
+    _integer(ann, "category_id", what, source)
+    bbox = _field(ann, "bbox", what, source)
+    return DataError(
+        f"COCO annotation file {source}: {what} has the bbox {json.dumps(bbox)[:80]}, not 4 "
+        "numbers [x, y, width, height]."
+    )
+
+
+def _bad_crowd(ann: dict, source: Path) -> DataError:
+    return DataError(
+        f"COCO annotation file {source}: annotation {ann.get('id', '?')} has iscrowd "
+        f"{json.dumps(ann['iscrowd'])}; COCO's iscrowd is 0 (an object) or 1 (a crowd region, "
+        "ignored)."
+    )
 
 
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
@@ -82,38 +162,61 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
     file_names: dict[int, str] = {}
     id_of_file: dict[str, int] = {}
     folder = str(images_dir)  # normalised as strings: turning each record's Path back costs more
-    for img in images:
-        try:
-            record = ImageRecord(
-                int(img["id"]),
-                images_dir / img["file_name"],
-                int(img["width"]),
-                int(img["height"]),
-                # placeholders, not arrays of its own: attach_objects gives every record its boxes
-                *_NO_OBJECTS,
-            )
-        except (KeyError, TypeError, ValueError) as error:
+    for index, img in enumerate(images):
+        what = f"image entry {index}"
+        file_name = _field(img, "file_name", what, source)
+        if not isinstance(file_name, str) or not file_name:
             raise DataError(
-                f"COCO annotation file {source}: an image entry lacks id, file_name, width or "
-                f"height ({error})."
-            ) from error
+                f"COCO annotation file {source}: {what} has the file_name "
+                f"{json.dumps(file_name)}, which names no file."
+            )
+        if os.sep == "/" and "\\" in file_name:  # a path a Windows tool wrote: its separators
+            file_name = file_name.replace("\\", "/")
+        record = ImageRecord(
+            _integer(img, "id", what, source),
+            images_dir / file_name,
+            _integer(img, "width", what, source),
+            _integer(img, "height", what, source),
+            # placeholders, not arrays of its own: attach_objects gives every record its boxes
+            *_NO_OBJECTS,
+        )
         if record.image_id in records:
             raise DataError(
                 f"COCO annotation file {source} lists image id {record.image_id} twice: for "
-                f"{file_names[record.image_id]} and for {img['file_name']}. Image ids must be "
+                f"{file_names[record.image_id]} and for {file_name}. Image ids must be "
                 "unique: give each image its own id."
             )
-        normal = os.path.normpath(os.path.join(folder, img["file_name"]))
+        normal = os.path.normpath(os.path.join(folder, file_name))
         same_file = id_of_file.setdefault(normal, record.image_id)
         if same_file != record.image_id:
             raise DataError(
-                f"COCO annotation file {source} lists the image file {img['file_name']} twice: "
+                f"COCO annotation file {source} lists the image file {file_name} twice: "
                 f"under image ids {same_file} and {record.image_id}. It would count twice; "
                 "list each file once, with all its annotations under one id."
             )
         records[record.image_id] = record
-        file_names[record.image_id] = str(img["file_name"])
+        file_names[record.image_id] = file_name
     return records
+
+
+def _json_files_near(source: Path) -> str:
+    """The JSON files in the folder where a missing annotation file was looked for, and in its
+    subfolders: an export that puts each split in a folder of its own (Roboflow's
+    `train/_annotations.coco.json`) is found by naming its files, not by data.root alone."""
+    folder = source.parent
+    if not folder.is_dir():
+        return ""
+    found = sorted(
+        path.relative_to(folder).as_posix()
+        for path in [*folder.glob("*.json"), *folder.glob("*/*.json")]
+    )
+    if not found:
+        return ""
+    more = f" and {len(found) - 6} more" if len(found) > 6 else ""
+    return (
+        f" JSON files under {folder}: {', '.join(found[:6])}{more}. Name a split's file with "
+        "data.train_annotations, data.val_annotations or data.test_annotations."
+    )
 
 
 def load_coco(
@@ -132,8 +235,9 @@ def load_coco(
     source = Path(annotation_file)
     if not source.is_file():
         raise DataError(
-            f"COCO annotation file {source} does not exist (config data.root / "
-            "data.{train,val,test}_annotations)."
+            f"COCO annotation file {source} "
+            f"{'is a folder' if source.is_dir() else 'does not exist'} (config data.root / "
+            "data.{train,val,test}_annotations)." + _json_files_near(source)
         )
     try:
         document = _json_document(source)
@@ -141,23 +245,18 @@ def load_coco(
         raise DataError(f"COCO annotation file {source} is not valid JSON: {error}.") from error
     images = _coco_list(document, "images", source)
     annotations = _coco_list(document, "annotations", source)
-    try:
-        categories = {
-            int(c["id"]): str(c["name"]) for c in _coco_list(document, "categories", source)
-        }
-    except (KeyError, TypeError, ValueError) as error:
-        raise DataError(
-            f"COCO annotation file {source} is malformed: missing or invalid {error} "
-            "(expected 'images', 'categories' with id and name, and 'annotations')."
-        ) from error
+    categories = _coco_categories(_coco_list(document, "categories", source), source)
     if not images:
         raise DataError(f"COCO annotation file {source} lists no images: the split is empty.")
-    names = [categories[key] for key in sorted(categories)]
+    # one class per name: an export's super-category may share its one class's name
+    names = list(dict.fromkeys(categories[key] for key in sorted(categories)))
     class_names = list(classes) if classes else names
     unknown_classes = sorted(set(class_names) - set(names))
     if unknown_classes:
+        meant = [match for name in unknown_classes if (match := close_match(name, names))]
         raise DataError(
             f"data.classes names {unknown_classes}, which {source} does not define (it has {names})."
+            + (f" Did you mean {meant}?" if meant else "")
         )
     label_of = {
         cid: class_names.index(name) for cid, name in categories.items() if name in class_names
@@ -172,9 +271,7 @@ def load_coco(
             image_id, category_id = int(ann["image_id"]), int(ann["category_id"])
             x, y, w, h = map(float, ann["bbox"])
         except (KeyError, TypeError, ValueError) as error:
-            raise DataError(
-                f"COCO annotation file {source}: annotation {ann.get('id', '?')} is malformed ({error})."
-            ) from error
+            raise _malformed_annotation(ann, source) from error
         if category_id not in categories:
             raise DataError(
                 f"COCO annotation file {source}: annotation {ann.get('id', '?')} has category_id "
@@ -184,7 +281,10 @@ def load_coco(
             raise DataError(
                 f"COCO annotation file {source}: annotation {ann.get('id', '?')} refers to image_id {image_id}, which is not listed."
             )
-        crowd = bool(ann.get("iscrowd", 0))
+        crowd = ann.get("iscrowd", 0)
+        if crowd not in (0, 1):  # a string such as "0" would be true, and the object ignored
+            raise _bad_crowd(ann, source)
+        crowd = bool(crowd)
         if category_id not in label_of:
             other_class_objects += not crowd
             continue

@@ -26,7 +26,7 @@ from pipeline.data import cache as image_cache
 from pipeline.data import cache_fill
 from pipeline.data.geometry import PAD_VALUE, RESIZE_MODES, Geometry, fit_boxes, fit_image
 from pipeline.data.orientation import upright
-from pipeline.data.sources import ImageRecord, SplitAnnotations, check_image_files
+from pipeline.data.sources import TOO_LARGE, ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
@@ -73,6 +73,23 @@ class Augment:
         return v2.Compose(steps) if steps else None
 
 
+def _eight_bit_grey(img: Image.Image, path: os.PathLike | str, sixteen_bit: bool) -> Image.Image:
+    """A 16-bit greyscale image (microscopy, medical, depth) as 8 bits, its high byte, as Pillow
+    reduces a 16-bit colour PNG: Pillow's own conversion of greyscale clips every value above
+    255 to white. Other 32-bit integers within 0-255 are 8-bit values; beyond, and floats, have
+    no brightness scale of their own, so they are refused, never clipped to white or black."""
+    values = np.asarray(img)
+    if sixteen_bit:
+        return Image.fromarray((values.astype(np.uint16) >> 8).astype(np.uint8))
+    if img.mode == "I" and (values.size == 0 or (values.min() >= 0 and values.max() <= 255)):
+        return Image.fromarray(values.astype(np.uint8))
+    raise DataError(
+        f"Image file {path} holds {'floating-point' if img.mode == 'F' else '32-bit integer'} "
+        f"pixel values (Pillow mode {img.mode}, from {values.min()} to {values.max()}), which have "
+        "no brightness scale to read them in: convert the images to 8- or 16-bit PNG or TIFF."
+    )
+
+
 # where each of R, G and B sits in a pixel of Pillow's, read as a little-endian 32-bit word
 _PLANE_SHIFTS = np.array([0, 8, 16], "<u4").reshape(3, 1, 1)
 
@@ -88,12 +105,18 @@ def _upright_planes(path: os.PathLike | str, out: np.ndarray | None = None) -> n
     try:
         with Image.open(path) as img:
             img.load()
+            # a PNG holds at most 16 bits a value: older Pillow opens its grey ones as I
+            sixteen_bit = img.mode.startswith("I;16") or (img.mode, img.format) == ("I", "PNG")
             img = upright(img)
+            if img.mode.startswith("I") or img.mode == "F":  # one value per pixel, beyond 8 bits
+                img = _eight_bit_grey(img, path, sixteen_bit)
             # the decoded pixels as they are where they are RGB already: convert would copy them
             rgb = img if img.mode == "RGB" else img.convert("RGB")
             words = np.frombuffer(rgb.tobytes("raw", "RGBX"), "<u4").reshape(rgb.height, rgb.width)
     except FileNotFoundError as error:
         raise DataError(f"Image file {path} does not exist.") from error
+    except Image.DecompressionBombError as error:
+        raise DataError(f"Image file {path} is too large to decode: {error} {TOO_LARGE}") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(
             f"Image file {path} is truncated, corrupt or not an image: {error}."

@@ -22,8 +22,11 @@ def _is_image_name(path: Path) -> bool:
 
 
 def _files_of(item: str) -> list[Path]:
-    """The files one item names, in sorted order; an item that names nothing raises."""
-    if _GLOB_CHARACTERS & set(item):
+    """The files one item names, in sorted order; an item that names nothing raises. A file or
+    folder of that very name is taken as it is, before any pattern: `shot[1].jpg` is a photo's
+    name far more often than a pattern matching shot1.jpg."""
+    path = Path(item).expanduser()
+    if _GLOB_CHARACTERS & set(item) and not path.exists():
         found = sorted(Path(name) for name in glob.glob(item, recursive=True))
         files = [path for path in found if _is_image_name(path)]
         if not files:
@@ -32,7 +35,6 @@ def _files_of(item: str) -> list[Path]:
                 f"{', '.join(sorted(IMAGE_SUFFIXES))})."
             )
         return files
-    path = Path(item).expanduser()
     if path.is_dir():
         files = sorted(child for child in path.iterdir() if _is_image_name(child))
         if not files:

@@ -25,6 +25,8 @@ from pipeline.data.orientation import oriented_size
 from pipeline.errors import DataError
 
 log = logging.getLogger("pipeline")
+# what to do with an image beyond Pillow's limit against decompression bombs
+TOO_LARGE = "Downscale or tile such images: the model sees them at data.image_size in any case."
 
 
 def no_boxes() -> np.ndarray:
@@ -169,13 +171,16 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
     that the annotation tool did not apply, and rescaling would put every box in the wrong
     place without a word.
     """
-    missing, unreadable, mismatched = [], [], []
+    missing, unreadable, too_large, mismatched = [], [], [], []
     for record in records:
         try:
             with Image.open(record.path) as image:
                 width, height = oriented_size(image)
         except FileNotFoundError:
             missing.append(str(record.path))
+            continue
+        except Image.DecompressionBombError as error:
+            too_large.append(f"{record.path} ({error})")
             continue
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
             unreadable.append(f"{record.path} ({error})")
@@ -192,6 +197,10 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
         )
     if unreadable:
         raise DataError(f"{source} refers to file(s) that are not images: {_listing(unreadable)}.")
+    if too_large:
+        raise DataError(
+            f"{source} refers to image(s) too large to decode: {_listing(too_large)}. {TOO_LARGE}"
+        )
     if mismatched:
         raise DataError(
             f"{source}: {len(mismatched)} image(s) are not the size their annotation says: "
@@ -220,6 +229,20 @@ def check_image_files(split: SplitAnnotations) -> None:
 FoundBox = tuple[int, bool, int, list[float]]
 
 
+def _refuse_fractions(split: SplitAnnotations, boxes: np.ndarray) -> None:
+    """Boxes all under a pixel wide and high are fractions of the image (YOLO's coordinates,
+    converted without the image's size), not pixels: the objects would be dots in a corner,
+    and every figure 0 without a word."""
+    sides = boxes[:, 2:] - boxes[:, :2]
+    if len(boxes) and (sides < 1).all():
+        raise DataError(
+            f"{split.source}: every box is less than a pixel wide and high (the largest "
+            f"{float(sides[:, 0].max()):.3g} x {float(sides[:, 1].max()):.3g}): these look like "
+            "fractions of the image, as YOLO gives them, where boxes here are in the image's "
+            "pixels. Multiply them by each image's width and height."
+        )
+
+
 def attach_objects(split: SplitAnnotations, found: list[FoundBox]) -> None:
     """Every record's objects and ignore regions, each in the order read, clipped to its image,
     without the degenerate ones and the ones with a coordinate that is no finite number (an
@@ -237,6 +260,7 @@ def attach_objects(split: SplitAnnotations, found: list[FoundBox]) -> None:
     keep = finite & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     split.dropped_boxes += int((~keep & finite).sum())
     split.nonfinite_boxes += int((~finite).sum())
+    _refuse_fractions(split, boxes[keep])
     # kept boxes grouped by record, objects before ignore regions, each group in reading order
     group = (2 * owners + ignored)[keep]
     order = np.argsort(group, kind="stable")

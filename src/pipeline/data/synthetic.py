@@ -245,7 +245,7 @@ def generate(
     written = {}
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
         for split in splits:
-            (root / split).mkdir(parents=True, exist_ok=True)
+            atomic.make_folder(root / split)
             count = spec.count(split)
             per_sample = pool.map(
                 _write_sample, repeat(spec), repeat(root), repeat(split), range(count), chunksize=32

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from pipeline.data.sources import (
     report_split,
 )
 from pipeline.errors import DataError
+
+log = logging.getLogger("pipeline")
 
 
 def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
@@ -31,6 +34,39 @@ def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
         raise DataError(f"VOC annotation {xml_file}: an <object> has an empty <name>.")
     # VOC pixel indices are 1-based and inclusive
     return name, [coords[0] - 1, coords[1] - 1, coords[2], coords[3]]
+
+
+# what annotation tools write in <difficult>; absent or empty is not difficult
+_DIFFICULT = {"0": False, "1": True, "false": False, "true": True, "": False}
+
+
+def _difficult(obj: ET.Element, xml_file: Path) -> bool:
+    """An object's <difficult> flag; any other value is an error, never read as "not difficult"
+    (the object would count as a miss wherever the model does not find it)."""
+    text = obj.findtext("difficult", "").strip()
+    if text.lower() not in _DIFFICULT:
+        raise DataError(
+            f"VOC annotation {xml_file}: an <object> ({obj.findtext('name', '').strip()}) has "
+            f"<difficult>{text}</difficult>; VOC's difficult is 0 or 1."
+        )
+    return _DIFFICULT[text.lower()]
+
+
+def _warn_of_near_names(names: list[str], listing: Path) -> None:
+    """Class names that differ only in case or spacing are separate classes: say so, as it is
+    most often one class typed two ways."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(" ".join(name.casefold().split()), []).append(name)
+    alike = [group for group in groups.values() if len(group) > 1]
+    if alike:
+        log.warning(
+            "%s: the class names %s differ only in case or spacing, and are trained as separate "
+            "classes; if each group is one class, write it one way in the XML files (or set "
+            "data.classes to the ones to keep)",
+            listing,
+            " and ".join(str(group) for group in alike),
+        )
 
 
 def load_voc(
@@ -57,7 +93,14 @@ def load_voc(
         raise DataError(
             f"VOC split file {listing} does not exist (config data.root and data.{{train,val,test}}_split)."
         )
-    ids = [line.split()[0] for line in listing.read_text().splitlines() if line.strip()]
+    try:
+        text = listing.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"VOC split file {listing} is not a text listing of image names: the byte at offset "
+            f"{error.start} is not UTF-8 ({error.reason})."
+        ) from error
+    ids = [line.split()[0] for line in text.splitlines() if line.strip()]
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
     parsed = []
@@ -72,6 +115,11 @@ def load_voc(
             ) from error
         except ET.ParseError as error:
             raise DataError(f"VOC annotation file {xml_file} is not valid XML: {error}.") from error
+        except OSError as error:  # a folder of that name, no permission
+            raise DataError(
+                f"VOC annotation file {xml_file} cannot be read: {error.strerror or error} "
+                f"(listed in {listing})."
+            ) from error
         try:
             width = int(float(tree.findtext("size/width")))
             height = int(float(tree.findtext("size/height")))
@@ -82,7 +130,7 @@ def load_voc(
         file_name = tree.findtext("filename") or f"{image_name}.jpg"
         objects, difficult = [], []
         for obj in tree.findall("object"):
-            is_difficult = obj.findtext("difficult", "0").strip() == "1"
+            is_difficult = _difficult(obj, xml_file)
             (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
         path = root / "JPEGImages" / file_name
         if path in xml_of_image:
@@ -93,6 +141,8 @@ def load_voc(
         xml_of_image[path] = xml_file
         parsed.append((xml_file, path, width, height, objects, difficult))
     names = sorted({name for *_, objects, _ in parsed for name, _ in objects})
+    if not classes:
+        _warn_of_near_names(names, listing)
     class_names = list(classes) if classes else names
     if not class_names:
         raise DataError(

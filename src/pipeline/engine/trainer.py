@@ -251,7 +251,7 @@ class Trainer(RunFolder, TimeBudget):
 
     def fit(self) -> dict[str, Any]:
         created, fresh = not self.run_dir.exists(), self.epoch == 0
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic.make_folder(self.run_dir)
         self._remove_stale_temp_files()
         atomic.write_json(self.paths["config"], self.config)
         if self.epoch == 0:

@@ -128,8 +128,10 @@ def read_bench_file(path: Path) -> list[dict[str, Any]]:
 
 def load_results(root: Path) -> Results:
     if not root.is_dir():
+        what = "is a file, not a folder" if root.exists() else "does not exist"
         raise PipelineError(
-            f"Results folder {root} does not exist: run the workflow first (snakemake --cores 1), or pass --results DIR."
+            f"Results folder {root} {what}: run the workflow first (snakemake --cores 1), or pass "
+            "--results DIR."
         )
     files: dict[Path, str | None] = {}
     env_path = root / "env.json"
