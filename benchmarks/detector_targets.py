@@ -189,7 +189,9 @@ def pipeline(args: list[str], log: Path) -> None:
 def measure(
     training: Training, seed: int, work: Path, overrides: list[str], choice: Path | None
 ) -> dict[str, Any]:
-    configs = ["--configfile", *(str(PRESETS / name) for name in training.configs)]
+    # no --configfile without presets: the option takes one file at least
+    files = [str(PRESETS / name) for name in training.configs]
+    configs = ["--configfile", *files] if files else []
     data, run, log = (
         work / "data" / training.name,
         work / training.name,
