@@ -46,18 +46,13 @@ from real_layouts import (
 
 from pipeline import atomic, timing
 from pipeline.cli import configure_logging
-from pipeline.config import (
-    accuracy_settings,
-    load_config,
-    merge,
-    parse_overrides,
-    validate,
-)
+from pipeline.config import load_config, merge, parse_overrides, validate
 from pipeline.data import has_test_split, load_split, load_splits
 from pipeline.data.sources import SplitAnnotations
 from pipeline.environment import machine
 from pipeline.errors import ConfigError, DataError
 from pipeline.runs import flatten
+from pipeline.setting_groups import accuracy_settings
 
 NAME = "real_sets"
 RECORD_FORMAT = "benchmarks.real_set/1"

@@ -15,21 +15,19 @@ from pipeline.config import (
     DEFAULTS,
     Layer,
     config_paths,
-    differing_keys,
     load_config,
     load_schema,
     merge,
     normalize,
     parse_bool,
     parse_overrides,
-    read_yaml,
-    result_settings,
-    speed_settings,
     upgrade_legacy_precision,
     validate,
 )
+from pipeline.config_files import read_yaml
 from pipeline.config_reference import reference_markdown
 from pipeline.errors import ConfigError
+from pipeline.setting_groups import differing_keys, result_settings, speed_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ("data", "model", "train", "eval", "bench", "profile", "predict", "cluster", "sweep")

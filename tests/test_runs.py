@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import load_config, parse_overrides, result_settings, speed_settings
+from pipeline.config import load_config, parse_overrides
 from pipeline.errors import ConfigError
 from pipeline.runs import (
     DeviceUnavailableInEnv,
@@ -25,6 +25,7 @@ from pipeline.runs import (
     run_config,
     training_runs,
 )
+from pipeline.setting_groups import result_settings, speed_settings
 
 # the AMP policy of the device layer, as check_env writes it into env.json
 RESOLVED_AMP = {

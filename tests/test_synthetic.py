@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from pipeline.config import load_config, read_yaml
+from pipeline.config import load_config
+from pipeline.config_files import read_yaml
 from pipeline.data.shapes import SHAPES, render_sample
 from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError

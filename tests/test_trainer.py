@@ -22,12 +22,12 @@ from tiny_runs import InterruptedInEpoch2, make_data, tiny_config, tiny_settings
 
 from pipeline import cli
 from pipeline import device as dev
-from pipeline.config import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
 from pipeline.engine import checkpoint
 from pipeline.engine.budget import BudgetTiming, steps_within_budget
 from pipeline.engine.trainer import Trainer
 from pipeline.errors import CheckpointError, OutputError, TrainingError
 from pipeline.models.loss import DetectionLoss
+from pipeline.setting_groups import SPEED_SETTINGS, VALIDATION_EVAL_KEYS
 
 pytestmark = pytest.mark.usefixtures("torch_flags_threads_and_logger")
 

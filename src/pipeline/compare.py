@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import differing_keys
 from pipeline.report.formatting import (
     backend_label,
     fmt_ms,
@@ -26,6 +25,7 @@ from pipeline.report.formatting import (
     setting_label,
 )
 from pipeline.runs import PRECISIONS
+from pipeline.setting_groups import differing_keys
 from pipeline.summary.load import BACKENDS, MODES
 from pipeline.summary.read import read_summary
 

@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pipeline.config_files import read_yaml
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -291,89 +292,6 @@ def check_relations(config: dict[str, Any], source: str) -> None:
         )
 
 
-# What training reads that changes how fast it runs, never what it learns: data loading
-# (augmentation is seeded per sample, so workers and caching give the same batches) and
-# the batch size of validation passes.
-SPEED_SETTINGS = {"data": ("num_workers", "cache", "cache_budget"), "eval": ("batch_size",)}
-# Top-level keys and whole sections that training's result depends on; of `eval`, the keys
-# that training's validation reads (it picks best.pth by them).
-RESULT_KEYS = ("seed", "deterministic", "precision", "data", "model", "train")
-VALIDATION_EVAL_KEYS = (
-    "score_threshold",
-    "iou_threshold",
-    "max_detections",
-    "min_score",
-    "protocol",
-    "flip_test",
-)
-# Data keys training never reads: the held-out test split is the evaluation's alone.
-TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
-
-
-def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings a training run's result depends on, and nothing else.
-
-    One definition for both places that ask: what must match for `train --resume` to
-    continue a run, and what the workflow's training rule passes as params (a change
-    reruns training and what follows; a change of anything else reruns neither).
-    """
-    settings = {key: copy.deepcopy(config.get(key)) for key in RESULT_KEYS}
-    settings["data"] = {
-        key: value
-        for key, value in (settings["data"] or {}).items()
-        if key not in SPEED_SETTINGS["data"] and key not in TEST_SPLIT_KEYS
-    }
-    synthetic = settings["data"].get("synthetic")
-    if isinstance(synthetic, dict):
-        settings["data"]["synthetic"] = {k: v for k, v in synthetic.items() if k != "num_test"}
-    evaluation = config.get("eval") or {}
-    settings["eval"] = {key: evaluation.get(key) for key in VALIDATION_EVAL_KEYS}
-    return settings
-
-
-def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings training reads besides `result_settings` (see SPEED_SETTINGS)."""
-    return {
-        section: {key: copy.deepcopy(config[section][key]) for key in keys}
-        for section, keys in SPEED_SETTINGS.items()
-    }
-
-
-def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings a pipeline run's accuracy figures depend on: what training's result
-    depends on (`result_settings`) and what defines the test figures (the test split and every
-    eval key but the speed ones). Two runs with equal settings have comparable accuracy, on
-    whatever machines they ran. Where the data set is generated, its folder is left out:
-    data.synthetic alone says what it holds."""
-    settings = result_settings(config)
-    data = config.get("data") or {}
-    settings["data"] = {
-        key: copy.deepcopy(value)
-        for key, value in data.items()
-        if key not in SPEED_SETTINGS["data"]
-        and not (key == "root" and data.get("format") == "synthetic")
-    }
-    settings["eval"] = {
-        key: copy.deepcopy(value)
-        for key, value in (config.get("eval") or {}).items()
-        if key not in SPEED_SETTINGS["eval"]
-    }
-    return settings
-
-
-def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two (nested) settings, in order."""
-    keys = list(old) + [key for key in new if key not in old]
-    found = []
-    for key in keys:
-        before, after = old.get(key), new.get(key)
-        if isinstance(before, Mapping) and isinstance(after, Mapping):
-            found += differing_keys(before, after, f"{prefix}{key}.")
-        elif before != after or (key in old) != (key in new):
-            found.append(f"{prefix}{key}")
-    return found
-
-
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """`train.lr=0.01 data.classes=[a,b]` -> nested dict; values are read as YAML."""
     result: dict[str, Any] = {}
@@ -408,72 +326,6 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key set twice in one mapping: plain YAML keeps the last
-    without a word, so a second `data:` block at the end of a file would drop every key of the
-    first."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys written beside win
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str) and key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"the key {key!r} is set a second time (first on line {first_line[key]}); "
-                    "only the last would count: merge them into one",
-                    key_node.start_mark,
-                )
-            if isinstance(key, str):
-                first_line[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """PyYAML's error on one line, where it is: its own text draws the line with a caret under
-    the place, over several lines."""
-    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
-        return f"{error}."
-    mark = error.problem_mark
-    context = f"{error.context}, " if error.context else ""
-    return f"{context}{error.problem} (line {mark.line + 1}, column {mark.column + 1})."
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        data = yaml.load(
-            path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader
-        )  # safe: no Python objects
-    except FileNotFoundError as error:
-        raise ConfigError(f"Config file {path} does not exist.") from error
-    except IsADirectoryError as error:
-        raise ConfigError(f"Config file {path} is a folder, not a YAML file.") from error
-    except UnicodeDecodeError as error:
-        raise ConfigError(
-            f"Config file {path} is not a YAML text file: the byte at offset {error.start} is "
-            f"not UTF-8 ({error.reason}). Save it as UTF-8 text."
-        ) from error
-    except OSError as error:
-        raise ConfigError(
-            f"Config file {path} cannot be read: {error.strerror or error}."
-        ) from error
-    except yaml.YAMLError as error:
-        raise ConfigError(
-            f"Config file {path} is not valid YAML: {_yaml_problem(error)}"
-        ) from error
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"Config file {path} must hold a mapping of keys, not {type(data).__name__}."
-        )
-    return data
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.io import report as report_file
 
 from pipeline import config as pipeline_config
-from pipeline import import_graph, measured, runs
+from pipeline import import_graph, measured, runs, setting_groups
 from pipeline.data import has_test_split, split_files
 from pipeline.data.image_files import find_images
 from pipeline.errors import ConfigError
@@ -260,17 +260,17 @@ def class_list_inputs(wildcards):
 
 
 def train_settings(wildcards):
-    """What the run's result depends on (pipeline.config.result_settings, which resume checks
+    """What the run's result depends on (pipeline.setting_groups.result_settings, which resume checks
     too), with the run's own precision and swept values: a change reruns training."""
     run_config = runs.run_config(config, training_run(wildcards))
-    return runs.flatten(pipeline_config.result_settings(run_config))
+    return runs.flatten(setting_groups.result_settings(run_config))
 
 
 def train_speed_settings(wildcards, threads):
     """The rest of what training reads: how fast data load, validation's batch size. A
     params function of `threads` is a derived param to Snakemake (snakemake#3154), which
     leaves it out of the params rerun trigger: changing one of these reruns nothing."""
-    return runs.flatten(pipeline_config.speed_settings(config))
+    return runs.flatten(setting_groups.speed_settings(config))
 
 
 def precision_choice_option(wildcards, input):

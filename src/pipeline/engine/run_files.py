@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from pipeline import atomic
-from pipeline.config import differing_keys, result_settings
 from pipeline.engine import checkpoint
 from pipeline.engine.ema import WeightAverage
 from pipeline.engine.trackers import Trackers
 from pipeline.errors import CheckpointError
+from pipeline.setting_groups import differing_keys, result_settings
 
 log = logging.getLogger("pipeline")
 

@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 
 from pipeline import atomic
-from pipeline.config import accuracy_settings
 from pipeline.evaluation.image_bootstrap import PairedChange
 from pipeline.report.formatting import number
+from pipeline.setting_groups import accuracy_settings
 from pipeline.stats import Speedup
 from pipeline.summary import accuracy, decisions
 from pipeline.summary.load import Results, RunResults, bench_frame, git_state, load_results
@@ -76,7 +76,7 @@ def settings_hash(settings: Any) -> str:
 
 
 def accuracy_basis(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The settings the accuracy figures depend on (config.accuracy_settings) and their hash."""
+    """The settings the accuracy figures depend on (setting_groups.accuracy_settings) and their hash."""
     if config is None:
         return None
     settings = accuracy_settings(config)

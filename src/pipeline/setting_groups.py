@@ -1,0 +1,93 @@
+"""Which settings a figure depends on: what must match for a training to resume or be reused
+(`result_settings`), what only changes its speed (`speed_settings`), and what two runs' accuracy
+figures are comparable under (`accuracy_settings`). No torch here: the Snakefile imports this at
+parse time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+# What training reads that changes how fast it runs, never what it learns: data loading
+# (augmentation is seeded per sample, so workers and caching give the same batches) and
+# the batch size of validation passes.
+SPEED_SETTINGS = {"data": ("num_workers", "cache", "cache_budget"), "eval": ("batch_size",)}
+# Top-level keys and whole sections that training's result depends on; of `eval`, the keys
+# that training's validation reads (it picks best.pth by them).
+RESULT_KEYS = ("seed", "deterministic", "precision", "data", "model", "train")
+VALIDATION_EVAL_KEYS = (
+    "score_threshold",
+    "iou_threshold",
+    "max_detections",
+    "min_score",
+    "protocol",
+    "flip_test",
+)
+# Data keys training never reads: the held-out test split is the evaluation's alone.
+TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
+
+
+def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a training run's result depends on, and nothing else.
+
+    One definition for both places that ask: what must match for `train --resume` to
+    continue a run, and what the workflow's training rule passes as params (a change
+    reruns training and what follows; a change of anything else reruns neither).
+    """
+    settings = {key: copy.deepcopy(config.get(key)) for key in RESULT_KEYS}
+    settings["data"] = {
+        key: value
+        for key, value in (settings["data"] or {}).items()
+        if key not in SPEED_SETTINGS["data"] and key not in TEST_SPLIT_KEYS
+    }
+    synthetic = settings["data"].get("synthetic")
+    if isinstance(synthetic, dict):
+        settings["data"]["synthetic"] = {k: v for k, v in synthetic.items() if k != "num_test"}
+    evaluation = config.get("eval") or {}
+    settings["eval"] = {key: evaluation.get(key) for key in VALIDATION_EVAL_KEYS}
+    return settings
+
+
+def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings training reads besides `result_settings` (see SPEED_SETTINGS)."""
+    return {
+        section: {key: copy.deepcopy(config[section][key]) for key in keys}
+        for section, keys in SPEED_SETTINGS.items()
+    }
+
+
+def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a pipeline run's accuracy figures depend on: what training's result
+    depends on (`result_settings`) and what defines the test figures (the test split and every
+    eval key but the speed ones). Two runs with equal settings have comparable accuracy, on
+    whatever machines they ran. Where the data set is generated, its folder is left out:
+    data.synthetic alone says what it holds."""
+    settings = result_settings(config)
+    data = config.get("data") or {}
+    settings["data"] = {
+        key: copy.deepcopy(value)
+        for key, value in data.items()
+        if key not in SPEED_SETTINGS["data"]
+        and not (key == "root" and data.get("format") == "synthetic")
+    }
+    settings["eval"] = {
+        key: copy.deepcopy(value)
+        for key, value in (config.get("eval") or {}).items()
+        if key not in SPEED_SETTINGS["eval"]
+    }
+    return settings
+
+
+def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two (nested) settings, in order."""
+    keys = list(old) + [key for key in new if key not in old]
+    found = []
+    for key in keys:
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            found += differing_keys(before, after, f"{prefix}{key}.")
+        elif before != after or (key in old) != (key in new):
+            found.append(f"{prefix}{key}")
+    return found
