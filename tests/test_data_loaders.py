@@ -428,6 +428,12 @@ def test_coco_boxes_all_under_a_pixel_are_refused_as_fractions_of_the_image(
     coco_root: Path,
 ) -> None:
     """YOLO's coordinates copied into a COCO file: every object a dot, every figure 0."""
+    sizes = {
+        "gray.png": (40, 40),
+        "rgba.png": (40, 40),
+        "palette.png": (40, 40),
+        "wide.png": (80, 40),
+    }
     entries = [
         {"image_id": 1, "category_id": 3, "bbox": [0.1, 0.2, 0.25, 0.5]},
         {"image_id": 4, "category_id": 7, "bbox": [0.5, 0.5, 0.4, 0.3]},
@@ -435,15 +441,7 @@ def test_coco_boxes_all_under_a_pixel_are_refused_as_fractions_of_the_image(
     path = _write_coco(
         coco_root,
         "yolo.json",
-        _coco_document(
-            {
-                "gray.png": (40, 40),
-                "rgba.png": (40, 40),
-                "palette.png": (40, 40),
-                "wide.png": (80, 40),
-            },
-            entries,
-        ),
+        _coco_document(sizes, entries),
     )
     with pytest.raises(DataError) as raised:
         load_coco(path, coco_root)
@@ -456,15 +454,7 @@ def test_coco_boxes_all_under_a_pixel_are_refused_as_fractions_of_the_image(
     path = _write_coco(
         coco_root,
         "dots.json",
-        _coco_document(
-            {
-                "gray.png": (40, 40),
-                "rgba.png": (40, 40),
-                "palette.png": (40, 40),
-                "wide.png": (80, 40),
-            },
-            entries,
-        ),
+        _coco_document(sizes, entries),
     )
     assert sum(len(record.boxes) for record in load_coco(path, coco_root).records) == 3
 
