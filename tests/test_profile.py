@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -315,3 +316,42 @@ def test_latency_under_autocast_runs_the_forward_in_half_precision(
     settings = {**SETTINGS, "repeats": 1}
     profiling.latency(model, torch.device("cpu"), "bf16", 32, 1, settings, torch.contiguous_format)
     assert dtypes and set(dtypes) == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    ("without_gpu", "users", "read"),
+    [(True, None, "5"), (True, "2", "2"), (False, None, None)],
+    ids=["cuda build, no gpu", "the user's own level", "a gpu found"],
+)
+def test_the_profile_silences_kinetos_gpu_count_error_only_where_a_cuda_build_finds_no_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_gpu: bool, users: str | None, read
+) -> None:
+    """Kineto's 'ERROR: gpuGetDeviceCount failed' is harmless there, and reads as a failure."""
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    if users is not None:
+        monkeypatch.setenv("KINETO_LOG_LEVEL", users)
+    monkeypatch.setattr(dev, "cuda_build_without_gpu", lambda: without_gpu)
+    profiling.operator_profile(
+        tiny_model(),
+        torch.device("cpu"),
+        "fp32",
+        32,
+        1,
+        1,
+        tmp_path / "t.json",
+        torch.contiguous_format,
+    )
+    assert os.environ.get("KINETO_LOG_LEVEL") == read
+
+
+def test_a_cuda_build_without_gpu_is_told_from_a_cpu_build_and_from_one_with_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dev.cuda_build_without_gpu()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not dev.cuda_build_without_gpu()
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not dev.cuda_build_without_gpu()

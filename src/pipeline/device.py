@@ -123,6 +123,12 @@ def _cuda_missing_reason() -> str | None:
     return None
 
 
+def cuda_build_without_gpu() -> bool:
+    """A CUDA build of torch that finds no GPU here: most Linux CPU machines, since pip's
+    default torch for Linux is a CUDA build."""
+    return torch.version.cuda is not None and not torch.cuda.is_available()
+
+
 def _mps_missing_reason() -> str | None:
     if not torch.backends.mps.is_built():
         where = (
