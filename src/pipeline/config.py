@@ -372,15 +372,15 @@ def merge_layers(layers: Sequence[Layer]) -> dict[str, Any]:
     return config
 
 
-def _leaves(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Every value under `values` by its dotted key."""
-    leaves: dict[str, Any] = {}
+def leaves(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every value under nested settings by its dotted key (an empty mapping is a value)."""
+    found: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Mapping) and value:
-            leaves.update(_leaves(value, f"{prefix}{key}."))
+            found.update(leaves(value, f"{prefix}{key}."))
         else:
-            leaves[f"{prefix}{key}"] = value
-    return leaves
+            found[f"{prefix}{key}"] = value
+    return found
 
 
 def _is_preset(layer: Layer) -> bool:
@@ -393,13 +393,13 @@ def _warn_of_presets_layered_last(layers: Sequence[Layer]) -> None:
     for index, preset in enumerate(layers):
         if not _is_preset(preset):
             continue
-        theirs = _leaves(preset.values)
+        theirs = leaves(preset.values)
         for mine in layers[:index]:
             if mine.source in (COMMAND_LINE, str(DEFAULT_CONFIG)) or _is_preset(mine):
                 continue  # the shipped defaults are what presets amend
             lost = [
                 f"{key} ({value!r} -> {theirs[key]!r})"
-                for key, value in _leaves(mine.values).items()
+                for key, value in leaves(mine.values).items()
                 if key in theirs and theirs[key] != value
             ]
             if lost:

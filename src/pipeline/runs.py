@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import merge, parse_overrides
+from pipeline.config import leaves, merge, parse_overrides
 from pipeline.errors import ConfigError, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -237,17 +237,10 @@ def bench_settings(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def flatten(settings: dict[str, Any], prefix: str = "") -> list[str]:
+def flatten(settings: dict[str, Any]) -> list[str]:
     """Nested settings as `a.b=value` items (values as JSON, which the CLI reads as YAML).
 
     Sorted: Snakemake compares a params list as its text, and merging `--config` changes
     the order of a section's keys, which would rerun a job whose settings are all the same.
     """
-    items = []
-    for key, value in settings.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            items += flatten(value, f"{name}.")
-        else:
-            items.append(f"{name}={json.dumps(value)}")
-    return sorted(items)
+    return sorted(f"{key}={json.dumps(value)}" for key, value in leaves(settings).items())
