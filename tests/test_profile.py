@@ -351,7 +351,11 @@ def test_a_cuda_build_without_gpu_is_told_from_a_cpu_build_and_from_one_with_a_g
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert dev.cuda_build_without_gpu()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert not dev.cuda_build_without_gpu()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: none usable
+    assert dev.cuda_build_without_gpu()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not dev.cuda_build_without_gpu()

@@ -124,9 +124,10 @@ def _cuda_missing_reason() -> str | None:
 
 
 def cuda_build_without_gpu() -> bool:
-    """A CUDA build of torch that finds no GPU here: most Linux CPU machines, since pip's
-    default torch for Linux is a CUDA build."""
-    return torch.version.cuda is not None and not torch.cuda.is_available()
+    """A CUDA build of torch that finds no usable GPU here (as `backend_status` tells it: none
+    visible, or every one hidden): most Linux CPU machines, since pip's default torch for Linux
+    is a CUDA build."""
+    return torch.version.cuda is not None and _cuda_missing_reason() is not None
 
 
 def _mps_missing_reason() -> str | None:
