@@ -272,11 +272,77 @@ def test_coco_malformed_structure_raises_naming_the_file(coco_root: Path, docume
         load_coco(path, coco_root)
 
 
-def test_coco_image_entry_without_size_raises_naming_the_file(coco_root: Path) -> None:
-    document = {"categories": CATEGORIES, "images": [{"id": 1, "file_name": "gray.png"}]}
+# how exports leave an image's size out: keys absent, null, or 0 where a tool could not read it
+NO_SIZE = {"absent": {}, "null": {"width": None, "height": None}, "zero": {"width": 0, "height": 0}}
+
+
+@pytest.mark.parametrize("size", NO_SIZE.values(), ids=NO_SIZE)
+def test_coco_an_image_entry_without_a_size_takes_the_image_files_size(
+    coco_root: Path, size: dict[str, Any]
+) -> None:
+    # wide.png is 80x40: the box reaching past its right edge is clipped to the file's size
+    image = {"id": 1, "file_name": "wide.png", **size}
+    annotation = {"id": 1, "image_id": 1, "category_id": 3, "bbox": [70, 5, 20, 10]}
+    document = {"images": [image], "annotations": [annotation], "categories": CATEGORIES}
+    split = load_coco(_write_coco(coco_root, "sizeless.json", document), coco_root)
+    record = split.records[0]
+    assert (record.width, record.height) == (80, 40)
+    np.testing.assert_array_equal(record.boxes, [[70, 5, 80, 15]])
+
+
+def test_coco_images_without_a_size_are_counted_in_one_info_line_per_split(
+    coco_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    document = _coco_document(_write_images(coco_root), GOOD)
+    for image in document["images"][:3]:
+        image.update(width=0)
+    document["images"][3].pop("height")
     path = _write_coco(coco_root, "sizeless.json", document)
-    with pytest.raises(DataError, match=r"sizeless\.json"):
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_coco(path, coco_root)
+    assert [(r.width, r.height) for r in split.records] == list(_write_images(coco_root).values())
+    said = [r.getMessage() for r in caplog.records if "width/height" in r.getMessage()]
+    assert said == [
+        f"{path}: 4 image(s) have no width/height in the annotations: read from the image files"
+    ]
+
+
+def test_coco_a_given_size_is_still_checked_against_the_file_beside_entries_without_one(
+    coco_root: Path,
+) -> None:
+    # gray.png without a size; wide.png (80x40) with a wrong width and no height; a negative
+    # width is no "not given"
+    images = [
+        {"id": 1, "file_name": "gray.png"},
+        {"id": 2, "file_name": "wide.png", "width": 40, "height": 0},
+        {"id": 3, "file_name": "empty.png", "width": -32, "height": 32},
+    ]
+    document = {"images": images, "annotations": [], "categories": CATEGORIES}
+    path = _write_coco(coco_root, "half_sized.json", document)
+    with pytest.raises(DataError) as raised:
         load_coco(path, coco_root)
+    assert str(raised.value).startswith(
+        f"{path}: 2 image(s) are not the size their annotation says: {coco_root / 'wide.png'} "
+        "is annotated 40x40 but is 80x40 (width x height, EXIF orientation applied), "
+        f"{coco_root / 'empty.png'} is annotated -32x32 but is 32x32 (width x height, EXIF "
+        "orientation applied)."
+    )
+
+
+@pytest.mark.parametrize("check_images", [True, False])
+def test_coco_a_missing_image_whose_size_must_be_read_is_named_as_the_image_check_names_it(
+    coco_root: Path, check_images: bool
+) -> None:
+    images = [{"id": 1, "file_name": "gray.png"}, {"id": 2, "file_name": "gone.png"}]
+    document = {"images": images, "annotations": [], "categories": CATEGORIES}
+    path = _write_coco(coco_root, "sizeless.json", document)
+    with pytest.raises(DataError) as raised:
+        load_coco(path, coco_root, check_images=check_images)
+    assert str(raised.value) == (
+        f"{path} refers to image file(s) that do not exist: {coco_root / 'gone.png'}. Check the "
+        f"images folder {coco_root} (data.images_dir or data.<split>_images_dir; by default the "
+        "annotation file's folder), or regenerate the data set."
+    )
 
 
 def test_coco_malformed_bbox_raises_naming_the_file(coco_root: Path) -> None:
@@ -315,7 +381,10 @@ def test_coco_an_annotation_that_does_not_read_is_named_with_the_key_or_value_at
     ("image", "said"),
     [
         ({"id": 1, "width": 40, "height": 40}, "image entry 0 has no 'file_name' ("),
-        ({"id": 1, "file_name": "gray.png", "height": 40}, "image entry 0 has no 'width' ("),
+        (
+            {"id": 1, "file_name": "gray.png", "width": "abc", "height": 40},
+            'image entry 0 has width "abc", which is not an integer.',
+        ),
         (
             {"id": "img1", "file_name": "gray.png", "width": 40, "height": 40},
             'image entry 0 has id "img1", which is not an integer.',
@@ -773,16 +842,73 @@ def test_voc_an_unreadable_listing_or_annotation_file_is_named(voc_root: Path) -
 @pytest.mark.parametrize(
     "xml",
     [
-        "<annotation><filename>wide.png</filename></annotation>",  # no size
         _voc_xml("wide.png", (80, 40), [("bird", (1, 1, "x", 5))]),  # non-numeric box
         _voc_xml("wide.png", (80, 40), [("", (1, 1, 5, 5))]),  # empty name
     ],
-    ids=["no-size", "bad-box", "no-name"],
+    ids=["bad-box", "no-name"],
 )
 def test_voc_incomplete_annotation_raises_naming_the_file(voc_root: Path, xml: str) -> None:
     (voc_root / "Annotations" / "wide.xml").write_text(xml)
     with pytest.raises(DataError, match=r"wide\.xml"):
         load_voc(voc_root, "val")
+
+
+# how VOC files leave an image's size out (LabelImg writes 0 where it could not read the image)
+VOC_NO_SIZE = {
+    "no-size": "",
+    "no-width": "<size><height>40</height><depth>3</depth></size>",
+    "empty": "<size><width></width><height> </height><depth>3</depth></size>",
+    "zero": "<size><width>0</width><height>0</height><depth>3</depth></size>",
+}
+
+
+@pytest.mark.parametrize("size", VOC_NO_SIZE.values(), ids=VOC_NO_SIZE)
+def test_voc_an_annotation_without_a_size_takes_the_image_files_size(
+    voc_root: Path, size: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # wide.png is 80x40: the box reaching past its right edge is clipped to the file's size
+    xml = (
+        f"<annotation><filename>wide.png</filename>{size}<object><name>bird</name><bndbox>"
+        "<xmin>71</xmin><ymin>6</ymin><xmax>95</xmax><ymax>15</ymax></bndbox></object>"
+        "</annotation>"
+    )
+    (voc_root / "Annotations" / "wide.xml").write_text(xml)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    gray, wide = split.records
+    assert [(gray.width, gray.height), (wide.width, wide.height)] == [(40, 40), (80, 40)]
+    np.testing.assert_array_equal(wide.boxes, [[70, 5, 80, 15]])
+    listing = voc_root / "ImageSets" / "Main" / "val.txt"
+    assert (
+        f"{listing}: 1 image(s) have no width/height in the annotations: read from the image files"
+        in [r.getMessage() for r in caplog.records]
+    )
+
+
+def test_voc_a_size_that_is_not_a_number_is_refused_naming_the_file(voc_root: Path) -> None:
+    xml = _voc_xml("wide.png", ("eighty", 40), [])
+    (voc_root / "Annotations" / "wide.xml").write_text(xml)
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC annotation file {voc_root / 'Annotations' / 'wide.xml'} has a <size><width>/"
+        "<height> that is not a number (eighty x 40)."
+    )
+
+
+def test_voc_a_missing_image_whose_size_must_be_read_is_named_as_the_image_check_names_it(
+    voc_root: Path,
+) -> None:
+    (voc_root / "Annotations" / "wide.xml").write_text(
+        "<annotation><filename>gone.png</filename></annotation>"
+    )
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val", check_images=False)
+    assert str(raised.value) == (
+        f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'} refers to image file(s) that do not "
+        f"exist: {voc_root / 'JPEGImages' / 'gone.png'}. Check {voc_root / 'JPEGImages'} and "
+        "the <filename> entries, or regenerate the data set."
+    )
 
 
 def test_voc_missing_image_raises_naming_it(voc_root: Path) -> None:
@@ -1136,6 +1262,19 @@ def test_an_exif_rotated_photo_annotated_as_stored_is_an_error_that_names_the_or
     message = str(caught.value)
     assert "photo.jpg is annotated 48x24 but is 24x48" in message
     assert "EXIF orientation" in message
+
+
+def test_an_exif_rotated_photo_without_a_size_in_its_annotation_takes_its_upright_size(
+    tmp_path: Path,
+) -> None:
+    _exif_jpeg(tmp_path / "photo.jpg", orientation=6)  # stored 48x24, shown 24x48
+    image = {"id": 1, "file_name": "photo.jpg"}
+    annotation = {"id": 1, "image_id": 1, "category_id": 3, "bbox": [8, 30, 30, 30]}
+    document = {"images": [image], "annotations": [annotation], "categories": CATEGORIES}
+    split = load_coco(_write_coco(tmp_path, "sizeless.json", document), tmp_path)
+    record = split.records[0]
+    assert (record.width, record.height) == (24, 48)
+    np.testing.assert_array_equal(record.boxes, [[8, 30, 24, 48]])  # clipped to the upright size
 
 
 XMP_ORIENTATION_6 = (

@@ -465,6 +465,28 @@ def test_an_image_whose_size_differs_from_its_annotation_is_named_with_both_size
     )
 
 
+def drop_sizes(document: dict[str, Any]) -> None:
+    """Every image entry's size left out, as exports do: keys absent, null, or 0."""
+    for index, image in enumerate(document["images"]):
+        if index % 3 == 0:
+            del image["width"], image["height"]
+        else:
+            image.update(width=None if index % 3 == 1 else 0, height=0)
+
+
+def test_a_missing_image_whose_entry_has_no_size_is_named_and_nothing_is_written(
+    here: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data(data_root, here)
+    edit_json(data / "instances_train.json", drop_sizes)
+    (data / "train" / "000003.png").unlink()
+    message = train_fails(capsys, here / "run", data)
+    assert message.startswith(
+        f"{data / 'instances_train.json'} refers to image file(s) that do not exist: "
+        f"{data / 'train' / '000003.png'}. Check the images folder {data} "
+    )
+
+
 def test_a_category_that_no_annotation_uses_is_left_out_in_one_info_line(
     here: Path, data_root: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -918,6 +940,40 @@ def test_eval_names_a_missing_image_as_loading_does_before_evaluating_cached_or_
         f"{data / split / '000003.png'}. Check the images folder {data} "
     )
     assert no_evaluation == []
+
+
+@pytest.mark.parametrize("cache", ["true", "false"])
+def test_eval_of_splits_without_image_sizes_reads_them_from_the_files_with_the_same_results(
+    here: Path,
+    data_root: Path,
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture,
+    cache: str,
+) -> None:
+    data = copy_data(data_root, here)
+    for split in ("val", "test"):
+        edit_json(data / f"instances_{split}.json", drop_sizes)
+    results = {}
+    for name, root in (("given", data_root), ("read", data)):
+        out, predictions = here / f"{name}.json", here / f"{name}_predictions.json"
+        argv = ["--out", str(out), "--predictions", str(predictions), f"data.cache={cache}"]
+        assert (
+            pipeline("eval", "--checkpoint", str(checkpoints["good"]), *argv, f"data.root={root}")
+            == 0
+        )
+        results[name] = (json.loads(out.read_text()), predictions.read_bytes())
+    err = capsys.readouterr().err
+    for split in ("val", "test"):
+        assert (
+            f"{data / f'instances_{split}.json'}: 8 image(s) have no width/height in the "
+            "annotations: read from the image files"
+        ) in err
+    (given, given_predictions), (read, read_predictions) = results.values()
+    # the same file, but for the folder each set is in
+    assert read_predictions.replace(bytes(data), bytes(data_root)) == given_predictions
+    for key in ("metrics", "val_metrics"):
+        del read[key]["timing"], given[key]["timing"]
+        assert read[key] == given[key]
 
 
 @pytest.mark.parametrize("cache", ["true", "false"])

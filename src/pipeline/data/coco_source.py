@@ -21,6 +21,7 @@ from pipeline.data.sources import (
     check_image_files,
     no_boxes,
     no_labels,
+    read_missing_sizes,
     report_split,
 )
 from pipeline.errors import DataError
@@ -112,6 +113,15 @@ def _integer(entry: dict, key: str, what: str, source: Path) -> int:
     )
 
 
+def _size(entry: dict, key: str, what: str, source: Path) -> int:
+    """An image entry's width or height; absent, null or 0 (as converters write where they
+    could not read the image) is 0, "not given": read from the image file instead
+    (`read_missing_sizes`). pycocotools never needs them, so exports may leave them out."""
+    if entry.get(key) is None:
+        return 0
+    return _integer(entry, key, what, source)
+
+
 def _coco_categories(entries: list[dict], source: Path) -> dict[int, str]:
     """Category names by id; an id listed twice would silently take the last name for both."""
     categories: dict[int, str] = {}
@@ -175,8 +185,8 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
         record = ImageRecord(
             _integer(img, "id", what, source),
             images_dir / file_name,
-            _integer(img, "width", what, source),
-            _integer(img, "height", what, source),
+            _size(img, "width", what, source),
+            _size(img, "height", what, source),
             # placeholders, not arrays of its own: attach_objects gives every record its boxes
             *_NO_OBJECTS,
         )
@@ -292,12 +302,14 @@ def load_coco(
     split = SplitAnnotations(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
-    attach_objects(split, found)
-    report_split(split)
-    split.unchecked_images = (
+    where = (
         f"the images folder {images_dir} (data.images_dir or data.<split>_images_dir; "
         "by default the annotation file's folder)"
     )
+    read_missing_sizes(split, where)
+    attach_objects(split, found)
+    report_split(split)
+    split.unchecked_images = where
     if check_images:
         check_image_files(split)
     return split

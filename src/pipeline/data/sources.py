@@ -42,7 +42,8 @@ class ImageRecord:
     """One image, its objects and its ignore regions in the image's own pixels (xyxy).
 
     `width` and `height` are the image as decoded with its EXIF orientation applied; the
-    loaders check that the annotation says the same.
+    loaders check that the annotation says the same, or read them from the file where the
+    annotation gives none (`read_missing_sizes`).
     """
 
     image_id: int
@@ -164,32 +165,21 @@ def _listing(items: list[str]) -> str:
     return ", ".join(items[:3]) + more
 
 
-def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
-    """Every image exists, is an image, and is the size its annotation says (headers only).
-
-    A size mismatch is an error, never rescaled: the commonest cause is an EXIF orientation
-    that the annotation tool did not apply, and rescaling would put every box in the wrong
-    place without a word.
-    """
-    missing, unreadable, too_large, mismatched = [], [], [], []
+def _header_sizes(records: list[ImageRecord], source: Path, where: str) -> list[tuple[int, int]]:
+    """Each record's image size as the pipeline decodes it (orientation applied), from the
+    file's header alone; a file that is missing, no image or too large to decode is an error
+    naming every such file of the split at once, not the first of them on each new try."""
+    sizes, missing, unreadable, too_large = [], [], [], []
     for record in records:
         try:
             with Image.open(record.path) as image:
-                width, height = oriented_size(image)
+                sizes.append(oriented_size(image))
         except FileNotFoundError:
             missing.append(str(record.path))
-            continue
         except Image.DecompressionBombError as error:
             too_large.append(f"{record.path} ({error})")
-            continue
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
             unreadable.append(f"{record.path} ({error})")
-            continue
-        if (width, height) != (record.width, record.height):
-            mismatched.append(
-                f"{record.path} is annotated {record.width}x{record.height} but is "
-                f"{width}x{height} (width x height, EXIF orientation applied)"
-            )
     if missing:
         raise DataError(
             f"{source} refers to image file(s) that do not exist: {_listing(missing)}. "
@@ -201,6 +191,24 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
         raise DataError(
             f"{source} refers to image(s) too large to decode: {_listing(too_large)}. {TOO_LARGE}"
         )
+    return sizes
+
+
+def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
+    """Every image exists, is an image, and is the size its annotation says (headers only).
+
+    A size mismatch is an error, never rescaled: the commonest cause is an EXIF orientation
+    that the annotation tool did not apply, and rescaling would put every box in the wrong
+    place without a word.
+    """
+    mismatched = [
+        f"{record.path} is annotated {record.width}x{record.height} but is "
+        f"{width}x{height} (width x height, EXIF orientation applied)"
+        for record, (width, height) in zip(
+            records, _header_sizes(records, source, where), strict=True
+        )
+        if (width, height) != (record.width, record.height)
+    ]
     if mismatched:
         raise DataError(
             f"{source}: {len(mismatched)} image(s) are not the size their annotation says: "
@@ -208,6 +216,26 @@ def _check_images(records: list[ImageRecord], source: Path, where: str) -> None:
             "swapped, the annotation tool ignored the photo's EXIF orientation: re-export the "
             "annotations from the upright images; otherwise correct width and height."
         )
+
+
+def read_missing_sizes(split: SplitAnnotations, where: str) -> None:
+    """The width or height that an annotation leaves out (0: not given), read from the image
+    file's header, as exports and annotation tools that could not read an image write none or
+    0; needed before boxes are clipped to their image (`attach_objects`). A size that is
+    given stays as written, for the image check to hold against the file. `where`: where to
+    look for a missing file, as the image check's error says."""
+    unsized = [record for record in split.records if not (record.width and record.height)]
+    if not unsized:
+        return
+    for record, (width, height) in zip(
+        unsized, _header_sizes(unsized, split.source, where), strict=True
+    ):
+        record.width, record.height = record.width or width, record.height or height
+    log.info(
+        "%s: %d image(s) have no width/height in the annotations: read from the image files",
+        split.source,
+        len(unsized),
+    )
 
 
 def check_image_files(split: SplitAnnotations) -> None:

@@ -14,6 +14,7 @@ from pipeline.data.sources import (
     SplitAnnotations,
     attach_objects,
     check_image_files,
+    read_missing_sizes,
     report_split,
 )
 from pipeline.errors import DataError
@@ -120,12 +121,14 @@ def load_voc(
                 f"VOC annotation file {xml_file} cannot be read: {error.strerror or error} "
                 f"(listed in {listing})."
             ) from error
+        # absent, empty or 0 (LabelImg's where it could not read the image): read from the file
+        sizes = [(tree.findtext(f"size/{key}") or "").strip() or "0" for key in ("width", "height")]
         try:
-            width = int(float(tree.findtext("size/width")))
-            height = int(float(tree.findtext("size/height")))
-        except (TypeError, ValueError) as error:
+            width, height = (int(float(size)) for size in sizes)
+        except (ValueError, OverflowError) as error:
             raise DataError(
-                f"VOC annotation file {xml_file} lacks a numeric <size><width>/<height>."
+                f"VOC annotation file {xml_file} has a <size><width>/<height> that is not a "
+                f"number ({' x '.join(sizes)})."
             ) from error
         file_name = tree.findtext("filename") or f"{image_name}.jpg"
         objects, difficult = [], []
@@ -168,9 +171,11 @@ def load_voc(
             found += [
                 (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
             ]
+    where = f"{root / 'JPEGImages'} and the <filename> entries"
+    read_missing_sizes(split, where)
     attach_objects(split, found)
     report_split(split)
-    split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
+    split.unchecked_images = where
     if check_images:
         check_image_files(split)
     return split
