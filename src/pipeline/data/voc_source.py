@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.data.sources import (
@@ -77,7 +78,8 @@ def load_voc(
     *,
     check_images: bool = True,
 ) -> SplitAnnotations:
-    """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
+    """Records from Pascal VOC in the VOCdevkit layout: ImageSets/Main/<split>.txt,
+    Annotations/*.xml, JPEGImages/.
 
     Difficult objects become ignore regions; class names come from the other objects unless
     `classes` is given. Objects of classes outside `classes` are dropped and counted, as COCO's
@@ -103,10 +105,40 @@ def load_voc(
     ids = [line.split()[0] for line in text.splitlines() if line.strip()]
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
+
+    def in_jpeg_images(xml_file: Path, file_name: str | None) -> Path:
+        return root / "JPEGImages" / (file_name or f"{xml_file.stem}.jpg")
+
+    return _read_split(
+        [root / "Annotations" / f"{image_name}.xml" for image_name in ids],
+        in_jpeg_images,
+        listing,
+        split_name,
+        classes,
+        classes_from,
+        images_where=f"{root / 'JPEGImages'} and the <filename> entries",
+        check_images=check_images,
+    )
+
+
+def _read_split(
+    xml_files: list[Path],
+    image_path: Callable[[Path, str | None], Path],
+    listing: Path,
+    split_name: str,
+    classes: list[str] | None,
+    classes_from: str | None,
+    *,
+    images_where: str,
+    check_images: bool,
+) -> SplitAnnotations:
+    """A split's records from its XML files, in their order (image ids 1, 2, ...), whatever
+    layout listed them: `listing` (a VOCdevkit listing, or a folder of XML files) is the split's
+    source in messages, `image_path` finds an XML file's image from its <filename> (None where
+    it has none), `images_where` says where to look for a missing image."""
     parsed = []
     xml_of_image: dict[Path, Path] = {}
-    for image_name in ids:
-        xml_file = root / "Annotations" / f"{image_name}.xml"
+    for xml_file in xml_files:
         try:
             tree = ET.parse(xml_file).getroot()
         except FileNotFoundError as error:
@@ -127,12 +159,11 @@ def load_voc(
             raise DataError(
                 f"VOC annotation file {xml_file} lacks a numeric <size><width>/<height>."
             ) from error
-        file_name = tree.findtext("filename") or f"{image_name}.jpg"
         objects, difficult = [], []
         for obj in tree.findall("object"):
             is_difficult = _difficult(obj, xml_file)
             (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
-        path = root / "JPEGImages" / file_name
+        path = image_path(xml_file, tree.findtext("filename"))
         if path in xml_of_image:
             raise DataError(
                 f"VOC split {listing} lists the image file {path} twice: through "
@@ -170,7 +201,7 @@ def load_voc(
             ]
     attach_objects(split, found)
     report_split(split)
-    split.unchecked_images = f"{root / 'JPEGImages'} and the <filename> entries"
+    split.unchecked_images = images_where
     if check_images:
         check_image_files(split)
     return split
