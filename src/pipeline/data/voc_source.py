@@ -1,14 +1,18 @@
-"""The Pascal VOC reader: a split's listing (ImageSets/Main), one XML file per image
-(Annotations) and the images (JPEGImages), read into the records of pipeline.data.sources.
+"""The Pascal VOC reader: one XML file per image, read into the records of
+pipeline.data.sources, from the VOCdevkit layout (a split's listing in ImageSets/Main, its XML
+files in Annotations, its images in JPEGImages) or from a folder of XML files, as exports lay
+a split out.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
+from pipeline.data.image_files import IMAGE_SUFFIXES
 from pipeline.data.sources import (
     FoundBox,
     ImageRecord,
@@ -152,6 +156,11 @@ def _read_split(
                 f"VOC annotation file {xml_file} cannot be read: {error.strerror or error} "
                 f"(listed in {listing})."
             ) from error
+        if tree.tag != "annotation":
+            raise DataError(
+                f"VOC annotation file {xml_file} is not a Pascal VOC annotation: its root "
+                f"element is <{tree.tag}>, where VOC's is <annotation> (listed in {listing})."
+            )
         try:
             width = int(float(tree.findtext("size/width")))
             height = int(float(tree.findtext("size/height")))
@@ -205,3 +214,94 @@ def _read_split(
     if check_images:
         check_image_files(split)
     return split
+
+
+def xml_files(folder: Path) -> list[Path]:
+    """A folder's VOC annotation files, sorted so that image ids are the same on every machine.
+
+    Hidden files are not annotations: archives made on macOS hold a `._name.xml` of resource
+    data beside each file."""
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if path.suffix.lower() == ".xml" and not path.name.startswith(".") and path.is_file()
+    )
+
+
+def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
+    """How an XML file's image is found in `images`, as exports write <filename>: by its base
+    name (tools write the original path, Windows' or another's); else the one image named as
+    the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
+    leave the extension out). Two such images are an error: which one is meant is unknown."""
+    try:
+        names = {entry.name for entry in os.scandir(images) if entry.is_file()}
+    except (FileNotFoundError, NotADirectoryError) as error:
+        raise DataError(
+            f"The images folder {images} ({key}) does not exist or is not a folder."
+        ) from error
+    by_stem: dict[str, list[str]] = {}
+    for name in sorted(names):
+        stem, suffix = os.path.splitext(name)
+        if suffix.lower() in IMAGE_SUFFIXES:
+            by_stem.setdefault(stem, []).append(name)
+
+    def find(xml_file: Path, file_name: str | None) -> Path:
+        # PureWindowsPath splits at both / and \
+        base = PureWindowsPath(file_name.strip()).name if file_name else ""
+        if base in names:
+            return images / base
+        stems = [xml_file.stem]
+        if base and Path(base).suffix.lower() not in IMAGE_SUFFIXES:
+            stems.append(base)
+        candidates = sorted({name for stem in stems for name in by_stem.get(stem, [])})
+        if len(candidates) > 1:
+            raise DataError(
+                f"VOC annotation file {xml_file}: its <filename>{file_name or ''}</filename> "
+                f"names no file in {images} ({key}), and the images "
+                f"{' and '.join(candidates)} there fit its name: which one it describes is "
+                "unknown. Write the image's file name in <filename>, or remove the other image."
+            )
+        return images / (candidates[0] if candidates else base or f"{xml_file.stem}.jpg")
+
+    return find
+
+
+def load_voc_folder(
+    folder: str | Path,
+    images: str | Path,
+    split_name: str,
+    classes: list[str] | None = None,
+    classes_from: str | None = None,
+    *,
+    keys: tuple[str, str],
+    check_images: bool = True,
+) -> SplitAnnotations:
+    """Records from a folder of Pascal VOC XML files, one per image, as exports lay a split out
+    (Roboflow's with each image beside its XML file, LabelImg's with the images apart), read as
+    `load_voc` reads a VOCdevkit split. `keys`: the config keys naming `folder` and `images`,
+    for messages."""
+    folder, images = Path(folder), Path(images)
+    if not folder.is_dir():
+        what = "is a file" if folder.is_file() else "does not exist"
+        raise DataError(
+            f"The VOC annotation folder {folder} ({keys[0]}) {what}: with data.format=voc, "
+            f"{keys[0]} names a folder of Pascal VOC XML files, one per image."
+        )
+    found = xml_files(folder)
+    if not found:
+        coco = next(folder.glob("*.json"), None)
+        raise DataError(
+            f"The VOC annotation folder {folder} ({keys[0]}) holds no .xml file: a split in "
+            "Pascal VOC format has one XML file per image."
+            + (f" {coco.name} there may be COCO: set data.format=coco and name it." if coco else "")
+        )
+    return _read_split(
+        found,
+        _image_finder(images, keys[1]),
+        folder,
+        split_name,
+        classes,
+        classes_from,
+        images_where=f"{images} ({keys[1]}) and the <filename> entries",
+        check_images=check_images,
+    )
