@@ -26,6 +26,7 @@ import pytest
 import yaml
 from report_page import SECTION_IDS, Page, assert_self_contained
 from results_schemas import check_results
+from test_voc_layouts import make_roboflow_export
 
 from pipeline import cli, formats
 
@@ -671,6 +672,37 @@ def test_snakemakes_own_report_bundles_the_marked_outputs(
         names = bundle.namelist()
     for marked in ("report.html", "cpu-fp32-train.json", "train_summary.json"):
         assert any(name.endswith(marked) for name in names), marked
+
+
+def test_a_voc_split_given_as_a_folder_gives_training_its_xml_files_as_inputs(
+    repo_copy: Path, tmp_path: Path
+) -> None:
+    """Editing one annotation must rerun training, as the folder's own time would not say;
+    the folder's other files (a hidden `._name.xml`, the exporter's readme) are no inputs."""
+    export = tmp_path / "export"
+    make_roboflow_export(export)
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "results/train/cpu-fp32/best.pth",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        "precision=fp32",
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}'}}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    train_job = result.stdout.split("rule train_run:", 1)[1]
+    inputs = train_job.split("input: ", 1)[1].splitlines()[0].split(", ")
+    expected = [
+        str(path)
+        for folder in ("train", "valid")
+        for path in sorted((export / folder).glob("[!.]*.xml"))
+    ]
+    assert len(expected) == 12
+    assert [name for name in inputs if str(export) in name] == expected
 
 
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(

@@ -12,8 +12,8 @@ from typing import Any
 
 from pipeline.data.coco_source import load_coco
 from pipeline.data.sources import SplitAnnotations, with_classes
-from pipeline.data.voc_source import load_voc
-from pipeline.errors import DataError
+from pipeline.data.voc_source import load_voc, load_voc_folder, xml_files
+from pipeline.errors import ConfigError, DataError
 
 log = logging.getLogger("pipeline")
 SPLITS = ("train", "val", "test")
@@ -36,7 +36,8 @@ def _path(value: str) -> Path:
 
 
 def annotation_file(config: dict[str, Any], split: str) -> Path:
-    """Where a COCO-format split's annotations are (the synthetic set is COCO too)."""
+    """Where a COCO-format split's annotations are (the synthetic set is COCO too), or the
+    folder of a VOC split's XML files that data.<split>_annotations names."""
     data = config["data"]
     explicit = data.get(f"{split}_annotations")
     return (
@@ -46,22 +47,59 @@ def annotation_file(config: dict[str, Any], split: str) -> Path:
     )
 
 
-def images_dir(config: dict[str, Any], split: str) -> Path:
-    """The folder a COCO split's `file_name` entries are relative to.
+def _images_key(config: dict[str, Any], split: str) -> str:
+    """The config key that says where a split's images are, for messages."""
+    data = config["data"]
+    if data.get(f"{split}_images_dir"):
+        return f"data.{split}_images_dir"
+    return "data.images_dir" if data["images_dir"] else f"by default data.{split}_annotations"
 
-    `data.<split>_images_dir`, else `data.images_dir`, else the annotation file's own folder:
-    exports put each split's images beside its annotation file (`train/_annotations.coco.json`).
+
+def images_dir(config: dict[str, Any], split: str) -> Path:
+    """The folder a COCO split's `file_name` entries are relative to, or where a VOC split
+    given as a folder of XML files finds each <filename>.
+
+    `data.<split>_images_dir`, else `data.images_dir`, else where the split's annotations are:
+    exports put each split's images beside its annotation file (`train/_annotations.coco.json`)
+    or beside its XML files (`train/a_jpg.rf.0c1d.xml`).
     """
     data = config["data"]
     given = data.get(f"{split}_images_dir") or data["images_dir"]
-    return _path(given) if given else annotation_file(config, split).parent
+    if given:
+        return _path(given)
+    annotations = annotation_file(config, split)
+    return annotations if data["format"] == "voc" else annotations.parent
+
+
+def _voc_listing(config: dict[str, Any], split: str) -> Path:
+    data = config["data"]
+    return _path(data["root"]) / "ImageSets" / "Main" / f"{data[f'{split}_split']}.txt"
+
+
+def _is_voc_folder(config: dict[str, Any], split: str) -> bool:
+    """Whether a VOC split is a folder of XML files (data.<split>_annotations), not a listing
+    of the VOCdevkit layout at data.root. A split given both ways is refused: which one is
+    meant is unknown."""
+    data = config["data"]
+    if not data[f"{split}_annotations"]:
+        return False
+    if data[f"{split}_split"] is not None and _voc_listing(config, split).is_file():
+        raise ConfigError(
+            f"The VOC {split} split is given twice: as the folder of XML files "
+            f"data.{split}_annotations = {data[f'{split}_annotations']}, and as the VOCdevkit "
+            f"listing {_voc_listing(config, split)} (data.root = {data['root']}, "
+            f"data.{split}_split = {data[f'{split}_split']}). Unset data.{split}_annotations "
+            f"or set data.root to another folder."
+        )
+    return True
 
 
 def split_file(config: dict[str, Any], split: str) -> Path:
-    """The file that defines a split: its COCO annotation file or its VOC listing."""
+    """What defines a split: its COCO annotation file, its VOC listing, or the folder of its
+    VOC XML files."""
     data = config["data"]
-    if data["format"] == "voc":
-        return _path(data["root"]) / "ImageSets" / "Main" / f"{data[f'{split}_split']}.txt"
+    if data["format"] == "voc" and not _is_voc_folder(config, split):
+        return _voc_listing(config, split)
     return annotation_file(config, split)
 
 
@@ -69,24 +107,30 @@ def has_test_split(config: dict[str, Any]) -> bool:
     """Whether the data set has a test split: generated (data.synthetic.num_test > 0), named
     explicitly (data.test_annotations), or found where data.test_split puts it.
 
-    A COCO data set whose train or val file is named one by one is not under data.root, so
-    its test split is data.test_annotations or none: data.root then still holds its default,
-    the synthetic set, whose test file must never stand in for the user's."""
+    A COCO or VOC data set whose train or val split is named one by one is not under
+    data.root, so its test split is data.test_annotations or none: data.root then still holds
+    its default, the synthetic set, whose test file must never stand in for the user's."""
     data = config["data"]
     if data["format"] == "synthetic":
         return data["synthetic"]["num_test"] > 0 and data["test_split"] is not None
-    if data["format"] == "coco" and (
-        data["test_annotations"] or data["train_annotations"] or data["val_annotations"]
-    ):
+    if data["test_annotations"] or data["train_annotations"] or data["val_annotations"]:
         return bool(data["test_annotations"])
     return data["test_split"] is not None and split_file(config, "test").is_file()
 
 
 def split_files(config: dict[str, Any], splits: tuple[str, ...] = SPLITS) -> list[Path]:
-    """The files that define the given splits (a test split only where the data set has one)."""
-    return [
-        split_file(config, split) for split in splits if split != "test" or has_test_split(config)
-    ]
+    """The files that define the given splits (a test split only where the data set has one):
+    what the workflow's rules take as input. A VOC split given as a folder gives its XML
+    files: a folder's time changes where a file is added or removed, not where one is
+    rewritten, and editing an annotation must rerun what read it. A folder that does not exist
+    is given itself, for Snakemake to name as missing."""
+    files = []
+    for split in splits:
+        if split == "test" and not has_test_split(config):
+            continue
+        path = split_file(config, split)
+        files += xml_files(path) if config["data"]["format"] == "voc" and path.is_dir() else [path]
+    return files
 
 
 def _check_root(config: dict[str, Any]) -> Path:
@@ -121,6 +165,16 @@ def load_split(
     data = config["data"]
     if data["format"] == "voc":
         strict = classes_from if classes and not data["classes"] else None
+        if _is_voc_folder(config, which):
+            return load_voc_folder(
+                annotation_file(config, which),
+                images_dir(config, which),
+                which,
+                classes or data["classes"],
+                strict,
+                keys=(f"data.{which}_annotations", _images_key(config, which)),
+                check_images=check_images,
+            )
         return load_voc(
             _check_root(config),
             data[f"{which}_split"],

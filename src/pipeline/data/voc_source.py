@@ -1,13 +1,18 @@
-"""The Pascal VOC reader: a split's listing (ImageSets/Main), one XML file per image
-(Annotations) and the images (JPEGImages), read into the records of pipeline.data.sources.
+"""The Pascal VOC reader: one XML file per image, read into the records of
+pipeline.data.sources, from the VOCdevkit layout (a split's listing in ImageSets/Main, its XML
+files in Annotations, its images in JPEGImages) or from a folder of XML files, as exports lay
+a split out.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import xml.etree.ElementTree as ET
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PureWindowsPath
 
+from pipeline.data.image_files import IMAGE_SUFFIXES
 from pipeline.data.sources import (
     FoundBox,
     ImageRecord,
@@ -78,7 +83,8 @@ def load_voc(
     *,
     check_images: bool = True,
 ) -> SplitAnnotations:
-    """Records from Pascal VOC: ImageSets/Main/<split>.txt, Annotations/*.xml, JPEGImages/.
+    """Records from Pascal VOC in the VOCdevkit layout: ImageSets/Main/<split>.txt,
+    Annotations/*.xml, JPEGImages/.
 
     Difficult objects become ignore regions; class names come from the other objects unless
     `classes` is given. Objects of classes outside `classes` are dropped and counted, as COCO's
@@ -104,10 +110,40 @@ def load_voc(
     ids = [line.split()[0] for line in text.splitlines() if line.strip()]
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
+
+    def in_jpeg_images(xml_file: Path, file_name: str | None) -> Path:
+        return root / "JPEGImages" / (file_name or f"{xml_file.stem}.jpg")
+
+    return _read_split(
+        [root / "Annotations" / f"{image_name}.xml" for image_name in ids],
+        in_jpeg_images,
+        listing,
+        split_name,
+        classes,
+        classes_from,
+        images_where=f"{root / 'JPEGImages'} and the <filename> entries",
+        check_images=check_images,
+    )
+
+
+def _read_split(
+    xml_files: list[Path],
+    image_path: Callable[[Path, str | None], Path],
+    listing: Path,
+    split_name: str,
+    classes: list[str] | None,
+    classes_from: str | None,
+    *,
+    images_where: str,
+    check_images: bool,
+) -> SplitAnnotations:
+    """A split's records from its XML files, in their order (image ids 1, 2, ...), whatever
+    layout listed them: `listing` (a VOCdevkit listing, or a folder of XML files) is the split's
+    source in messages, `image_path` finds an XML file's image from its <filename> (None where
+    it has none), `images_where` says where to look for a missing image."""
     parsed = []
     xml_of_image: dict[Path, Path] = {}
-    for image_name in ids:
-        xml_file = root / "Annotations" / f"{image_name}.xml"
+    for xml_file in xml_files:
         try:
             tree = ET.parse(xml_file).getroot()
         except FileNotFoundError as error:
@@ -121,6 +157,11 @@ def load_voc(
                 f"VOC annotation file {xml_file} cannot be read: {error.strerror or error} "
                 f"(listed in {listing})."
             ) from error
+        if tree.tag != "annotation":
+            raise DataError(
+                f"VOC annotation file {xml_file} is not a Pascal VOC annotation: its root "
+                f"element is <{tree.tag}>, where VOC's is <annotation> (listed in {listing})."
+            )
         # absent, empty or 0 (LabelImg's where it could not read the image): read from the file
         sizes = [(tree.findtext(f"size/{key}") or "").strip() or "0" for key in ("width", "height")]
         try:
@@ -130,12 +171,11 @@ def load_voc(
                 f"VOC annotation file {xml_file} has a <size><width>/<height> that is not a "
                 f"number ({' x '.join(sizes)})."
             ) from error
-        file_name = tree.findtext("filename") or f"{image_name}.jpg"
         objects, difficult = [], []
         for obj in tree.findall("object"):
             is_difficult = _difficult(obj, xml_file)
             (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
-        path = root / "JPEGImages" / file_name
+        path = image_path(xml_file, tree.findtext("filename"))
         if path in xml_of_image:
             raise DataError(
                 f"VOC split {listing} lists the image file {path} twice: through "
@@ -171,11 +211,101 @@ def load_voc(
             found += [
                 (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
             ]
-    where = f"{root / 'JPEGImages'} and the <filename> entries"
-    read_missing_sizes(split, where)
+    read_missing_sizes(split, images_where)
     attach_objects(split, found)
     report_split(split)
-    split.unchecked_images = where
+    split.unchecked_images = images_where
     if check_images:
         check_image_files(split)
     return split
+
+
+def xml_files(folder: Path) -> list[Path]:
+    """A folder's VOC annotation files, sorted so that image ids are the same on every machine.
+
+    Hidden files are not annotations: archives made on macOS hold a `._name.xml` of resource
+    data beside each file."""
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if path.suffix.lower() == ".xml" and not path.name.startswith(".") and path.is_file()
+    )
+
+
+def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
+    """How an XML file's image is found in `images`, as exports write <filename>: by its base
+    name (tools write the original path, Windows' or another's); else the one image named as
+    the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
+    leave the extension out). Two such images are an error: which one is meant is unknown."""
+    try:
+        names = {entry.name for entry in os.scandir(images) if entry.is_file()}
+    except (FileNotFoundError, NotADirectoryError) as error:
+        raise DataError(
+            f"The images folder {images} ({key}) does not exist or is not a folder."
+        ) from error
+    by_stem: dict[str, list[str]] = {}
+    for name in sorted(names):
+        stem, suffix = os.path.splitext(name)
+        if suffix.lower() in IMAGE_SUFFIXES:
+            by_stem.setdefault(stem, []).append(name)
+
+    def find(xml_file: Path, file_name: str | None) -> Path:
+        # PureWindowsPath splits at both / and \
+        base = PureWindowsPath(file_name.strip()).name if file_name else ""
+        if base in names:
+            return images / base
+        stems = [xml_file.stem]
+        if base and Path(base).suffix.lower() not in IMAGE_SUFFIXES:
+            stems.append(base)
+        candidates = sorted({name for stem in stems for name in by_stem.get(stem, [])})
+        if len(candidates) > 1:
+            raise DataError(
+                f"VOC annotation file {xml_file}: its <filename>{file_name or ''}</filename> "
+                f"names no file in {images} ({key}), and the images "
+                f"{' and '.join(candidates)} there fit its name: which one it describes is "
+                "unknown. Write the image's file name in <filename>, or remove the other image."
+            )
+        return images / (candidates[0] if candidates else base or f"{xml_file.stem}.jpg")
+
+    return find
+
+
+def load_voc_folder(
+    folder: str | Path,
+    images: str | Path,
+    split_name: str,
+    classes: list[str] | None = None,
+    classes_from: str | None = None,
+    *,
+    keys: tuple[str, str],
+    check_images: bool = True,
+) -> SplitAnnotations:
+    """Records from a folder of Pascal VOC XML files, one per image, as exports lay a split out
+    (Roboflow's with each image beside its XML file, LabelImg's with the images apart), read as
+    `load_voc` reads a VOCdevkit split. `keys`: the config keys naming `folder` and `images`,
+    for messages."""
+    folder, images = Path(folder), Path(images)
+    if not folder.is_dir():
+        what = "is a file" if folder.is_file() else "does not exist"
+        raise DataError(
+            f"The VOC annotation folder {folder} ({keys[0]}) {what}: with data.format=voc, "
+            f"{keys[0]} names a folder of Pascal VOC XML files, one per image."
+        )
+    found = xml_files(folder)
+    if not found:
+        coco = next(folder.glob("*.json"), None)
+        raise DataError(
+            f"The VOC annotation folder {folder} ({keys[0]}) holds no .xml file: a split in "
+            "Pascal VOC format has one XML file per image."
+            + (f" {coco.name} there may be COCO: set data.format=coco and name it." if coco else "")
+        )
+    return _read_split(
+        found,
+        _image_finder(images, keys[1]),
+        folder,
+        split_name,
+        classes,
+        classes_from,
+        images_where=f"{images} ({keys[1]}) and the <filename> entries",
+        check_images=check_images,
+    )
