@@ -261,6 +261,7 @@ def check_relations(config: dict[str, Any], source: str) -> None:
             f"Config keys data.augment.scale_min = {augment['scale_min']} and scale_max = "
             f"{augment['scale_max']} in {source} are not valid: scale_min must not exceed scale_max."
         )
+    _check_carved_fractions(config["data"], source)
     evaluation = config["eval"]
     if (
         evaluation["score_threshold"] is not None
@@ -289,6 +290,29 @@ def check_relations(config: dict[str, Any], source: str) -> None:
         raise ConfigError(
             f"Config key data.synthetic.max_object_size = {synthetic['max_object_size']} in {source} is "
             f"larger than data.synthetic.image_size = {synthetic['image_size']}."
+        )
+
+
+def _check_carved_fractions(data: dict[str, Any], source: str) -> None:
+    """data.val_fraction and data.test_fraction carve a user's own training split
+    (pipeline.data.holdout): the synthetic set generates its splits, and together they must
+    leave the training split some of its images."""
+    given = {key: data[key] for key in ("val_fraction", "test_fraction") if data[key] is not None}
+    if not given:
+        return
+    named = " and ".join(f"data.{key} = {value}" for key, value in given.items())
+    if data["format"] == "synthetic":
+        raise ConfigError(
+            f"Config key(s) {named} in {source} carve splits out of a data set's training split, "
+            "but data.format is synthetic, whose validation and test splits are generated "
+            "(data.synthetic.num_val, num_test). Set data.format to coco or voc for your own "
+            "data, or remove the fraction(s)."
+        )
+    if sum(given.values()) >= 1:
+        raise ConfigError(
+            f"Config keys {named} in {source} are not valid: together they carve "
+            f"{sum(given.values()):g} of the training split, leaving nothing to train on. Their "
+            "sum must stay below 1."
         )
 
 

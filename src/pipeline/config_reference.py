@@ -38,7 +38,12 @@ def _allowed_text(spec: dict[str, Any]) -> str:
         )
     bounds = [
         f"{sign} {spec[key]}"
-        for key, sign in (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"))
+        for key, sign in (
+            ("minimum", "≥"),
+            ("exclusiveMinimum", ">"),
+            ("maximum", "≤"),
+            ("exclusiveMaximum", "<"),
+        )
         if key in spec
     ]
     if "pattern" in spec:

@@ -27,6 +27,15 @@ VALIDATION_EVAL_KEYS = (
 )
 # Data keys training never reads: the held-out test split is the evaluation's alone.
 TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
+# Data keys whose null means off, left out of the settings while off: a run made before they
+# existed (a checkpoint's config, a summary without them) then has the same settings. Set, both
+# change what is trained (the images carved out of training) and what is measured.
+OFF_WHILE_NULL = ("val_fraction", "test_fraction")
+
+
+def _in_settings(key: str, value: Any) -> bool:
+    """Whether a data key's value belongs in the settings (see OFF_WHILE_NULL)."""
+    return not (key in OFF_WHILE_NULL and value is None)
 
 
 def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,7 +49,9 @@ def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     settings["data"] = {
         key: value
         for key, value in (settings["data"] or {}).items()
-        if key not in SPEED_SETTINGS["data"] and key not in TEST_SPLIT_KEYS
+        if key not in SPEED_SETTINGS["data"]
+        and key not in TEST_SPLIT_KEYS
+        and _in_settings(key, value)
     }
     synthetic = settings["data"].get("synthetic")
     if isinstance(synthetic, dict):
@@ -70,6 +81,7 @@ def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         key: copy.deepcopy(value)
         for key, value in data.items()
         if key not in SPEED_SETTINGS["data"]
+        and _in_settings(key, value)
         and not (key == "root" and data.get("format") == "synthetic")
     }
     settings["eval"] = {

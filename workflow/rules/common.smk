@@ -10,7 +10,7 @@ from snakemake.io import report as report_file
 
 from pipeline import config as pipeline_config
 from pipeline import import_graph, measured, runs, setting_groups
-from pipeline.data import has_test_split, split_files
+from pipeline.data import carved_splits, has_test_split, split_files
 from pipeline.data.image_files import find_images
 from pipeline.errors import ConfigError
 
@@ -37,6 +37,8 @@ def config_layers():
 # one paragraph naming the file it came from (jsonschema's own error would print the schema).
 try:
     config.update(pipeline_config.validate_layers(config_layers(), merged=config))
+    # a split both given and carved (data.val_fraction, data.test_fraction): before any job
+    carved_splits(config)
 except ConfigError as error:
     sys.exit(str(error))
 

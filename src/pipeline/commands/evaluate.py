@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
         "splits": {
             name: {
                 "name": config["data"][f"{name}_split"] or name,
-                "source": str(annotations.source),
+                "source": annotations.origin,
                 "num_images": len(annotations.records),
             }
             for name, annotations in (("val", val), ("test", test))
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
         "best-F1 threshold %.2f: F1 %.3f; AP@.5 %.3f (%s; %s protocol), AP %.3f (%s; COCO); "
         "AP@.5 by size %s -> %s",
         args.checkpoint,
-        split.source,
+        split.origin,
         role,
         precision,
         metrics["f1"],
@@ -245,7 +245,7 @@ def _split_with_the_checkpoints_classes(
     if lacking or unknown:
         raise CheckpointError(
             f"Checkpoint {path} was trained on {len(class_names)} classes {class_names}, but the "
-            f"data it is evaluated on ({own.source}) has {len(own.class_names)} classes "
+            f"data it is evaluated on ({own.origin}) has {len(own.class_names)} classes "
             f"{own.class_names}. Evaluate it on data with the same classes (--data ROOT), or set "
             "data.classes to the checkpoint's list if the data defines them all."
         )

@@ -1,7 +1,9 @@
 """Data sets: the built-in synthetic set and loaders for a user's COCO or Pascal VOC data.
 
 A data set has a training and a validation split, and may have a test split, which the
-evaluate stage reports on (the threshold it applies there is picked on validation).
+evaluate stage reports on (the threshold it applies there is picked on validation). The
+validation and test splits may be carved out of the training split by fraction
+(pipeline.data.holdout) where the data set has none of its own.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pipeline.data import holdout
 from pipeline.data.coco_source import load_coco
-from pipeline.data.sources import SplitAnnotations, with_classes
+from pipeline.data.sources import SplitAnnotations, report_split, with_classes
 from pipeline.data.voc_source import load_voc, load_voc_folder, xml_files
 from pipeline.errors import ConfigError, DataError
 
@@ -104,8 +107,9 @@ def split_file(config: dict[str, Any], split: str) -> Path:
 
 
 def has_test_split(config: dict[str, Any]) -> bool:
-    """Whether the data set has a test split: generated (data.synthetic.num_test > 0), named
-    explicitly (data.test_annotations), or found where data.test_split puts it.
+    """Whether the data set has a test split: generated (data.synthetic.num_test > 0), carved
+    out of training (data.test_fraction), named explicitly (data.test_annotations), or found
+    where data.test_split puts it.
 
     A COCO or VOC data set whose train or val split is named one by one is not under
     data.root, so its test split is data.test_annotations or none: data.root then still holds
@@ -113,24 +117,67 @@ def has_test_split(config: dict[str, Any]) -> bool:
     data = config["data"]
     if data["format"] == "synthetic":
         return data["synthetic"]["num_test"] > 0 and data["test_split"] is not None
-    if data["test_annotations"] or data["train_annotations"] or data["val_annotations"]:
-        return bool(data["test_annotations"])
-    return data["test_split"] is not None and split_file(config, "test").is_file()
+    return "test" in carved_splits(config) or _given_split_file(config, "test") is not None
+
+
+def _given_split_file(config: dict[str, Any], split: str) -> Path | None:
+    """The file of a validation or test split of the user's own, if there is one: named
+    (data.<split>_annotations), or found where data.<split>_split puts it under data.root.
+
+    A COCO or VOC data set whose splits are named one by one is not under data.root: data.root
+    then still holds its default, the synthetic set, whose files must never stand in for the
+    user's.
+    """
+    data = config["data"]
+    if any(data[f"{name}_annotations"] for name in SPLITS):
+        return _path(data[f"{split}_annotations"]) if data[f"{split}_annotations"] else None
+    if data[f"{split}_split"] is None:
+        return None
+    found = split_file(config, split)
+    return found if found.is_file() else None
+
+
+def carved_splits(config: dict[str, Any]) -> dict[str, float]:
+    """The splits carved out of the training split (data.test_fraction, data.val_fraction),
+    each with its fraction. A split both carved and given (data.<split>_annotations, or its
+    file found under data.root) is refused: which one was meant is not ours to guess."""
+    data = config["data"]
+    carved = holdout.fractions(data)
+    for split in carved:
+        given = _given_split_file(config, split)
+        if given is None:
+            continue
+        key, role = holdout.FRACTION_KEYS[split], holdout.ROLES[split]
+        named = data.get(f"{split}_annotations")
+        if named and given == _path(named):
+            how, undo = f"data.{split}_annotations", f"unset data.{split}_annotations"
+        else:
+            how = f"data.{split}_split = {data[f'{split}_split']!r}, which finds it under data.root"
+            undo = "set data.test_split: null" if split == "test" else "move it out of data.root"
+        raise ConfigError(
+            f"Config keys data.{key} = {carved[split]} and {how} each give a {role} split: "
+            f"data.{key} carves one out of the training split, and {given} is one. Keep one: "
+            f"remove data.{key} to use that file, or {undo} to carve. (Only a file named by "
+            f"data.{split}_annotations or found under data.root counts as a given {role} split.)"
+        )
+    return carved
 
 
 def split_files(config: dict[str, Any], splits: tuple[str, ...] = SPLITS) -> list[Path]:
-    """The files that define the given splits (a test split only where the data set has one):
-    what the workflow's rules take as input. A VOC split given as a folder gives its XML
-    files: a folder's time changes where a file is added or removed, not where one is
-    rewritten, and editing an annotation must rerun what read it. A folder that does not exist
-    is given itself, for Snakemake to name as missing."""
-    files = []
+    """The files that define the given splits (a test split only where the data set has one;
+    a carved split is defined by the training split's files), each once: what the workflow's
+    rules take as input. A VOC split given as a folder gives its XML files: a folder's time
+    changes where a file is added or removed, not where one is rewritten, and editing an
+    annotation must rerun what read it. A folder that does not exist is given itself, for
+    Snakemake to name as missing."""
+    carved = carved_splits(config)
+    files: list[Path] = []
     for split in splits:
         if split == "test" and not has_test_split(config):
             continue
-        path = split_file(config, split)
+        path = split_file(config, "train" if split in carved else split)
         files += xml_files(path) if config["data"]["format"] == "voc" and path.is_dir() else [path]
-    return files
+    return list(dict.fromkeys(files))
 
 
 def _check_root(config: dict[str, Any]) -> Path:
@@ -161,7 +208,15 @@ def load_split(
     lists no classes, given the list of `classes_from` (the training split, a checkpoint)
     instead, refuses objects of other classes, naming their XML file. `check_images=False`
     leaves the check of the image files to the dataset that decodes them
-    (pipeline.data.sources.check_image_files)."""
+    (pipeline.data.sources.check_image_files).
+
+    A split carved out of the training split (data.val_fraction, data.test_fraction), and the
+    training split those leave, are cut out of the training split's file as it loads."""
+    carved = carved_splits(config)
+    if carved and (which == "train" or which in carved):
+        part = _carve_training(config, carved, classes, classes_from, check_images)[which]
+        report_split(part)
+        return part
     data = config["data"]
     if data["format"] == "voc":
         strict = classes_from if classes and not data["classes"] else None
@@ -193,17 +248,47 @@ def load_split(
     )
 
 
-# why a split of each role needs objects, and what to do about one without
+def _carve_training(
+    config: dict[str, Any],
+    carved: dict[str, float],
+    classes: list[str] | None = None,
+    classes_from: str | None = None,
+    check_images: bool = True,
+) -> dict[str, SplitAnnotations]:
+    """The training split's file, loaded whole and cut into 'train' and the `carved` splits,
+    each image by its path relative to the training split's images folder."""
+    data = config["data"]
+    whole_config = {**config, "data": {**data, **dict.fromkeys(holdout.FRACTION_KEYS.values())}}
+    whole = load_split(whole_config, "train", classes, classes_from, check_images=check_images)
+    if data["format"] == "voc" and not _is_voc_folder(config, "train"):
+        folder = _path(data["root"]) / "JPEGImages"  # a VOCdevkit split's images
+    else:
+        folder = images_dir(config, "train")
+    return holdout.carve(whole, folder, carved)
+
+
+# why a split of each role needs objects, and what to do about one without: (why, what);
+# for a carved split, what to change instead
 _WITHOUT_OBJECTS = {
-    "training": "there is nothing to learn from it. Give the training split images with objects.",
+    "training": (
+        "there is nothing to learn from it.",
+        "Give the training split images with objects.",
+    ),
     "validation": (
         "F1 and AP are undefined on it, so neither the best checkpoint nor the score threshold "
-        "could be picked. Give the validation split images with objects."
+        "could be picked.",
+        "Give the validation split images with objects.",
     ),
     "test": (
-        "recall, F1 and AP are undefined on it, and would read as 0. Give the test split images "
-        "with objects, or set data.test_split=null to report on validation."
+        "recall, F1 and AP are undefined on it, and would read as 0.",
+        "Give the test split images with objects, or set data.test_split=null to report on "
+        "validation.",
     ),
+}
+_CARVED_WITHOUT_OBJECTS = {
+    "training": "Lower data.val_fraction and data.test_fraction.",
+    "validation": "Raise data.val_fraction, or give a validation split of your own.",
+    "test": "Raise data.test_fraction, or set data.test_fraction=null to report on validation.",
 }
 
 
@@ -219,9 +304,14 @@ def require_objects(split: SplitAnnotations, role: str = "validation") -> SplitA
         if split.other_class_objects
         else ""
     )
+    why, what = _WITHOUT_OBJECTS[role]
+    if split.carving:
+        what = (
+            f"It was carved out of the training split by fraction: {_CARVED_WITHOUT_OBJECTS[role]}"
+        )
     raise DataError(
-        f"The {role} split {split.source} has no objects ({len(split.records)} image(s), "
-        f"none with an object of {split.class_names}{others}): {_WITHOUT_OBJECTS[role]}"
+        f"The {role} split {split.origin} has no objects ({len(split.records)} image(s), "
+        f"none with an object of {split.class_names}{others}): {why} {what}"
     )
 
 
@@ -232,6 +322,15 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
     Unless data.classes names them, classes that no object of either split has (an export's
     unused super-category, say) are left out of training and metrics, in one info line.
     """
+    carved = carved_splits(config)
+    if "val" in carved:
+        # one file, one class list: loaded once, both splits cut out of it
+        parts = _carve_training(config, carved)
+        for part in (parts["train"], parts["val"]):
+            report_split(part)
+        return _without_unused_classes(
+            config, require_objects(parts["train"], "training"), parts["val"]
+        )
     train = require_objects(load_split(config, "train"), "training")
     if config["data"]["format"] == "voc":
         return train, require_objects(
@@ -247,16 +346,23 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
             f"{train.class_names}, {val.source} has {val.class_names}. Make them agree, or set "
             "data.classes to the list to use."
         )
+    return _without_unused_classes(config, train, val)
+
+
+def _without_unused_classes(
+    config: dict[str, Any], train: SplitAnnotations, val: SplitAnnotations
+) -> tuple[SplitAnnotations, SplitAnnotations]:
+    """Both splits without the classes that neither has an object of (unless data.classes names
+    them), in one info line; a validation split without objects refused."""
     if config["data"]["classes"]:
         return train, require_objects(val)
     used = set(train.used_classes) | set(val.used_classes)
     kept = [name for name in train.class_names if name in used]
     if len(kept) < len(train.class_names):
         log.info(
-            "%s, %s: categories %s have no objects in either split: left out of training and "
+            "%s: categories %s have no objects in either split: left out of training and "
             "metrics; %d classes remain %s",
-            train.source,
-            val.source,
+            ", ".join(dict.fromkeys(str(split.source) for split in (train, val))),
             [name for name in train.class_names if name not in used],
             len(kept),
             kept,

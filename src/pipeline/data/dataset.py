@@ -484,7 +484,7 @@ def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool, 
         if workers
         else "images are decoded as they are loaded, in this process"
     )
-    log.info("%s: %s; %s", split.source, dataset.cache_decision.reason, loading)
+    log.info("%s: %s; %s", split.origin, dataset.cache_decision.reason, loading)
     batch_size = config["train"]["batch_size"] if train else config["eval"]["batch_size"]
     return make_loader(dataset, batch_size, shuffle=train, seed=config["seed"], num_workers=workers,
                        pin_memory=pin_memory, drop_last=train)  # fmt: skip

@@ -69,6 +69,15 @@ class SplitAnnotations:
     # while the image files are not yet checked (loaded with check_images=False): where to look
     # for a missing one, as the check's error says; see check_image_files
     unchecked_images: str | None = None
+    # a split carved out of the file at `source` by a fraction (pipeline.data.holdout): which
+    # part of it, by which key, for logs and errors
+    carving: str | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the split comes from, for logs and errors: its file, and for a carved split
+        which part of it (the file alone would name the training split too)."""
+        return f"{self.source} ({self.carving})" if self.carving else str(self.source)
 
     @property
     def negatives(self) -> int:
@@ -121,6 +130,7 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
         nonfinite_boxes=split.nonfinite_boxes,
         other_class_objects=split.other_class_objects + removed,
         unchecked_images=split.unchecked_images,
+        carving=split.carving,
     )
 
 
@@ -130,7 +140,7 @@ def report_split(split: SplitAnnotations) -> None:
     ignored = sum(len(record.ignore_boxes) for record in split.records)
     log.info(
         "%s: %d images, %d objects of %d classes, %d image(s) without objects (kept as negatives)%s",
-        split.source,
+        split.origin,
         len(split.records),
         objects,
         len(split.class_names),
@@ -140,7 +150,7 @@ def report_split(split: SplitAnnotations) -> None:
     if split.other_class_objects:
         log.info(
             "%s: left out %d object(s) of classes outside data.classes %s",
-            split.source,
+            split.origin,
             split.other_class_objects,
             split.class_names,
         )
@@ -148,14 +158,14 @@ def report_split(split: SplitAnnotations) -> None:
         log.warning(
             "%s: dropped %d box(es) with a coordinate that is not a finite number (NaN or "
             "infinity)",
-            split.source,
+            split.origin,
             split.nonfinite_boxes,
         )
     if split.dropped_boxes:
         log.warning(
             "%s: dropped %d degenerate box(es) (zero or negative width or height, or entirely "
             "outside the image)",
-            split.source,
+            split.origin,
             split.dropped_boxes,
         )
 
