@@ -388,6 +388,20 @@ def test_an_absent_backend_stops_the_workflow_with_its_paragraph_and_no_tracebac
     assert ran_jobs(results[1]) == set()  # the second stopped before any job
 
 
+def test_a_device_in_capitals_names_its_runs_in_lower_case(
+    absent_backend_runs: tuple[Path, list[subprocess.CompletedProcess[str]]],
+) -> None:
+    """`--device CPU` works on the command line, so `--config device=' CPU '` does too, and the
+    run is the cpu run every stage names in lower case."""
+    root, _ = absent_backend_runs
+    result = snakemake(
+        root, "-n", "train", "--configfile", CI_CONFIG, "--config", "device= CPU ", "precision=fp32"
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "results/train/cpu-fp32/best.pth" in result.stdout
+    assert "CPU-" not in result.stdout
+
+
 # ---- the real workflow ------------------------------------------------------------------
 
 
