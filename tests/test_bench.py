@@ -1393,6 +1393,33 @@ def test_bench_with_bad_options_exits_2_without_traceback(
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("option", "path", "message"),
+    [
+        ("--out-dir", "taken", "Could not create the folder {root}/taken: {root}/taken is a file"),
+        (
+            "--out",
+            "taken/bench.json",
+            "Could not create the folder {root}/taken: {root}/taken is a file",
+        ),
+        ("--out", "folder", "--out {root}/folder is a folder: give --out a file path"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_timing(
+    tmp_path, capsys, monkeypatch: pytest.MonkeyPatch, option: str, path: str, message: str
+) -> None:
+    """A file where --out-dir's folder would go (or --out's folder, or a folder named by --out)
+    was found only when the records were written, after minutes of timing."""
+    (tmp_path / "taken").write_text("a file\n")
+    (tmp_path / "folder").mkdir()
+    monkeypatch.setattr(bench, "run_backend", lambda *args: pytest.fail("timing started"))
+    command = ["bench", "--device", "cpu", "--precision", "fp32", option, str(tmp_path / path)]
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert message.format(root=tmp_path) in err and "Traceback" not in err
+    assert (tmp_path / "taken").read_text() == "a file\n"
+
+
 def test_an_unknown_name_among_several_precisions_exits_2_naming_it(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as caught:
         run_bench_dir(tmp_path, "--device", "cpu", "--precision", "fp32,fp8,bf16")

@@ -196,6 +196,15 @@ def test_explicit_devices_are_kept_as_given() -> None:
     assert [r.name for r in training_runs(_config("device=cpu"), CUDA)] == ["cpu-fp32"]
 
 
+def test_a_device_in_capitals_names_the_same_runs_as_in_lower_case() -> None:
+    assert [r.name for r in training_runs(_config("device=CUDA:1"), CUDA)] == ["cuda1-fp16"]
+    assert [r.name for r in training_runs(_config("device= CPU "), CUDA)] == ["cpu-fp32"]
+    assert bench_matrix(_config("bench.backends=[CPU]", "bench.precisions=[fp32]"), CUDA) == [
+        ("cpu", "fp32", "train"),
+        ("cpu", "fp32", "infer"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("device", "env"), [("mps", CPU_ONLY), ("cuda:0", MPS), ("cuda", CPU_ONLY)]
 )

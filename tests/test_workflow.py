@@ -84,7 +84,11 @@ def isolation_unavailable() -> str | None:
 
 
 def snakemake(
-    cwd: Path, *args: str, timeout: int = 600, prefix: tuple[str, ...] = ()
+    cwd: Path,
+    *args: str,
+    timeout: int = 600,
+    prefix: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """The venv's snakemake, called by path as a user may call it: the venv need not be on PATH."""
     return subprocess.run(
@@ -93,6 +97,7 @@ def snakemake(
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 
@@ -348,6 +353,54 @@ def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(tmp_pa
     snakemakes_python = (BIN / "snakemake").read_text().splitlines()[0].removeprefix("#!")
     assert f"{snakemakes_python} -m pipeline" in result.stdout + result.stderr
     assert "cpu" in json.loads((root / "results" / "env.json").read_text())["available"]
+
+
+# MPS hidden wherever the tests run (a Mac has it), as a user's machine without it would be
+WITHOUT_MPS = {**os.environ, "PIPELINE_DISABLE_BACKENDS": "mps"}
+
+
+@pytest.fixture(scope="module")
+def absent_backend_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[subprocess.CompletedProcess[str]]]:
+    """`snakemake train --config device=mps` (the README's example) without MPS, twice in a
+    fresh copy: first where this run's check_env job writes env.json (the device is found
+    missing after it), then with env.json there (found missing before any job)."""
+    root = copy_repository(tmp_path_factory.mktemp("absent"))
+    args = ("--cores", "1", "train", "--configfile", CI_CONFIG, "--config", "device=mps")
+    results = [snakemake(root, *args, timeout=300, env=WITHOUT_MPS) for _ in range(2)]
+    return root, results
+
+
+def test_an_absent_backend_stops_the_workflow_with_its_paragraph_and_no_traceback(
+    absent_backend_runs: tuple[Path, list[subprocess.CompletedProcess[str]]],
+) -> None:
+    root, results = absent_backend_runs
+    assert (root / "results" / "env.json").exists()  # the first run's check_env job ran
+    for result in results:
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output[-3000:]
+        assert (
+            "Device 'mps' is not available: disabled by the environment variable "
+            "PIPELINE_DISABLE_BACKENDS. Available backends: ['cpu']." in output
+        )
+        assert "Traceback" not in output and "InputFunctionException" not in output
+        assert not (root / "results" / "train").exists()
+    assert ran_jobs(results[1]) == set()  # the second stopped before any job
+
+
+def test_a_device_in_capitals_names_its_runs_in_lower_case(
+    absent_backend_runs: tuple[Path, list[subprocess.CompletedProcess[str]]],
+) -> None:
+    """`--device CPU` works on the command line, so `--config device=' CPU '` does too, and the
+    run is the cpu run every stage names in lower case."""
+    root, _ = absent_backend_runs
+    result = snakemake(
+        root, "-n", "train", "--configfile", CI_CONFIG, "--config", "device= CPU ", "precision=fp32"
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "results/train/cpu-fp32/best.pth" in result.stdout
+    assert "CPU-" not in result.stdout
 
 
 # ---- the real workflow ------------------------------------------------------------------
@@ -659,6 +712,7 @@ def test_an_absent_backend_fails_fast_with_the_device_message_and_leaves_nothing
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "Device 'mps' is not available" in output and "Available backends" in output
+    assert "Traceback" not in output
     assert sorted(p.name for p in (root / "results" / "train").iterdir()) == before
 
 

@@ -3,7 +3,7 @@
 Values arrive as YAML, as `key=value` on the command line, or through Snakemake's
 `--config`, which passes `deterministic=true` as the *string* 'true' and nested values as strings.
 `normalize()` turns such strings into the types the schema asks for, in this one place,
-and never reads 'false' as true. Files are layered as Snakemake layers them (config/config.yaml,
+and never reads 'false' as true; device names are read in lower case, as `--device` reads them. Files are layered as Snakemake layers them (config/config.yaml,
 then each `--configfile`, then the settings), and every layer keeps its name, so an error names
 the file a bad value came from. No torch here: the Snakefile imports this at parse time.
 """
@@ -107,6 +107,20 @@ def normalize(value: Any, schema: dict[str, Any] | None = None) -> Any:
         if isinstance(value, str) and "number" in kinds:
             value = _parse_number(value, integer=False)
     return value
+
+
+def _device_names_in_lower_case(config: dict[str, Any]) -> dict[str, Any]:
+    """`device` and the names in `bench.backends` in lower case without surrounding spaces, as
+    `--device` reads a name (device.resolve_device): `device: CPU` is `--device CPU`, and every
+    reader of the config (run names such as cpu-bf16, env.json, device.py) sees one spelling."""
+    if isinstance(config.get("device"), str):
+        config["device"] = config["device"].strip().lower()
+    bench = config.get("bench")
+    if isinstance(bench, dict) and isinstance(bench.get("backends"), list):
+        bench["backends"] = [
+            name.strip().lower() if isinstance(name, str) else name for name in bench["backends"]
+        ]
+    return config
 
 
 def _extend_with_default(validator_class):
@@ -230,7 +244,7 @@ def validate(
     """Normalise, fill defaults and validate; raises ConfigError naming the key and value, and
     where it came from: `origin(key path)` (see `Layer.origin`), else `source`."""
     _refuse_legacy_precision(config, origin or (lambda path: source))
-    config = normalize(copy.deepcopy(config))
+    config = _device_names_in_lower_case(normalize(copy.deepcopy(config)))
     _refuse_non_finite(config, origin or (lambda path: source))
     validator = _DefaultingValidator(load_schema())
     errors = sorted(

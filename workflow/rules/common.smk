@@ -13,6 +13,7 @@ from pipeline import import_graph, measured, runs, setting_groups
 from pipeline.data import carved_splits, has_test_split, split_files
 from pipeline.data.image_files import find_images
 from pipeline.errors import ConfigError
+from pipeline.workflow_stop import stops_the_workflow
 
 
 def config_layers():
@@ -117,8 +118,22 @@ def measured_choices(backend):
     }
 
 
+# What the config asks of the machine check_env described (an absent backend, a precision it
+# does not train in) is found in these helpers of input functions: stops_the_workflow says it
+# as one paragraph, where Snakemake would print a traceback.
+@stops_the_workflow
 def training_runs():
     return runs.training_runs(config, env_report(), measured_choices)
+
+
+@stops_the_workflow
+def bench_matrix():
+    return runs.bench_matrix(config, env_report())
+
+
+@stops_the_workflow
+def measured_backends():
+    return runs.measured_backends(config, env_report())
 
 
 def training_run(wildcards):
@@ -162,7 +177,7 @@ def bench_outputs():
 def bench_files(wildcards):
     return [
         f"results/bench/{backend}-{precision}-{mode}.json"
-        for backend, precision, mode in runs.bench_matrix(config, env_report())
+        for backend, precision, mode in bench_matrix()
     ]
 
 
@@ -170,7 +185,7 @@ def choice_inputs(wildcards):
     """The training benchmarks of one backend: what precision=measured chooses from."""
     return [
         f"results/bench/{backend}-{precision}-{mode}.json"
-        for backend, precision, mode in runs.bench_matrix(config, env_report())
+        for backend, precision, mode in bench_matrix()
         if backend == wildcards.backend and mode == "train"
     ]
 
@@ -189,10 +204,7 @@ def choice_files(wildcards):
     choice is not made when the file that reads it exists (Snakemake 9, PR #4124), so
     `--config precision=measured` after a plain run would leave the report as it was; as a plain
     input it is made, and Snakemake evaluates run_files again once it is there."""
-    return [
-        CHOICE_JSON.format(backend=backend)
-        for backend in runs.measured_backends(config, env_report())
-    ]
+    return [CHOICE_JSON.format(backend=backend) for backend in measured_backends()]
 
 
 def run_files(pattern):
