@@ -193,7 +193,12 @@ def find_run(runs: list[Run], name: str) -> Run:
     for run in runs:
         if run.name == name:
             return run
-    raise ConfigError(f"Run {name!r} is not one the config asks for: {[r.name for r in runs]}.")
+    raise ConfigError(
+        f"Run {name!r} is not one the config asks for: {[r.name for r in runs]}. A run is named "
+        "by its backend and precision (and any swept settings): set device, precision or sweep "
+        "so that the config asks for it (--config device=cpu precision=fp16 asks for cpu-fp16), "
+        "or name one of those."
+    )
 
 
 def benchmarked_models(config: dict[str, Any]) -> list[str]:

@@ -136,6 +136,7 @@ def measured_backends():
     return runs.measured_backends(config, env_report())
 
 
+@stops_the_workflow  # a run the config does not ask for, named as a target
 def training_run(wildcards):
     return runs.find_run(training_runs(), wildcards.run)
 
@@ -250,6 +251,7 @@ def data_inputs(splits):
     annotation files or VOC listings, as pipeline.data finds them; test only where it exists).
     """
 
+    @stops_the_workflow  # a data set that names its splits wrongly
     def files(wildcards):
         if config["data"]["format"] == "synthetic":
             generated = {
