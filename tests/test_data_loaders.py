@@ -6,9 +6,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny_runs import train_then_evaluate
 
 from pipeline.config import load_config, merge
 from pipeline.data import (
@@ -1869,30 +1867,9 @@ def test_an_export_trains_and_evaluates_end_to_end_reporting_on_its_test_split(
     export: Path, tmp_path: Path
 ) -> None:
     """The acceptance case: python -m pipeline train, then eval, on the export's folders as they are."""
-    settings = [
-        *export_settings(export, "train", "val", "test"),
-        "device=cpu",
-        "data.image_size=64",
-        "model.width=8",
-        "train.epochs=1",
-        "train.batch_size=4",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = tmp_path / "run"
-    command = [sys.executable, "-m", "pipeline", "--cpu-threads", "1"]
-    trained = subprocess.run(
-        [*command, "train", "--out", str(run), *settings],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
+    settings = export_settings(export, "train", "val", "test")
+    trained, _, out, predictions = train_then_evaluate(tmp_path, settings)
     assert "left out of training and metrics" in trained.stderr
-    out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
-    evaluated = subprocess.run(
-        [*command, "eval", "--checkpoint", str(run / "best.pth"), "--out", str(out),
-         "--predictions", str(predictions)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(out.read_text())
     assert result["class_names"] == ["cell"]
     assert result["metrics_split"] == "test"

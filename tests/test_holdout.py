@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from tiny_runs import train_then_evaluate
 
 from pipeline.config import load_config
 from pipeline.data import has_test_split, load_split, load_splits, split_files
@@ -290,27 +291,8 @@ def test_one_task_file_trains_and_evaluates_end_to_end_reporting_on_its_carved_t
         f"data.train_annotations={task}",
         "data.val_fraction=0.25",
         "data.test_fraction=0.25",
-        "device=cpu",
-        "data.image_size=64",
-        "model.width=8",
-        "train.epochs=1",
-        "train.batch_size=4",
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = tmp_path / "run"
-    command = [sys.executable, "-m", "pipeline", "--cpu-threads", "1"]
-    trained = subprocess.run(
-        [*command, "train", "--out", str(run), *settings],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
-    evaluated = subprocess.run(
-        [*command, "evaluate", "--checkpoint", str(run / "best.pth"), "--out", str(out),
-         "--predictions", str(predictions)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
+    trained, evaluated, out, predictions = train_then_evaluate(tmp_path, settings)
     config = load_config(None, settings)
     val, test = load_split(config, "val"), load_split(config, "test")
     result = json.loads(out.read_text())

@@ -5,14 +5,12 @@ through the same code as the VOCdevkit layout."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from tiny_runs import train_then_evaluate
 
 from pipeline.config import load_config
 from pipeline.data import has_test_split, images_dir, load_split, load_splits, split_files
@@ -357,29 +355,7 @@ def test_a_roboflow_voc_export_trains_and_evaluates_end_to_end_on_its_test_split
 ) -> None:
     """The acceptance case: python -m pipeline train, then evaluate, on the export as it is."""
     make_roboflow_export(export)
-    settings = [
-        *export_settings(export, "train", "val", "test"),
-        "device=cpu",
-        "data.image_size=64",
-        "model.width=8",
-        "train.epochs=1",
-        "train.batch_size=4",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = tmp_path / "run"
-    command = [sys.executable, "-m", "pipeline", "--cpu-threads", "1"]
-    trained = subprocess.run(
-        [*command, "train", "--out", str(run), *settings],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    out = tmp_path / "eval.json"
-    evaluated = subprocess.run(
-        [*command, "evaluate", "--checkpoint", str(run / "best.pth"), "--out", str(out),
-         "--predictions", str(tmp_path / "predictions.json")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
+    _, _, out, _ = train_then_evaluate(tmp_path, export_settings(export, "train", "val", "test"))
     result = json.loads(out.read_text())
     assert result["class_names"] == ["circle", "square"]
     assert result["metrics_split"] == "test"

@@ -1,12 +1,15 @@
 """Helpers for tests that train: a tiny synthetic data set and the settings of a seconds-long run.
 
-Not a test module: test_trainer.py and test_profile.py import it (pytest puts tests/ on sys.path).
+Not a test module: test_trainer.py, test_profile.py and the data layouts' end-to-end tests import
+it (pytest puts tests/ on sys.path).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +46,40 @@ def tiny_settings(data_root: Path, *extra: str) -> list[str]:
         "deterministic=true",
         *extra,
     ]
+
+
+# one epoch of a width-8 model at 64 px: a user's data set through the whole CLI in seconds
+ONE_EPOCH = (
+    "device=cpu",
+    "data.image_size=64",
+    "model.width=8",
+    "train.epochs=1",
+    "train.batch_size=4",
+)
+
+
+def train_then_evaluate(
+    tmp_path: Path, settings: list[str]
+) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, Path, Path]:
+    """`python -m pipeline train` with `settings` (then ONE_EPOCH), and `evaluate` of its
+    best.pth, as a user runs them from tmp_path; both must exit 0. Returns the two processes,
+    eval.json and the predictions file."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "pipeline", "--cpu-threads", "1"]
+    run, out, predictions = tmp_path / "run", tmp_path / "eval.json", tmp_path / "predictions.json"
+    steps = (
+        ["train", "--out", str(run), *settings, *ONE_EPOCH],
+        ["evaluate", "--checkpoint", str(run / "best.pth"), "--out", str(out),
+         "--predictions", str(predictions)],
+    )  # fmt: skip
+    done = []
+    for step in steps:
+        process = subprocess.run(
+            [*command, *step], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert process.returncode == 0, process.stderr
+        done.append(process)
+    return done[0], done[1], out, predictions
 
 
 def tiny_config(data_root: Path, *extra: str) -> dict[str, Any]:
