@@ -3,9 +3,10 @@
 Values arrive as YAML, as `key=value` on the command line, or through Snakemake's
 `--config`, which passes `deterministic=true` as the *string* 'true' and nested values as strings.
 `normalize()` turns such strings into the types the schema asks for, in this one place,
-and never reads 'false' as true; device names are read in lower case, as `--device` reads them. Files are layered as Snakemake layers them (config/config.yaml,
-then each `--configfile`, then the settings), and every layer keeps its name, so an error names
-the file a bad value came from. No torch here: the Snakefile imports this at parse time.
+and never reads 'false' as true; device names are read in lower case, as `--device` reads
+them. Files are layered as Snakemake layers them (config/config.yaml, then each
+`--configfile`, then the settings), and every layer keeps its name, so an error names the file
+a bad value came from. No torch here: the Snakefile imports this at parse time.
 """
 
 from __future__ import annotations
