@@ -1014,6 +1014,23 @@ def test_a_16_bit_greyscale_image_reads_by_its_high_byte_not_clipped_to_white(
 
 
 @pytest.mark.parametrize(
+    ("values", "read"),
+    [
+        ([0, 16, 2048 + 15, 4095], [0, 1, 128, 255]),  # a 12-bit camera's: bits 4-11
+        ([0, 100, 200, 255], [0, 100, 200, 255]),  # 8-bit values stored in 16 bits
+        ([0, 0, 0, 0], [0, 0, 0, 0]),
+    ],
+)
+def test_a_16_bit_greyscale_image_reads_by_the_top_8_of_the_bits_it_uses_not_dark(
+    tmp_path: Path, values: list[int], read: list[int]
+) -> None:
+    """By its high byte, a 12-bit image would read at most 15 of 255, and 8-bit values 0."""
+    path = tmp_path / "camera.png"
+    Image.fromarray(np.array([values], np.uint16)).save(path)
+    assert read_image(path).tolist() == [[read]] * 3
+
+
+@pytest.mark.parametrize(
     ("values", "described"),
     [
         (

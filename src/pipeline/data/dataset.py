@@ -74,13 +74,17 @@ class Augment:
 
 
 def _eight_bit_grey(img: Image.Image, path: os.PathLike | str, sixteen_bit: bool) -> Image.Image:
-    """A 16-bit greyscale image (microscopy, medical, depth) as 8 bits, its high byte, as Pillow
-    reduces a 16-bit colour PNG: Pillow's own conversion of greyscale clips every value above
-    255 to white. Other 32-bit integers within 0-255 are 8-bit values; beyond, and floats, have
-    no brightness scale of their own, so they are refused, never clipped to white or black."""
+    """A 16-bit greyscale image (microscopy, medical, depth) as 8 bits: the top 8 of the bits
+    its values use. A 12-bit camera's values stored in 16 bits are read by bits 4-11, not by a
+    high byte of at most 15 (nearly black), and 8-bit values stored in 16 bits as they are;
+    values that use all 16 bits by their high byte, as Pillow reduces a 16-bit colour PNG.
+    Pillow's own conversion of greyscale clips every value above 255 to white. Other 32-bit
+    integers within 0-255 are 8-bit values; beyond, and floats, have no brightness scale of
+    their own, so they are refused, never clipped to white or black."""
     values = np.asarray(img)
     if sixteen_bit:
-        return Image.fromarray((values.astype(np.uint16) >> 8).astype(np.uint8))
+        used = int(values.max()).bit_length() if values.size else 0
+        return Image.fromarray((values.astype(np.uint16) >> max(used - 8, 0)).astype(np.uint8))
     if img.mode == "I" and (values.size == 0 or (values.min() >= 0 and values.max() <= 255)):
         return Image.fromarray(values.astype(np.uint8))
     raise DataError(
