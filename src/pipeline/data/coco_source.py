@@ -170,42 +170,36 @@ def _bad_crowd(ann: dict, source: Path) -> DataError:
     )
 
 
-def _files_in(folder: str) -> frozenset[str]:
-    """The names of a folder's files; none where it is no folder that can be read."""
+def _names_in(folder: str) -> frozenset[str]:
+    """The names in a folder; none where it is no folder that can be read."""
     try:
-        with os.scandir(folder) as entries:
-            return frozenset(entry.name for entry in entries if entry.is_file())
+        return frozenset(os.listdir(folder))
     except OSError:
         return frozenset()
 
 
-def _image_locator(folder: str) -> Callable[[str], tuple[str, bool]]:
-    """How an image entry's file is found, and whether by its base name: as its file_name
-    names it in `folder`; where that names no file, by the file_name's base name in `folder`
-    itself (never its subfolders: which one is meant would be unknown), as exports write the
-    path on the annotator's machine or an upload URL and put the images in one folder.
+def _image_locator(folder: str) -> Callable[[str], str | None]:
+    """How an image entry's file is found: as its file_name (with / separators) names it in
+    `folder`; where that names no file, by the file_name's base name in `folder` itself (never
+    its subfolders: which one is meant would be unknown), as exports write the path on the
+    annotator's machine or an upload URL and put the images in one folder. Gives the path found
+    by base name, or None where the file_name stands as written (there, or missing either way).
 
     Whether a file is there is read from one listing per folder the file names lead into, not
     from a stat per image on top of the header check's open; only a name the listing lacks is
     looked for on disk (a case-insensitive file system may still hold it)."""
     listings: dict[str, frozenset[str]] = {}
 
-    def listing(directory: str) -> frozenset[str]:
+    def by_base_name(file_name: str) -> str | None:
+        directory, _, name = file_name.rpartition("/")
         if directory not in listings:
-            listings[directory] = _files_in(directory)
-        return listings[directory]
+            listings[directory] = _names_in(os.path.join(folder, directory))
+        if name in listings[directory] or os.path.exists(os.path.join(folder, file_name)):
+            return None
+        path = os.path.join(folder, written_base_name(file_name))
+        return path if os.path.isfile(path) else None
 
-    def locate(file_name: str) -> tuple[str, bool]:
-        given = os.path.join(folder, file_name)
-        directory, name = os.path.split(given)
-        if name in listing(directory) or os.path.exists(given):
-            return given, False
-        base = written_base_name(file_name)
-        if base in listing(folder):
-            return os.path.join(folder, base), True
-        return given, False  # missing: named as written by the image check's error
-
-    return locate
+    return by_base_name
 
 
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
@@ -217,7 +211,7 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
     id_of_file: dict[str, int] = {}
     by_base_name: dict[int, str] = {}  # image id -> the path its file_name was found at
     folder = str(images_dir)  # normalised as strings: turning each record's Path back costs more
-    locate = _image_locator(folder)
+    found_by_base_name = _image_locator(folder)
     for index, img in enumerate(images):
         what = f"image entry {index}"
         file_name = _field(img, "file_name", what, source)
@@ -226,12 +220,12 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"COCO annotation file {source}: {what} has the file_name "
                 f"{json.dumps(file_name)}, which names no file."
             )
-        if os.sep == "/" and "\\" in file_name:  # a path a Windows tool wrote: its separators
+        if "\\" in file_name:  # a path a Windows tool wrote: its separators (Windows takes /)
             file_name = file_name.replace("\\", "/")
-        path, found_by_base_name = locate(file_name)
+        path = found_by_base_name(file_name)
         record = ImageRecord(
             _integer(img, "id", what, source),
-            Path(path),
+            images_dir / file_name if path is None else Path(path),
             _size(img, "width", what, source),
             _size(img, "height", what, source),
             # placeholders, not arrays of its own: attach_objects gives every record its boxes
@@ -243,7 +237,9 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"{file_names[record.image_id]} and for {file_name}. Image ids must be "
                 "unique: give each image its own id."
             )
-        if found_by_base_name:
+        if path is None:
+            path = os.path.join(folder, file_name)
+        else:
             by_base_name[record.image_id] = path
         same_file = id_of_file.setdefault(os.path.normpath(path), record.image_id)
         if same_file != record.image_id:
