@@ -178,7 +178,7 @@ def _names_in(folder: str) -> frozenset[str]:
         return frozenset()
 
 
-def _image_locator(folder: str) -> Callable[[str], str | None]:
+def _base_name_finder(folder: str) -> Callable[[str], str | None]:
     """How an image entry's file is found: as its file_name (with / separators) names it in
     `folder`; where that names no file, by the file_name's base name in `folder` itself (never
     its subfolders: which one is meant would be unknown), as exports write the path on the
@@ -190,7 +190,7 @@ def _image_locator(folder: str) -> Callable[[str], str | None]:
     looked for on disk (a case-insensitive file system may still hold it)."""
     listings: dict[str, frozenset[str]] = {}
 
-    def by_base_name(file_name: str) -> str | None:
+    def find(file_name: str) -> str | None:
         directory, _, name = file_name.rpartition("/")
         if directory not in listings:
             listings[directory] = _names_in(os.path.join(folder, directory))
@@ -199,7 +199,7 @@ def _image_locator(folder: str) -> Callable[[str], str | None]:
         path = os.path.join(folder, written_base_name(file_name))
         return path if os.path.isfile(path) else None
 
-    return by_base_name
+    return find
 
 
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
@@ -209,9 +209,9 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
     records: dict[int, ImageRecord] = {}
     file_names: dict[int, str] = {}
     id_of_file: dict[str, int] = {}
-    by_base_name: dict[int, str] = {}  # image id -> the path its file_name was found at
+    found_by_base_name: dict[int, str] = {}  # image id -> where its file_name was found
     folder = str(images_dir)  # normalised as strings: turning each record's Path back costs more
-    found_by_base_name = _image_locator(folder)
+    find_by_base_name = _base_name_finder(folder)
     for index, img in enumerate(images):
         what = f"image entry {index}"
         file_name = _field(img, "file_name", what, source)
@@ -222,7 +222,7 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
             )
         if "\\" in file_name:  # a path a Windows tool wrote: its separators (Windows takes /)
             file_name = file_name.replace("\\", "/")
-        path = found_by_base_name(file_name)
+        path = find_by_base_name(file_name)
         record = ImageRecord(
             _integer(img, "id", what, source),
             images_dir / file_name if path is None else Path(path),
@@ -240,24 +240,24 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
         if path is None:
             path = os.path.join(folder, file_name)
         else:
-            by_base_name[record.image_id] = path
+            found_by_base_name[record.image_id] = path
         same_file = id_of_file.setdefault(os.path.normpath(path), record.image_id)
         if same_file != record.image_id:
             raise _listed_twice(
-                source, file_names[same_file], file_name, same_file, record, by_base_name
+                source, file_names[same_file], file_name, same_file, record, found_by_base_name
             )
         records[record.image_id] = record
         file_names[record.image_id] = file_name
-    if by_base_name:
-        example = next(iter(by_base_name))
+    if found_by_base_name:
+        example = next(iter(found_by_base_name))
         log.info(
             "%s: %d image file_name(s) name no file in %s: found there by their base name "
             "(e.g. %s -> %s)",
             source,
-            len(by_base_name),
+            len(found_by_base_name),
             folder,
             file_names[example],
-            by_base_name[example],
+            found_by_base_name[example],
         )
     return records
 
@@ -268,13 +268,13 @@ def _listed_twice(
     file_name: str,
     first_id: int,
     record: ImageRecord,
-    by_base_name: dict[int, str],
+    found_by_base_name: dict[int, str],
 ) -> DataError:
     """Two image entries that name one file, as written or as found by base name."""
     found = [
         f"{written!r} by its base name"
         for image_id, written in ((first_id, first), (record.image_id, file_name))
-        if image_id in by_base_name
+        if image_id in found_by_base_name
     ]
     how = f" (found as {' and '.join(found)})" if found else ""
     return DataError(
