@@ -40,7 +40,12 @@ from pipeline.data.dataset import (
 )
 from pipeline.data.geometry import PAD_VALUE, fit_boxes, fit_image
 from pipeline.data.shapes import render_sample
-from pipeline.data.sources import ImageRecord, SplitAnnotations, with_classes
+from pipeline.data.sources import (
+    ImageRecord,
+    SplitAnnotations,
+    check_image_files,
+    with_classes,
+)
 from pipeline.data.synthetic import SyntheticSpec
 from pipeline.data.voc_source import load_voc
 from pipeline.errors import ConfigError, DataError
@@ -338,8 +343,9 @@ def test_coco_a_missing_image_whose_size_must_be_read_is_named_as_the_image_chec
         load_coco(path, coco_root, check_images=check_images)
     assert str(raised.value) == (
         f"{path} refers to image file(s) that do not exist: {coco_root / 'gone.png'}. Check the "
-        f"images folder {coco_root} (data.images_dir or data.<split>_images_dir; by default the "
-        "annotation file's folder), or regenerate the data set."
+        f"images folder {coco_root} (by default the annotation file's folder), where a file_name "
+        "that names no file as written is looked up by its base name: set data.images_dir (or "
+        "data.<split>_images_dir) to the folder that holds the images, or regenerate the data set."
     )
 
 
@@ -489,6 +495,134 @@ def test_coco_a_file_name_with_windows_separators_names_the_file_in_its_subfolde
     document = {"images": [image], "annotations": [], "categories": CATEGORIES}
     split = load_coco(_write_coco(coco_root, "windows.json", document), coco_root)
     assert split.records[0].path == coco_root / "shots" / "gray.png"
+
+
+def _tool_export(export: Path, file_names: list[str]) -> Path:
+    """An annotation tool's "COCO with images" export: result.json beside images/, each image
+    under the base name of its file_name, one box on each; returns result.json."""
+    images = export / "images"
+    images.mkdir(parents=True)
+    entries, annotations = [], []
+    for image_id, file_name in enumerate(file_names, 1):
+        base = file_name.replace("\\", "/").rsplit("/", 1)[-1]
+        Image.new("RGB", (40 + image_id, 30), (image_id, 0, 0)).save(images / base)
+        entries.append(
+            {"id": image_id, "file_name": file_name, "width": 40 + image_id, "height": 30}
+        )
+        annotations.append(
+            {"id": image_id, "image_id": image_id, "category_id": 3, "bbox": [image_id, 2, 10, 8]}
+        )
+    document = {"images": entries, "annotations": annotations, "categories": CATEGORIES}
+    return _write_coco(export, "result.json", document)
+
+
+# file_names as annotation tools write them, where the image sits in the export's images/
+TOOL_FILE_NAMES = {
+    # Label Studio 1.16, "Export COCO with images" (label-studio issue 7294)
+    "upload path, Windows": [
+        "..\\..\\label-studio\\label-studio\\media\\upload\\4\\cb0618f6-x.png"
+    ],
+    # Label Studio with local storage and with uploads (label-studio issue 4903)
+    "local storage URL": [
+        "data/local-files/?d=dataset1/0.png",
+        "data/local-files/?d=dataset1/1.png",
+    ],
+    "upload path": ["/data/upload/12/abc.jpg"],
+    # the paths of the annotator's machine
+    "absolute paths": ["C:\\Users\\me\\photos\\a.jpg", "/home/me/b.jpg"],
+}
+
+
+@pytest.mark.parametrize("case", TOOL_FILE_NAMES)
+def test_coco_an_exports_file_name_that_names_no_file_is_found_by_its_base_name_in_the_images_folder(
+    tmp_path: Path, case: str
+) -> None:
+    file_names = TOOL_FILE_NAMES[case]
+    export = tmp_path / "export"
+    split = load_coco(_tool_export(export, file_names), export / "images")
+    bases = [name.replace("\\", "/").rsplit("/", 1)[-1] for name in file_names]
+    assert [record.path for record in split.records] == [export / "images" / b for b in bases]
+    for image_id, record in enumerate(split.records, 1):
+        assert (record.width, record.height) == (40 + image_id, 30)
+        assert record.boxes.tolist() == [[image_id, 2, image_id + 10, 10]]
+        assert record.labels.tolist() == [0]
+
+
+def test_coco_file_names_found_by_base_name_are_counted_in_one_info_line_with_an_example(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    export = tmp_path / "export"
+    names = ["data/local-files/?d=dataset1/0.png", "data/local-files/?d=dataset1/1.png"]
+    config = _coco_config(
+        export,
+        f"data.val_annotations={export / 'result.json'}",
+        f"data.val_images_dir={export / 'images'}",
+    )
+    _tool_export(export, names)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        load_split(config, "val")
+    resolved = [r.getMessage() for r in caplog.records if "base name" in r.getMessage()]
+    assert resolved == [
+        f"{export / 'result.json'}: 2 image file_name(s) name no file in {export / 'images'}: "
+        f"found there by their base name (e.g. {names[0]} -> {export / 'images' / '0.png'})"
+    ]
+
+
+@pytest.mark.parametrize("check_images", [True, False])
+def test_coco_a_file_name_found_neither_as_written_nor_by_base_name_is_named_suggesting_images_dir(
+    tmp_path: Path, check_images: bool
+) -> None:
+    export = tmp_path / "export"
+    path = _tool_export(export, ["/data/upload/12/abc.jpg"])
+    # the images folder left at its default, the annotation file's folder: images/ is not searched
+    with pytest.raises(DataError) as raised:
+        check_image_files(load_coco(path, export, check_images=check_images))
+    assert str(raised.value) == (
+        f"{path} refers to image file(s) that do not exist: /data/upload/12/abc.jpg. Check the "
+        f"images folder {export} (by default the annotation file's folder), where a file_name "
+        "that names no file as written is looked up by its base name: set data.images_dir (or "
+        "data.<split>_images_dir) to the folder that holds the images, or regenerate the data set."
+    )
+
+
+def test_coco_two_file_names_found_by_base_name_as_one_file_are_refused(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    path = _tool_export(export, ["C:\\shots\\a.jpg"])
+    document = json.loads(path.read_text())
+    document["images"].append({**document["images"][0], "id": 2, "file_name": "/home/me/a.jpg"})
+    path.write_text(json.dumps(document))
+    with pytest.raises(DataError) as raised:
+        load_coco(path, export / "images")
+    assert str(raised.value) == (
+        f"COCO annotation file {path} lists the image file {export / 'images' / 'a.jpg'} twice: "
+        "under image ids 1 and 2 (found as 'C:/shots/a.jpg' by its base name and "
+        "'/home/me/a.jpg' by its base name). It would count twice; list each file once, with "
+        "all its annotations under one id."
+    )
+
+
+def test_coco_a_file_name_that_names_a_file_as_written_is_never_looked_up_by_base_name(
+    coco_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (coco_root / "shots").mkdir()
+    Image.new("L", (40, 40), 200).save(coco_root / "shots" / "gray.png")  # gray.png is beside
+    image = {"id": 1, "file_name": "shots/gray.png", "width": 40, "height": 40}
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_coco(_write_coco(coco_root, "nested.json", document), coco_root)
+    assert split.records[0].path == coco_root / "shots" / "gray.png"
+    assert not [r for r in caplog.records if "base name" in r.getMessage()]
+
+
+def test_coco_a_file_name_is_not_looked_up_in_the_subfolders_of_the_images_folder(
+    coco_root: Path,
+) -> None:
+    (coco_root / "shots").mkdir()
+    Image.new("L", (40, 40), 200).save(coco_root / "shots" / "deep.png")
+    image = {"id": 1, "file_name": "C:\\elsewhere\\deep.png", "width": 40, "height": 40}
+    document = {"images": [image], "annotations": [], "categories": CATEGORIES}
+    with pytest.raises(DataError, match=r"do not exist: .*deep\.png"):
+        load_coco(_write_coco(coco_root, "deep.json", document), coco_root)
 
 
 def test_coco_boxes_all_under_a_pixel_are_refused_as_fractions_of_the_image(

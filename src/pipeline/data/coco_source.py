@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -23,8 +25,11 @@ from pipeline.data.sources import (
     no_labels,
     read_missing_sizes,
     report_split,
+    written_base_name,
 )
 from pipeline.errors import DataError
+
+log = logging.getLogger("pipeline")
 
 # an image's boxes, labels, ignore regions and their labels before the annotations are read
 _NO_OBJECTS = (no_boxes(), no_labels(), no_boxes(), no_labels())
@@ -165,13 +170,48 @@ def _bad_crowd(ann: dict, source: Path) -> DataError:
     )
 
 
+def _names_in(folder: str) -> frozenset[str]:
+    """The names in a folder; none where it is no folder that can be read."""
+    try:
+        return frozenset(os.listdir(folder))
+    except OSError:
+        return frozenset()
+
+
+def _base_name_finder(folder: str) -> Callable[[str], str | None]:
+    """How an image entry's file is found: as its file_name (with / separators) names it in
+    `folder`; where that names no file, by the file_name's base name in `folder` itself (never
+    its subfolders: which one is meant would be unknown), as exports write the path on the
+    annotator's machine or an upload URL and put the images in one folder. Gives the path found
+    by base name, or None where the file_name stands as written (there, or missing either way).
+
+    Whether a file is there is read from one listing per folder the file names lead into, not
+    from a stat per image on top of the header check's open; only a name the listing lacks is
+    looked for on disk (a case-insensitive file system may still hold it)."""
+    listings: dict[str, frozenset[str]] = {}
+
+    def find(file_name: str) -> str | None:
+        directory, _, name = file_name.rpartition("/")
+        if directory not in listings:
+            listings[directory] = _names_in(os.path.join(folder, directory))
+        if name in listings[directory] or os.path.exists(os.path.join(folder, file_name)):
+            return None
+        path = os.path.join(folder, written_base_name(file_name))
+        return path if os.path.isfile(path) else None
+
+    return find
+
+
 def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, ImageRecord]:
     """The image entries by id; an id listed twice would silently merge two images into one,
-    and a file listed under two ids would count twice (in training and in every metric)."""
+    and a file listed under two ids (its file_names as written, or as found by base name) would
+    count twice (in training and in every metric)."""
     records: dict[int, ImageRecord] = {}
     file_names: dict[int, str] = {}
     id_of_file: dict[str, int] = {}
+    found_by_base_name: dict[int, str] = {}  # image id -> where its file_name was found
     folder = str(images_dir)  # normalised as strings: turning each record's Path back costs more
+    find_by_base_name = _base_name_finder(folder)
     for index, img in enumerate(images):
         what = f"image entry {index}"
         file_name = _field(img, "file_name", what, source)
@@ -180,11 +220,12 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"COCO annotation file {source}: {what} has the file_name "
                 f"{json.dumps(file_name)}, which names no file."
             )
-        if os.sep == "/" and "\\" in file_name:  # a path a Windows tool wrote: its separators
+        if "\\" in file_name:  # a path a Windows tool wrote: its separators (Windows takes /)
             file_name = file_name.replace("\\", "/")
+        path = find_by_base_name(file_name)
         record = ImageRecord(
             _integer(img, "id", what, source),
-            images_dir / file_name,
+            images_dir / file_name if path is None else Path(path),
             _size(img, "width", what, source),
             _size(img, "height", what, source),
             # placeholders, not arrays of its own: attach_objects gives every record its boxes
@@ -196,17 +237,52 @@ def _coco_images(images: list, images_dir: Path, source: Path) -> dict[int, Imag
                 f"{file_names[record.image_id]} and for {file_name}. Image ids must be "
                 "unique: give each image its own id."
             )
-        normal = os.path.normpath(os.path.join(folder, file_name))
-        same_file = id_of_file.setdefault(normal, record.image_id)
+        if path is None:
+            path = os.path.join(folder, file_name)
+        else:
+            found_by_base_name[record.image_id] = path
+        same_file = id_of_file.setdefault(os.path.normpath(path), record.image_id)
         if same_file != record.image_id:
-            raise DataError(
-                f"COCO annotation file {source} lists the image file {file_name} twice: "
-                f"under image ids {same_file} and {record.image_id}. It would count twice; "
-                "list each file once, with all its annotations under one id."
+            raise _listed_twice(
+                source, file_names[same_file], file_name, same_file, record, found_by_base_name
             )
         records[record.image_id] = record
         file_names[record.image_id] = file_name
+    if found_by_base_name:
+        example = next(iter(found_by_base_name))
+        log.info(
+            "%s: %d image file_name(s) name no file in %s: found there by their base name "
+            "(e.g. %s -> %s)",
+            source,
+            len(found_by_base_name),
+            folder,
+            file_names[example],
+            found_by_base_name[example],
+        )
     return records
+
+
+def _listed_twice(
+    source: Path,
+    first: str,
+    file_name: str,
+    first_id: int,
+    record: ImageRecord,
+    found_by_base_name: dict[int, str],
+) -> DataError:
+    """Two image entries that name one file, as written or as found by base name."""
+    found = [
+        f"{written!r} by its base name"
+        for image_id, written in ((first_id, first), (record.image_id, file_name))
+        if image_id in found_by_base_name
+    ]
+    how = f" (found as {' and '.join(found)})" if found else ""
+    return DataError(
+        f"COCO annotation file {source} lists the image file "
+        f"{record.path if found else file_name} twice: under image ids {first_id} and "
+        f"{record.image_id}{how}. It would count twice; list each file once, with all its "
+        "annotations under one id."
+    )
 
 
 def _json_files_near(source: Path) -> str:
@@ -238,7 +314,9 @@ def load_coco(
 ) -> SplitAnnotations:
     """Records from a COCO instances JSON; class order follows category ids unless `classes` is given.
 
-    `file_name` entries are relative to `images_dir`. Crowd annotations become ignore regions.
+    `file_name` entries are relative to `images_dir`; one that names no file there is looked up
+    by its base name in `images_dir`, as exports write the annotator's paths. Crowd annotations
+    become ignore regions.
     `check_images=False` leaves the check of the image files to whoever decodes them
     (`check_image_files`).
     """
@@ -303,8 +381,9 @@ def load_coco(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
     where = (
-        f"the images folder {images_dir} (data.images_dir or data.<split>_images_dir; "
-        "by default the annotation file's folder)"
+        f"the images folder {images_dir} (by default the annotation file's folder), where a "
+        "file_name that names no file as written is looked up by its base name: set "
+        "data.images_dir (or data.<split>_images_dir) to the folder that holds the images"
     )
     read_missing_sizes(split, where)
     attach_objects(split, found)

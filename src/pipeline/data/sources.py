@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -27,6 +27,14 @@ from pipeline.errors import DataError
 log = logging.getLogger("pipeline")
 # what to do with an image beyond Pillow's limit against decompression bombs
 TOO_LARGE = "Downscale or tile such images: the model sees them at data.image_size in any case."
+
+
+def written_base_name(file_name: str) -> str:
+    """The base name of an image's path as an annotation tool wrote it, where the image is
+    looked up when the path itself names no file: tools write the path on the annotator's
+    machine (Windows' or another's), or a URL such as Label Studio's `?d=folder/a.png`.
+    PureWindowsPath splits at both / and \\."""
+    return PureWindowsPath(file_name).name
 
 
 def no_boxes() -> np.ndarray:

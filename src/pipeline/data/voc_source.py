@@ -10,7 +10,7 @@ import logging
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from pathlib import Path, PureWindowsPath
+from pathlib import Path
 
 from pipeline.data.image_files import IMAGE_SUFFIXES
 from pipeline.data.sources import (
@@ -21,6 +21,7 @@ from pipeline.data.sources import (
     check_image_files,
     read_missing_sizes,
     report_split,
+    written_base_name,
 )
 from pipeline.errors import DataError
 
@@ -250,8 +251,7 @@ def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
             by_stem.setdefault(stem, []).append(name)
 
     def find(xml_file: Path, file_name: str | None) -> Path:
-        # PureWindowsPath splits at both / and \
-        base = PureWindowsPath(file_name.strip()).name if file_name else ""
+        base = written_base_name(file_name.strip()) if file_name else ""
         if base in names:
             return images / base
         stems = [xml_file.stem]
