@@ -142,6 +142,18 @@ def labelimg(tmp_path: Path) -> tuple[Path, Path]:
     return xml_folder, image_folder
 
 
+def labelimg_config(xml_folder: Path, image_folder: Path) -> dict:
+    """A user's config naming a LabelImg folder as the training split."""
+    return load_config(
+        None,
+        [
+            "data.format=voc",
+            f"data.train_annotations={xml_folder}",
+            f"data.images_dir={image_folder}",
+        ],
+    )
+
+
 def test_a_labelimg_folder_finds_images_by_base_name_or_stem_in_images_dir(
     labelimg: tuple[Path, Path],
 ) -> None:
@@ -185,14 +197,7 @@ def test_a_filename_that_fits_two_images_is_refused_naming_both(
 ) -> None:
     xml_folder, image_folder = labelimg
     Image.new("RGB", (31, 20)).save(image_folder / "raccoon-1.png")
-    config = load_config(
-        None,
-        [
-            "data.format=voc",
-            f"data.train_annotations={xml_folder}",
-            f"data.images_dir={image_folder}",
-        ],
-    )
+    config = labelimg_config(xml_folder, image_folder)
     with pytest.raises(DataError) as raised:
         load_split(config, "train")
     message = str(raised.value)
@@ -205,14 +210,7 @@ def test_a_filename_naming_an_existing_image_is_taken_even_where_the_stem_fits_a
 ) -> None:
     xml_folder, image_folder = labelimg
     Image.new("RGB", (9, 9)).save(image_folder / "raccoon-2.png")  # the XML file's stem too
-    config = load_config(
-        None,
-        [
-            "data.format=voc",
-            f"data.train_annotations={xml_folder}",
-            f"data.images_dir={image_folder}",
-        ],
-    )
+    config = labelimg_config(xml_folder, image_folder)
     assert load_split(config, "train").records[1].path == image_folder / "raccoon-2.jpg"
 
 
@@ -252,14 +250,7 @@ def test_an_xml_file_that_is_not_a_voc_annotation_is_refused_naming_it(
 ) -> None:
     xml_folder, image_folder = labelimg
     (xml_folder / "annotations.xml").write_text("<annotations><image id='0'/></annotations>")
-    config = load_config(
-        None,
-        [
-            "data.format=voc",
-            f"data.train_annotations={xml_folder}",
-            f"data.images_dir={image_folder}",
-        ],
-    )
+    config = labelimg_config(xml_folder, image_folder)
     with pytest.raises(DataError) as raised:
         load_split(config, "train")
     assert str(raised.value).startswith(
