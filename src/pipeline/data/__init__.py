@@ -60,13 +60,15 @@ def _images_key(config: dict[str, Any], split: str) -> str:
 
 def images_dir(config: dict[str, Any], split: str) -> Path:
     """The folder a COCO split's `file_name` entries are relative to, or where a VOC split
-    given as a folder of XML files finds each <filename>.
+    given as a folder of XML files finds each <filename>; a VOCdevkit split's, JPEGImages.
 
     `data.<split>_images_dir`, else `data.images_dir`, else where the split's annotations are:
     exports put each split's images beside its annotation file (`train/_annotations.coco.json`)
     or beside its XML files (`train/a_jpg.rf.0c1d.xml`).
     """
     data = config["data"]
+    if data["format"] == "voc" and not _is_voc_folder(config, split):
+        return _path(data["root"]) / "JPEGImages"
     given = data.get(f"{split}_images_dir") or data["images_dir"]
     if given:
         return _path(given)
@@ -260,11 +262,7 @@ def _carve_training(
     data = config["data"]
     whole_config = {**config, "data": {**data, **dict.fromkeys(holdout.FRACTION_KEYS.values())}}
     whole = load_split(whole_config, "train", classes, classes_from, check_images=check_images)
-    if data["format"] == "voc" and not _is_voc_folder(config, "train"):
-        folder = _path(data["root"]) / "JPEGImages"  # a VOCdevkit split's images
-    else:
-        folder = images_dir(config, "train")
-    return holdout.carve(whole, folder, carved)
+    return holdout.carve(whole, images_dir(config, "train"), carved)
 
 
 # why a split of each role needs objects, and what to do about one without: (why, what);

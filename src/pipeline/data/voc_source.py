@@ -226,11 +226,14 @@ def xml_files(folder: Path) -> list[Path]:
 
     Hidden files are not annotations: archives made on macOS hold a `._name.xml` of resource
     data beside each file."""
-    return sorted(
-        path
-        for path in folder.iterdir()
-        if path.suffix.lower() == ".xml" and not path.name.startswith(".") and path.is_file()
-    )
+    with os.scandir(folder) as entries:  # its file types without a stat per file
+        return sorted(
+            folder / entry.name
+            for entry in entries
+            if entry.name.lower().endswith(".xml")
+            and not entry.name.startswith(".")
+            and entry.is_file()
+        )
 
 
 def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
