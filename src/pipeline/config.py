@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import logging
 import math
 import os
@@ -25,12 +24,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pipeline import formats
 from pipeline.config_files import read_yaml
 from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
 
-SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = Path("config/config.yaml")
 COMMAND_LINE = "the command line"
 DEFAULTS = "the defaults"
@@ -39,10 +38,9 @@ TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
 
-@functools.cache
 def load_schema() -> dict[str, Any]:
     """The config schema, parsed once per process (read-only: defaults are copied, never shared)."""
-    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return formats.schema("config")
 
 
 def parse_bool(value: Any) -> Any:
