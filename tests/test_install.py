@@ -173,3 +173,21 @@ def test_without_the_cluster_extra_snakemake_starts_without_waiting_for_scontrol
     assert beside_slurm < alone + 5, (
         f"{beside_slurm:.1f} s beside the SLURM client, {alone:.1f} s without:\n{stderr[-2000:]}"
     )
+
+
+def test_no_module_of_the_package_imports_torchvision_when_imported() -> None:
+    """Importing torchvision imports torch's compiler (torch._dynamo): seconds at the start of
+    every command and Snakemake job. It is imported where it is used (a resize, the library
+    augmentations, a ResNet, the VOC matcher), never by importing a module: a run on images at
+    the input size, with the default augmentation, starts without it."""
+    code = (
+        "import importlib, pkgutil, sys, pipeline\n"
+        "for module in pkgutil.walk_packages(pipeline.__path__, 'pipeline.'):\n"
+        "    if not module.name.endswith('__main__'):\n"
+        "        importlib.import_module(module.name)\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torchvision'))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert found.stdout.strip() == "[]", found.stdout

@@ -13,14 +13,12 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
-from torchvision import tv_tensors
-from torchvision.transforms import v2
 
 from pipeline.data import cache as image_cache
 from pipeline.data import cache_fill
@@ -28,6 +26,9 @@ from pipeline.data.geometry import PAD_VALUE, RESIZE_MODES, Geometry, fit_boxes,
 from pipeline.data.orientation import upright
 from pipeline.data.sources import TOO_LARGE, ImageRecord, SplitAnnotations, check_image_files
 from pipeline.errors import DataError
+
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 log = logging.getLogger("pipeline")
 
@@ -61,7 +62,11 @@ class Augment:
         return flips or self.scales or self.photometric > 0
 
     def library_transforms(self, size: int) -> v2.Compose | None:
-        """Scale jitter and colour distortion from torchvision (they draw from torch's RNG)."""
+        """Scale jitter and colour distortion from torchvision (they draw from torch's RNG).
+        torchvision is imported here and where they run, not with this module: it imports
+        torch's compiler, seconds at the start of every command that loads data."""
+        from torchvision.transforms import v2
+
         steps: list[v2.Transform] = []
         if self.scales:
             steps += [
@@ -165,6 +170,8 @@ def augment_sample(
     if hflip or vflip or transpose:
         boxes = torch.from_numpy(_mirror_boxes(boxes.numpy(), size, hflip, vflip, transpose))
     if library is not None:
+        from torchvision import tv_tensors
+
         seed = int(rng.integers(2**63))
         with torch.random.fork_rng(devices=[]):
             torch.random.default_generator.manual_seed(seed)

@@ -1,6 +1,8 @@
 """Where an image lands in the model's square input: resized to fit (keeping its aspect ratio
 and padded, or stretched), its boxes alike, and back. With `torchvision.transforms.v2`, so
-that boxes move exactly as the pixels do."""
+that boxes move exactly as the pixels do. torchvision is imported where an image or its boxes
+are resized (`_transforms`), not with this module: importing it imports torch's compiler
+(torch._dynamo), seconds at every start of a command whose images are at input size already."""
 
 from __future__ import annotations
 
@@ -8,11 +10,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torchvision import tv_tensors
-from torchvision.transforms.v2 import functional as TF
 
 PAD_VALUE = 114
 RESIZE_MODES = ("letterbox", "stretch")
+
+
+def _transforms():
+    """torchvision's `tv_tensors` and `transforms.v2.functional`, imported at first use."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional
+
+    return tv_tensors, functional
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,10 @@ def fit_image(image: torch.Tensor, size: int, mode: str = "letterbox") -> torch.
     if (height, width) == (size, size):  # nothing to do: torchvision's wrappers cost more
         return image
     geometry = Geometry.of(height, width, size, mode)
-    img = TF.resize(tv_tensors.Image(image), list(geometry.resized), antialias=True)
+    tv_tensors, functional = _transforms()
+    img = functional.resize(tv_tensors.Image(image), list(geometry.resized), antialias=True)
     if any(geometry.padding(size)):
-        img = TF.pad(img, geometry.padding(size), fill=PAD_VALUE)
+        img = functional.pad(img, geometry.padding(size), fill=PAD_VALUE)
     return img.as_subclass(torch.Tensor)
 
 
@@ -80,9 +89,10 @@ def fit_boxes(
     boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4)
     if (height, width) == (size, size):
         return boxes
+    tv_tensors, functional = _transforms()
     bbs = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width))
     geometry = Geometry.of(height, width, size, mode)
-    bbs = TF.resize(bbs, list(geometry.resized))
+    bbs = functional.resize(bbs, list(geometry.resized))
     if any(geometry.padding(size)):
-        bbs = TF.pad(bbs, geometry.padding(size))
+        bbs = functional.pad(bbs, geometry.padding(size))
     return bbs.as_subclass(torch.Tensor)

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou
 
 from pipeline.evaluation.image_bootstrap import f1_of_counts, micro_intervals
 from pipeline.evaluation.records import (
@@ -253,6 +252,8 @@ def match_voc(
     ignored = np.zeros(len(scores), dtype=bool)
     if len(scores) == 0 or truth_labels.size == 0:
         return is_tp, ignored
+    from torchvision.ops import box_iou  # here: importing torchvision imports torch's compiler
+
     iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(truth)).numpy()
     iou[labels[:, None] != truth_labels[None, :]] = -1.0
     taken = np.zeros(truth_labels.size, dtype=bool)

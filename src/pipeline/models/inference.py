@@ -15,11 +15,11 @@ import copy
 import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
-from torchvision.models.resnet import BasicBlock
 
 # torchvision's residual block (resnet18's) applies bn{i} right after conv{i} in its own
-# forward, not in a Sequential: the attribute pairs that fold
-_BLOCK_PAIRS = {BasicBlock: (("conv1", "bn1"), ("conv2", "bn2"))}
+# forward, not in a Sequential: the attribute pairs that fold. Known by name, so that a model
+# without one does not import torchvision (and with it torch's compiler, seconds)
+_BLOCK_PAIRS = {"torchvision.models.resnet.BasicBlock": (("conv1", "bn1"), ("conv2", "bn2"))}
 
 
 def for_inference(model: nn.Module, *, in_place: bool = False) -> nn.Module:
@@ -37,7 +37,8 @@ def for_inference(model: nn.Module, *, in_place: bool = False) -> nn.Module:
             if isinstance(module, nn.Sequential):
                 for index in range(len(module) - 1):
                     _fold(module, str(index), str(index + 1))
-            for conv, bn in _BLOCK_PAIRS.get(type(module), ()):
+            kind = type(module)
+            for conv, bn in _BLOCK_PAIRS.get(f"{kind.__module__}.{kind.__qualname__}", ()):
                 _fold(module, conv, bn)
     return inferred
 
