@@ -1,6 +1,7 @@
 """Every output is written here: through a temporary file and a rename, so a killed job never
 leaves a truncated file that looks complete, and a failed write (a full disk, say) ends in one
-OutputError that names the file, the free space there and what is intact."""
+OutputError that names the file, the free space there and what is intact. Each command asks
+here first, before any work, whether its output places can be written at all."""
 
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def refuse_unwritable_output(
     if not os.path.isdir(nearest):
         raise _file_in_the_way(target, option, None if folder else path)
     if not os.access(nearest, os.W_OK | os.X_OK):
-        read_only = bool(os.statvfs(nearest).f_flag & os.ST_RDONLY)
+        read_only = hasattr(os, "statvfs") and bool(os.statvfs(nearest).f_flag & os.ST_RDONLY)
         why = "is on a read-only file system" if read_only else "is not writable by this user"
         what = f"into the folder {path}" if folder else path
         raise OutputError(
