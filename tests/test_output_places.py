@@ -1,6 +1,6 @@
 """Every command refuses an output place it cannot write before any work: a folder named as the
 file to write, a file where a folder must be (or above it), a folder this user may not write in.
-Found when writing, each failed only after the whole evaluation, training or timing.
+Left to the write at the end, each failed only after the whole evaluation, training or timing.
 
 Before any work: each command is given inputs that do not exist (a checkpoint, a data root, a
 results folder, a summary), so work started first would end in their error, not the output's;
