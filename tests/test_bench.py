@@ -1396,13 +1396,24 @@ def test_bench_with_bad_options_exits_2_without_traceback(
 @pytest.mark.parametrize(
     ("option", "path", "message"),
     [
-        ("--out-dir", "taken", "Could not create the folder {root}/taken: {root}/taken is a file"),
+        (
+            "--out-dir",
+            "taken",
+            "Could not create the folder {root}/taken (--out-dir): {root}/taken is a file",
+        ),
         (
             "--out",
             "taken/bench.json",
-            "Could not create the folder {root}/taken: {root}/taken is a file",
+            "Could not create the folder {root}/taken for --out {root}/taken/bench.json: "
+            "{root}/taken is a file",
         ),
-        ("--out", "folder", "--out {root}/folder is a folder: give --out a file path"),
+        (
+            "--out",
+            "folder",
+            "--out {root}/folder is a folder: give --out the path of a file to write (in that "
+            "folder, say). Nothing was written. Or give --out-dir {root}/folder for one "
+            "BACKEND-PRECISION-MODE.json per precision and mode there.",
+        ),
     ],
 )
 def test_an_output_path_that_cannot_be_written_is_refused_before_any_timing(

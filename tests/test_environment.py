@@ -212,7 +212,10 @@ def test_unwritable_output_exits_2_naming_the_path(capsys, tmp_path) -> None:
     target = blocker / "environment.json"  # its parent is a file: fails even for root
     assert cli.main(["check-env", "--out", str(target)]) == 2
     err = capsys.readouterr().err
-    assert f"ERROR Could not write {target}: Not a directory (ENOTDIR: {blocker}), with " in err
+    assert (
+        f"ERROR Could not create the folder {blocker} for --out {target}: {blocker} is a file, "
+        "not a folder." in err
+    )
     assert "Traceback" not in err
     assert blocker.read_text() == "not a directory\n"
 

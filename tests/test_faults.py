@@ -1326,11 +1326,11 @@ def test_an_output_folder_where_a_file_is_names_the_file_and_leaves_it_as_it_was
         "prepare-data": ["prepare-data", "--out", str(out)],
         "--log": ["--log", str(out / "train.log"), "config"],
     }[command]
+    option = "--log" if command == "--log" else "--out"
     message = user_error(capsys, *argv)
-    assert message.startswith(f"Could not create the folder {out}")
-    assert message.endswith(
-        f": {blocker} is a file, not a folder. Nothing was written. Move that file away, or "
-        "write elsewhere."
+    assert message == (
+        f"Could not create the folder {out} ({option}): {blocker} is a file, not a folder. "
+        f"Nothing was written. Move that file away, or give {option} a path elsewhere."
     )
     assert blocker.read_text() == "my notes\n"
 

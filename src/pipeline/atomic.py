@@ -1,6 +1,7 @@
 """Every output is written here: through a temporary file and a rename, so a killed job never
 leaves a truncated file that looks complete, and a failed write (a full disk, say) ends in one
-OutputError that names the file, the free space there and what is intact."""
+OutputError that names the file, the free space there and what is intact. Each command asks
+here first, before any work, whether its output places can be written at all."""
 
 from __future__ import annotations
 
@@ -108,22 +109,63 @@ def append_line(path: str | Path, line: str, advice: str = "") -> None:
         raise _write_failed(path, error, kept, advice) from error
 
 
-def make_folder(path: str | Path) -> Path:
+def make_folder(path: str | Path, option: str = "") -> Path:
     """`path` and the folders above it, where they are missing; a file in the way, a read-only
-    mount, no permission or a full disk end in one OutputError naming the folder, as a failed
-    write does, never in a traceback."""
+    mount, no permission or a full disk end in one OutputError naming the folder (and the
+    `option` that named it), as a failed write does, never in a traceback."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as error:  # a file holds a folder's name
-        blocker = next(folder for folder in (path, *path.parents) if folder.exists())
-        raise OutputError(
-            f"Could not create the folder {path}: {blocker} is a file, not a folder. Nothing "
-            "was written. Move that file away, or write elsewhere."
-        ) from error
+        raise _file_in_the_way(path, option) from error
     except OSError as error:
         raise _write_failed(path, error, "Nothing was written.", folder=True) from error
     return path
+
+
+def refuse_unwritable_output(
+    option: str, path: str | Path | None, *, folder: bool = False, advice: str = ""
+) -> None:
+    """Refuse, before any work, an output place that writing would fail on only once the work
+    is done (after a whole evaluation or training): a file where a folder must be, a folder
+    where the file `option` names must be (not with `folder`), or a folder this user may not
+    write in (a read-only results folder or mount). Nothing is created: a command that fails
+    later for another reason leaves no empty folder. `advice` ends the message of a folder
+    named as the file. None: the option was not given."""
+    if not path:
+        return
+    path = Path(path)
+    target = path if folder else path.parent
+    if not folder and os.path.isdir(path):
+        raise OutputError(
+            f"{option} {path} is a folder: give {option} the path of a file to write (in that "
+            "folder, say). Nothing was written." + (f" {advice}" if advice else "")
+        )
+    # os.path's tests: a folder this user may not search is a place that is not there
+    nearest = next(place for place in (target, *target.parents) if os.path.exists(place))
+    if not os.path.isdir(nearest):
+        raise _file_in_the_way(target, option, None if folder else path)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        read_only = hasattr(os, "statvfs") and bool(os.statvfs(nearest).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        what = f"into the folder {path}" if folder else path
+        raise OutputError(
+            f"Could not write {what} ({option}): the folder {nearest} {why}. Nothing was "
+            f"written. Give {option} a path in a folder that can be written."
+        )
+
+
+def _file_in_the_way(folder: Path, option: str, file: Path | None = None) -> OutputError:
+    """The message of a folder that cannot be made because a file holds its name or a name
+    above it: the file, left as it was; the `option` that named the folder, or the `file` to
+    be written in it."""
+    blocker = next(place for place in (folder, *folder.parents) if os.path.exists(place))
+    named = f" for {option} {file}" if file else f" ({option})" if option else ""
+    instead = f"give {option} a path elsewhere" if option else "write elsewhere"
+    return OutputError(
+        f"Could not create the folder {folder}{named}: {blocker} is a file, not a folder. "
+        f"Nothing was written. Move that file away, or {instead}."
+    )
 
 
 def _write_failed(

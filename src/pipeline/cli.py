@@ -268,7 +268,7 @@ def configure_logging(log_file: str | None) -> None:
     _add_handler(logging.StreamHandler(sys.stderr))
     if log_file:
         path = Path(log_file)
-        atomic.make_folder(path.parent)
+        atomic.make_folder(path.parent, "--log")
         try:
             _add_handler(logging.FileHandler(path, mode="w", encoding="utf-8"))
         except OSError as error:

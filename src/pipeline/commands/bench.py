@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline import atomic
 from pipeline.cli import add_config_options, command_parser, config_from_args
 from pipeline.config import load_schema
-from pipeline.errors import ConfigError, OutputError
+from pipeline.errors import ConfigError
 
 # option -> bench key it overrides (None: not given)
 OPTIONS = {
@@ -86,6 +86,14 @@ def main(argv: list[str]) -> int:
     )
     add_config_options(parser, "model.width=16")
     args = parser.parse_args(argv)
+    # before any timing: found when the records are written, that would be minutes later
+    atomic.refuse_unwritable_output("--out-dir", args.out_dir, folder=True)
+    atomic.refuse_unwritable_output(
+        "--out",
+        args.out,
+        advice=f"Or give --out-dir {args.out} for one BACKEND-PRECISION-MODE.json per precision "
+        "and mode there.",
+    )
     precisions, modes = args.precision, args.mode
     if args.out and len(precisions) * len(modes) > 1:
         raise ConfigError(
@@ -126,7 +134,6 @@ def main(argv: list[str]) -> int:
     for name in plan["models"]:
         check_input_size({**plan["model_options"], "name": name}, plan["image_size"])
     device = dev.resolve_device(args.device)
-    _prepare_output_place(args)
     files: dict[tuple[str, str], list[dict]] = {}
     for record in bench.run_backend(device, precisions, modes, plan["models"], plan):
         files.setdefault((record["precision"], record["mode"]), []).append(record)
@@ -134,20 +141,6 @@ def main(argv: list[str]) -> int:
         path = args.out or Path(args.out_dir) / f"{device.type}-{precision}-{mode}.json"
         atomic.write_json(path, {"format": bench_record.FORMAT, "records": records})
     return 0
-
-
-def _prepare_output_place(args: argparse.Namespace) -> None:
-    """Make the folder the records go into before any timing: a file in its way (or a folder
-    named by --out) would otherwise be found when they are written, minutes later."""
-    if args.out_dir:
-        atomic.make_folder(args.out_dir)
-        return
-    atomic.make_folder(Path(args.out).parent)
-    if Path(args.out).is_dir():
-        raise OutputError(
-            f"--out {args.out} is a folder: give --out a file path (FILE.json), or --out-dir "
-            f"{args.out} for one BACKEND-PRECISION-MODE.json per precision and mode there."
-        )
 
 
 PRECISIONS = ("fp32", "fp16", "bf16")

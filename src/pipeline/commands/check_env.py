@@ -15,6 +15,7 @@ def main(argv: list[str]) -> int:
         help="also resolve this device spec; exit 2 with the reason if it is not available",
     )
     args = parser.parse_args(argv)
+    atomic.refuse_unwritable_output("--out", args.out)
     info = environment.collect(args.device)
     print(environment.format_table(info))
     if args.out:

@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
     )
     add_config_options(parser, "model.name=resnet18")
     args = parser.parse_args(argv)
+    atomic.refuse_unwritable_output("--out", args.out)
     config = config_from_args(args)
 
     from pipeline import measured

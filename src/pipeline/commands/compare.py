@@ -42,6 +42,8 @@ def main(argv: list[str]) -> int:
         [("a SUMMARY.json argument", summary) for summary in args.summaries],
         [("--out", args.out), ("--markdown", markdown_file)],
     )
+    atomic.refuse_unwritable_output("--out", args.out)
+    atomic.refuse_unwritable_output("--markdown", markdown_file)
 
     from pipeline.compare import compare, markdown_text, read_machines
 

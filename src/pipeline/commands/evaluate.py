@@ -67,6 +67,8 @@ def main(argv: list[str]) -> int:
         [("--checkpoint", args.checkpoint)],
         [("--out", args.out), ("--predictions", args.predictions)],
     )
+    atomic.refuse_unwritable_output("--out", args.out)
+    atomic.refuse_unwritable_output("--predictions", args.predictions)
 
     from pipeline import device as dev
     from pipeline.data import at_root, has_test_split, require_objects

@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
         "--draw", action="store_true", help="also write each image with its detections drawn"
     )
     args = parser.parse_args(argv)
+    atomic.refuse_unwritable_output("--out", args.out, folder=True)
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}.")
     paths = find_images(args.images)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline import atomic
 from pipeline.cli import add_config_options, command_parser, config_from_args
 from pipeline.data.synthetic import SyntheticSpec, generate
 from pipeline.errors import ConfigError
@@ -29,9 +30,7 @@ def main(argv: list[str]) -> int:
             f"data.format is {config['data']['format']!r}: prepare-data only generates the built-in synthetic set. "
             "Your own COCO or VOC data needs no preparation."
         )
-    generate(
-        SyntheticSpec.from_config(config["data"]["synthetic"]),
-        Path(args.out or config["data"]["root"]).expanduser(),
-        splits=args.splits,
-    )
+    out = Path(args.out or config["data"]["root"]).expanduser()
+    atomic.refuse_unwritable_output("--out", out, folder=True)
+    generate(SyntheticSpec.from_config(config["data"]["synthetic"]), out, splits=args.splits)
     return 0

@@ -57,6 +57,7 @@ def main(argv: list[str]) -> int:
         help="writes profile.json, operators.json, trace.json",
     )
     args = parser.parse_args(argv)
+    atomic.refuse_unwritable_output("--out", args.out, folder=True)
     settings = {
         "batch_sizes": _batch_sizes(args.batch_sizes),
         "warmup": args.warmup,
@@ -87,7 +88,7 @@ def main(argv: list[str]) -> int:
     layout = memory_format(config["train"]["channels_last"])
     model = checkpoint.restore_model(state, device, layout, args.checkpoint)
     out = Path(args.out)
-    atomic.make_folder(out)
+    atomic.make_folder(out, "--out")
     log.info(
         "profiling %s on %s (%s%s), batch sizes %s",
         args.checkpoint,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pipeline import atomic
 from pipeline.cli import (
     add_resolved_config_options,
     command_parser,
@@ -47,6 +48,8 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     refuse_writing_over([("--summary", args.summary)], [("--out", args.out)])
+    out = Path(args.out) if args.out else Path(args.results) / "report.html"
+    atomic.refuse_unwritable_output("--out", out)
     config = resolved_config(args)
     invocation = None
     if args.invocation_json is not None:
@@ -55,7 +58,6 @@ def main(argv: list[str]) -> int:
     # pandas, matplotlib and jinja2: imported only once the arguments are good
     from pipeline.report.render import build
 
-    out = Path(args.out) if args.out else Path(args.results) / "report.html"
     build(args.results, out, config, invocation, args.summary)
     log.info("report written: %s", out)
     return 0

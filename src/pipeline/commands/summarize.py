@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pipeline import atomic
 from pipeline.cli import add_resolved_config_options, command_parser, resolved_config
 
 log = logging.getLogger("pipeline")
@@ -26,6 +27,8 @@ def main(argv: list[str]) -> int:
         "--out", metavar="FILE", help="summary to write (default: <results>/summary.json)"
     )
     args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else Path(args.results) / "summary.json"
+    atomic.refuse_unwritable_output("--out", out)
     config = resolved_config(args)
 
     from pipeline.summary.build import summarize, write
@@ -35,7 +38,6 @@ def main(argv: list[str]) -> int:
             "no config given (--config-json or --config): the summary records no settings to "
             "compare accuracy by, so compare will not set its accuracy beside another's"
         )
-    out = Path(args.out) if args.out else Path(args.results) / "summary.json"
     write(summarize(args.results, config), out)
     log.info("summary written: %s", out)
     return 0

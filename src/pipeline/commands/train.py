@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pipeline import atomic
 from pipeline.cli import add_config_options, add_precision_option, command_parser, config_from_args
 from pipeline.errors import ConfigError
 
@@ -95,6 +96,8 @@ def main(argv: list[str]) -> int:
         measured_precision = precision_choice.precision if precision_choice else None
         precision = dev.run_precision(config["precision"], device, measured_precision)
         out = Path("results/train") / Run(str(device), precision).name
+    # here, once the default's name is known from the device and precision: before the data
+    atomic.refuse_unwritable_output("--out", out, folder=True)
     trainer = Trainer(config, out, precision_choice=precision_choice)
     if args.resume or args.resume_if_possible:
         trainer.resume(required=args.resume)
