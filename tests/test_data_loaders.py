@@ -165,6 +165,47 @@ def test_coco_crowd_annotations_become_ignore_regions_of_their_class(coco_root: 
     assert gray.ignore_boxes.shape == (0, 4) and gray.ignore_labels.shape == (0,)
 
 
+def test_coco_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CVAT keeps a turned box's bbox as drawn and its angle in attributes.rotation: read as it
+    stands, a box turned by 90 degrees would be wide where the object is tall."""
+    sizes = _write_images(tmp_path)
+    turned = [
+        {
+            "image_id": 1,
+            "category_id": 3,
+            "bbox": [10, 15, 20, 6],
+            "attributes": {"rotation": 90.0},
+        },
+        {"image_id": 2, "category_id": 7, "bbox": [10, 10, 20, 10], "attributes": {"rotation": 30}},
+        {"image_id": 4, "category_id": 7, "bbox": [10, 5, 20, 20], "attributes": {"rotation": 0.0}},
+    ]
+    source = _write_coco(tmp_path, "instances_default.json", _coco_document(sizes, turned))
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_coco(source, tmp_path)
+    by_name = {r.path.name: r for r in split.records}
+    np.testing.assert_allclose(by_name["gray.png"].boxes, [[17, 8, 23, 28]], atol=1e-4)
+    # the corners of the 20 x 10 box turned by 30 degrees about its centre (20, 15)
+    corners = np.array([[-10, -5], [10, -5], [10, 5], [-10, 5]], float)
+    turn = np.radians(30)
+    rotation = np.array([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
+    turned_corners = corners @ rotation.T + [20, 15]
+    hull = [*turned_corners.min(axis=0), *turned_corners.max(axis=0)]
+    np.testing.assert_allclose(by_name["rgba.png"].boxes, [hull], atol=1e-4)
+    np.testing.assert_array_equal(by_name["wide.png"].boxes, [[10, 5, 30, 25]])
+    lines = [r.getMessage() for r in caplog.records if "attributes.rotation" in r.getMessage()]
+    assert len(lines) == 1 and f"{source}: 2 box(es) turned" in lines[0]
+
+
+def test_coco_a_rotation_that_is_no_number_is_named_with_its_annotation(tmp_path: Path) -> None:
+    sizes = _write_images(tmp_path)
+    bad = [{"image_id": 1, "category_id": 3, "bbox": [1, 1, 5, 5], "attributes": {"rotation": "x"}}]
+    source = _write_coco(tmp_path, "instances_default.json", _coco_document(sizes, bad))
+    with pytest.raises(DataError, match=r'annotation 1 has the rotation "x" in its attributes'):
+        load_coco(source, tmp_path)
+
+
 def test_coco_degenerate_boxes_are_dropped_and_counted_in_one_warning(
     coco_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
