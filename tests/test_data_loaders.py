@@ -947,6 +947,41 @@ def test_voc_missing_xml_raises_naming_it_and_the_listing(voc_root: Path) -> Non
     assert "val.txt" in str(caught.value)
 
 
+def test_voc_a_root_one_level_above_its_vocdevkit_is_refused_naming_the_folder_to_give(
+    voc_root: Path,
+) -> None:
+    """As VOCdevkit/ is given for VOCdevkit/VOC2007/, or a published set's repository for the
+    folder inside it that holds ImageSets."""
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root.parent, "val")
+    assert str(caught.value).endswith(
+        f" {voc_root} holds ImageSets/Main/val.txt: set data.root to it."
+    )
+
+
+def test_voc_a_split_without_its_listing_is_refused_naming_the_listings_there(
+    voc_root: Path,
+) -> None:
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "valid")
+    assert str(caught.value).endswith(
+        f" {voc_root / 'ImageSets' / 'Main'} lists the splits train, val."
+    )
+
+
+def test_voc_a_root_without_listings_is_refused_pointing_to_the_folder_layout_and_the_carve(
+    voc_root: Path,
+) -> None:
+    for listing in (voc_root / "ImageSets" / "Main").iterdir():
+        listing.unlink()
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "train")
+    message = str(caught.value)
+    assert f" {voc_root} has Annotations/ but no split listings: name the XML folder" in message
+    assert "data.train_annotations" in message and "data.images_dir" in message
+    assert "data.val_fraction" in message
+
+
 @pytest.mark.parametrize(
     ("written", "difficult"), [("1", True), ("True", True), ("false", False), ("", False)]
 )
