@@ -271,6 +271,16 @@ def test_coco_missing_image_file_raises_naming_it(coco_root: Path) -> None:
     assert "instances_val.json" in str(caught.value)
 
 
+def test_coco_a_file_that_is_no_image_is_named_saying_how_to_leave_it_out(coco_root: Path) -> None:
+    (coco_root / "gray.png").write_text("not an image")
+    with pytest.raises(DataError) as caught:
+        load_coco(coco_root / "instances_val.json", coco_root)
+    message = str(caught.value)
+    assert message.startswith(f"{coco_root / 'instances_val.json'} refers to file(s) that are not")
+    assert str(coco_root / "gray.png") in message
+    assert "leave it out of the data set: remove it and its annotation" in message
+
+
 def test_coco_missing_annotation_file_raises_naming_it(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"nowhere\.json"):
         load_coco(tmp_path / "nowhere.json", tmp_path)
