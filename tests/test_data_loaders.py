@@ -165,6 +165,47 @@ def test_coco_crowd_annotations_become_ignore_regions_of_their_class(coco_root: 
     assert gray.ignore_boxes.shape == (0, 4) and gray.ignore_labels.shape == (0,)
 
 
+def test_coco_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CVAT keeps a turned box's bbox as drawn and its angle in attributes.rotation: read as it
+    stands, a box turned by 90 degrees would be wide where the object is tall."""
+    sizes = _write_images(tmp_path)
+    turned = [
+        {
+            "image_id": 1,
+            "category_id": 3,
+            "bbox": [10, 15, 20, 6],
+            "attributes": {"rotation": 90.0},
+        },
+        {"image_id": 2, "category_id": 7, "bbox": [10, 10, 20, 10], "attributes": {"rotation": 30}},
+        {"image_id": 4, "category_id": 7, "bbox": [10, 5, 20, 20], "attributes": {"rotation": 0.0}},
+    ]
+    source = _write_coco(tmp_path, "instances_default.json", _coco_document(sizes, turned))
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_coco(source, tmp_path)
+    by_name = {r.path.name: r for r in split.records}
+    np.testing.assert_allclose(by_name["gray.png"].boxes, [[17, 8, 23, 28]], atol=1e-4)
+    # the corners of the 20 x 10 box turned by 30 degrees about its centre (20, 15)
+    corners = np.array([[-10, -5], [10, -5], [10, 5], [-10, 5]], float)
+    turn = np.radians(30)
+    rotation = np.array([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
+    turned_corners = corners @ rotation.T + [20, 15]
+    hull = [*turned_corners.min(axis=0), *turned_corners.max(axis=0)]
+    np.testing.assert_allclose(by_name["rgba.png"].boxes, [hull], atol=1e-4)
+    np.testing.assert_array_equal(by_name["wide.png"].boxes, [[10, 5, 30, 25]])
+    lines = [r.getMessage() for r in caplog.records if "attributes.rotation" in r.getMessage()]
+    assert len(lines) == 1 and f"{source}: 2 box(es) turned" in lines[0]
+
+
+def test_coco_a_rotation_that_is_no_number_is_named_with_its_annotation(tmp_path: Path) -> None:
+    sizes = _write_images(tmp_path)
+    bad = [{"image_id": 1, "category_id": 3, "bbox": [1, 1, 5, 5], "attributes": {"rotation": "x"}}]
+    source = _write_coco(tmp_path, "instances_default.json", _coco_document(sizes, bad))
+    with pytest.raises(DataError, match=r'annotation 1 has the rotation "x" in its attributes'):
+        load_coco(source, tmp_path)
+
+
 def test_coco_degenerate_boxes_are_dropped_and_counted_in_one_warning(
     coco_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -228,6 +269,16 @@ def test_coco_missing_image_file_raises_naming_it(coco_root: Path) -> None:
     with pytest.raises(DataError, match=r"rgba\.png") as caught:
         load_coco(coco_root / "instances_val.json", coco_root)
     assert "instances_val.json" in str(caught.value)
+
+
+def test_coco_a_file_that_is_no_image_is_named_saying_how_to_leave_it_out(coco_root: Path) -> None:
+    (coco_root / "gray.png").write_text("not an image")
+    with pytest.raises(DataError) as caught:
+        load_coco(coco_root / "instances_val.json", coco_root)
+    message = str(caught.value)
+    assert message.startswith(f"{coco_root / 'instances_val.json'} refers to file(s) that are not")
+    assert str(coco_root / "gray.png") in message
+    assert "leave it out of the data set: remove it and its annotation" in message
 
 
 def test_coco_missing_annotation_file_raises_naming_it(tmp_path: Path) -> None:
@@ -904,6 +955,41 @@ def test_voc_missing_xml_raises_naming_it_and_the_listing(voc_root: Path) -> Non
     with pytest.raises(DataError, match=r"wide\.xml") as caught:
         load_voc(voc_root, "val")
     assert "val.txt" in str(caught.value)
+
+
+def test_voc_a_root_one_level_above_its_vocdevkit_is_refused_naming_the_folder_to_give(
+    voc_root: Path,
+) -> None:
+    """As VOCdevkit/ is given for VOCdevkit/VOC2007/, or a published set's repository for the
+    folder inside it that holds ImageSets."""
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root.parent, "val")
+    assert str(caught.value).endswith(
+        f" {voc_root} holds ImageSets/Main/val.txt: set data.root to it."
+    )
+
+
+def test_voc_a_split_without_its_listing_is_refused_naming_the_listings_there(
+    voc_root: Path,
+) -> None:
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "valid")
+    assert str(caught.value).endswith(
+        f" {voc_root / 'ImageSets' / 'Main'} lists the splits train, val."
+    )
+
+
+def test_voc_a_root_without_listings_is_refused_pointing_to_the_folder_layout_and_the_carve(
+    voc_root: Path,
+) -> None:
+    for listing in (voc_root / "ImageSets" / "Main").iterdir():
+        listing.unlink()
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "train")
+    message = str(caught.value)
+    assert f" {voc_root} has Annotations/ but no split listings: name the XML folder" in message
+    assert "data.train_annotations" in message and "data.images_dir" in message
+    assert "data.val_fraction" in message
 
 
 @pytest.mark.parametrize(

@@ -435,6 +435,8 @@ def test_a_truncated_image_is_named_when_the_cache_decodes_it_at_start_up(
     image.write_bytes(image.read_bytes()[:200])
     message = train_fails(capsys, here / "run", data)  # data.cache is true by default
     assert message.startswith(f"Image file {image} is truncated, corrupt or not an image: ")
+    # a published set's image has no copy to regenerate: the message says what else to do
+    assert "or leave it out of the data set: remove it and its annotation" in message
 
 
 @pytest.mark.parametrize(

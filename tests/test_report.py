@@ -341,6 +341,41 @@ def test_the_commands_repeat_the_config_files_and_settings_the_workflow_was_call
     )
 
 
+def test_the_provenance_reproduce_commands_repeat_the_config_files_and_settings_of_the_call(
+    tmp_path: Path,
+) -> None:
+    """Bare `snakemake --cores 1 results/report.html` under a report of the user's own data
+    would retrain on the synthetic set over their results."""
+    results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
+    invocation = {"configfiles": ["config/presets/photographs.yaml", "my data.yaml"], "config": {}}
+    render.build(results, tmp_path / "report.html", CONFIG, invocation)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    files = "--configfile config/presets/photographs.yaml 'my data.yaml'"
+    text = page.text("provenance")
+    assert f"everything, then this report: snakemake --cores 1 results/report.html {files}" in text
+    assert f"from the results already there: snakemake report -R report {files}" in text
+    assert "--config" not in text.replace("--configfile", "")  # no bare --config: nothing set
+
+
+def test_a_run_evaluated_by_the_voc_devkits_protocol_is_labelled_so_beside_cocos(
+    tmp_path: Path,
+) -> None:
+    """Pascal VOC data are evaluated by the devkit's protocol by default: the report must not
+    present their AP@.5 as COCO's."""
+    results = native_bf16_cpu_tree(tmp_path, bf16_f1=0.931)
+    document = evaluation("cpu", "fp32", 0.937)
+    document["metrics"]["protocol"] = "voc"
+    write_json(results / "eval" / "cpu-fp32.json", document)
+    render.build(results, tmp_path / "report.html", CONFIG)
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
+    text = page.text("evaluation")
+    assert "cpu-fp32 (VOC devkit protocol;" in text
+    assert "cpu-bf16 (VOC" not in text
+    assert "except where a run's settings name the VOC devkit's protocol" in text
+
+
 def test_the_report_command_rejects_an_invocation_that_is_not_a_json_object(
     tmp_path: Path, capsys: pytest.CaptureFixture, restore_pipeline_logger
 ) -> None:

@@ -206,6 +206,8 @@ def test_the_stylesheet_is_the_package_file_inlined_and_nothing_is_linked(tmp_pa
         (
             "provenance",
             {
+                "reproduce": f"snakemake --cores 1 results/report.html --configfile {SCRIPT}",
+                "rebuild_report": f"snakemake report -R report --configfile {SCRIPT}",
                 "facts": [(SCRIPT, SCRIPT)],
                 "config_yaml": f"note: {SCRIPT}\n",
                 "files": [{"path": f"bench/{SCRIPT}.json", "created": SCRIPT, "modified": None}],
@@ -332,6 +334,8 @@ def test_a_null_from_a_file_shows_as_an_empty_cell() -> None:
     html = section_html(
         "provenance",
         {
+            "reproduce": "snakemake --cores 1 results/report.html",
+            "rebuild_report": "snakemake report -R report",
             "facts": [],
             "config_yaml": None,
             "files": [],

@@ -159,7 +159,8 @@ def test_a_labelimg_folder_finds_images_by_base_name_or_stem_in_images_dir(
 ) -> None:
     xml_folder, image_folder = labelimg
     settings = ["data.format=voc", f"data.train_annotations={xml_folder}"]
-    with pytest.raises(DataError, match="do not exist"):  # not beside the XML files
+    # not beside the XML files: the error says which setting names their folder
+    with pytest.raises(DataError, match=r"do not exist.*set data\.images_dir \(or data\.<split>_"):
         load_split(load_config(None, settings), "train")
     config = load_config(None, [*settings, f"data.train_images_dir={image_folder}"])
     split = load_split(config, "train")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,31 @@ def _bad_crowd(ann: dict, source: Path) -> DataError:
         f"{json.dumps(ann['iscrowd'])}; COCO's iscrowd is 0 (an object) or 1 (a crowd region, "
         "ignored)."
     )
+
+
+def _rotation(ann: dict, source: Path) -> float:
+    """The degrees an annotation tool turned the box by, 0 where none. CVAT (and Datumaro) keep a
+    rotated box's bbox as drawn before it turned, with the angle in `attributes.rotation` about
+    its centre: read as it stands, the box would cover another part of the image."""
+    attributes = ann.get("attributes")
+    if type(attributes) is not dict or not attributes.get("rotation"):
+        return 0.0
+    rotation = attributes["rotation"]
+    if type(rotation) not in (int, float) or not math.isfinite(rotation):
+        raise DataError(
+            f"COCO annotation file {source}: annotation {ann.get('id', '?')} has the rotation "
+            f"{json.dumps(rotation)[:40]} in its attributes, which is not a number of degrees."
+        )
+    return float(rotation)
+
+
+def _upright_hull(x: float, y: float, w: float, h: float, degrees: float) -> list[float]:
+    """x1, y1, x2, y2 of the upright box that encloses the box x, y, w, h turned about its centre:
+    the box a detector of upright boxes is to find (a turn either way gives the same one)."""
+    cos, sin = abs(math.cos(math.radians(degrees))), abs(math.sin(math.radians(degrees)))
+    half_w, half_h = (w * cos + h * sin) / 2, (w * sin + h * cos) / 2
+    cx, cy = x + w / 2, y + h / 2
+    return [cx - half_w, cy - half_h, cx + half_w, cy + half_h]
 
 
 def _names_in(folder: str) -> frozenset[str]:
@@ -353,7 +379,7 @@ def load_coco(
     records = _coco_images(images, Path(images_dir), source)
     position = {image_id: index for index, image_id in enumerate(records)}
     found: list[FoundBox] = []
-    other_class_objects = 0
+    other_class_objects = rotated = 0
     for ann in annotations:
         try:
             image_id, category_id = int(ann["image_id"]), int(ann["category_id"])
@@ -376,10 +402,23 @@ def load_coco(
         if category_id not in label_of:
             other_class_objects += not crowd
             continue
-        found.append((position[image_id], crowd, label_of[category_id], [x, y, x + w, y + h]))
+        degrees = _rotation(ann, source)
+        if degrees:
+            rotated += 1
+            box = _upright_hull(x, y, w, h, degrees)
+        else:
+            box = [x, y, x + w, y + h]
+        found.append((position[image_id], crowd, label_of[category_id], box))
     split = SplitAnnotations(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
+    if rotated:
+        log.info(
+            "%s: %d box(es) turned in the annotation tool (attributes.rotation, as CVAT exports "
+            "them): each taken as the upright box that encloses it",
+            source,
+            rotated,
+        )
     where = (
         f"the images folder {images_dir} (by default the annotation file's folder), where a "
         "file_name that names no file as written is looked up by its base name: set "

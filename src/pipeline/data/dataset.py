@@ -24,7 +24,13 @@ from pipeline.data import cache as image_cache
 from pipeline.data import cache_fill
 from pipeline.data.geometry import PAD_VALUE, RESIZE_MODES, Geometry, fit_boxes, fit_image
 from pipeline.data.orientation import upright
-from pipeline.data.sources import TOO_LARGE, ImageRecord, SplitAnnotations, check_image_files
+from pipeline.data.sources import (
+    NOT_AN_IMAGE,
+    TOO_LARGE,
+    ImageRecord,
+    SplitAnnotations,
+    check_image_files,
+)
 from pipeline.errors import DataError
 
 if TYPE_CHECKING:
@@ -103,9 +109,12 @@ def _eight_bit_grey(img: Image.Image, path: os.PathLike | str, sixteen_bit: bool
 _PLANE_SHIFTS = np.array([0, 8, 16], "<u4").reshape(3, 1, 1)
 
 
-def _upright_planes(path: os.PathLike | str, out: np.ndarray | None = None) -> np.ndarray:
+def _upright_planes(
+    path: os.PathLike | str, out: np.ndarray | None = None, fix: str = ""
+) -> np.ndarray:
     """Upright RGB uint8 planes [3,H,W] (EXIF orientation applied), written into `out` where it
-    has their shape; a bad file raises DataError naming it.
+    has their shape; a bad file raises DataError naming it, and a truncated or corrupt one
+    saying `fix` (a data set's image can be left out; a file given to predict is skipped).
 
     Pillow keeps an RGB pixel in 4 bytes (R, G, B, a pad byte), copied out as they are: packing
     them into 3 costs more. Read as 32-bit words, a plane is the words shifted right by 0, 8 or
@@ -128,7 +137,7 @@ def _upright_planes(path: os.PathLike | str, out: np.ndarray | None = None) -> n
         raise DataError(f"Image file {path} is too large to decode: {error} {TOO_LARGE}") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise DataError(
-            f"Image file {path} is truncated, corrupt or not an image: {error}."
+            f"Image file {path} is truncated, corrupt or not an image: {error}. {fix}".rstrip()
         ) from error
     if out is None or out.shape != (3, *words.shape):
         out = np.empty((3, *words.shape), np.uint8)
@@ -316,7 +325,7 @@ class DetectionDataset(Dataset):
         geometry."""
         record = self.records[index]
         # straight into place where the image is at input size: one copy of its pixels
-        planes = _upright_planes(record.path, None if out is None else out.numpy())
+        planes = _upright_planes(record.path, None if out is None else out.numpy(), NOT_AN_IMAGE)
         height, width = planes.shape[1:]
         if (height, width) != (record.height, record.width):
             raise DataError(

@@ -27,6 +27,11 @@ from pipeline.errors import DataError
 log = logging.getLogger("pipeline")
 # what to do with an image beyond Pillow's limit against decompression bombs
 TOO_LARGE = "Downscale or tile such images: the model sees them at data.image_size in any case."
+# a published set's broken image has no copy to regenerate it from: what the user can do
+NOT_AN_IMAGE = (
+    "Replace such a file with a complete copy, or leave it out of the data set: remove it and its "
+    "annotation (its XML file, or its entries under 'images' and 'annotations' of the COCO file)."
+)
 
 
 def written_base_name(file_name: str) -> str:
@@ -204,7 +209,10 @@ def _header_sizes(records: list[ImageRecord], source: Path, where: str) -> list[
             f"Check {where}, or regenerate the data set."
         )
     if unreadable:
-        raise DataError(f"{source} refers to file(s) that are not images: {_listing(unreadable)}.")
+        raise DataError(
+            f"{source} refers to file(s) that are not images: {_listing(unreadable)}. "
+            + NOT_AN_IMAGE
+        )
     if too_large:
         raise DataError(
             f"{source} refers to image(s) too large to decode: {_listing(too_large)}. {TOO_LARGE}"

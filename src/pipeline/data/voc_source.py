@@ -76,6 +76,30 @@ def _warn_of_near_names(names: list[str], listing: Path) -> None:
         )
 
 
+def _where_voc_is(root: Path, split_name: str) -> str:
+    """What a root without the split's listing holds instead, for the error: the VOCdevkit one
+    level down (`VOCdevkit/` given for `VOCdevkit/VOC2007/`), the listings it has, or XML files
+    and images without listings (a published set that ships no splits)."""
+    nested = sorted(path.parents[2] for path in root.glob(f"*/ImageSets/Main/{split_name}.txt"))
+    if nested:
+        return (
+            f" {' and '.join(map(str, nested))} hold{'s' if len(nested) == 1 else ''} "
+            f"ImageSets/Main/{split_name}.txt: set data.root to "
+            f"{'it' if len(nested) == 1 else 'one of them'}."
+        )
+    listings = sorted(path.stem for path in (root / "ImageSets" / "Main").glob("*.txt"))
+    if listings:
+        return f" {root / 'ImageSets' / 'Main'} lists the splits {', '.join(listings)}."
+    if (root / "Annotations").is_dir():
+        return (
+            f" {root} has Annotations/ but no split listings: name the XML folder in "
+            f"data.train_annotations and the images folder in data.images_dir "
+            f"({root / 'JPEGImages'} in a VOCdevkit), and carve validation and test out by "
+            "data.val_fraction and data.test_fraction (docs/data.md, One set without splits)."
+        )
+    return ""
+
+
 def load_voc(
     root: str | Path,
     split_name: str,
@@ -99,7 +123,8 @@ def load_voc(
     listing = root / "ImageSets" / "Main" / f"{split_name}.txt"
     if not listing.is_file():
         raise DataError(
-            f"VOC split file {listing} does not exist (config data.root and data.{{train,val,test}}_split)."
+            f"VOC split file {listing} does not exist (config data.root and "
+            f"data.{{train,val,test}}_split).{_where_voc_is(root, split_name)}"
         )
     try:
         text = listing.read_text(encoding="utf-8")
@@ -309,6 +334,9 @@ def load_voc_folder(
         split_name,
         classes,
         classes_from,
-        images_where=f"{images} ({keys[1]}) and the <filename> entries",
+        images_where=(
+            f"{images} ({keys[1]}) and the <filename> entries: where the images are in a folder "
+            "of their own, set data.images_dir (or data.<split>_images_dir) to it"
+        ),
         check_images=check_images,
     )

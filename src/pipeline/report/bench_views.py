@@ -97,12 +97,18 @@ def measured_command(
     return workflow_command(ours, invocation)
 
 
-def workflow_command(settings: list[str], invocation: dict[str, Any] | None = None) -> str:
-    """The workflow command that builds the report with the --configfile files and --config
-    settings it was called with (`invocation`), `settings` (`key=value`) replacing theirs."""
+def workflow_command(
+    settings: list[str],
+    invocation: dict[str, Any] | None = None,
+    start: str = "snakemake --cores 1 results/report.html",
+) -> str:
+    """The workflow command (`start`: by default the one that builds the report) with the
+    --configfile files and --config settings it was called with (`invocation`), `settings`
+    (`key=value`) replacing theirs: without them it would run on the shipped config, not the
+    user's data, and rerun every stage whose settings differ."""
     replaced = {setting.strip("'").split("=", 1)[0] for setting in settings}
     invocation = invocation or {}
-    words = ["snakemake --cores 1 results/report.html"]
+    words = [start]
     if invocation.get("configfiles"):
         words += ["--configfile", *(shlex.quote(str(path)) for path in invocation["configfiles"])]
     theirs = [
@@ -110,7 +116,9 @@ def workflow_command(settings: list[str], invocation: dict[str, Any] | None = No
         for key, value in (invocation.get("config") or {}).items()
         if key not in replaced
     ]
-    return " ".join([*words, "--config", *theirs, *settings])
+    if theirs or settings:
+        words += ["--config", *theirs, *settings]
+    return " ".join(words)
 
 
 def measured_train_command(

@@ -19,7 +19,12 @@ import yaml
 
 from pipeline import atomic
 from pipeline.report import charts
-from pipeline.report.bench_views import amp_policy_view, answer_view, benchmarks_view
+from pipeline.report.bench_views import (
+    amp_policy_view,
+    answer_view,
+    benchmarks_view,
+    workflow_command,
+)
 from pipeline.report.formatting import backend_label, yes_no
 from pipeline.report.run_views import evaluation_view, profile_view, training_view
 from pipeline.report.templating import stylesheet, templates
@@ -84,7 +89,7 @@ def render(
         "training": training_view(results.runs, summary["runs"], colors),
         "evaluation": evaluation_view(results.runs, summary["runs"], config),
         "profile": profile_view(results.runs, colors, out),
-        "provenance": provenance_view(results, summary, config),
+        "provenance": provenance_view(results, summary, config, invocation),
     }
     sections = [{"id": id_, "title": title, "view": views[id_]} for id_, title in SECTIONS.items()]
     page = templates().get_template("page.html.j2")
@@ -171,10 +176,15 @@ def gpu_facts(env: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def provenance_view(
-    results: Results, summary: dict[str, Any], config: dict[str, Any] | None
+    results: Results,
+    summary: dict[str, Any],
+    config: dict[str, Any] | None,
+    invocation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     stats = results.job_stats
     return {
+        "reproduce": workflow_command([], invocation),
+        "rebuild_report": workflow_command([], invocation, start="snakemake report -R report"),
         "facts": commit_facts(summary["commit"]),
         "config_yaml": yaml.safe_dump(
             config, sort_keys=False, allow_unicode=True, default_flow_style=False
