@@ -91,7 +91,8 @@ def _near(box: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 class ReachesIntoThePadding(torch.nn.Module):
     """Finds each object near where it is, and stretches every detection on the image's
-    border to the edge of the square input: into the letterbox padding."""
+    border to the edge of the square input: into the letterbox padding; finds one more thing
+    in the padding itself, above the image."""
 
     def __init__(self, splits: list[Any]) -> None:
         super().__init__()
@@ -111,10 +112,13 @@ class ReachesIntoThePadding(torch.nn.Module):
                 frame = np.stack(boxes).astype(np.float64) * scale + shift
                 on_border = np.stack(boxes) == np.array([0, 0, WIDTH, HEIGHT])
                 frame[on_border] = np.array([0.0, 0.0, 64.0, 64.0])[on_border.nonzero()[1]]
+                # and one in the padding above the image, the highest scored: clipped, no box
+                frame = np.concatenate([frame, [[8.0, 1.0, 30.0, 9.0]]])
+                scores = [*rng.uniform(0.05, 0.95, len(boxes)), 0.99]
                 self.found[self._key(image)] = {
                     "boxes": torch.tensor(frame, dtype=torch.float32),
-                    "scores": torch.tensor(rng.uniform(0.05, 1.0, len(boxes)), dtype=torch.float32),
-                    "labels": torch.tensor(labels),
+                    "scores": torch.tensor(scores, dtype=torch.float32),
+                    "labels": torch.tensor([*labels, 1]),
                 }
 
     @staticmethod
@@ -234,3 +238,27 @@ def test_the_predictions_files_numbers_are_each_rounded_as_pythons_round_rounds_
     assert [rows.tolist() for rows in evaluate_command._rounded_rows(boxes, 2, counts)] == [
         [[round(v, 2) for v in row] for row in b.astype(np.float64).tolist()] for b in boxes
     ]
+
+
+def test_a_detection_the_clip_leaves_without_area_is_dropped_from_figures_and_predictions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A detection in the letterbox padding, clipped to its image, covers nothing: it is no
+    false positive in AP's ranking (the top score here) and no line in the predictions file."""
+    root = write_coco(tmp_path / "coco")
+    config = tiny_config(root, "data.format=coco", "train.epochs=1")
+    Trainer(config, tmp_path / "run").fit()
+    model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
+    monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
+    monkeypatch.chdir(tmp_path)
+    out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
+    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
+    assert cli.main([*argv, "--out", str(out), "--predictions", str(predictions)]) == 0
+
+    images = json.loads(predictions.read_text())["images"]
+    boxes = np.array([box for image in images for box in image["detections"]["boxes"]])
+    assert ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).all()
+    scores = [score for image in images for score in image["detections"]["scores"]]
+    assert max(scores) < 0.99  # the padding's detection, in every image, is gone
+    metrics = json.loads(out.read_text())["metrics"]
+    assert metrics["num_detections"] == len(scores) == len(boxes)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from pycocotools.coco import COCO
 from tiny_runs import make_data, tiny_config
@@ -225,3 +226,16 @@ def test_a_path_that_names_no_image_is_an_error_naming_it(
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=message):
         find_images([str(tmp_path / item)])
+
+
+def test_a_detection_the_clip_leaves_without_area_is_not_predicted() -> None:
+    """As evaluation drops it: a detection in the letterbox padding covers none of the image."""
+    sample = prediction._Sample(0, None, None, height=32, width=64, error=None)
+    found = {  # a 64 x 32 image letterboxed into 64 x 64 fills rows 16 to 48
+        "boxes": torch.tensor([[4.0, 20.0, 20.0, 30.0], [4.0, 2.0, 20.0, 10.0]]),
+        "scores": torch.tensor([0.6, 0.9]),
+        "labels": torch.tensor([0, 1]),
+    }
+    kept = prediction._in_image_pixels(sample, [Path("a.png")], found, 64, "letterbox")
+    assert kept.boxes.tolist() == [[4.0, 4.0, 20.0, 14.0]]
+    assert kept.scores.tolist() == pytest.approx([0.6]) and kept.labels.tolist() == [0]

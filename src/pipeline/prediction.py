@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.data.dataset import read_image
-from pipeline.data.geometry import Geometry, fit_image
+from pipeline.data.geometry import Geometry, fit_image, has_area
 from pipeline.device import DeviceLike, autocast
 from pipeline.errors import DataError
 from pipeline.models.inference import for_inference
@@ -166,16 +166,19 @@ def _in_image_pixels(
     image_size: int,
     resize: str,
 ) -> Detections:
-    boxes = found["boxes"].detach().to("cpu", torch.float32).numpy()
     geometry = Geometry.of(sample.height, sample.width, image_size, resize)
+    boxes = geometry.to_original(
+        found["boxes"].detach().to("cpu", torch.float32).numpy(), sample.height, sample.width
+    )
+    kept = has_area(boxes)  # as evaluation keeps them
     return Detections(
         sample.index,
         Path(paths[sample.index]),
         sample.width,
         sample.height,
-        geometry.to_original(boxes, sample.height, sample.width),
-        found["scores"].detach().to("cpu", torch.float32).numpy(),
-        found["labels"].detach().cpu().numpy(),
+        boxes[kept],
+        found["scores"].detach().to("cpu", torch.float32).numpy()[kept],
+        found["labels"].detach().cpu().numpy()[kept],
         sample.original,
     )
 

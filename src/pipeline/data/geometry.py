@@ -68,6 +68,15 @@ class Geometry:
         return boxes.clip(0, np.array([width, height] * 2, np.float32))
 
 
+def has_area(boxes: np.ndarray) -> np.ndarray:
+    """Which xyxy boxes [N, 4] cover some area. A detection clipped to its image can be left
+    with none: one centred in the letterbox padding, or beyond the image. Such a box is no
+    detection of anything, only a false positive in AP's ranking and a line in the predictions:
+    evaluation and prediction drop it, as detectors drop the boxes their clip leaves empty
+    (torchvision's `remove_small_boxes` after `clip_boxes_to_image`)."""
+    return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
 def fit_image(image: torch.Tensor, size: int, mode: str = "letterbox") -> torch.Tensor:
     """The image resized to a `size` square, keeping its aspect ratio and padded (letterbox),
     or stretched."""

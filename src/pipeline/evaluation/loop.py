@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.data.geometry import has_area
 from pipeline.device import DeviceLike, autocast, synchronize
 from pipeline.errors import ConfigError
 from pipeline.evaluation.coco import coco_ap, without_cyclic_gc
@@ -90,7 +91,8 @@ def _detections(
     image_ids: Sequence[int], decoded: Sequence[Record], targets: Sequence[Record]
 ) -> list[dict[str, Any]]:
     """A batch's decoded detections as the numpy records the metric functions take, the
-    boxes clipped to their images' own areas in the input frame (a target's `region`).
+    boxes clipped to their images' own areas in the input frame (a target's `region`); a box
+    the clip leaves without area is dropped (`has_area`).
 
     A letterboxed image fills only part of the square input; a detection reaching into the
     padding is scored as it maps back to the image's own pixels (what the predictions file
@@ -104,6 +106,11 @@ def _detections(
     # cost several times the clip itself)
     lower = np.repeat(regions[:, [0, 1, 0, 1]], rows, axis=0)
     boxes = np.clip(boxes, lower, np.repeat(regions[:, [2, 3, 2, 3]], rows, axis=0))
+    kept = has_area(boxes)
+    if not kept.all():
+        image_of = np.repeat(np.arange(rows.size), rows)[kept]
+        boxes, scores, labels = boxes[kept], scores[kept], labels[kept]
+        rows = np.bincount(image_of, minlength=rows.size)
     return [
         {"image_id": image_id, "boxes": boxes[of], "scores": scores[of], "labels": labels[of]}
         for image_id, of in zip(image_ids, _slices(rows), strict=True)
