@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from datetime import datetime
 from pathlib import Path
@@ -757,6 +758,39 @@ def test_a_voc_split_given_as_a_folder_gives_training_its_xml_files_as_inputs(
     ]
     assert len(expected) == 12
     assert [name for name in inputs if str(export) in name] == expected
+
+
+def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
+    """The benchmarks read the training split for its class count alone: an edited box moves
+    no timing, so it does not cost the minutes of benchmarks again (training, whose inputs the
+    same files are, reruns)."""
+    root = copy_repository(tmp_path / "repo")
+    export = tmp_path / "export"
+    make_roboflow_export(export)
+    config = [
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}'}}",
+    ]
+    assert snakemake(root, "--cores", "1", "results/env.json", *config).returncode == 0
+    target = "results/bench/cpu-fp32-train.json"
+    planned = snakemake(root, "-n", target, *config)
+    bench_job = planned.stdout.split("rule bench_backend:", 1)[1]
+    outputs = bench_job.split("output: ", 1)[1].splitlines()[0].split(", ")
+    assert target in outputs
+    for name in outputs:  # as if the benchmarks had run
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("{}")
+    xml = sorted((export / "train").glob("[!.]*.xml"))[0]
+    xml.write_text(xml.read_text() + "\n")
+    later = time.time() + 60
+    os.utime(xml, (later, later))
+    result = snakemake(root, "-n", target, *config)
+    assert result.returncode == 0, result.stderr
+    assert planned_jobs(result) == set(), result.stdout[-3000:]
 
 
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
