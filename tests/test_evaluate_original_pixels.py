@@ -170,17 +170,23 @@ def pycocotools_ap(annotation_file: Path, predictions: dict[str, Any]) -> tuple[
     return float(evaluation.stats[0]), float(evaluation.stats[1])
 
 
-def test_evaluate_on_non_square_images_gives_pycocotools_ap_in_the_images_own_pixels(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def evaluate_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[str]]:
+    """The COCO data written under `tmp_path` and the `evaluate` command line of a checkpoint
+    trained on it, whose model is `ReachesIntoThePadding`."""
     root = write_coco(tmp_path / "coco")
     config = tiny_config(root, "data.format=coco", "train.epochs=1")
     Trainer(config, tmp_path / "run").fit()
     model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
     monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
     monkeypatch.chdir(tmp_path)  # away from the repository's config/config.yaml
+    return root, ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
+
+
+def test_evaluate_on_non_square_images_gives_pycocotools_ap_in_the_images_own_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, argv = evaluate_argv(tmp_path, monkeypatch)
     out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
-    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
     assert cli.main([*argv, "--out", str(out), "--predictions", str(predictions)]) == 0
 
     metrics = json.loads(out.read_text())["metrics"]
@@ -195,13 +201,7 @@ def test_evaluate_drops_detections_below_the_score_floor_from_its_figures_and_pr
 ) -> None:
     """eval.min_score applies where `evaluate` decodes: the predictions file holds no detection
     below it, and the figures are pycocotools' on exactly the detections the file holds."""
-    root = write_coco(tmp_path / "coco")
-    config = tiny_config(root, "data.format=coco", "train.epochs=1")
-    Trainer(config, tmp_path / "run").fit()
-    model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
-    monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
-    monkeypatch.chdir(tmp_path)
-    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
+    root, argv = evaluate_argv(tmp_path, monkeypatch)
     written = {}
     for floor in (0.0, 0.5):
         out, predictions = tmp_path / f"eval-{floor}.json", tmp_path / f"predictions-{floor}.json"
@@ -245,14 +245,8 @@ def test_a_detection_the_clip_leaves_without_area_is_dropped_from_figures_and_pr
 ) -> None:
     """A detection in the letterbox padding, clipped to its image, covers nothing: it is no
     false positive in AP's ranking (the top score here) and no line in the predictions file."""
-    root = write_coco(tmp_path / "coco")
-    config = tiny_config(root, "data.format=coco", "train.epochs=1")
-    Trainer(config, tmp_path / "run").fit()
-    model = ReachesIntoThePadding([load_split(config, "val"), load_split(config, "test")])
-    monkeypatch.setattr(checkpoint, "restore_model", lambda *args, **kwargs: model)
-    monkeypatch.chdir(tmp_path)
+    _, argv = evaluate_argv(tmp_path, monkeypatch)
     out, predictions = tmp_path / "eval.json", tmp_path / "predictions.json"
-    argv = ["--cpu-threads", "1", "evaluate", "--checkpoint", str(tmp_path / "run/best.pth")]
     assert cli.main([*argv, "--out", str(out), "--predictions", str(predictions)]) == 0
 
     images = json.loads(predictions.read_text())["images"]
