@@ -793,6 +793,35 @@ def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
     assert planned_jobs(result) == set(), result.stdout[-3000:]
 
 
+def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_its_checkpoint(
+    repo_copy: Path, tmp_path: Path
+) -> None:
+    """Training's checkpoint keeps no test split keys (a new test file retrains nothing), so
+    the evaluation job must name them: without them it reported on validation, though the
+    user's config named a test split."""
+    export = tmp_path / "export"
+    make_roboflow_export(export)
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "-p",
+        "results/eval/cpu-fp32.json",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        "precision=fp32",
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}', test_annotations: '{export / 'test'}'}}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
+    words = shlex.split(command)
+    assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in words
+    train = next(line for line in result.stdout.splitlines() if " train --" in line)
+    assert "test_annotations" not in train  # the test split still retrains nothing
+
+
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
     finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
 ) -> None:

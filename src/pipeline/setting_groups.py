@@ -61,6 +61,14 @@ def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def test_split_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The data keys that say which test split to report on (TEST_SPLIT_KEYS). Training leaves
+    them out of its checkpoint's config, so the evaluation must be told them: without them it
+    reads the checkpoint's defaults and reports on validation."""
+    data = config.get("data") or {}
+    return {"data": {key: copy.deepcopy(data.get(key)) for key in TEST_SPLIT_KEYS}}
+
+
 def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The settings training reads besides `result_settings` (see SPEED_SETTINGS)."""
     return {

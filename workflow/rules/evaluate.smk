@@ -27,7 +27,9 @@ rule evaluate_run:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
         device=run_device,
-        settings=runs.flatten({"eval": config["eval"]}),
+        settings=runs.flatten(
+            {"eval": config["eval"], **setting_groups.test_split_settings(config)}
+        ),
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} evaluate --checkpoint {input.checkpoint:q} --device {params.device}"
         " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
