@@ -822,6 +822,28 @@ def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_i
     assert "test_annotations" not in train  # the test split still retrains nothing
 
 
+def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy: Path) -> None:
+    """Training's checkpoint keeps no data.synthetic.num_test, so its config has the default
+    test split: without num_test: 0 passed, the evaluation reported on whatever test file an
+    earlier run had left (or failed for want of one) though the config asks for none."""
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "-p",
+        "results/eval/cpu-fp32.json",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        "precision=fp32",
+        "data={synthetic: {num_test: 0}}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "prepare_test_data" not in result.stdout
+    (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
+    assert "data.synthetic.num_test=0" in shlex.split(command)
+
+
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
     finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
 ) -> None:

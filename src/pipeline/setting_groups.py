@@ -62,11 +62,17 @@ def result_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def test_split_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The data keys that say which test split to report on (TEST_SPLIT_KEYS). Training leaves
-    them out of its checkpoint's config, so the evaluation must be told them: without them it
-    reads the checkpoint's defaults and reports on validation."""
+    """The data keys that say which test split to report on (TEST_SPLIT_KEYS, and whether the
+    generated set has one: data.synthetic.num_test). Training leaves them out of its
+    checkpoint's config, so the evaluation must be told them: without them it reads the
+    checkpoint's defaults, and reports on validation though the config names a test split, or
+    on a test file the config no longer asks for (num_test: 0, after a run that had one)."""
     data = config.get("data") or {}
-    return {"data": {key: copy.deepcopy(data.get(key)) for key in TEST_SPLIT_KEYS}}
+    settings = {key: copy.deepcopy(data.get(key)) for key in TEST_SPLIT_KEYS}
+    synthetic = data.get("synthetic")
+    if isinstance(synthetic, dict):
+        settings["synthetic"] = {"num_test": synthetic.get("num_test")}
+    return {"data": settings}
 
 
 def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
