@@ -25,7 +25,7 @@ from pipeline.runs import (
     run_config,
     training_runs,
 )
-from pipeline.setting_groups import result_settings, speed_settings
+from pipeline.setting_groups import other_training_settings, result_settings
 
 # the AMP policy of the device layer, as check_env writes it into env.json
 RESOLVED_AMP = {
@@ -461,12 +461,32 @@ def test_run_config_is_the_workflow_config_with_the_runs_device_precision_and_sw
 
 
 def test_the_workflows_training_settings_reproduce_every_setting_training_reads() -> None:
-    """The train rule passes result_settings as params and speed_settings beside them: between
-    them nothing may be left to the train command's own default config."""
+    """The train rule passes result_settings as params and other_training_settings beside them:
+    between them nothing may be left to the train command's own default config."""
     config = _config("train.lr=0.00001", "data.cache=false", "eval.batch_size=3", "precision=bf16")
-    passed = _config(*flatten(result_settings(config)), *flatten(speed_settings(config)))
+    passed = _config(*flatten(result_settings(config)), *flatten(other_training_settings(config)))
     for key in ("seed", "deterministic", "precision", "data", "model", "train", "eval"):
         assert passed[key] == config[key], key
+
+
+def test_a_training_that_carves_the_test_split_is_told_the_test_split_null_that_allows_it(
+    tmp_path: Path,
+) -> None:
+    """A data.root holding a test file may still carve the test split (data.test_fraction)
+    with data.test_split: null; training, left the default test_split, found the file and
+    refused, asking for the very setting the config had."""
+    from pipeline.data import carved_splits
+
+    (tmp_path / "instances_test.json").write_text("{}")
+    config = _config(
+        "data.format=coco",
+        f"data.root={tmp_path}",
+        "data.test_fraction=0.2",
+        "data.test_split=null",
+    )
+    passed = _config(*flatten(result_settings(config)), *flatten(other_training_settings(config)))
+    assert carved_splits(passed) == {"test": 0.2}
+    assert "test_split" not in other_training_settings(_config())["data"]  # retrains nothing
 
 
 def test_the_held_out_test_split_is_no_training_setting() -> None:

@@ -25,7 +25,8 @@ VALIDATION_EVAL_KEYS = (
     "protocol",
     "flip_test",
 )
-# Data keys training never reads: the held-out test split is the evaluation's alone.
+# Data keys no training result depends on: the held-out test split is the evaluation's alone
+# (training checks them only while it carves the test split: see other_training_settings).
 TEST_SPLIT_KEYS = ("test_split", "test_annotations", "test_images_dir")
 # Data keys whose null means off, left out of the settings while off: a run made before they
 # existed (a checkpoint's config, a summary without them) then has the same settings. Set, both
@@ -81,6 +82,18 @@ def speed_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         section: {key: copy.deepcopy(config[section][key]) for key in keys}
         for section, keys in SPEED_SETTINGS.items()
     }
+
+
+def other_training_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What training reads besides `result_settings`, none of which changes what it learns:
+    `speed_settings`, and, while data.test_fraction carves the test split out of training, the
+    keys that give one (`test_split_settings`). Training refuses a test split both carved and
+    given, so without the user's data.test_split: null it would find the default's file under
+    data.root and refuse the very setting that allows carving."""
+    settings = speed_settings(config)
+    if (config.get("data") or {}).get("test_fraction") is not None:
+        settings["data"].update(test_split_settings(config)["data"])
+    return settings
 
 
 def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:

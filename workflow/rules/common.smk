@@ -284,11 +284,12 @@ def train_settings(wildcards):
     return runs.flatten(setting_groups.result_settings(run_config))
 
 
-def train_speed_settings(wildcards, threads):
-    """The rest of what training reads: how fast data load, validation's batch size. A
+def train_other_settings(wildcards, threads):
+    """The rest of what training reads (pipeline.setting_groups.other_training_settings): how
+    fast data load, validation's batch size, the test split while training carves it. A
     params function of `threads` is a derived param to Snakemake (snakemake#3154), which
     leaves it out of the params rerun trigger: changing one of these reruns nothing."""
-    return runs.flatten(setting_groups.speed_settings(config))
+    return runs.flatten(setting_groups.other_training_settings(config))
 
 
 def precision_choice_option(wildcards, input):

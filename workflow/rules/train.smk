@@ -31,10 +31,10 @@ rule train_run:
         run_dir="results/train/{run}",
         choice=precision_choice_option,
         settings=train_settings,
-        speed=train_speed_settings,
+        other=train_other_settings,
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} train --resume-if-possible --device {params.device}"
-        " --out {params.run_dir:q} {params.choice:q} {params.settings:q} {params.speed:q}"
+        " --out {params.run_dir:q} {params.choice:q} {params.settings:q} {params.other:q}"
 
 
 rule train:
