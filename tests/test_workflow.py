@@ -844,6 +844,31 @@ def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy:
     assert "data.synthetic.num_test=0" in shlex.split(command)
 
 
+def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_from_training(
+    repo_copy: Path,
+) -> None:
+    """The checkpoint's config keeps the data loading settings training ran with, and changing
+    them reruns no training: without them passed, data.cache: false set after an evaluation
+    ran out of memory left it caching again on its rerun."""
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "-p",
+        "results/eval/cpu-fp32.json",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        "precision=fp32",
+        "data={cache: false, num_workers: 0}",
+        "eval={batch_size: 8}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
+    words = shlex.split(command)
+    assert {"data.cache=false", "data.num_workers=0", "eval.batch_size=8"} <= set(words)
+
+
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
     finished: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
 ) -> None:

@@ -111,12 +111,22 @@ def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         and _in_settings(key, value)
         and not (key == "root" and data.get("format") == "synthetic")
     }
-    settings["eval"] = {
+    settings["eval"] = _eval_without_speed(config)
+    return settings
+
+
+def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What an evaluation's figures depend on besides its checkpoint: every eval key but the
+    speed ones, and the test split (`test_split_settings`), which the checkpoint leaves out."""
+    return {"eval": _eval_without_speed(config), **test_split_settings(config)}
+
+
+def _eval_without_speed(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {
         key: copy.deepcopy(value)
         for key, value in (config.get("eval") or {}).items()
         if key not in SPEED_SETTINGS["eval"]
     }
-    return settings
 
 
 def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:

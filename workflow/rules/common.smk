@@ -292,6 +292,14 @@ def train_other_settings(wildcards, threads):
     return runs.flatten(setting_groups.other_training_settings(config))
 
 
+def speed_settings(wildcards, threads):
+    """How fast data load and evaluation batches run (pipeline.setting_groups.speed_settings),
+    for the jobs that read a checkpoint: its config keeps the values training ran with, and a
+    change since (data.cache: false after caching ran out of memory) must reach them. Derived
+    (a function of `threads`, see train_other_settings): changing one reruns nothing."""
+    return runs.flatten(setting_groups.speed_settings(config))
+
+
 def precision_choice_option(wildcards, input):
     return ["--precision-choice", input.choice[0]] if input.choice else []
 

@@ -27,12 +27,11 @@ rule evaluate_run:
         python=interpreter,
         cpu_threads=config["cpu_threads"],
         device=run_device,
-        settings=runs.flatten(
-            {"eval": config["eval"], **setting_groups.test_split_settings(config)}
-        ),
+        settings=runs.flatten(setting_groups.evaluation_settings(config)),
+        speed=speed_settings,
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} evaluate --checkpoint {input.checkpoint:q} --device {params.device}"
-        " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q}"
+        " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q} {params.speed:q}"
 
 
 rule evaluate:
