@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 from report_page import SECTION_IDS, Page, assert_self_contained
 from results_schemas import check_results
 from test_voc_layouts import make_roboflow_export
@@ -867,6 +868,31 @@ def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_fr
     (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
     words = shlex.split(command)
     assert {"data.cache=false", "data.num_workers=0", "eval.batch_size=8"} <= set(words)
+
+
+def test_the_prediction_job_is_told_the_configs_evaluation_batch_size(
+    repo_copy: Path, tmp_path: Path
+) -> None:
+    """predict batches images by eval.batch_size, which the checkpoint keeps as training ran
+    with it: a smaller one set since (a GPU out of memory) must reach the prediction job."""
+    Image.new("RGB", (32, 32)).save(tmp_path / "photo.png")
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "-p",
+        "results/predict/cpu-fp32/images.json",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        "precision=fp32",
+        "eval={batch_size: 3}",
+        f"predict={{images: [{tmp_path}]}}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (command,) = [line for line in result.stdout.splitlines() if " predict --checkpoint" in line]
+    words = shlex.split(command)
+    assert words[words.index("--batch-size") + 1] == "3"
 
 
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(

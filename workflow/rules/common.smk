@@ -324,6 +324,13 @@ def predict_images(wildcards):
     return [str(path) for path in find_images(predict_items())]
 
 
+def predict_batch_size(wildcards, threads):
+    """eval.batch_size as the config has it now: the checkpoint's is training's, and a smaller
+    one set since (a GPU out of memory) must reach prediction. Derived (see speed_settings):
+    changing it reruns nothing."""
+    return config["eval"]["batch_size"]
+
+
 def predict_options():
     settings = config["predict"]
     threshold = settings["score_threshold"]
