@@ -819,8 +819,8 @@ def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_i
     (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
     words = shlex.split(command)
     assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in words
-    train = next(line for line in result.stdout.splitlines() if " train --" in line)
-    assert "test_annotations" not in train  # the test split still retrains nothing
+    # that the test split still retrains nothing is test_runs.py's to check: in a dry run before
+    # check_env has run, the training job's settings are printed as <TBD>
 
 
 def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy: Path) -> None:
