@@ -1,7 +1,8 @@
 """Which settings a figure depends on: what must match for a training to resume or be reused
 (`result_settings`), what only changes its speed (`speed_settings`), and what two runs' accuracy
-figures are comparable under (`accuracy_settings`). No torch here: the Snakefile imports this at
-parse time.
+figures are comparable under (`accuracy_settings`); and what the workflow must pass the jobs that
+read a checkpoint, whose config lacks it or holds training's value (`evaluation_settings`,
+`speed_settings`). No torch here: the Snakefile imports this at parse time.
 """
 
 from __future__ import annotations
