@@ -2,7 +2,7 @@
 (`result_settings`), what only changes its speed (`speed_settings`), and what two runs' accuracy
 figures are comparable under (`accuracy_settings`); and what the workflow must pass the jobs that
 read a checkpoint, whose config lacks it or holds training's value (`evaluation_settings`,
-`speed_settings`). No torch here: the Snakefile imports this at parse time.
+`loading_settings`). No torch here: the Snakefile imports this at parse time.
 """
 
 from __future__ import annotations
@@ -112,22 +112,24 @@ def accuracy_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         and _in_settings(key, value)
         and not (key == "root" and data.get("format") == "synthetic")
     }
-    settings["eval"] = _eval_without_speed(config)
-    return settings
-
-
-def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What an evaluation's figures depend on besides its checkpoint: every eval key but the
-    speed ones, and the test split (`test_split_settings`), which the checkpoint leaves out."""
-    return {"eval": _eval_without_speed(config), **test_split_settings(config)}
-
-
-def _eval_without_speed(config: Mapping[str, Any]) -> dict[str, Any]:
-    return {
+    settings["eval"] = {
         key: copy.deepcopy(value)
         for key, value in (config.get("eval") or {}).items()
         if key not in SPEED_SETTINGS["eval"]
     }
+    return settings
+
+
+def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What the workflow's evaluation job reruns on besides its checkpoint: every eval key, and
+    the test split (`test_split_settings`), which the checkpoint leaves out."""
+    return {"eval": copy.deepcopy(dict(config.get("eval") or {})), **test_split_settings(config)}
+
+
+def loading_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """How fast data load (SPEED_SETTINGS' data keys): what an evaluation must be told besides
+    `evaluation_settings`, as the checkpoint holds training's values, never rerun by a change."""
+    return {"data": {key: copy.deepcopy(config["data"][key]) for key in SPEED_SETTINGS["data"]}}
 
 
 def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -292,12 +292,12 @@ def train_other_settings(wildcards, threads):
     return runs.flatten(setting_groups.other_training_settings(config))
 
 
-def speed_settings(wildcards, threads):
-    """How fast data load and evaluation batches run (pipeline.setting_groups.speed_settings),
-    for the jobs that read a checkpoint: its config keeps the values training ran with, and a
-    change since (data.cache: false after caching ran out of memory) must reach them. Derived
-    (a function of `threads`, see train_other_settings): changing one reruns nothing."""
-    return runs.flatten(setting_groups.speed_settings(config))
+def loading_settings(wildcards, threads):
+    """How fast data load (pipeline.setting_groups.loading_settings), for the evaluation: the
+    checkpoint's config keeps the values training ran with, and a change since (data.cache:
+    false after caching ran out of memory) must reach it. Derived (a function of `threads`,
+    see train_other_settings): changing one reruns nothing."""
+    return runs.flatten(setting_groups.loading_settings(config))
 
 
 def precision_choice_option(wildcards, input):
@@ -326,7 +326,7 @@ def predict_images(wildcards):
 
 def predict_batch_size(wildcards, threads):
     """eval.batch_size as the config has it now: the checkpoint's is training's, and a smaller
-    one set since (a GPU out of memory) must reach prediction. Derived (see speed_settings):
+    one set since (a GPU out of memory) must reach prediction. Derived (see loading_settings):
     changing it reruns nothing."""
     return config["eval"]["batch_size"]
 

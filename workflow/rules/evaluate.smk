@@ -28,10 +28,10 @@ rule evaluate_run:
         cpu_threads=config["cpu_threads"],
         device=run_device,
         settings=runs.flatten(setting_groups.evaluation_settings(config)),
-        speed=speed_settings,
+        loading=loading_settings,
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} evaluate --checkpoint {input.checkpoint:q} --device {params.device}"
-        " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q} {params.speed:q}"
+        " --out {output.metrics:q} --predictions {output.predictions:q} {params.settings:q} {params.loading:q}"
 
 
 rule evaluate:
