@@ -794,6 +794,20 @@ def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
     assert planned_jobs(result) == set(), result.stdout[-3000:]
 
 
+def planned_command(
+    root: Path, target: str, command: str, *settings: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A dry run of `target` on the CI config with a CPU fp32 run and `settings` (--config),
+    and the words of the one `python -m pipeline COMMAND --checkpoint ...` line it prints."""
+    result = snakemake(
+        root, "-n", "-p", target, "--configfile", CI_CONFIG, "--config", "device=cpu",
+        "precision=fp32", *settings,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if f" {command} --checkpoint" in line]
+    return result, shlex.split(line)
+
+
 def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_its_checkpoint(
     repo_copy: Path, tmp_path: Path
 ) -> None:
@@ -802,22 +816,13 @@ def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_i
     user's config named a test split."""
     export = tmp_path / "export"
     make_roboflow_export(export)
-    result = snakemake(
+    _, words = planned_command(
         repo_copy,
-        "-n",
-        "-p",
         "results/eval/cpu-fp32.json",
-        "--configfile",
-        CI_CONFIG,
-        "--config",
-        "device=cpu",
-        "precision=fp32",
+        "evaluate",
         f"data={{format: voc, train_annotations: '{export / 'train'}', "
         f"val_annotations: '{export / 'valid'}', test_annotations: '{export / 'test'}'}}",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
-    words = shlex.split(command)
     assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in words
     # that the test split still retrains nothing is test_runs.py's to check: in a dry run before
     # check_env has run, the training job's settings are printed as <TBD>
@@ -827,22 +832,11 @@ def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy:
     """Training's checkpoint keeps no data.synthetic.num_test, so its config has the default
     test split: without num_test: 0 passed, the evaluation reported on whatever test file an
     earlier run had left (or failed for want of one) though the config asks for none."""
-    result = snakemake(
-        repo_copy,
-        "-n",
-        "-p",
-        "results/eval/cpu-fp32.json",
-        "--configfile",
-        CI_CONFIG,
-        "--config",
-        "device=cpu",
-        "precision=fp32",
-        "data={synthetic: {num_test: 0}}",
+    result, words = planned_command(
+        repo_copy, "results/eval/cpu-fp32.json", "evaluate", "data={synthetic: {num_test: 0}}"
     )
-    assert result.returncode == 0, result.stdout + result.stderr
     assert "prepare_test_data" not in result.stdout
-    (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
-    assert "data.synthetic.num_test=0" in shlex.split(command)
+    assert "data.synthetic.num_test=0" in words
 
 
 def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_from_training(
@@ -851,22 +845,13 @@ def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_fr
     """The checkpoint's config keeps the data loading settings training ran with, and changing
     them reruns no training: without them passed, data.cache: false set after an evaluation
     ran out of memory left it caching again on its rerun."""
-    result = snakemake(
+    _, words = planned_command(
         repo_copy,
-        "-n",
-        "-p",
         "results/eval/cpu-fp32.json",
-        "--configfile",
-        CI_CONFIG,
-        "--config",
-        "device=cpu",
-        "precision=fp32",
+        "evaluate",
         "data={cache: false, num_workers: 0}",
         "eval={batch_size: 8}",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    (command,) = [line for line in result.stdout.splitlines() if " evaluate --checkpoint" in line]
-    words = shlex.split(command)
     assert {"data.cache=false", "data.num_workers=0", "eval.batch_size=8"} <= set(words)
 
 
@@ -876,22 +861,13 @@ def test_the_prediction_job_is_told_the_configs_evaluation_batch_size(
     """predict batches images by eval.batch_size, which the checkpoint keeps as training ran
     with it: a smaller one set since (a GPU out of memory) must reach the prediction job."""
     Image.new("RGB", (32, 32)).save(tmp_path / "photo.png")
-    result = snakemake(
+    _, words = planned_command(
         repo_copy,
-        "-n",
-        "-p",
         "results/predict/cpu-fp32/images.json",
-        "--configfile",
-        CI_CONFIG,
-        "--config",
-        "device=cpu",
-        "precision=fp32",
+        "predict",
         "eval={batch_size: 3}",
         f"predict={{images: [{tmp_path}]}}",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    (command,) = [line for line in result.stdout.splitlines() if " predict --checkpoint" in line]
-    words = shlex.split(command)
     assert words[words.index("--batch-size") + 1] == "3"
 
 
