@@ -129,7 +129,7 @@ def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 def loading_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """How fast data load (SPEED_SETTINGS' data keys): what an evaluation must be told besides
     `evaluation_settings`, as the checkpoint holds training's values, never rerun by a change."""
-    return {"data": {key: copy.deepcopy(config["data"][key]) for key in SPEED_SETTINGS["data"]}}
+    return {"data": speed_settings(config)["data"]}
 
 
 def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
