@@ -7,8 +7,9 @@ where it has one), `pipeline/data/dataset.py` and `pipeline/models/targets.py`, 
 cheaper). Rows, each timed in blocks that alternate ABBA for R rounds:
 
 - render: `render_sample` of the default spec (training images), ms per image;
-- png: the PNG encoding of those images with the tree's encoder options (A) against Pillow's
-  defaults (B), ms per image, and the mean file size of each;
+- png: the PNG encoding of those images with the tree's writer (`synthetic.png_bytes`, A)
+  against Pillow's defaults (B), ms per image, and the mean file size of each;
+- png_decode: decoding those files as every loader does (`dataset.read_image`), ms per image;
 - generate: `generate` of the splits the prepare_data (train, val) and prepare_test_data (test)
   jobs make, with every usable CPU, seconds per job (the jobs' own process start-up excluded);
 - loader: the default config's cached training DataLoader (augmentation, collate), ms per batch,
@@ -145,32 +146,45 @@ def render_row(
     return row("render_sample, ms per image", "ms", samples), images
 
 
-def png_row(args, images: list[np.ndarray]) -> dict[str, Any]:
-    options = {"A": tree_synthetic._PNG_OPTIONS, "B": {}}
+def png_rows(args, images: list[np.ndarray]) -> dict[str, dict[str, Any]]:
+    """Encoding the images with this tree's writer (A) and with Pillow's defaults (B), and
+    decoding those files as the loaders do (`dataset.read_image`)."""
 
     def encode(pixels: np.ndarray, kind: str) -> bytes:
+        if kind == "A":
+            return tree_synthetic.png_bytes(pixels)
         out = io.BytesIO()
-        Image.fromarray(pixels).save(out, format="PNG", **options[kind])
+        Image.fromarray(pixels).save(out, format="PNG")
         return out.getvalue()
 
-    size = {kind: statistics.mean(len(encode(p, kind)) for p in images) for kind in options}
-    for pixels in images[:8]:
-        if not np.array_equal(np.asarray(Image.open(io.BytesIO(encode(pixels, "A")))), pixels):
-            raise RuntimeError(
-                "a PNG written with the tree's options does not decode to its pixels"
-            )
-    samples = alternate(
+    files = {kind: [encode(pixels, kind) for pixels in images] for kind in ("A", "B")}
+    size = {kind: statistics.mean(len(blob) for blob in files[kind]) for kind in files}
+    for index, pixels in enumerate(images):
+        for kind in files:
+            decoded = tree_dataset.read_image(io.BytesIO(files[kind][index])).numpy()
+            if not np.array_equal(decoded.transpose(1, 2, 0), pixels):
+                raise RuntimeError(f"side {kind}'s PNG of image {index} decodes to other pixels")
+    encoding = alternate(
         {k: lambda r, k=k: timed_each(lambda i: encode(images[i], k), range(len(images)))
-         for k in options},
+         for k in files},
         args.rounds,
     )  # fmt: skip
-    return row(
-        "PNG encoding, ms per image",
-        "ms",
-        samples,
-        mean_bytes=size,
-        size_ratio_a_to_b=size["A"] / size["B"],
-    )
+    decoding = alternate(
+        {k: lambda r, k=k: timed_each(
+            lambda i: tree_dataset.read_image(io.BytesIO(files[k][i])), range(len(images)))
+         for k in files},
+        args.rounds,
+    )  # fmt: skip
+    return {
+        "png": row(
+            "PNG encoding, ms per image",
+            "ms",
+            encoding,
+            mean_bytes=size,
+            size_ratio_a_to_b=size["A"] / size["B"],
+        ),
+        "png_decode": row("PNG decoding (read_image), ms per image", "ms", decoding),
+    }
 
 
 def generate_rows(args, old: types.ModuleType, root: Path) -> dict[str, dict[str, Any]]:
@@ -347,7 +361,7 @@ def main(argv: list[str]) -> int:
     conditions = timing.RunConditions()
     rows: dict[str, dict[str, Any]] = {}
     rows["render"], images = render_row(args, old_synthetic, old_renderer)
-    rows["png"] = png_row(args, images)
+    rows.update(png_rows(args, images))
     with tempfile.TemporaryDirectory() as root:
         rows.update(generate_rows(args, old_synthetic, Path(root)))
         made, config = loaders(args, old_dataset, Path(root) / "A-0")
