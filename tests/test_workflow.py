@@ -794,6 +794,25 @@ def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
     assert planned_jobs(result) == set(), result.stdout[-3000:]
 
 
+def test_the_benchmark_job_is_told_the_training_settings_its_numerics_check_reads(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """The numerics check trains a few steps before it compares the precisions' loss and
+    gradients: it trained at the working folder's config/config.yaml, whatever the user's
+    --configfile said (that a change of them reruns no benchmark is pinned above)."""
+    root, _ = finished
+    settings = {"lr": 0.0123, "box_weight": 2.5, "momentum": 0.8, "weight_decay": 0.002}
+    result = snakemake(
+        root, "-n", "-p", "--forcerun", "bench_backend", "results/bench/cpu-fp32-train.json",
+        *E2E_CONFIG, "train=" + json.dumps(settings),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if " bench --device" in line]
+    words = shlex.split(line)
+    for key, value in settings.items():
+        assert f"train.{key}={value}" in words
+
+
 def planned_command(
     root: Path, target: str, command: str, *settings: str
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:

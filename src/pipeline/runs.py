@@ -225,6 +225,9 @@ def bench_matrix(config: dict[str, Any], env: dict[str, Any]) -> list[tuple[str,
 # optimizer's hyperparameters (lr, weight decay, momentum) and the loss weights change no
 # timing: a new learning rate reruns training, not the benchmarks.
 BENCH_TRAIN_KEYS = ("batch_size", "channels_last", "grad_clip", "optimizer")
+# What the benchmark's numerics check reads besides: the steps it trains before comparing the
+# precisions, and the loss it compares, are training's.
+BENCH_NUMERICS_KEYS = ("box_weight", "lr", "momentum", "weight_decay")
 # Data keys that only change how fast images load or how they are augmented, not the step.
 DATA_LOADING_KEYS = ("augment", "cache", "cache_budget", "num_workers", "synthetic")
 
@@ -240,6 +243,13 @@ def bench_settings(config: dict[str, Any]) -> dict[str, Any]:
         "train": {key: config["train"][key] for key in BENCH_TRAIN_KEYS},
         "bench": {**config["bench"], "models": benchmarked_models(config)},
     }
+
+
+def bench_numerics_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The training keys only the benchmark's numerics check reads (BENCH_NUMERICS_KEYS): the
+    workflow passes them so that the check runs at the config's values, not at the defaults,
+    without making them a rerun trigger."""
+    return {"train": {key: config["train"][key] for key in BENCH_NUMERICS_KEYS}}
 
 
 def flatten(settings: dict[str, Any]) -> list[str]:

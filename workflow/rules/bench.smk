@@ -25,9 +25,10 @@ rule bench_backend:
         modes=",".join(config["bench"]["modes"]),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         settings=runs.flatten(runs.bench_settings(config)),
+        numerics=bench_numerics_settings,
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
-        " --precision {params.precisions} --mode {params.modes} --out-dir {params.out_dir:q} {params.settings:q}"
+        " --precision {params.precisions} --mode {params.modes} --out-dir {params.out_dir:q} {params.settings:q} {params.numerics:q}"
 
 
 checkpoint choose_precision:

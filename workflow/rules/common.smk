@@ -292,6 +292,14 @@ def train_other_settings(wildcards, threads):
     return runs.flatten(setting_groups.other_training_settings(config))
 
 
+def bench_numerics_settings(wildcards, threads):
+    """The training keys the benchmark's numerics check reads (runs.bench_numerics_settings):
+    without them it would train at the defaults, not at the user's --configfile. Derived (a
+    function of `threads`, see train_other_settings): a new learning rate reruns training, not
+    the benchmarks."""
+    return runs.flatten(runs.bench_numerics_settings(config))
+
+
 def loading_settings(wildcards, threads):
     """How fast data load (pipeline.setting_groups.loading_settings), for the evaluation: the
     checkpoint's config keeps the values training ran with, and a change since (data.cache:
