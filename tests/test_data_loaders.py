@@ -845,6 +845,38 @@ def test_coco_splits_that_number_the_same_classes_differently_are_matched_by_nam
     assert val.class_names[rgba.labels[0]] == "dog"
 
 
+def test_a_coco_class_with_objects_only_in_validation_names_the_file_and_the_class(
+    coco_root: Path,
+) -> None:
+    """Both files list cat and dog, as every split of an export lists its categories, but no
+    training object is a dog: the model could not learn it, as a VOC split's is refused."""
+    cats_only = [ann for ann in GOOD if ann["category_id"] == 3]
+    _write_coco(
+        coco_root,
+        "instances_train.json",
+        _coco_document(
+            {
+                "gray.png": (40, 40),
+                "rgba.png": (40, 40),
+                "palette.png": (40, 40),
+                "wide.png": (80, 40),
+            },
+            cats_only,
+        ),
+    )
+    with pytest.raises(DataError) as caught:
+        load_splits(_coco_config(coco_root))
+    assert str(caught.value).startswith(
+        f"COCO annotation file {coco_root / 'instances_val.json'} (split 'val') has objects of "
+        f"class(es) ['dog'], which no object of the training split "
+        f"{coco_root / 'instances_train.json'} has: a model cannot learn a class it never "
+        "trains on."
+    )
+    train, val = load_splits(_coco_config(coco_root, "data.classes=[cat]"))
+    assert train.class_names == val.class_names == ["cat"]
+    assert val.other_class_objects == 2
+
+
 def test_explicit_annotation_files_and_images_dir_override_the_root(
     coco_root: Path, tmp_path: Path
 ) -> None:
