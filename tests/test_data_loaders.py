@@ -1152,12 +1152,54 @@ def test_voc_a_missing_image_whose_size_must_be_read_is_named_as_the_image_check
     (voc_root / "Annotations" / "wide.xml").write_text(
         "<annotation><filename>gone.png</filename></annotation>"
     )
+    (voc_root / "JPEGImages" / "wide.png").unlink()
     with pytest.raises(DataError) as raised:
         load_voc(voc_root, "val", check_images=False)
     assert str(raised.value) == (
         f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'} refers to image file(s) that do not "
-        f"exist: {voc_root / 'JPEGImages' / 'gone.png'}. Check {voc_root / 'JPEGImages'} and "
+        f"exist: {voc_root / 'JPEGImages' / 'wide.png'}. Check {voc_root / 'JPEGImages'} and "
         "the <filename> entries, or regenerate the data set."
+    )
+
+
+def test_voc_a_vocdevkit_image_is_its_listed_id_whatever_a_stale_filename_names(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the devkit reads JPEGImages/<id>.jpg: a set renumbered after annotation keeps each
+    image's earlier name in <filename>, another image's (wide.xml names gray.png) or none's."""
+    for stem, stale in (("wide", "gray.png"), ("gray", "C:\\shots\\000003_flip.jpg")):
+        xml = voc_root / "Annotations" / f"{stem}.xml"
+        xml.write_text(xml.read_text().replace(f"{stem}.png", stale))
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    gray, wide = split.records
+    assert (gray.path, wide.path) == (
+        voc_root / "JPEGImages" / "gray.png",
+        voc_root / "JPEGImages" / "wide.png",
+    )
+    assert (wide.width, wide.height) == (80, 40)
+    said = [r.getMessage() for r in caplog.records if "<filename>" in r.getMessage()]
+    assert said == [
+        f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'}: 2 XML file(s) name another image in "
+        "<filename> than the one named as the listing's id: read as the VOC devkit reads them, "
+        "JPEGImages/<id> (e.g. gray.xml: <filename>C:\\shots\\000003_flip.jpg</filename> -> "
+        f"{voc_root / 'JPEGImages' / 'gray.png'})"
+    ]
+
+
+def test_voc_two_images_of_a_vocdevkit_id_are_told_apart_by_filename_or_refused(
+    voc_root: Path,
+) -> None:
+    Image.new("RGB", (80, 40)).save(voc_root / "JPEGImages" / "wide.jpg")
+    assert load_voc(voc_root, "val").records[1].path == voc_root / "JPEGImages" / "wide.png"
+    xml = voc_root / "Annotations" / "wide.xml"
+    xml.write_text(xml.read_text().replace("wide.png", "old.png"))
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value).startswith(
+        f"VOC annotation file {xml}: the images wide.jpg and wide.png in "
+        f"{voc_root / 'JPEGImages'} both have its id's name, and its <filename>old.png"
+        "</filename> names neither: which one it describes is unknown."
     )
 
 

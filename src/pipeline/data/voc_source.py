@@ -137,12 +137,10 @@ def load_voc(
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
 
-    def in_jpeg_images(xml_file: Path, file_name: str | None) -> Path:
-        return root / "JPEGImages" / (file_name or f"{xml_file.stem}.jpg")
-
-    return _read_split(
+    renamed: list[tuple[Path, str, Path]] = []
+    split = _read_split(
         [root / "Annotations" / f"{image_name}.xml" for image_name in ids],
-        in_jpeg_images,
+        _devkit_image_finder(root / "JPEGImages", renamed),
         listing,
         split_name,
         classes,
@@ -150,6 +148,19 @@ def load_voc(
         images_where=f"{root / 'JPEGImages'} and the <filename> entries",
         check_images=check_images,
     )
+    if renamed:
+        xml_file, file_name, path = renamed[0]
+        log.info(
+            "%s: %d XML file(s) name another image in <filename> than the one named as the "
+            "listing's id: read as the VOC devkit reads them, JPEGImages/<id> (e.g. %s: "
+            "<filename>%s</filename> -> %s)",
+            listing,
+            len(renamed),
+            xml_file.name,
+            file_name,
+            path,
+        )
+    return split
 
 
 def _read_split(
@@ -261,11 +272,8 @@ def xml_files(folder: Path) -> list[Path]:
         )
 
 
-def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
-    """How an XML file's image is found in `images`, as exports write <filename>: by its base
-    name (tools write the original path, Windows' or another's); else the one image named as
-    the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
-    leave the extension out). Two such images are an error: which one is meant is unknown."""
+def _images_by_stem(images: Path, key: str) -> tuple[set[str], dict[str, list[str]]]:
+    """The file names in `images`, and its image files' names by name without suffix."""
     try:
         names = {entry.name for entry in os.scandir(images) if entry.is_file()}
     except (FileNotFoundError, NotADirectoryError) as error:
@@ -277,6 +285,49 @@ def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
         stem, suffix = os.path.splitext(name)
         if suffix.lower() in IMAGE_SUFFIXES:
             by_stem.setdefault(stem, []).append(name)
+    return names, by_stem
+
+
+def _devkit_image_finder(
+    images: Path, renamed: list[tuple[Path, str, Path]]
+) -> Callable[[Path, str | None], Path]:
+    """How a VOCdevkit split's image is found: as the devkit (and torchvision's, Detectron2's
+    and MMDetection's readers) finds it, by the listing's id, `JPEGImages/<id>.jpg` (or the one
+    image of that name with another suffix), whatever <filename> says: a set renumbered after
+    annotation keeps each image's earlier name there, which may be another image's. Where no
+    image has the id's name, by <filename>'s base name; where none has either, the missing image
+    is named as the id. Each XML file whose <filename> names
+    another file than the one found goes into `renamed`, for one info line."""
+    names, by_stem = _images_by_stem(images, "in data.root")
+
+    def find(xml_file: Path, file_name: str | None) -> Path:
+        base = written_base_name(file_name.strip()) if file_name else ""
+        candidates = by_stem.get(xml_file.stem, [])
+        if len(candidates) > 1 and base not in candidates:
+            raise DataError(
+                f"VOC annotation file {xml_file}: the images {' and '.join(candidates)} in "
+                f"{images} both have its id's name, and its <filename>{file_name or ''}"
+                "</filename> names neither: which one it describes is unknown. Write the "
+                "image's file name in <filename>, or remove the other image."
+            )
+        if not candidates:  # missing: named as the id, with <filename>'s suffix
+            return images / (
+                base if base in names else xml_file.stem + (Path(base).suffix or ".jpg")
+            )
+        found = base if base in candidates else candidates[0]
+        if base and base != found:
+            renamed.append((xml_file, file_name or "", images / found))
+        return images / found
+
+    return find
+
+
+def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
+    """How an XML file's image is found in `images`, as exports write <filename>: by its base
+    name (tools write the original path, Windows' or another's); else the one image named as
+    the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
+    leave the extension out). Two such images are an error: which one is meant is unknown."""
+    names, by_stem = _images_by_stem(images, key)
 
     def find(xml_file: Path, file_name: str | None) -> Path:
         base = written_base_name(file_name.strip()) if file_name else ""
