@@ -1162,6 +1162,50 @@ def test_voc_a_missing_image_whose_size_must_be_read_is_named_as_the_image_check
     )
 
 
+def _cvat_rotated_object(name: str, box: tuple[int, int, int, int], rotation: str) -> str:
+    """An <object> as CVAT's Pascal VOC export writes a box turned in the tool: the box as drawn
+    before it turned, the angle in its attributes."""
+    xmin, ymin, xmax, ymax = box
+    return (
+        f"<object><name>{name}</name><truncated>0</truncated><occluded>0</occluded>"
+        f"<difficult>0</difficult><bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin>"
+        f"<xmax>{xmax}</xmax><ymax>{ymax}</ymax></bndbox><attributes><attribute>"
+        f"<name>occluded</name><value>false</value></attribute><attribute><name>rotation</name>"
+        f"<value>{rotation}</value></attribute></attributes></object>"
+    )
+
+
+def test_voc_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses_it(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    xml = voc_root / "Annotations" / "wide.xml"
+    turned = _cvat_rotated_object("bird", (21, 16, 40, 25), "90.0")  # 0-based 20, 15, 40, 25
+    upright = _cvat_rotated_object("person", (11, 6, 30, 25), "0.0")
+    xml.write_text(xml.read_text().split("<object>")[0] + turned + upright + "</annotation>")
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    wide = split.records[1]
+    np.testing.assert_allclose(wide.boxes, [[25, 10, 35, 30], [10, 5, 30, 25]], atol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "turned" in r.getMessage()]
+    assert said == [
+        f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'}: 1 box(es) turned in the annotation tool "
+        "(a rotation attribute, as CVAT exports them): each taken as the upright box that "
+        "encloses it"
+    ]
+
+
+def test_voc_a_rotation_that_is_no_number_is_named_with_its_file(voc_root: Path) -> None:
+    xml = voc_root / "Annotations" / "wide.xml"
+    turned = _cvat_rotated_object("bird", (21, 16, 40, 25), "ninety")
+    xml.write_text(xml.read_text().split("<object>")[0] + turned + "</annotation>")
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC annotation {xml}: an <object> (bird) has the rotation 'ninety' in its attributes, "
+        "which is not a number of degrees."
+    )
+
+
 def test_voc_a_vocdevkit_image_is_its_listed_id_whatever_a_stale_filename_names(
     voc_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

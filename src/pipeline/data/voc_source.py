@@ -7,6 +7,7 @@ a split out.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pipeline.data.sources import (
     check_image_files,
     read_missing_sizes,
     report_split,
+    upright_hull,
     written_base_name,
 )
 from pipeline.errors import DataError
@@ -41,6 +43,28 @@ def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
         raise DataError(f"VOC annotation {xml_file}: an <object> has an empty <name>.")
     # VOC pixel indices are 1-based and inclusive
     return name, [coords[0] - 1, coords[1] - 1, coords[2], coords[3]]
+
+
+def _rotation(obj: ET.Element, xml_file: Path) -> float:
+    """The degrees an annotation tool turned the box by, 0 where none: CVAT's Pascal VOC export
+    keeps a turned box's <bndbox> as drawn before it turned, with the angle about its centre in
+    `<attributes><attribute><name>rotation</name><value>`, as its COCO export does."""
+    for attribute in obj.iterfind("attributes/attribute"):
+        if (attribute.findtext("name") or "").strip() != "rotation":
+            continue
+        text = (attribute.findtext("value") or "").strip()
+        try:
+            degrees = float(text or 0)
+        except ValueError:
+            degrees = math.nan
+        if not math.isfinite(degrees):
+            raise DataError(
+                f"VOC annotation {xml_file}: an <object> ({obj.findtext('name', '').strip()}) "
+                f"has the rotation {text[:40]!r} in its attributes, which is not a number of "
+                "degrees."
+            )
+        return degrees
+    return 0.0
 
 
 # what annotation tools write in <difficult>; absent or empty is not difficult
@@ -180,6 +204,7 @@ def _read_split(
     it has none), `images_where` says where to look for a missing image."""
     parsed = []
     xml_of_image: dict[Path, Path] = {}
+    rotated = 0
     for xml_file in xml_files:
         try:
             tree = ET.parse(xml_file).getroot()
@@ -211,7 +236,11 @@ def _read_split(
         objects, difficult = [], []
         for obj in tree.findall("object"):
             is_difficult = _difficult(obj, xml_file)
-            (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
+            name, box = _voc_object(obj, xml_file)
+            if degrees := _rotation(obj, xml_file):
+                rotated += 1
+                box = upright_hull(box, degrees)
+            (difficult if is_difficult else objects).append((name, box))
         path = image_path(xml_file, tree.findtext("filename"))
         if path in xml_of_image:
             raise DataError(
@@ -248,6 +277,13 @@ def _read_split(
             found += [
                 (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
             ]
+    if rotated:
+        log.info(
+            "%s: %d box(es) turned in the annotation tool (a rotation attribute, as CVAT exports "
+            "them): each taken as the upright box that encloses it",
+            listing,
+            rotated,
+        )
     read_missing_sizes(split, images_where)
     attach_objects(split, found)
     report_split(split)
