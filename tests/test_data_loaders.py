@@ -1283,6 +1283,18 @@ def test_voc_image_listed_twice_raises_naming_it_and_both_xml_files(voc_root: Pa
     )
 
 
+def test_voc_a_listed_id_with_spaces_is_the_whole_line_as_cvat_writes_it(voc_root: Path) -> None:
+    """CVAT names ids after the images (`Screenshot (573)`); a per-class listing's `<id> <flag>`
+    line still reads as its id."""
+    for folder, suffix in (("Annotations", "xml"), ("JPEGImages", "png")):
+        (voc_root / folder / f"wide.{suffix}").rename(voc_root / folder / f"Wide (573).{suffix}")
+    (voc_root / "ImageSets" / "Main" / "val.txt").write_text("gray  1\nWide (573) \r\n")
+    gray, wide = load_voc(voc_root, "val").records
+    assert gray.path == voc_root / "JPEGImages" / "gray.png"
+    assert wide.path == voc_root / "JPEGImages" / "Wide (573).png"
+    np.testing.assert_array_equal(wide.boxes, [[10, 5, 30, 25]])
+
+
 def test_voc_empty_split_listing_raises(voc_root: Path) -> None:
     (voc_root / "ImageSets" / "Main" / "val.txt").write_text("\n  \n")
     with pytest.raises(DataError, match=r"val\.txt.*empty"):

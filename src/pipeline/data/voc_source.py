@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,21 @@ def _where_voc_is(root: Path, split_name: str) -> str:
     return ""
 
 
+# a line of VOC's per-class listings (ImageSets/Main/<class>_<split>.txt): an id and a flag
+_PER_CLASS_LINE = re.compile(r"(\S+)\s+(-1|0|1)")
+
+
+def _listed_id(line: str, annotations: Path) -> str:
+    """A listing line's image id: the whole line, as torchvision's and MMDetection's readers take
+    it (CVAT writes ids with spaces, `Screenshot (573)`); a line of the per-class listings'
+    form, `000005 -1`, its first word, unless an XML file is named by the whole line."""
+    text = line.strip()
+    per_class = _PER_CLASS_LINE.fullmatch(text)
+    if per_class and not (annotations / f"{text}.xml").is_file():
+        return per_class.group(1)
+    return text
+
+
 def load_voc(
     root: str | Path,
     split_name: str,
@@ -157,7 +173,7 @@ def load_voc(
             f"VOC split file {listing} is not a text listing of image names: the byte at offset "
             f"{error.start} is not UTF-8 ({error.reason})."
         ) from error
-    ids = [line.split()[0] for line in text.splitlines() if line.strip()]
+    ids = [_listed_id(line, root / "Annotations") for line in text.splitlines() if line.strip()]
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
 
