@@ -1007,7 +1007,25 @@ def test_voc_a_split_without_its_listing_is_refused_naming_the_listings_there(
     with pytest.raises(DataError) as caught:
         load_voc(voc_root, "valid")
     assert str(caught.value).endswith(
-        f" {voc_root / 'ImageSets' / 'Main'} lists the splits train, val."
+        f" {voc_root / 'ImageSets' / 'Main'} lists the splits train, val: name them in "
+        "data.train_split, data.val_split and data.test_split."
+    )
+
+
+def test_voc_a_single_listing_such_as_cvats_default_is_refused_saying_to_carve_the_others(
+    voc_root: Path,
+) -> None:
+    (voc_root / "ImageSets" / "Main" / "val.txt").unlink()
+    (voc_root / "ImageSets" / "Main" / "train.txt").rename(
+        voc_root / "ImageSets" / "Main" / "default.txt"
+    )
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "train")
+    assert str(caught.value).endswith(
+        f" {voc_root / 'ImageSets' / 'Main'} lists the splits default alone (as CVAT's export "
+        "lists every image in default): set data.train_split=default, and carve validation and "
+        "test out of it by data.val_fraction and data.test_fraction (docs/data.md, One set "
+        "without splits)."
     )
 
 

@@ -114,7 +114,14 @@ def _where_voc_is(root: Path, split_name: str) -> str:
         )
     listings = sorted(path.stem for path in (root / "ImageSets" / "Main").glob("*.txt"))
     if listings:
-        return f" {root / 'ImageSets' / 'Main'} lists the splits {', '.join(listings)}."
+        where = f" {root / 'ImageSets' / 'Main'} lists the splits {', '.join(listings)}"
+        if len(listings) > 1:
+            return f"{where}: name them in data.train_split, data.val_split and data.test_split."
+        return (
+            f"{where} alone (as CVAT's export lists every image in default): set "
+            f"data.train_split={listings[0]}, and carve validation and test out of it by "
+            "data.val_fraction and data.test_fraction (docs/data.md, One set without splits)."
+        )
     if (root / "Annotations").is_dir():
         return (
             f" {root} has Annotations/ but no split listings: name the XML folder in "
