@@ -353,8 +353,10 @@ def _refuse_classes_only_in_validation(
 ) -> None:
     """A COCO validation split with objects of a class that no training object has is refused,
     as a VOC one is: every split of an export lists the same categories, so the class would
-    train with no example, and its objects would weigh in validation as certain misses."""
-    if config["data"]["classes"]:
+    train with no example, and its objects would weigh in validation as certain misses. A
+    generated set's splits are drawn by class at random: a tiny one may lack a class in
+    training, which says nothing about the data."""
+    if config["data"]["format"] != "coco" or config["data"]["classes"]:
         return
     trained = set(train.used_classes)
     untrained = [name for name in val.used_classes if name not in trained]
