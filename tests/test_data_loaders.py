@@ -845,6 +845,38 @@ def test_coco_splits_that_number_the_same_classes_differently_are_matched_by_nam
     assert val.class_names[rgba.labels[0]] == "dog"
 
 
+def test_a_coco_class_with_objects_only_in_validation_names_the_file_and_the_class(
+    coco_root: Path,
+) -> None:
+    """Both files list cat and dog, as every split of an export lists its categories, but no
+    training object is a dog: the model could not learn it, as a VOC split's is refused."""
+    cats_only = [ann for ann in GOOD if ann["category_id"] == 3]
+    _write_coco(
+        coco_root,
+        "instances_train.json",
+        _coco_document(
+            {
+                "gray.png": (40, 40),
+                "rgba.png": (40, 40),
+                "palette.png": (40, 40),
+                "wide.png": (80, 40),
+            },
+            cats_only,
+        ),
+    )
+    with pytest.raises(DataError) as caught:
+        load_splits(_coco_config(coco_root))
+    assert str(caught.value).startswith(
+        f"COCO annotation file {coco_root / 'instances_val.json'} (split 'val') has objects of "
+        f"class(es) ['dog'], which no object of the training split "
+        f"{coco_root / 'instances_train.json'} has: a model cannot learn a class it never "
+        "trains on."
+    )
+    train, val = load_splits(_coco_config(coco_root, "data.classes=[cat]"))
+    assert train.class_names == val.class_names == ["cat"]
+    assert val.other_class_objects == 2
+
+
 def test_explicit_annotation_files_and_images_dir_override_the_root(
     coco_root: Path, tmp_path: Path
 ) -> None:
@@ -975,7 +1007,25 @@ def test_voc_a_split_without_its_listing_is_refused_naming_the_listings_there(
     with pytest.raises(DataError) as caught:
         load_voc(voc_root, "valid")
     assert str(caught.value).endswith(
-        f" {voc_root / 'ImageSets' / 'Main'} lists the splits train, val."
+        f" {voc_root / 'ImageSets' / 'Main'} lists the splits train, val: name them in "
+        "data.train_split, data.val_split and data.test_split."
+    )
+
+
+def test_voc_a_single_listing_such_as_cvats_default_is_refused_saying_to_carve_the_others(
+    voc_root: Path,
+) -> None:
+    (voc_root / "ImageSets" / "Main" / "val.txt").unlink()
+    (voc_root / "ImageSets" / "Main" / "train.txt").rename(
+        voc_root / "ImageSets" / "Main" / "default.txt"
+    )
+    with pytest.raises(DataError) as caught:
+        load_voc(voc_root, "train")
+    assert str(caught.value).endswith(
+        f" {voc_root / 'ImageSets' / 'Main'} lists the splits default alone (as CVAT's export "
+        "lists every image in default): set data.train_split=default, and carve validation and "
+        "test out of it by data.val_fraction and data.test_fraction (docs/data.md, One set "
+        "without splits)."
     )
 
 
@@ -1120,12 +1170,98 @@ def test_voc_a_missing_image_whose_size_must_be_read_is_named_as_the_image_check
     (voc_root / "Annotations" / "wide.xml").write_text(
         "<annotation><filename>gone.png</filename></annotation>"
     )
+    (voc_root / "JPEGImages" / "wide.png").unlink()
     with pytest.raises(DataError) as raised:
         load_voc(voc_root, "val", check_images=False)
     assert str(raised.value) == (
         f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'} refers to image file(s) that do not "
-        f"exist: {voc_root / 'JPEGImages' / 'gone.png'}. Check {voc_root / 'JPEGImages'} and "
+        f"exist: {voc_root / 'JPEGImages' / 'wide.png'}. Check {voc_root / 'JPEGImages'} and "
         "the <filename> entries, or regenerate the data set."
+    )
+
+
+def _cvat_rotated_object(name: str, box: tuple[int, int, int, int], rotation: str) -> str:
+    """An <object> as CVAT's Pascal VOC export writes a box turned in the tool: the box as drawn
+    before it turned, the angle in its attributes."""
+    xmin, ymin, xmax, ymax = box
+    return (
+        f"<object><name>{name}</name><truncated>0</truncated><occluded>0</occluded>"
+        f"<difficult>0</difficult><bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin>"
+        f"<xmax>{xmax}</xmax><ymax>{ymax}</ymax></bndbox><attributes><attribute>"
+        f"<name>occluded</name><value>false</value></attribute><attribute><name>rotation</name>"
+        f"<value>{rotation}</value></attribute></attributes></object>"
+    )
+
+
+def test_voc_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses_it(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    xml = voc_root / "Annotations" / "wide.xml"
+    turned = _cvat_rotated_object("bird", (21, 16, 40, 25), "90.0")  # 0-based 20, 15, 40, 25
+    upright = _cvat_rotated_object("person", (11, 6, 30, 25), "0.0")
+    xml.write_text(xml.read_text().split("<object>")[0] + turned + upright + "</annotation>")
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    wide = split.records[1]
+    np.testing.assert_allclose(wide.boxes, [[25, 10, 35, 30], [10, 5, 30, 25]], atol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "turned" in r.getMessage()]
+    assert said == [
+        f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'}: 1 box(es) turned in the annotation tool "
+        "(a rotation attribute, as CVAT exports them): each taken as the upright box that "
+        "encloses it"
+    ]
+
+
+def test_voc_a_rotation_that_is_no_number_is_named_with_its_file(voc_root: Path) -> None:
+    xml = voc_root / "Annotations" / "wide.xml"
+    turned = _cvat_rotated_object("bird", (21, 16, 40, 25), "ninety")
+    xml.write_text(xml.read_text().split("<object>")[0] + turned + "</annotation>")
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value) == (
+        f"VOC annotation {xml}: an <object> (bird) has the rotation 'ninety' in its attributes, "
+        "which is not a number of degrees."
+    )
+
+
+def test_voc_a_vocdevkit_image_is_its_listed_id_whatever_a_stale_filename_names(
+    voc_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the devkit reads JPEGImages/<id>.jpg: a set renumbered after annotation keeps each
+    image's earlier name in <filename>, another image's (wide.xml names gray.png) or none's."""
+    for stem, stale in (("wide", "gray.png"), ("gray", "C:\\shots\\000003_flip.jpg")):
+        xml = voc_root / "Annotations" / f"{stem}.xml"
+        xml.write_text(xml.read_text().replace(f"{stem}.png", stale))
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        split = load_voc(voc_root, "val")
+    gray, wide = split.records
+    assert (gray.path, wide.path) == (
+        voc_root / "JPEGImages" / "gray.png",
+        voc_root / "JPEGImages" / "wide.png",
+    )
+    assert (wide.width, wide.height) == (80, 40)
+    said = [r.getMessage() for r in caplog.records if "<filename>" in r.getMessage()]
+    assert said == [
+        f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'}: 2 XML file(s) name another image in "
+        "<filename> than the one named as the listing's id: read as the VOC devkit reads them, "
+        "JPEGImages/<id> (e.g. gray.xml: <filename>C:\\shots\\000003_flip.jpg</filename> -> "
+        f"{voc_root / 'JPEGImages' / 'gray.png'})"
+    ]
+
+
+def test_voc_two_images_of_a_vocdevkit_id_are_told_apart_by_filename_or_refused(
+    voc_root: Path,
+) -> None:
+    Image.new("RGB", (80, 40)).save(voc_root / "JPEGImages" / "wide.jpg")
+    assert load_voc(voc_root, "val").records[1].path == voc_root / "JPEGImages" / "wide.png"
+    xml = voc_root / "Annotations" / "wide.xml"
+    xml.write_text(xml.read_text().replace("wide.png", "old.png"))
+    with pytest.raises(DataError) as raised:
+        load_voc(voc_root, "val")
+    assert str(raised.value).startswith(
+        f"VOC annotation file {xml}: the images wide.jpg and wide.png in "
+        f"{voc_root / 'JPEGImages'} both have its id's name, and its <filename>old.png"
+        "</filename> names neither: which one it describes is unknown."
     )
 
 
@@ -1163,6 +1299,18 @@ def test_voc_image_listed_twice_raises_naming_it_and_both_xml_files(voc_root: Pa
         f"VOC split {voc_root / 'ImageSets' / 'Main' / 'val.txt'} lists the image file "
         f"{voc_root / 'JPEGImages' / 'gray.png'} twice: through {xml} and {xml}."
     )
+
+
+def test_voc_a_listed_id_with_spaces_is_the_whole_line_as_cvat_writes_it(voc_root: Path) -> None:
+    """CVAT names ids after the images (`Screenshot (573)`); a per-class listing's `<id> <flag>`
+    line still reads as its id."""
+    for folder, suffix in (("Annotations", "xml"), ("JPEGImages", "png")):
+        (voc_root / folder / f"wide.{suffix}").rename(voc_root / folder / f"Wide (573).{suffix}")
+    (voc_root / "ImageSets" / "Main" / "val.txt").write_text("gray  1\nWide (573) \r\n")
+    gray, wide = load_voc(voc_root, "val").records
+    assert gray.path == voc_root / "JPEGImages" / "gray.png"
+    assert wide.path == voc_root / "JPEGImages" / "Wide (573).png"
+    np.testing.assert_array_equal(wide.boxes, [[10, 5, 30, 25]])
 
 
 def test_voc_empty_split_listing_raises(voc_root: Path) -> None:

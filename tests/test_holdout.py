@@ -189,6 +189,20 @@ def test_load_splits_carves_validation_out_of_one_file_and_logs_each_part_as_car
     )
 
 
+def test_the_training_part_left_by_one_fraction_is_named_in_the_singular(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = make_task(tmp_path / "task")
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        load_splits(_task_config(task, "data.val_fraction=0.25"))
+    assert any(
+        record.getMessage().startswith(
+            f"{task} (its training part, what data.val_fraction=0.25 leaves): "
+        )
+        for record in caplog.records
+    )
+
+
 def test_a_carved_test_split_is_one_the_workflow_knows_defined_by_the_training_file(
     tmp_path: Path,
 ) -> None:

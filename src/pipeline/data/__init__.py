@@ -344,7 +344,30 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
             f"{train.class_names}, {val.source} has {val.class_names}. Make them agree, or set "
             "data.classes to the list to use."
         )
+    _refuse_classes_only_in_validation(config, train, val)
     return _without_unused_classes(config, train, val)
+
+
+def _refuse_classes_only_in_validation(
+    config: dict[str, Any], train: SplitAnnotations, val: SplitAnnotations
+) -> None:
+    """A COCO validation split with objects of a class that no training object has is refused,
+    as a VOC one is: every split of an export lists the same categories, so the class would
+    train with no example, and its objects would weigh in validation as certain misses. A
+    generated set's splits are drawn by class at random: a tiny one may lack a class in
+    training, which says nothing about the data."""
+    if config["data"]["format"] != "coco" or config["data"]["classes"]:
+        return
+    trained = set(train.used_classes)
+    untrained = [name for name in val.used_classes if name not in trained]
+    if untrained:
+        raise DataError(
+            f"COCO annotation file {val.source} (split 'val') has objects of class(es) "
+            f"{untrained}, which no object of the training split {train.source} has: a model "
+            "cannot learn a class it never trains on. Add images of it to the training split, "
+            "or set data.classes to the classes to use (objects of the others are then left "
+            "out and counted)."
+        )
 
 
 def _without_unused_classes(

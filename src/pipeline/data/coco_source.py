@@ -26,6 +26,7 @@ from pipeline.data.sources import (
     no_labels,
     read_missing_sizes,
     report_split,
+    upright_hull,
     written_base_name,
 )
 from pipeline.errors import DataError
@@ -185,15 +186,6 @@ def _rotation(ann: dict, source: Path) -> float:
             f"{json.dumps(rotation)[:40]} in its attributes, which is not a number of degrees."
         )
     return float(rotation)
-
-
-def _upright_hull(x: float, y: float, w: float, h: float, degrees: float) -> list[float]:
-    """x1, y1, x2, y2 of the upright box that encloses the box x, y, w, h turned about its centre:
-    the box a detector of upright boxes is to find (a turn either way gives the same one)."""
-    cos, sin = abs(math.cos(math.radians(degrees))), abs(math.sin(math.radians(degrees)))
-    half_w, half_h = (w * cos + h * sin) / 2, (w * sin + h * cos) / 2
-    cx, cy = x + w / 2, y + h / 2
-    return [cx - half_w, cy - half_h, cx + half_w, cy + half_h]
 
 
 def _names_in(folder: str) -> frozenset[str]:
@@ -405,7 +397,7 @@ def load_coco(
         degrees = _rotation(ann, source)
         if degrees:
             rotated += 1
-            box = _upright_hull(x, y, w, h, degrees)
+            box = upright_hull([x, y, x + w, y + h], degrees)
         else:
             box = [x, y, x + w, y + h]
         found.append((position[image_id], crowd, label_of[category_id], box))

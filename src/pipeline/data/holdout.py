@@ -62,7 +62,9 @@ def carve(
         split: f"its {ROLES[split]} part, carved out by data.{FRACTION_KEYS[split]}={fraction}"
         for split, fraction in carved.items()
     }
-    carvings["train"] = f"its training part, what {by} leave"
+    carvings["train"] = (
+        f"its training part, what {by} {'leaves' if len(stretches) == 1 else 'leave'}"
+    )
     return {
         split: SplitAnnotations(
             part,

@@ -15,6 +15,7 @@ the COCO and VOC protocols do.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
 
@@ -40,6 +41,18 @@ def written_base_name(file_name: str) -> str:
     machine (Windows' or another's), or a URL such as Label Studio's `?d=folder/a.png`.
     PureWindowsPath splits at both / and \\."""
     return PureWindowsPath(file_name).name
+
+
+def upright_hull(box: list[float], degrees: float) -> list[float]:
+    """x1, y1, x2, y2 of the upright box that encloses `box` (x1, y1, x2, y2) turned by `degrees`
+    about its centre: the box a detector of upright boxes is to find (a turn either way gives
+    the same one). CVAT keeps a turned box as drawn before it turned, with the angle beside it,
+    in its COCO and its Pascal VOC exports alike."""
+    cos, sin = abs(math.cos(math.radians(degrees))), abs(math.sin(math.radians(degrees)))
+    width, height = box[2] - box[0], box[3] - box[1]
+    half_w, half_h = (width * cos + height * sin) / 2, (width * sin + height * cos) / 2
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return [cx - half_w, cy - half_h, cx + half_w, cy + half_h]
 
 
 def no_boxes() -> np.ndarray:

@@ -7,7 +7,9 @@ a split out.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from pipeline.data.sources import (
     check_image_files,
     read_missing_sizes,
     report_split,
+    upright_hull,
     written_base_name,
 )
 from pipeline.errors import DataError
@@ -41,6 +44,28 @@ def _voc_object(obj: ET.Element, xml_file: Path) -> tuple[str, list[float]]:
         raise DataError(f"VOC annotation {xml_file}: an <object> has an empty <name>.")
     # VOC pixel indices are 1-based and inclusive
     return name, [coords[0] - 1, coords[1] - 1, coords[2], coords[3]]
+
+
+def _rotation(obj: ET.Element, xml_file: Path) -> float:
+    """The degrees an annotation tool turned the box by, 0 where none: CVAT's Pascal VOC export
+    keeps a turned box's <bndbox> as drawn before it turned, with the angle about its centre in
+    `<attributes><attribute><name>rotation</name><value>`, as its COCO export does."""
+    for attribute in obj.iterfind("attributes/attribute"):
+        if (attribute.findtext("name") or "").strip() != "rotation":
+            continue
+        text = (attribute.findtext("value") or "").strip()
+        try:
+            degrees = float(text or 0)
+        except ValueError:
+            degrees = math.nan
+        if not math.isfinite(degrees):
+            raise DataError(
+                f"VOC annotation {xml_file}: an <object> ({obj.findtext('name', '').strip()}) "
+                f"has the rotation {text[:40]!r} in its attributes, which is not a number of "
+                "degrees."
+            )
+        return degrees
+    return 0.0
 
 
 # what annotation tools write in <difficult>; absent or empty is not difficult
@@ -89,7 +114,14 @@ def _where_voc_is(root: Path, split_name: str) -> str:
         )
     listings = sorted(path.stem for path in (root / "ImageSets" / "Main").glob("*.txt"))
     if listings:
-        return f" {root / 'ImageSets' / 'Main'} lists the splits {', '.join(listings)}."
+        where = f" {root / 'ImageSets' / 'Main'} lists the splits {', '.join(listings)}"
+        if len(listings) > 1:
+            return f"{where}: name them in data.train_split, data.val_split and data.test_split."
+        return (
+            f"{where} alone (as CVAT's export lists every image in default): set "
+            f"data.train_split={listings[0]}, and carve validation and test out of it by "
+            "data.val_fraction and data.test_fraction (docs/data.md, One set without splits)."
+        )
     if (root / "Annotations").is_dir():
         return (
             f" {root} has Annotations/ but no split listings: name the XML folder in "
@@ -98,6 +130,21 @@ def _where_voc_is(root: Path, split_name: str) -> str:
             "data.val_fraction and data.test_fraction (docs/data.md, One set without splits)."
         )
     return ""
+
+
+# a line of VOC's per-class listings (ImageSets/Main/<class>_<split>.txt): an id and a flag
+_PER_CLASS_LINE = re.compile(r"(\S+)\s+(-1|0|1)")
+
+
+def _listed_id(line: str, annotations: Path) -> str:
+    """A listing line's image id: the whole line, as torchvision's and MMDetection's readers take
+    it (CVAT writes ids with spaces, `Screenshot (573)`); a line of the per-class listings'
+    form, `000005 -1`, its first word, unless an XML file is named by the whole line."""
+    text = line.strip()
+    per_class = _PER_CLASS_LINE.fullmatch(text)
+    if per_class and not (annotations / f"{text}.xml").is_file():
+        return per_class.group(1)
+    return text
 
 
 def load_voc(
@@ -133,16 +180,14 @@ def load_voc(
             f"VOC split file {listing} is not a text listing of image names: the byte at offset "
             f"{error.start} is not UTF-8 ({error.reason})."
         ) from error
-    ids = [line.split()[0] for line in text.splitlines() if line.strip()]
+    ids = [_listed_id(line, root / "Annotations") for line in text.splitlines() if line.strip()]
     if not ids:
         raise DataError(f"VOC split file {listing} lists no images: the split is empty.")
 
-    def in_jpeg_images(xml_file: Path, file_name: str | None) -> Path:
-        return root / "JPEGImages" / (file_name or f"{xml_file.stem}.jpg")
-
-    return _read_split(
+    renamed: list[tuple[Path, str, Path]] = []
+    split = _read_split(
         [root / "Annotations" / f"{image_name}.xml" for image_name in ids],
-        in_jpeg_images,
+        _devkit_image_finder(root / "JPEGImages", renamed),
         listing,
         split_name,
         classes,
@@ -150,6 +195,19 @@ def load_voc(
         images_where=f"{root / 'JPEGImages'} and the <filename> entries",
         check_images=check_images,
     )
+    if renamed:
+        xml_file, file_name, path = renamed[0]
+        log.info(
+            "%s: %d XML file(s) name another image in <filename> than the one named as the "
+            "listing's id: read as the VOC devkit reads them, JPEGImages/<id> (e.g. %s: "
+            "<filename>%s</filename> -> %s)",
+            listing,
+            len(renamed),
+            xml_file.name,
+            file_name,
+            path,
+        )
+    return split
 
 
 def _read_split(
@@ -169,6 +227,7 @@ def _read_split(
     it has none), `images_where` says where to look for a missing image."""
     parsed = []
     xml_of_image: dict[Path, Path] = {}
+    rotated = 0
     for xml_file in xml_files:
         try:
             tree = ET.parse(xml_file).getroot()
@@ -200,7 +259,11 @@ def _read_split(
         objects, difficult = [], []
         for obj in tree.findall("object"):
             is_difficult = _difficult(obj, xml_file)
-            (difficult if is_difficult else objects).append(_voc_object(obj, xml_file))
+            name, box = _voc_object(obj, xml_file)
+            if degrees := _rotation(obj, xml_file):
+                rotated += 1
+                box = upright_hull(box, degrees)
+            (difficult if is_difficult else objects).append((name, box))
         path = image_path(xml_file, tree.findtext("filename"))
         if path in xml_of_image:
             raise DataError(
@@ -237,6 +300,13 @@ def _read_split(
             found += [
                 (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
             ]
+    if rotated:
+        log.info(
+            "%s: %d box(es) turned in the annotation tool (a rotation attribute, as CVAT exports "
+            "them): each taken as the upright box that encloses it",
+            listing,
+            rotated,
+        )
     read_missing_sizes(split, images_where)
     attach_objects(split, found)
     report_split(split)
@@ -261,11 +331,8 @@ def xml_files(folder: Path) -> list[Path]:
         )
 
 
-def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
-    """How an XML file's image is found in `images`, as exports write <filename>: by its base
-    name (tools write the original path, Windows' or another's); else the one image named as
-    the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
-    leave the extension out). Two such images are an error: which one is meant is unknown."""
+def _images_by_stem(images: Path, key: str) -> tuple[set[str], dict[str, list[str]]]:
+    """The file names in `images`, and its image files' names by name without suffix."""
     try:
         names = {entry.name for entry in os.scandir(images) if entry.is_file()}
     except (FileNotFoundError, NotADirectoryError) as error:
@@ -277,6 +344,49 @@ def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
         stem, suffix = os.path.splitext(name)
         if suffix.lower() in IMAGE_SUFFIXES:
             by_stem.setdefault(stem, []).append(name)
+    return names, by_stem
+
+
+def _devkit_image_finder(
+    images: Path, renamed: list[tuple[Path, str, Path]]
+) -> Callable[[Path, str | None], Path]:
+    """How a VOCdevkit split's image is found: as the devkit (and torchvision's, Detectron2's
+    and MMDetection's readers) finds it, by the listing's id, `JPEGImages/<id>.jpg` (or the one
+    image of that name with another suffix), whatever <filename> says: a set renumbered after
+    annotation keeps each image's earlier name there, which may be another image's. Where no
+    image has the id's name, by <filename>'s base name; where none has either, the missing image
+    is named as the id. Each XML file whose <filename> names
+    another file than the one found goes into `renamed`, for one info line."""
+    names, by_stem = _images_by_stem(images, "in data.root")
+
+    def find(xml_file: Path, file_name: str | None) -> Path:
+        base = written_base_name(file_name.strip()) if file_name else ""
+        candidates = by_stem.get(xml_file.stem, [])
+        if len(candidates) > 1 and base not in candidates:
+            raise DataError(
+                f"VOC annotation file {xml_file}: the images {' and '.join(candidates)} in "
+                f"{images} both have its id's name, and its <filename>{file_name or ''}"
+                "</filename> names neither: which one it describes is unknown. Write the "
+                "image's file name in <filename>, or remove the other image."
+            )
+        if not candidates:  # missing: named as the id, with <filename>'s suffix
+            return images / (
+                base if base in names else xml_file.stem + (Path(base).suffix or ".jpg")
+            )
+        found = base if base in candidates else candidates[0]
+        if base and base != found:
+            renamed.append((xml_file, file_name or "", images / found))
+        return images / found
+
+    return find
+
+
+def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
+    """How an XML file's image is found in `images`, as exports write <filename>: by its base
+    name (tools write the original path, Windows' or another's); else the one image named as
+    the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
+    leave the extension out). Two such images are an error: which one is meant is unknown."""
+    names, by_stem = _images_by_stem(images, key)
 
     def find(xml_file: Path, file_name: str | None) -> Path:
         base = written_base_name(file_name.strip()) if file_name else ""
