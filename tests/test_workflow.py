@@ -762,9 +762,9 @@ def test_a_voc_split_given_as_a_folder_gives_training_its_xml_files_as_inputs(
 
 
 def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
-    """The benchmarks read the training split for its class count alone: an edited box moves
-    no timing, so it does not cost the minutes of benchmarks again (training, whose inputs the
-    same files are, reruns)."""
+    """The benchmarks read the training and validation splits for their class count alone: an
+    edited box moves no timing, so it does not cost the minutes of benchmarks again (training,
+    whose inputs the same files are, reruns)."""
     root = copy_repository(tmp_path / "repo")
     export = tmp_path / "export"
     make_roboflow_export(export)

@@ -267,14 +267,15 @@ def data_inputs(splits):
 
 
 def class_list_inputs(wildcards):
-    """What the benchmarks read to know training's class count: the user's training split
-    (pipeline.data.class_count); nothing for the synthetic set, whose classes are in the config.
+    """What the benchmarks read to know training's class count: the user's training and
+    validation splits (pipeline.data.class_count: the categories neither has an object of are
+    left out); nothing for the synthetic set, whose classes are in the config.
     Ancient: read, never a reason to rerun. An edited box moves no timing, and a class added
     changes the head by a channel, while the benchmarks take minutes; training and evaluation
     take the same files as inputs that do rerun them."""
     if config["data"]["format"] == "synthetic" or config["data"]["classes"]:
         return []
-    return [ancient(str(path)) for path in split_files(config, ("train",))]
+    return [ancient(str(path)) for path in split_files(config, ("train", "val"))]
 
 
 def train_settings(wildcards):

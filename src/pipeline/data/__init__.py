@@ -393,10 +393,12 @@ def _without_unused_classes(
 
 
 def class_count(config: dict[str, Any]) -> int:
-    """How many classes training will have, read as cheaply as the config allows."""
+    """How many classes training will have, read as cheaply as the config allows: a data set's
+    from both splits, as training leaves out the categories neither has an object of (an
+    export's unused super-category; most of COCO's in a subset of it)."""
     data = config["data"]
     if data["classes"]:
         return len(data["classes"])
     if data["format"] == "synthetic":
         return len(data["synthetic"]["classes"])
-    return len(load_split(config, "train").class_names)
+    return len(load_splits(config)[0].class_names)
