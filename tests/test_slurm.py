@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from report_page import Page
@@ -171,8 +170,10 @@ def planned_job_blocks(dry_run_output: str) -> list[dict[str, str]]:
     return blocks
 
 
-def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path) -> None:
-    """The site template dry-runs with its placeholders; cuda jobs ask for a GPU, cpu jobs not.
+@pytest.fixture(scope="module")
+def cuda_site_plan(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+    """The site template's dry run, with its placeholders, for a CUDA machine and six CPUs a
+    compute job (cluster.threads), as job blocks.
 
     A made-up env.json of a CUDA machine stands in for the check_env checkpoint's output;
     `--rerun-triggers mtime` keeps Snakemake from redoing it for want of metadata.
@@ -181,7 +182,7 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
         if os.environ.get(REQUIRE) == "1":
             pytest.fail(f"{REQUIRE}=1 but {NO_PLUGIN}")
         pytest.skip(NO_PLUGIN)
-    root = copy_repository(tmp_path)
+    root = copy_repository(tmp_path_factory.mktemp("site"))
     (root / "results").mkdir()
     shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
     result = snakemake(
@@ -196,9 +197,17 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
         "device=cuda",
         "bench={backends: [cuda, cpu]}",
         "precision=auto",  # measured (the default) names its runs only after the choice job
+        "cluster={threads: 6}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    jobs = planned_job_blocks(result.stdout)
+    return planned_job_blocks(result.stdout)
+
+
+def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(
+    cuda_site_plan: list[dict[str, str]],
+) -> None:
+    """The site template dry-runs with its placeholders; cuda jobs ask for a GPU, cpu jobs not."""
+    jobs = cuda_site_plan
     gpu_jobs = [job for job in jobs if re.search(r"\bgpu=1\b", job["resources"])]
     cuda_jobs = [job for job in jobs if "/cuda" in job["output"]]
     assert {"bench_backend", "train_run", "evaluate_run", "profile_run"} <= {
@@ -211,3 +220,19 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
     assert cpu_jobs and not [job for job in cpu_jobs if "gpu" in job["resources"]]
     exclusive = [job for job in jobs if "--exclusive" in job["resources"]]
     assert {job["rule"] for job in exclusive} == {"bench_backend", "profile_run"}
+
+
+def test_compute_jobs_ask_the_cluster_for_cluster_threads_cpus_in_a_site_dry_run(
+    cuda_site_plan: list[dict[str, str]],
+) -> None:
+    """The SLURM plugin gives sbatch and srun a job's cpus_per_task before its threads, which
+    Snakemake caps at --cores (1 by workflow/profiles/default, under --profile too): with
+    threads alone every job asked for one CPU, whatever cluster.threads said."""
+    compute = {"bench_backend", "train_run", "evaluate_run", "profile_run"}
+    cpus = {
+        job["rule"]: re.findall(r"\bcpus_per_task=(\d+)", job["resources"])
+        for job in cuda_site_plan
+    }
+    assert compute <= set(cpus)
+    assert all(cpus[rule] == ["6"] for rule in compute)
+    assert not [rule for rule, found in cpus.items() if rule not in compute and found]

@@ -97,12 +97,19 @@ def interpreter(wildcards, input):
 
 def heavy_threads():
     """Timing and training jobs take every core of a local run, so nothing shares the machine
-    meanwhile; through a cluster executor they ask for cluster.threads CPUs."""
-    if workflow.local_exec:
-        try:
-            return max(1, workflow.cores)
-        except WorkflowError:  # no --cores given (a dry run, say)
-            return 1
+    meanwhile. On a cluster, cluster_cpus() sizes them instead: Snakemake caps threads at
+    --cores (1 by workflow/profiles/default, which applies under --profile too), and this runs
+    while the Snakefile is parsed, before Snakemake knows its executor."""
+    try:
+        return max(1, workflow.cores)
+    except WorkflowError:  # no --cores given (a dry run, say)
+        return 1
+
+
+def cluster_cpus():
+    """The CPUs a compute job asks a cluster for (cluster.threads), as the SLURM plugin's
+    cpus_per_task resource: sbatch and the job's srun take it before threads, no --cores caps
+    it, and a local run ignores it."""
     return config["cluster"]["threads"]
 
 
