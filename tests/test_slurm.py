@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from report_page import Page
@@ -236,3 +237,31 @@ def test_compute_jobs_ask_the_cluster_for_cluster_threads_cpus_in_a_site_dry_run
     assert compute <= set(cpus)
     assert all(cpus[rule] == ["6"] for rule in compute)
     assert not [rule for rule, found in cpus.items() if rule not in compute and found]
+
+
+def test_the_precision_choice_of_a_cuda_backend_asks_for_no_gpu_in_a_site_dry_run(
+    tmp_path: Path,
+) -> None:
+    """choose-precision reads the benchmark files and env.json, never the device: a GPU request
+    would queue a job of a second for a GPU node."""
+    if importlib.util.find_spec(PLUGIN) is None:
+        pytest.skip(NO_PLUGIN)
+    root = copy_repository(tmp_path)
+    (root / "results").mkdir()
+    shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
+    result = snakemake(
+        root,
+        "results/report.html",
+        "-n",
+        "--profile",
+        "workflow/profiles/slurm",
+        "--rerun-triggers",
+        "mtime",
+        "--config",
+        "device=cuda",
+        "bench={backends: [cuda]}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
+    assert re.search(r"\bgpu=1\b", jobs["bench_backend"])
+    assert "gpu" not in jobs["choose_precision"]
