@@ -136,6 +136,31 @@ def test_every_benchmark_record_is_kept_with_its_median_iqr_and_flags(
     assert skipped["status"] == "skipped" and skipped["median_ms"] is None
 
 
+def test_a_benchmark_timed_on_another_cpu_than_env_json_describes_is_flagged(
+    tmp_path: Path,
+) -> None:
+    """On a cluster partition of mixed node types, check_env and each benchmark job may land on
+    different CPUs: the summary names its machine by env.json, so figures timed elsewhere say so,
+    in their flags and in the answer's cautions, where the report and its reader see them."""
+    results = native_bf16_cpu(tmp_path)
+    path = results / "bench" / "cpu-bf16-train.json"
+    document = json.loads(path.read_text())
+    document["records"][0]["environment"].update(
+        cpu_model="Intel Xeon Gold 6148", cpu_native={"bf16": False, "fp16": False}
+    )
+    write_json(path, document)
+    summary = summarized(results, {**CONFIG, "precision": "measured"})
+    flags = {b["precision"]: b["flags"] for b in summary["benchmarks"]}
+    expected = (
+        "timed on another CPU than the environment check described: Intel Xeon Gold 6148 "
+        "(bf16 not native), not AMD EPYC (bf16 native); pin one node type for the whole run "
+        "(docs/cluster.md)"
+    )
+    assert flags == {"bf16": [expected], "fp32": []}
+    cautions = summary["answer"]["chosen"]["cautions"]
+    assert {"setting": "CPU bf16", "flags": [expected]} in cautions
+
+
 def test_each_run_keeps_its_time_and_leads_with_its_held_out_f1(tmp_path: Path) -> None:
     results = write_results_tree(tmp_path)
     document = evaluation("cpu", "fp32", 0.42)
