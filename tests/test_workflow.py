@@ -626,6 +626,8 @@ TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "summarize", "
         # the summary records the config (its comparison settings), the report shows it
         ("data={num_workers: 1, cache: false}", {"summarize", "report"}),
         ("train={lr: 0.01}", {"summarize", "report"}),  # every run's lr comes from the sweep
+        # the summaries results/compare.html sets beside this run's are no part of it
+        ("compare=[elsewhere/summary.json, results/summary.json]", set()),
     ],
 )
 def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(

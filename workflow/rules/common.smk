@@ -72,6 +72,17 @@ def command_sources(command):
     return import_graph.command_sources(command, PACKAGE_SOURCES)
 
 
+def without_compare(settings):
+    """`settings` less the compare list: the summaries results/compare.html sets side by side
+    are no part of this run's summary or report, and naming them reruns neither."""
+    return {key: value for key, value in settings.items() if key != "compare"}
+
+
+def results_config():
+    """The config as summarize and report are told it (their params: a change reruns them)."""
+    return json.dumps(without_compare(config), sort_keys=True)
+
+
 def invocation():
     """How this workflow was called: its --configfile files (relative to the working directory
     when inside it) and --config settings, so the report's commands can repeat them."""
@@ -80,7 +91,7 @@ def invocation():
     for path in settings.configfiles:
         relative = os.path.relpath(path)
         files.append(str(path) if relative.startswith("..") else relative)
-    return {"configfiles": files, "config": dict(settings.config)}
+    return {"configfiles": files, "config": without_compare(settings.config)}
 
 
 def interpreter(wildcards, input):
