@@ -265,3 +265,20 @@ def test_the_precision_choice_of_a_cuda_backend_asks_for_no_gpu_in_a_site_dry_ru
     jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
     assert re.search(r"\bgpu=1\b", jobs["bench_backend"])
     assert "gpu" not in jobs["choose_precision"]
+
+
+def test_the_environment_check_asks_for_the_cpus_of_a_compute_job_in_a_site_dry_run(
+    tmp_path: Path,
+) -> None:
+    """env.json's torch threads (and the CPUs `auto` sees) name the machine in the report and in
+    compare: with one CPU, a summary said "torch uses 1 thread" of jobs that used cluster.threads."""
+    if importlib.util.find_spec(PLUGIN) is None:
+        pytest.skip(NO_PLUGIN)
+    root = copy_repository(tmp_path)
+    result = snakemake(
+        root, "results/report.html", "-n", "--profile", "workflow/profiles/slurm",
+        "--config", "cluster={threads: 6}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
+    assert re.findall(r"\bcpus_per_task=(\d+)", jobs["check_env"]) == ["6"]
