@@ -155,13 +155,12 @@ def numerics_problem(record: dict[str, Any]) -> str:
 
 def flags_of(record: dict[str, Any], env: dict[str, Any] | None = None) -> list[str]:
     """Reasons to trust a timing less: drift, noise, a cut-short run or warm-up, a busy
-    machine, TF32 in 'fp32', a configuration other than training's, or another CPU than the
-    one env.json describes."""
+    machine, TF32 in 'fp32', a configuration other than training's, or another CPU or GPU
+    than env.json describes."""
     timing = record.get("timing") or {}
-    flags = quality_words(timing)
-    other_cpu = other_cpu_flag(record, env)
-    if other_cpu:
-        flags.append(other_cpu)
+    flags = quality_words(timing) + [
+        flag for flag in (other_cpu_flag(record, env), other_gpu_flag(record, env)) if flag
+    ]
     if timing.get("warmup_ended_early"):
         flags.append(
             f"warm-up ended after {timing.get('warmup_steps')} steps, before the step time "
@@ -236,6 +235,24 @@ def other_cpu_flag(record: dict[str, Any], env: dict[str, Any] | None) -> str | 
         f"timed on another CPU than the environment check described: "
         f"{cpu(timed.get('cpu_model'), timed_native)}, not {cpu(described, native)}; pin one "
         "node type for the whole run (docs/cluster.md)"
+    )
+
+
+def other_gpu_flag(record: dict[str, Any], env: dict[str, Any] | None) -> str | None:
+    """Where a CUDA record's device is none of the GPUs env.json lists: the benchmark job
+    landed on another GPU model than the environment check (a partition of mixed GPUs)."""
+    names = [
+        device.get("name")
+        for device in ((env or {}).get("cuda") or {}).get("devices") or []
+        if device.get("name")
+    ]
+    described = record.get("device_description") or ""
+    if record.get("backend") != "cuda" or not names or any(name in described for name in names):
+        return None
+    return (
+        f"timed on another GPU than the environment check described: {described}, not "
+        f"{' + '.join(dict.fromkeys(names))}; pin one GPU model for the whole run "
+        "(cluster.gpu_model, docs/cluster.md)"
     )
 
 
