@@ -233,6 +233,19 @@ def test_bad_input_exits_2_naming_the_file_and_writes_nothing(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("second", ["same file", "copy"])
+def test_a_summary_named_twice_or_copied_is_refused_naming_both(
+    tmp_path: Path, base: dict[str, Any], second: str, capsys: pytest.CaptureFixture
+) -> None:
+    first = write(tmp_path, "a.json", base)
+    again = tmp_path / "." / "a.json" if second == "same file" else write(tmp_path, "b.json", base)
+    out = tmp_path / "compare.html"
+    assert cli.main(["compare", str(first), str(again), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert f"{again} " in error and f"as {first}: compare sets different runs" in error
+    assert len(error.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_compare_without_an_output_is_a_user_error(
     tmp_path: Path, base: dict[str, Any], capsys: pytest.CaptureFixture
 ) -> None:

@@ -171,8 +171,10 @@ def planned_job_blocks(dry_run_output: str) -> list[dict[str, str]]:
     return blocks
 
 
-def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path) -> None:
-    """The site template dry-runs with its placeholders; cuda jobs ask for a GPU, cpu jobs not.
+@pytest.fixture(scope="module")
+def cuda_site_plan(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+    """The site template's dry run, with its placeholders, for a CUDA machine and six CPUs a
+    compute job (cluster.threads), as job blocks.
 
     A made-up env.json of a CUDA machine stands in for the check_env checkpoint's output;
     `--rerun-triggers mtime` keeps Snakemake from redoing it for want of metadata.
@@ -181,7 +183,7 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
         if os.environ.get(REQUIRE) == "1":
             pytest.fail(f"{REQUIRE}=1 but {NO_PLUGIN}")
         pytest.skip(NO_PLUGIN)
-    root = copy_repository(tmp_path)
+    root = copy_repository(tmp_path_factory.mktemp("site"))
     (root / "results").mkdir()
     shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
     result = snakemake(
@@ -196,9 +198,17 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
         "device=cuda",
         "bench={backends: [cuda, cpu]}",
         "precision=auto",  # measured (the default) names its runs only after the choice job
+        "cluster={threads: 6}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    jobs = planned_job_blocks(result.stdout)
+    return planned_job_blocks(result.stdout)
+
+
+def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(
+    cuda_site_plan: list[dict[str, str]],
+) -> None:
+    """The site template dry-runs with its placeholders; cuda jobs ask for a GPU, cpu jobs not."""
+    jobs = cuda_site_plan
     gpu_jobs = [job for job in jobs if re.search(r"\bgpu=1\b", job["resources"])]
     cuda_jobs = [job for job in jobs if "/cuda" in job["output"]]
     assert {"bench_backend", "train_run", "evaluate_run", "profile_run"} <= {
@@ -211,3 +221,64 @@ def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(tmp_path: Path)
     assert cpu_jobs and not [job for job in cpu_jobs if "gpu" in job["resources"]]
     exclusive = [job for job in jobs if "--exclusive" in job["resources"]]
     assert {job["rule"] for job in exclusive} == {"bench_backend", "profile_run"}
+
+
+def test_compute_jobs_ask_the_cluster_for_cluster_threads_cpus_in_a_site_dry_run(
+    cuda_site_plan: list[dict[str, str]],
+) -> None:
+    """The SLURM plugin gives sbatch and srun a job's cpus_per_task before its threads, which
+    Snakemake caps at --cores (1 by workflow/profiles/default, under --profile too): with
+    threads alone every job asked for one CPU, whatever cluster.threads said."""
+    compute = {"bench_backend", "train_run", "evaluate_run", "profile_run"}
+    cpus = {
+        job["rule"]: re.findall(r"\bcpus_per_task=(\d+)", job["resources"])
+        for job in cuda_site_plan
+    }
+    assert compute <= set(cpus)
+    assert all(cpus[rule] == ["6"] for rule in compute)
+    assert not [rule for rule, found in cpus.items() if rule not in compute and found]
+
+
+def test_the_precision_choice_of_a_cuda_backend_asks_for_no_gpu_in_a_site_dry_run(
+    tmp_path: Path,
+) -> None:
+    """choose-precision reads the benchmark files and env.json, never the device: a GPU request
+    would queue a job of a second for a GPU node."""
+    if importlib.util.find_spec(PLUGIN) is None:
+        pytest.skip(NO_PLUGIN)
+    root = copy_repository(tmp_path)
+    (root / "results").mkdir()
+    shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
+    result = snakemake(
+        root,
+        "results/report.html",
+        "-n",
+        "--profile",
+        "workflow/profiles/slurm",
+        "--rerun-triggers",
+        "mtime",
+        "--config",
+        "device=cuda",
+        "bench={backends: [cuda]}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
+    assert re.search(r"\bgpu=1\b", jobs["bench_backend"])
+    assert "gpu" not in jobs["choose_precision"]
+
+
+def test_the_environment_check_asks_for_the_cpus_of_a_compute_job_in_a_site_dry_run(
+    tmp_path: Path,
+) -> None:
+    """env.json's torch threads (and the CPUs `auto` sees) name the machine in the report and in
+    compare: with one CPU, a summary said "torch uses 1 thread" of jobs that used cluster.threads."""
+    if importlib.util.find_spec(PLUGIN) is None:
+        pytest.skip(NO_PLUGIN)
+    root = copy_repository(tmp_path)
+    result = snakemake(
+        root, "results/report.html", "-n", "--profile", "workflow/profiles/slurm",
+        "--config", "cluster={threads: 6}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
+    assert re.findall(r"\bcpus_per_task=(\d+)", jobs["check_env"]) == ["6"]

@@ -136,6 +136,52 @@ def test_every_benchmark_record_is_kept_with_its_median_iqr_and_flags(
     assert skipped["status"] == "skipped" and skipped["median_ms"] is None
 
 
+def test_a_benchmark_timed_on_another_cpu_than_env_json_describes_is_flagged(
+    tmp_path: Path,
+) -> None:
+    """On a cluster partition of mixed node types, check_env and each benchmark job may land on
+    different CPUs: the summary names its machine by env.json, so figures timed elsewhere say so,
+    in their flags and in the answer's cautions, where the report and its reader see them."""
+    results = native_bf16_cpu(tmp_path)
+    path = results / "bench" / "cpu-bf16-train.json"
+    document = json.loads(path.read_text())
+    document["records"][0]["environment"].update(
+        cpu_model="Intel Xeon Gold 6148", cpu_native={"bf16": False, "fp16": False}
+    )
+    write_json(path, document)
+    summary = summarized(results, {**CONFIG, "precision": "measured"})
+    flags = {b["precision"]: b["flags"] for b in summary["benchmarks"]}
+    expected = (
+        "timed on another CPU than the environment check described: Intel Xeon Gold 6148 "
+        "(bf16 not native), not AMD EPYC (bf16 native); pin one node type for the whole run "
+        "(docs/cluster.md)"
+    )
+    assert flags == {"bf16": [expected], "fp32": []}
+    cautions = summary["answer"]["chosen"]["cautions"]
+    assert {"setting": "CPU bf16", "flags": [expected]} in cautions
+
+
+def test_a_cuda_benchmark_timed_on_another_gpu_than_env_json_lists_is_flagged(
+    tmp_path: Path,
+) -> None:
+    results = write_results_tree(tmp_path)
+    path = results / "bench" / "cuda-fp16-train.json"
+    document = json.loads(path.read_text())
+    document["records"][0]["device_description"] = "CUDA: Tesla V100-SXM2-32GB, 32 GiB, sm_70"
+    write_json(path, document)
+    flags = {
+        (b["backend"], b["precision"], b["mode"]): b["flags"]
+        for b in summarized(results)["benchmarks"]
+    }
+    assert flags[("cuda", "fp16", "train")] == [
+        "timed on another GPU than the environment check described: CUDA: Tesla V100-SXM2-32GB, "
+        "32 GiB, sm_70, not NVIDIA Fake H100; pin one GPU model for the whole run "
+        "(cluster.gpu_model, docs/cluster.md)"
+    ]
+    assert not [flag for key, found in flags.items() if key[0] == "cuda" for flag in found
+                if key != ("cuda", "fp16", "train") and "another GPU" in flag]  # fmt: skip
+
+
 def test_each_run_keeps_its_time_and_leads_with_its_held_out_f1(tmp_path: Path) -> None:
     results = write_results_tree(tmp_path)
     document = evaluation("cpu", "fp32", 0.42)

@@ -279,11 +279,13 @@ def test_the_same_config_files_give_the_same_config_in_snakemake_and_in_the_comm
     options: tuple[str, ...],
 ) -> None:
     """Both layer the files over config/config.yaml (edited, as a user edits it), later ones
-    winning, and the settings last."""
+    winning, and the settings last. The report job is told every key but the compare list,
+    which neither it nor summarize reads."""
     root, expected = layered_configs
     assert expected["train"]["weight_decay"] == 0.0002  # the edit is layered under the files
     assert expected["train"]["epochs"] == 5 and expected["train"]["lr"] == 0.01
     seen = config_of_command(root, monkeypatch, capsys, command, options, LAYERED_FILES)
+    assert seen.pop("compare") == [] and "compare" not in expected
     assert seen == expected
 
 
@@ -626,6 +628,8 @@ TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "summarize", "
         # the summary records the config (its comparison settings), the report shows it
         ("data={num_workers: 1, cache: false}", {"summarize", "report"}),
         ("train={lr: 0.01}", {"summarize", "report"}),  # every run's lr comes from the sweep
+        # the summaries results/compare.html sets beside this run's are no part of it
+        ("compare=[elsewhere/summary.json, results/summary.json]", set()),
     ],
 )
 def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import ResultsFileError
 from pipeline.report.formatting import (
     backend_label,
     fmt_ms,
@@ -63,6 +64,7 @@ def read_machines(paths: Sequence[str | Path]) -> list[Machine]:
     """The summaries in `paths` (each checked: a bad one is a ResultsFileError naming it),
     ordered by machine name and path; two of one name are told apart by their paths."""
     summaries = [(str(path), read_summary(path)) for path in paths]
+    refuse_repeated(summaries)
     found = sorted(
         ((machine_name(summary), path, summary) for path, summary in summaries),
         key=lambda item: item[:2],
@@ -72,6 +74,24 @@ def read_machines(paths: Sequence[str | Path]) -> list[Machine]:
         Machine(f"{name} ({path})" if names.count(name) > 1 else name, path, summary)
         for name, path, summary in found
     ]
+
+
+def refuse_repeated(summaries: list[tuple[str, dict[str, Any]]]) -> None:
+    """A summary named twice (or a copy of one) would be set beside itself, every figure
+    "matching": a ResultsFileError naming both, since a typo in a list of paths is the likely
+    cause."""
+    for index, (path, summary) in enumerate(summaries):
+        for earlier, seen in summaries[:index]:
+            if Path(earlier).resolve() == Path(path).resolve():
+                why = "names the same file"
+            elif seen == summary:
+                why = "holds the same summary (a copy of it)"
+            else:
+                continue
+            raise ResultsFileError(
+                f"{path} {why} as {earlier}: compare sets different runs side by side, so "
+                "name each summary.json once (one per machine, cluster partition or GPU model)."
+            )
 
 
 def machine_name(summary: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ rule bench_backend:
     threads: heavy_threads()
     resources:
         bench_slot=1,
+        cpus_per_task=cluster_cpus(),
         mem_mb=4000,
         runtime=30,
         gpu=lambda wildcards: gpu_request(wildcards.backend),
@@ -44,11 +45,10 @@ checkpoint choose_precision:
         "results/job_stats/choice/{backend}.tsv"
     conda:
         "../envs/pipeline.yaml"
+    # no GPU: it reads the benchmark files and env.json (which says what the backend refuses)
     resources:
         mem_mb=2000,
         runtime=10,
-        gpu=lambda wildcards: gpu_request(wildcards.backend),
-        gpu_model=lambda wildcards: gpu_model(wildcards.backend),
     params:
         python=interpreter,
         bench_dir="results/bench",

@@ -72,6 +72,17 @@ def command_sources(command):
     return import_graph.command_sources(command, PACKAGE_SOURCES)
 
 
+def without_compare(settings):
+    """`settings` less the compare list: the summaries results/compare.html sets side by side
+    are no part of this run's summary or report, and naming them reruns neither."""
+    return {key: value for key, value in settings.items() if key != "compare"}
+
+
+def results_config():
+    """The config as summarize and report are told it (their params: a change reruns them)."""
+    return json.dumps(without_compare(config), sort_keys=True)
+
+
 def invocation():
     """How this workflow was called: its --configfile files (relative to the working directory
     when inside it) and --config settings, so the report's commands can repeat them."""
@@ -80,7 +91,7 @@ def invocation():
     for path in settings.configfiles:
         relative = os.path.relpath(path)
         files.append(str(path) if relative.startswith("..") else relative)
-    return {"configfiles": files, "config": dict(settings.config)}
+    return {"configfiles": files, "config": without_compare(settings.config)}
 
 
 def interpreter(wildcards, input):
@@ -97,12 +108,19 @@ def interpreter(wildcards, input):
 
 def heavy_threads():
     """Timing and training jobs take every core of a local run, so nothing shares the machine
-    meanwhile; through a cluster executor they ask for cluster.threads CPUs."""
-    if workflow.local_exec:
-        try:
-            return max(1, workflow.cores)
-        except WorkflowError:  # no --cores given (a dry run, say)
-            return 1
+    meanwhile. On a cluster, cluster_cpus() sizes them instead: Snakemake caps threads at
+    --cores (1 by workflow/profiles/default, which applies under --profile too), and this runs
+    while the Snakefile is parsed, before Snakemake knows its executor."""
+    try:
+        return max(1, workflow.cores)
+    except WorkflowError:  # no --cores given (a dry run, say)
+        return 1
+
+
+def cluster_cpus():
+    """The CPUs a compute job asks a cluster for (cluster.threads), as the SLURM plugin's
+    cpus_per_task resource: sbatch and the job's srun take it before threads, no --cores caps
+    it, and a local run ignores it."""
     return config["cluster"]["threads"]
 
 

@@ -10,7 +10,9 @@ checkpoint check_env:
     priority: 100
     conda:
         "../envs/pipeline.yaml"
+    # the CPUs compute jobs get: env.json's torch threads are the report's and compare's
     resources:
+        cpus_per_task=cluster_cpus(),
         mem_mb=2000,
         runtime=10,
         gpu=gpu_request(env_check_device()),

@@ -19,6 +19,7 @@ rule evaluate_run:
         "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
+        cpus_per_task=cluster_cpus(),
         mem_mb=4000,
         runtime=30,
         gpu=lambda wildcards: gpu_request(wildcards.run),

@@ -14,6 +14,7 @@ rule predict_run:
         "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
+        cpus_per_task=cluster_cpus(),
         mem_mb=4000,
         runtime=60,
         gpu=lambda wildcards: gpu_request(wildcards.run),

@@ -15,6 +15,7 @@ rule profile_run:
     threads: heavy_threads()
     resources:
         bench_slot=1,
+        cpus_per_task=cluster_cpus(),
         mem_mb=4000,
         runtime=30,
         gpu=lambda wildcards: gpu_request(wildcards.run),

@@ -20,7 +20,7 @@ rule summarize:
     params:
         python=interpreter,
         results=lambda wildcards, output: os.path.dirname(output[0]),
-        config=json.dumps(config, sort_keys=True),
+        config=results_config(),
     shell:
         "{params.python:q} -m pipeline --log {log} summarize --results {params.results:q} --config-json {params.config:q}"
         " --out {output:q}"
@@ -54,7 +54,7 @@ rule report:
     params:
         python=interpreter,
         results=lambda wildcards, output: os.path.dirname(output[0]),
-        config=json.dumps(config, sort_keys=True),
+        config=results_config(),
         invocation=json.dumps(invocation(), sort_keys=True),
     shell:
         "{params.python:q} -m pipeline --log {log} report --results {params.results:q} --summary {input.summary:q}"

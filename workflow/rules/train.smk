@@ -20,6 +20,7 @@ rule train_run:
         "../envs/pipeline.yaml"
     threads: heavy_threads()
     resources:
+        cpus_per_task=cluster_cpus(),
         mem_mb=8000,
         runtime=240,
         gpu=lambda wildcards: gpu_request(wildcards.run),

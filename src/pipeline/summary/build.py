@@ -59,7 +59,7 @@ def summary_of(results: Results, config: dict[str, Any] | None) -> dict[str, Any
         else (config.get("data") or {}).get("format") == "synthetic",
         "answer": answer(frame, env, model, checks, config),
         "amp_policy": amp_policy(frame, env, model),
-        "benchmarks": [benchmark(row) for _, row in frame.iterrows()],
+        "benchmarks": [benchmark(row, env) for _, row in frame.iterrows()],
         "accuracy_checks": [accuracy_check(check) for check in checks],
         "runs": [run_entry(run) for run in results.runs],
     }
@@ -224,7 +224,7 @@ def answer(
         ],
         "cautions": [
             {"setting": label, "flags": flags}
-            for label, flags in decisions.answer_cautions(best, frame)
+            for label, flags in decisions.answer_cautions(best, frame, env)
         ],
         "accuracy_checked": best["precision"] == "fp32"
         or any(check.precision == best["precision"] for check in checks),
@@ -267,7 +267,7 @@ def amp_policy(
 # ---- benchmark records -----------------------------------------------------------------------
 
 
-def benchmark(row: pd.Series) -> dict[str, Any]:
+def benchmark(row: pd.Series, env: dict[str, Any] | None) -> dict[str, Any]:
     """One benchmark record: its figures, the flags that make it less trustworthy, its numerics
     against fp32 and its speed-ups (against the same backend's fp32 and against CPU fp32)."""
     record = row["record"]
@@ -293,7 +293,7 @@ def benchmark(row: pd.Series) -> dict[str, Any]:
         "host_peak_rss_mb": number(record.get("host_peak_rss_mb")),
         "safe": bool(row["safe"]),
         "numerics": numerics(record),
-        "flags": decisions.flags_of(record) if ok else [],
+        "flags": decisions.flags_of(record, env) if ok else [],
         "vs_backend_fp32": speed(row["vs_backend_fp32"]),
         "vs_cpu_fp32": speed(row["vs_cpu_fp32"]),
     }

@@ -153,11 +153,14 @@ def numerics_problem(record: dict[str, Any]) -> str:
     return f"its loss differs from fp32 by {fmt_rel(numerics.get('loss_rel_diff'))} relative (rule: {numerics.get('acceptable_rule', 'n/a')})"
 
 
-def flags_of(record: dict[str, Any]) -> list[str]:
+def flags_of(record: dict[str, Any], env: dict[str, Any] | None = None) -> list[str]:
     """Reasons to trust a timing less: drift, noise, a cut-short run or warm-up, a busy
-    machine, TF32 in 'fp32', or a configuration other than training's."""
+    machine, TF32 in 'fp32', a configuration other than training's, or another CPU or GPU
+    than env.json describes."""
     timing = record.get("timing") or {}
-    flags = quality_words(timing)
+    flags = quality_words(timing) + [
+        flag for flag in (other_cpu_flag(record, env), other_gpu_flag(record, env)) if flag
+    ]
     if timing.get("warmup_ended_early"):
         flags.append(
             f"warm-up ended after {timing.get('warmup_steps')} steps, before the step time "
@@ -199,7 +202,63 @@ def flags_of(record: dict[str, Any]) -> list[str]:
     return flags
 
 
-def answer_cautions(best: pd.Series, frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
+def other_cpu_flag(record: dict[str, Any], env: dict[str, Any] | None) -> str | None:
+    """Where the record was timed on another CPU model, or one computing bf16 or fp16 natively
+    where env.json's does not (or the reverse): the jobs of one run landed on different node
+    types of a cluster, and the summary names its machine by env.json alone."""
+    timed = record.get("environment") or {}
+    if not env or not timed:
+        return None
+    described = (env.get("platform") or {}).get("cpu_model")
+    native = {
+        precision: found.get("native")
+        for precision, found in (env.get("cpu_native") or {}).items()
+        if isinstance(found, dict)
+    }
+    timed_native = timed.get("cpu_native") or {}
+    differs = [
+        precision
+        for precision, is_native in timed_native.items()
+        if precision in native and bool(is_native) != bool(native[precision])
+    ]
+    if timed.get("cpu_model") in (None, described) and not differs:
+        return None
+
+    def cpu(model: Any, natives: dict[str, Any]) -> str:
+        natively = ", ".join(
+            f"{precision} {'native' if natives[precision] else 'not native'}"
+            for precision in differs
+        )
+        return f"{model or 'n/a'}{f' ({natively})' if natively else ''}"
+
+    return (
+        f"timed on another CPU than the environment check described: "
+        f"{cpu(timed.get('cpu_model'), timed_native)}, not {cpu(described, native)}; pin one "
+        "node type for the whole run (docs/cluster.md)"
+    )
+
+
+def other_gpu_flag(record: dict[str, Any], env: dict[str, Any] | None) -> str | None:
+    """Where a CUDA record's device is none of the GPUs env.json lists: the benchmark job
+    landed on another GPU model than the environment check (a partition of mixed GPUs)."""
+    names = [
+        device.get("name")
+        for device in ((env or {}).get("cuda") or {}).get("devices") or []
+        if device.get("name")
+    ]
+    described = record.get("device_description") or ""
+    if record.get("backend") != "cuda" or not names or any(name in described for name in names):
+        return None
+    return (
+        f"timed on another GPU than the environment check described: {described}, not "
+        f"{' + '.join(dict.fromkeys(names))}; pin one GPU model for the whole run "
+        "(cluster.gpu_model, docs/cluster.md)"
+    )
+
+
+def answer_cautions(
+    best: pd.Series, frame: pd.DataFrame, env: dict[str, Any] | None = None
+) -> list[tuple[str, list[str]]]:
     """(setting, flags) of the records the answer rests on: the choice and the CPU fp32 baseline."""
     baseline = frame[
         (frame["model"] == best["model"])
@@ -210,7 +269,8 @@ def answer_cautions(best: pd.Series, frame: pd.DataFrame) -> list[tuple[str, lis
     ]
     rows = [best, *(row for index, row in baseline.iterrows() if index != best.name)]
     flagged = [
-        (setting_label(row["backend"], row["precision"]), flags_of(row["record"])) for row in rows
+        (setting_label(row["backend"], row["precision"]), flags_of(row["record"], env))
+        for row in rows
     ]
     return [(setting, flags) for setting, flags in flagged if flags]
 
