@@ -215,6 +215,21 @@ def test_a_filename_naming_an_existing_image_is_taken_even_where_the_stem_fits_a
     assert load_split(config, "train").records[1].path == image_folder / "raccoon-2.jpg"
 
 
+def test_a_filename_naming_another_image_than_the_one_of_the_xml_files_name_is_refused(
+    labelimg: tuple[Path, Path],
+) -> None:
+    """A set renamed after annotation keeps each image's earlier name in <filename>: read as
+    written, every XML file would describe another existing image, silently."""
+    xml_folder, image_folder = labelimg
+    stale = xml_folder / "raccoon-3.xml"
+    stale.write_text(_xml("raccoon-4.jpg", (33, 20), [("raccoon", (3, 2, 13, 12))]))
+    with pytest.raises(DataError) as raised:
+        load_split(labelimg_config(xml_folder, image_folder), "train")
+    message = str(raised.value)
+    assert str(stale) in message and "<filename>raccoon-4.jpg</filename>" in message
+    assert "raccoon-3.jpg there has the XML file's own name" in message
+
+
 def test_a_folder_without_xml_files_is_refused_naming_it_and_the_key(tmp_path: Path) -> None:
     folder = tmp_path / "valid"
     folder.mkdir()

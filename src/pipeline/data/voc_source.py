@@ -385,12 +385,24 @@ def _image_finder(images: Path, key: str) -> Callable[[Path, str | None], Path]:
     """How an XML file's image is found in `images`, as exports write <filename>: by its base
     name (tools write the original path, Windows' or another's); else the one image named as
     the XML file, or as an extension-less <filename> (Roboflow renames images, LabelImg may
-    leave the extension out). Two such images are an error: which one is meant is unknown."""
+    leave the extension out). Two such images are an error: which one is meant is unknown. So
+    is a <filename> that names another image than one named as the XML file: a set renamed
+    after annotation keeps each image's earlier name there, which may be another image's."""
     names, by_stem = _images_by_stem(images, key)
 
     def find(xml_file: Path, file_name: str | None) -> Path:
         base = written_base_name(file_name.strip()) if file_name else ""
         if base in names:
+            own = by_stem.get(xml_file.stem, [])
+            if own and os.path.splitext(base)[0] != xml_file.stem:
+                raise DataError(
+                    f"VOC annotation file {xml_file}: its <filename>{file_name}</filename> "
+                    f"names the image {base} in {images} ({key}), but {' and '.join(own)} "
+                    "there has the XML file's own name: which one it describes is unknown (a "
+                    "set renamed after annotation keeps each image's earlier name in "
+                    "<filename>). Write the image's file name in <filename>, or remove the "
+                    "other image."
+                )
             return images / base
         stems = [xml_file.stem]
         if base and Path(base).suffix.lower() not in IMAGE_SUFFIXES:
