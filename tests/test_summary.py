@@ -250,6 +250,33 @@ def test_the_accuracy_hash_changes_with_what_the_figures_depend_on(setting: str)
     assert setting_groups.differing_keys(reference["settings"], changed["settings"])
 
 
+def test_a_user_data_sets_summary_records_its_annotation_files_digests(tmp_path: Path) -> None:
+    data = tmp_path / "coco"
+    data.mkdir()
+    for split in ("train", "val"):
+        (data / f"instances_{split}.json").write_text(f'{{"images": [], "split": "{split}"}}')
+    settings = full_config("data.format=coco", f"data.root={data}")
+    summary = summarized(write_results_tree(tmp_path / "results"), settings)  # schema-checked
+    digests = summary["comparison"]["accuracy"]["annotations"]
+    assert set(digests) == {"train", "val"} and digests["train"] != digests["val"]
+    assert summary["synthetic_data"] is False
+
+
+def test_a_voc_splits_digest_changes_with_any_of_its_xml_files(tmp_path: Path) -> None:
+    main = tmp_path / "ImageSets" / "Main"
+    main.mkdir(parents=True)
+    (tmp_path / "Annotations").mkdir()
+    for split in ("train", "val"):
+        (main / f"{split}.txt").write_text(f"{split}1\n")
+        (tmp_path / "Annotations" / f"{split}1.xml").write_text("<annotation/>")
+    settings = full_config("data.format=voc", f"data.root={tmp_path}")
+    before = build.accuracy_basis(settings)
+    (tmp_path / "Annotations" / "train1.xml").write_text("<annotation><object/></annotation>")
+    after = build.accuracy_basis(settings)
+    assert after["annotations"]["train"] != before["annotations"]["train"]
+    assert after["hash"] != before["hash"]
+
+
 def test_the_speed_hash_is_what_the_training_benchmarks_timed() -> None:
     records = [bench_record("cpu", "fp32", "train", 10.0)]
     frame = load.bench_frame([(record, Path("bench/a.json")) for record in records])

@@ -4,7 +4,8 @@ Markdown, both from the same tables.
 
 Figures are set side by side only where they are comparable: speed where the summaries timed
 the same configuration (their speed hash: model, batch, image size, memory format), training
-time and accuracy where they ran the same settings (their accuracy hash); otherwise the
+time and accuracy where they ran the same settings on the same data (their accuracy hash: of a
+user's data set, its annotation files' digests, not their paths); otherwise the
 comparison says what differs and keeps them apart. Machines are ordered by name, so the same
 summaries always give the same tables (docs embed the Markdown and a test regenerates it).
 """
@@ -27,6 +28,7 @@ from pipeline.report.formatting import (
 )
 from pipeline.runs import PRECISIONS
 from pipeline.setting_groups import differing_keys
+from pipeline.summary.annotations import identity
 from pipeline.summary.load import BACKENDS, MODES
 from pipeline.summary.read import read_summary
 
@@ -285,9 +287,34 @@ def not_compared(machines: list[Machine], aspect: str, what: str) -> list[str]:
             verb = "records" if missing in (against, names) else "record"
             why = f"{missing} {verb} no settings to compare by (summarised without a config)"
         else:
-            why = f"they {what} ({differences(first['settings'], basis['settings'])})"
+            why = f"they {what} ({differences(compared(first), compared(basis))})"
         notes.append(f"Not compared: {against} with {names}: {why}.")
     return notes
+
+
+def compared(basis: dict[str, Any]) -> dict[str, Any]:
+    """A basis's settings as they are compared: for a user's data set recorded with its
+    annotation files' digests (shortened as hashes are shown), the digests in place of paths."""
+    digests = basis.get("annotations")
+    if digests is None:
+        return basis["settings"]
+    return identity(basis["settings"], {split: digest[:12] for split, digest in digests.items()})
+
+
+def identified_by_paths(machines: list[Machine]) -> list[str]:
+    """A note per summary of a user's data set without its annotations' digests (made before
+    summaries recorded them, or where the files could not be read): its data are told apart by
+    paths, which is wrong both ways across machines."""
+    return [
+        f"{m.name} records no digest of its annotation files (a summary made before they were "
+        "recorded, or where they could not be read): its data set is told apart by its paths "
+        "alone, so the same data at another path are not compared with it, and other data at "
+        "the same path would be. Summarize it again where its annotation files are to compare it by their content."
+        for m in machines
+        if m.summary["synthetic_data"] is False
+        and m.summary["comparison"]["accuracy"] is not None
+        and "annotations" not in m.summary["comparison"]["accuracy"]
+    ]
 
 
 def differences(first: dict[str, Any], other: dict[str, Any]) -> str:
@@ -332,6 +359,7 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
         if len(group) > 1 or len(machines) == 1:
             training.tables.append(training_table(group))
     training.notes += not_compared(machines, "accuracy", "ran different settings")
+    training.notes += identified_by_paths(machines)
     return [speed, training]
 
 
