@@ -165,6 +165,52 @@ def test_three_machines_two_alike_compare_the_two(tmp_path: Path, base: dict[str
     ]
 
 
+def at_commit(summary: dict[str, Any], commit: str, changed: int = 0) -> dict[str, Any]:
+    other = copy.deepcopy(summary)
+    other["commit"] = {"id": commit * 40, "changed": changed, "untracked": 0}
+    return other
+
+
+@pytest.mark.parametrize(
+    ("gpu", "cpu", "made"),
+    [
+        (
+            ("a", 0),
+            ("b", 0),
+            "Intel Xeon (AMX): commit bbbbbbbbbbbb; NVIDIA Fake H100: commit aaaaaaaaaaaa",
+        ),
+        (
+            ("a", 0),
+            ("a", 2),
+            "Intel Xeon (AMX): commit aaaaaaaaaaaa (2 file(s) changed or untracked); "
+            "NVIDIA Fake H100: commit aaaaaaaaaaaa",
+        ),
+    ],
+)
+def test_figures_of_different_code_side_by_side_say_so(
+    tmp_path: Path, base: dict[str, Any], gpu: tuple[str, int], cpu: tuple[str, int], made: str
+) -> None:
+    found = sections(
+        write(tmp_path, "gpu.json", at_commit(base, *gpu)),
+        write(tmp_path, "cpu.json", at_commit(cpu_machine(base), *cpu)),
+    )
+    note = (
+        f"The code may differ ({made}): these figures may differ by the code, "
+        "not only by the machine."
+    )
+    assert [found[part].notes for part in ("answers", "speed", "training")] == [[note]] * 3
+
+
+def test_figures_of_one_clean_commit_side_by_side_say_nothing_of_code(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    found = sections(
+        write(tmp_path, "gpu.json", at_commit(base, "a")),
+        write(tmp_path, "cpu.json", at_commit(cpu_machine(base), "a")),
+    )
+    assert not any(section.notes for section in found.values())
+
+
 def on_coco(summary: dict[str, Any], root: Path) -> dict[str, Any]:
     """`summary` as if summarised of a run on the COCO data set at `root`."""
     other = copy.deepcopy(summary)

@@ -180,8 +180,12 @@ def commit_text(machine: Machine, summary: dict[str, Any]) -> str:
     commit = summary["commit"]
     if commit["id"] is None:
         return "unknown"
-    dirty = (commit["changed"] or 0) + (commit["untracked"] or 0)
+    dirty = changed_files(commit)
     return commit["id"][:12] + (f" ({dirty} file(s) changed or untracked)" if dirty else "")
+
+
+def changed_files(commit: dict[str, Any]) -> int:
+    return (commit["changed"] or 0) + (commit["untracked"] or 0)
 
 
 def timed_text(speed: dict[str, Any] | None) -> str:
@@ -220,6 +224,7 @@ def answers_section(machines: list[Machine]) -> Section:
             )
         ],
     )
+    section.notes += other_code(machines)
     section.notes += not_compared(machines, "speed", "timed different configurations")
     return section
 
@@ -317,6 +322,21 @@ def identified_by_paths(machines: list[Machine]) -> list[str]:
     ]
 
 
+def other_code(group: list[Machine]) -> list[str]:
+    """A note where machines set side by side were summarised at different commits or from a
+    checkout with changes: their figures may differ by the code, not only by the machine. Two
+    without a commit (results outside a git checkout) are not flagged: nothing tells."""
+    commits = [commit_text(m, m.summary) for m in group]
+    dirty = any(changed_files(m.summary["commit"]) for m in group)
+    if len(set(commits)) < 2 and not dirty:
+        return []
+    made = "; ".join(f"{m.name}: commit {c}" for m, c in zip(group, commits, strict=True))
+    return [
+        f"The code may differ ({made}): these figures may differ by the code, "
+        "not only by the machine."
+    ]
+
+
 def differences(first: dict[str, Any], other: dict[str, Any]) -> str:
     keys = differing_keys(first, other)
     shown = [
@@ -346,6 +366,7 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
     for group in groups(machines, "speed"):
         if len(group) > 1 or len(machines) == 1:
             speed.tables.append(speed_table(group))
+            speed.notes += other_code(group)
     speed.notes += not_compared(machines, "speed", "timed different configurations")
     training = Section(
         "training",
@@ -358,6 +379,7 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
     for group in groups(machines, "accuracy"):
         if len(group) > 1 or len(machines) == 1:
             training.tables.append(training_table(group))
+            training.notes += other_code(group)
     training.notes += not_compared(machines, "accuracy", "ran different settings")
     training.notes += identified_by_paths(machines)
     return [speed, training]
