@@ -64,17 +64,57 @@ class Section:
 
 def read_machines(paths: Sequence[str | Path]) -> list[Machine]:
     """The summaries in `paths` (each checked: a bad one is a ResultsFileError naming it),
-    ordered by machine name and path; two of one name are told apart by their paths."""
+    ordered by machine name and path. Machines of one name are told apart by what they are
+    (`distinguished`), and where even that is the same, by their paths."""
     summaries = [(str(path), read_summary(path)) for path in paths]
     refuse_repeated(summaries)
+    named = distinguished([summary for _, summary in summaries])
     found = sorted(
-        ((machine_name(summary), path, summary) for path, summary in summaries),
+        ((name, path, summary) for name, (path, summary) in zip(named, summaries, strict=True)),
         key=lambda item: item[:2],
     )
     names = [name for name, _, _ in found]
     return [
         Machine(f"{name} ({path})" if names.count(name) > 1 else name, path, summary)
         for name, path, summary in found
+    ]
+
+
+def distinguished(summaries: list[dict[str, Any]]) -> list[str]:
+    """Each summary's machine name, followed, where another machine has the same name, by the
+    facts that tell them apart (`machine_facts` that differ among them): a VM's CPU reads as
+    "Intel(R) Xeon(R) Processor" on many a different machine."""
+    bases = [machine_name(summary) for summary in summaries]
+    facts = [machine_facts(summary) for summary in summaries]
+    names = []
+    for base, own in zip(bases, facts, strict=True):
+        alike = [other for name, other in zip(bases, facts, strict=True) if name == base]
+        telling = [
+            fact for index, fact in enumerate(own) if len({other[index] for other in alike}) > 1
+        ]
+        names.append(f"{base} ({', '.join(telling)})" if telling else base)
+    return names
+
+
+def machine_facts(summary: dict[str, Any]) -> list[str]:
+    """What tells machines of one name apart, in the order a reader weighs it: the CPU's native
+    bf16/fp16, its cores and torch's threads, the GPUs' memory and capability, the CPU behind
+    the GPUs, the architecture."""
+    machine = summary["machine"] or {}
+    native = machine.get("cpu_native") or {}
+    fast = [precision for precision in ("bf16", "fp16") if native.get(precision, {}).get("native")]
+    gpus = machine.get("gpus") or []
+    return [
+        f"native {' and '.join(fast)}" if fast else "no native bf16 or fp16",
+        f"{machine.get('cpu_count') or 'n/a'} cores",
+        threads_text(machine.get("torch_threads")),
+        "; ".join(
+            f"{memory_text(gpu['memory_gib'])}, capability {gpu['capability'] or 'n/a'}"
+            for gpu in gpus
+        )
+        or "no GPU",
+        f"CPU {machine.get('cpu_model') or 'n/a'}",
+        machine.get("architecture") or "architecture n/a",
     ]
 
 
@@ -141,11 +181,14 @@ def cpu_text(machine: Machine, summary: dict[str, Any]) -> str:
     found = summary["machine"]
     if found is None:
         return "n/a (no env.json)"
-    threads = found["torch_threads"]
     return (
         f"{found['cpu_model'] or 'n/a'}, {found['cpu_count'] or 'n/a'} cores, "
-        f"torch uses {threads or 'n/a'} thread{'' if threads == 1 else 's'}"
+        f"{threads_text(found['torch_threads'])}"
     )
+
+
+def threads_text(threads: int | None) -> str:
+    return f"torch uses {threads or 'n/a'} thread{'' if threads == 1 else 's'}"
 
 
 def native_text(machine: Machine, summary: dict[str, Any]) -> str:
