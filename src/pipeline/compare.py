@@ -28,7 +28,7 @@ from pipeline.report.formatting import (
 )
 from pipeline.runs import PRECISIONS
 from pipeline.setting_groups import differing_keys
-from pipeline.summary.annotations import identity
+from pipeline.summary.annotations import USER_FORMATS, identity
 from pipeline.summary.load import BACKENDS, MODES
 from pipeline.summary.read import read_summary
 
@@ -359,9 +359,9 @@ def identified_by_paths(machines: list[Machine]) -> list[str]:
         "alone, so the same data at another path are not compared with it, and other data at "
         "the same path would be. Summarize it again where its annotation files are to compare it by their content."
         for m in machines
-        if m.summary["synthetic_data"] is False
-        and m.summary["comparison"]["accuracy"] is not None
-        and "annotations" not in m.summary["comparison"]["accuracy"]
+        if (basis := m.summary["comparison"]["accuracy"]) is not None
+        and (basis["settings"].get("data") or {}).get("format") in USER_FORMATS
+        and "annotations" not in basis
     ]
 
 

@@ -15,10 +15,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import validate
 from pipeline.data import SPLITS, carved_splits, has_test_split, split_file
 from pipeline.data.voc_source import xml_files
 
 log = logging.getLogger("pipeline")
+USER_FORMATS = ("coco", "voc")  # data.format of a user's data set: the others are generated
 # The data keys that only say where the files are: with the files' digests beside them, two runs
 # on the same annotations at other paths ran the same settings.
 LOCATION_KEYS = (
@@ -30,12 +32,14 @@ LOCATION_KEYS = (
 
 def annotation_digests(config: dict[str, Any]) -> dict[str, str] | None:
     """Each split's sha256 of the annotation files training and evaluation read (a carved
-    split: the training split's, whose fraction the settings hold); None for the synthetic set,
-    and, with a warning, where a file cannot be read here (the summary then identifies the
-    data by their paths, as before digests were recorded)."""
-    if config["data"]["format"] == "synthetic":
+    split: the training split's, whose fraction the settings hold); None for the synthetic set
+    (and a config that names no format), and, with a warning, where a file cannot be read here
+    (the summary then identifies the data by their paths, as before digests were recorded)."""
+    data_format = (config.get("data") or {}).get("format")
+    if data_format not in USER_FORMATS:
         return None
-    voc = config["data"]["format"] == "voc"
+    voc = data_format == "voc"
+    config = {"data": validate({"data": config["data"]})["data"]}  # defaults of a partial one
     carved = carved_splits(config)
     splits = [split for split in SPLITS if split != "test" or has_test_split(config)]
     try:
