@@ -169,21 +169,23 @@ def test_machines_of_one_cpu_model_are_named_by_what_tells_them_apart(
     tmp_path: Path, base: dict[str, Any]
 ) -> None:
     vm = cpu_machine(base, "Intel(R) Xeon(R) Processor")
-    vm["machine"].update(cpu_count=2, cpu_native={"bf16": {"native": True, "evidence": "amx"}})
+    vm["machine"].update(
+        cpu_count=2, memory_gib=7.8, cpu_native={"bf16": {"native": True, "evidence": "amx"}}
+    )
     other = copy.deepcopy(vm)
-    other["machine"].update(cpu_count=8, cpu_native={})
+    other["machine"].update(cpu_count=8, memory_gib=31.3, cpu_native={})
     other["comparison"]["accuracy"] = None  # not a copy of vm
     paths = [write(tmp_path, "a.json", vm), write(tmp_path, "b.json", other)]
     assert [m.name for m in read_machines(paths)] == [
-        "Intel(R) Xeon(R) Processor (native bf16, 2 cores)",
-        "Intel(R) Xeon(R) Processor (no native bf16 or fp16, 8 cores)",
+        "Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory)",
+        "Intel(R) Xeon(R) Processor (no native bf16 or fp16, 8 cores, 31.3 GiB memory)",
     ]
     twin = copy.deepcopy(vm)
     twin["comparison"]["speed"] = None  # the same machine, another run
     paths.append(write(tmp_path, "c.json", twin))
     assert [m.name for m in read_machines(paths)][:2] == [
-        f"Intel(R) Xeon(R) Processor (native bf16, 2 cores) ({paths[0]})",
-        f"Intel(R) Xeon(R) Processor (native bf16, 2 cores) ({paths[2]})",
+        f"Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory) ({paths[0]})",
+        f"Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory) ({paths[2]})",
     ]
 
 

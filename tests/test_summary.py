@@ -101,11 +101,12 @@ def test_the_shipped_default_follows_the_answer_where_precision_auto_would_not(
 
 def test_the_machine_is_what_env_json_describes(summary: dict[str, Any]) -> None:
     machine = summary["machine"]
-    assert (machine["cpu_model"], machine["cpu_count"], machine["torch_threads"]) == (
-        "AMD EPYC",
-        2,
-        2,
-    )
+    assert (
+        machine["cpu_model"],
+        machine["cpu_count"],
+        machine["memory_gib"],
+        machine["torch_threads"],
+    ) == ("AMD EPYC", 2, 31.3, 2)
     assert machine["cpu_native"]["bf16"] == {
         "native": False,
         "evidence": "torch.cpu.get_capabilities(): avx512_bf16=no, amx_bf16=no",

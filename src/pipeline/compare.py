@@ -98,8 +98,8 @@ def distinguished(summaries: list[dict[str, Any]]) -> list[str]:
 
 def machine_facts(summary: dict[str, Any]) -> list[str]:
     """What tells machines of one name apart, in the order a reader weighs it: the CPU's native
-    bf16/fp16, its cores and torch's threads, the GPUs' memory and capability, the CPU behind
-    the GPUs, the architecture."""
+    bf16/fp16, its cores, the memory, torch's threads, the GPUs' memory and capability, the CPU
+    behind the GPUs, the architecture."""
     machine = summary["machine"] or {}
     native = machine.get("cpu_native") or {}
     fast = [precision for precision in ("bf16", "fp16") if native.get(precision, {}).get("native")]
@@ -107,6 +107,7 @@ def machine_facts(summary: dict[str, Any]) -> list[str]:
     return [
         f"native {' and '.join(fast)}" if fast else "no native bf16 or fp16",
         f"{machine.get('cpu_count') or 'n/a'} cores",
+        f"{memory_text(machine.get('memory_gib'))} memory",
         threads_text(machine.get("torch_threads")),
         "; ".join(
             f"{memory_text(gpu['memory_gib'])}, capability {gpu['capability'] or 'n/a'}"
@@ -181,9 +182,11 @@ def cpu_text(machine: Machine, summary: dict[str, Any]) -> str:
     found = summary["machine"]
     if found is None:
         return "n/a (no env.json)"
+    memory = found.get("memory_gib")  # absent in summaries made before it was recorded
     return (
         f"{found['cpu_model'] or 'n/a'}, {found['cpu_count'] or 'n/a'} cores, "
-        f"{threads_text(found['torch_threads'])}"
+        + ("" if memory is None else f"{memory_text(memory)} memory, ")
+        + threads_text(found["torch_threads"])
     )
 
 

@@ -123,6 +123,7 @@ def machine(env: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "cpu_model": platform.get("cpu_model"),
         "cpu_count": platform.get("cpu_count"),
+        "memory_gib": number(platform.get("memory_gib")),
         "torch_threads": platform.get("torch_threads"),
         "os": platform.get("os"),
         "architecture": platform.get("machine"),
