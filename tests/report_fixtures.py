@@ -90,6 +90,7 @@ def env_json() -> dict[str, Any]:
             "machine": "x86_64",
             "cpu_model": "AMD EPYC",
             "cpu_count": 2,
+            "memory_gib": 31.3,
             "torch_threads": 2,
         },
         "backends": {

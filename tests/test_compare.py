@@ -16,8 +16,9 @@ import pytest
 from report_fixtures import write_results_tree
 from report_page import Page, assert_self_contained
 
-from pipeline import cli
+from pipeline import cli, config
 from pipeline.compare import compare, markdown, read_machines
+from pipeline.summary import build
 from pipeline.summary.build import settings_hash
 
 pytestmark = pytest.mark.usefixtures("restore_pipeline_logger")
@@ -162,6 +163,135 @@ def test_three_machines_two_alike_compare_the_two(tmp_path: Path, base: dict[str
         "Not compared: AMD EPYC 9654 with Intel Xeon (AMX) and NVIDIA Fake H100: they ran "
         "different settings (seed: 3 vs None)."
     ]
+
+
+def test_machines_of_one_cpu_model_are_named_by_what_tells_them_apart(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    vm = cpu_machine(base, "Intel(R) Xeon(R) Processor")
+    vm["machine"].update(
+        cpu_count=2, memory_gib=7.8, cpu_native={"bf16": {"native": True, "evidence": "amx"}}
+    )
+    other = copy.deepcopy(vm)
+    other["machine"].update(cpu_count=8, memory_gib=31.3, cpu_native={})
+    other["comparison"]["accuracy"] = None  # not a copy of vm
+    paths = [write(tmp_path, "a.json", vm), write(tmp_path, "b.json", other)]
+    assert [m.name for m in read_machines(paths)] == [
+        "Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory)",
+        "Intel(R) Xeon(R) Processor (no native bf16 or fp16, 8 cores, 31.3 GiB memory)",
+    ]
+    twin = copy.deepcopy(vm)
+    twin["comparison"]["speed"] = None  # the same machine, another run
+    paths.append(write(tmp_path, "c.json", twin))
+    assert [m.name for m in read_machines(paths)][:2] == [
+        f"Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory) ({paths[0]})",
+        f"Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory) ({paths[2]})",
+    ]
+
+
+def at_commit(summary: dict[str, Any], commit: str, changed: int = 0) -> dict[str, Any]:
+    other = copy.deepcopy(summary)
+    other["commit"] = {"id": commit * 40, "changed": changed, "untracked": 0}
+    return other
+
+
+@pytest.mark.parametrize(
+    ("gpu", "cpu", "made"),
+    [
+        (
+            ("a", 0),
+            ("b", 0),
+            "Intel Xeon (AMX): commit bbbbbbbbbbbb; NVIDIA Fake H100: commit aaaaaaaaaaaa",
+        ),
+        (
+            ("a", 0),
+            ("a", 2),
+            "Intel Xeon (AMX): commit aaaaaaaaaaaa (2 file(s) changed or untracked); "
+            "NVIDIA Fake H100: commit aaaaaaaaaaaa",
+        ),
+    ],
+)
+def test_figures_of_different_code_side_by_side_say_so(
+    tmp_path: Path, base: dict[str, Any], gpu: tuple[str, int], cpu: tuple[str, int], made: str
+) -> None:
+    found = sections(
+        write(tmp_path, "gpu.json", at_commit(base, *gpu)),
+        write(tmp_path, "cpu.json", at_commit(cpu_machine(base), *cpu)),
+    )
+    note = (
+        f"The code may differ ({made}): these figures may differ by the code, "
+        "not only by the machine."
+    )
+    assert [found[part].notes for part in ("answers", "speed", "training")] == [[note]] * 3
+
+
+def test_figures_of_one_clean_commit_side_by_side_say_nothing_of_code(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    found = sections(
+        write(tmp_path, "gpu.json", at_commit(base, "a")),
+        write(tmp_path, "cpu.json", at_commit(cpu_machine(base), "a")),
+    )
+    assert not any(section.notes for section in found.values())
+
+
+def on_coco(summary: dict[str, Any], root: Path) -> dict[str, Any]:
+    """`summary` as if summarised of a run on the COCO data set at `root`."""
+    other = copy.deepcopy(summary)
+    settings = config.load_config([], ["data.format=coco", f"data.root={root}"])
+    other["comparison"]["accuracy"] = build.accuracy_basis(settings)
+    other["synthetic_data"] = False
+    return other
+
+
+def coco_set(root: Path, category: str) -> Path:
+    """A COCO data set's annotation files (no images: the digests read annotations alone)."""
+    root.mkdir(parents=True, exist_ok=True)
+    document = {"images": [], "annotations": [], "categories": [{"id": 1, "name": category}]}
+    for split in ("train", "val"):
+        (root / f"instances_{split}.json").write_text(json.dumps(document))
+    return root
+
+
+def test_the_same_annotations_at_other_paths_are_compared_and_other_ones_at_one_path_are_not(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    here = on_coco(base, coco_set(tmp_path / "mnt" / "data", "cat"))
+    there = on_coco(cpu_machine(base), coco_set(tmp_path / "scratch" / "copy", "cat"))
+    (table,) = sections(write(tmp_path, "a.json", here), write(tmp_path, "b.json", there))[
+        "training"
+    ].tables
+    assert {row[0] for row in table.rows} == {"Intel Xeon (AMX)", "NVIDIA Fake H100"}
+
+    coco_set(tmp_path / "scratch" / "copy", "dog")  # other annotations at the same path
+    relabelled = on_coco(cpu_machine(base), tmp_path / "scratch" / "copy")
+    training = sections(write(tmp_path, "b.json", there), write(tmp_path, "c.json", relabelled))[
+        "training"
+    ]
+    assert training.tables == []
+    (note,) = training.notes
+    new, old = relabelled["comparison"]["accuracy"], there["comparison"]["accuracy"]
+    assert note.startswith("Not compared: Intel Xeon (AMX) (")
+    assert note.endswith(
+        f"they ran different settings (annotations.train: {old['annotations']['train'][:12]} vs "
+        f"{new['annotations']['train'][:12]}; annotations.val: "
+        f"{old['annotations']['val'][:12]} vs {new['annotations']['val'][:12]})."
+    )
+
+
+def test_a_summary_of_user_data_without_digests_says_it_compares_by_paths(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    older = on_coco(cpu_machine(base), coco_set(tmp_path / "data", "cat"))
+    del older["comparison"]["accuracy"]["annotations"]
+    training = sections(write(tmp_path, "a.json", base), write(tmp_path, "b.json", older))[
+        "training"
+    ]
+    assert training.notes[-1].startswith(
+        "Intel Xeon (AMX) records no digest of its annotation files (a summary made before they "
+        "were recorded, or where they could not be read): its data set is told apart by its "
+        "paths alone"
+    )
 
 
 def test_the_markdown_is_the_same_for_the_same_summaries_in_any_order(

@@ -101,11 +101,12 @@ def test_the_shipped_default_follows_the_answer_where_precision_auto_would_not(
 
 def test_the_machine_is_what_env_json_describes(summary: dict[str, Any]) -> None:
     machine = summary["machine"]
-    assert (machine["cpu_model"], machine["cpu_count"], machine["torch_threads"]) == (
-        "AMD EPYC",
-        2,
-        2,
-    )
+    assert (
+        machine["cpu_model"],
+        machine["cpu_count"],
+        machine["memory_gib"],
+        machine["torch_threads"],
+    ) == ("AMD EPYC", 2, 31.3, 2)
     assert machine["cpu_native"]["bf16"] == {
         "native": False,
         "evidence": "torch.cpu.get_capabilities(): avx512_bf16=no, amx_bf16=no",
@@ -248,6 +249,33 @@ def test_the_accuracy_hash_changes_with_what_the_figures_depend_on(setting: str)
     changed = build.accuracy_basis(full_config(setting))
     assert changed["hash"] != reference["hash"]
     assert setting_groups.differing_keys(reference["settings"], changed["settings"])
+
+
+def test_a_user_data_sets_summary_records_its_annotation_files_digests(tmp_path: Path) -> None:
+    data = tmp_path / "coco"
+    data.mkdir()
+    for split in ("train", "val"):
+        (data / f"instances_{split}.json").write_text(f'{{"images": [], "split": "{split}"}}')
+    settings = full_config("data.format=coco", f"data.root={data}")
+    summary = summarized(write_results_tree(tmp_path / "results"), settings)  # schema-checked
+    digests = summary["comparison"]["accuracy"]["annotations"]
+    assert set(digests) == {"train", "val"} and digests["train"] != digests["val"]
+    assert summary["synthetic_data"] is False
+
+
+def test_a_voc_splits_digest_changes_with_any_of_its_xml_files(tmp_path: Path) -> None:
+    main = tmp_path / "ImageSets" / "Main"
+    main.mkdir(parents=True)
+    (tmp_path / "Annotations").mkdir()
+    for split in ("train", "val"):
+        (main / f"{split}.txt").write_text(f"{split}1\n")
+        (tmp_path / "Annotations" / f"{split}1.xml").write_text("<annotation/>")
+    settings = full_config("data.format=voc", f"data.root={tmp_path}")
+    before = build.accuracy_basis(settings)
+    (tmp_path / "Annotations" / "train1.xml").write_text("<annotation><object/></annotation>")
+    after = build.accuracy_basis(settings)
+    assert after["annotations"]["train"] != before["annotations"]["train"]
+    assert after["hash"] != before["hash"]
 
 
 def test_the_speed_hash_is_what_the_training_benchmarks_timed() -> None:

@@ -4,7 +4,8 @@ Markdown, both from the same tables.
 
 Figures are set side by side only where they are comparable: speed where the summaries timed
 the same configuration (their speed hash: model, batch, image size, memory format), training
-time and accuracy where they ran the same settings (their accuracy hash); otherwise the
+time and accuracy where they ran the same settings on the same data (their accuracy hash: of a
+user's data set, its annotation files' digests, not their paths); otherwise the
 comparison says what differs and keeps them apart. Machines are ordered by name, so the same
 summaries always give the same tables (docs embed the Markdown and a test regenerates it).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ResultsFileError
+from pipeline.machine_names import distinguished, memory_text, threads_text
 from pipeline.report.formatting import (
     backend_label,
     fmt_ms,
@@ -27,6 +29,7 @@ from pipeline.report.formatting import (
 )
 from pipeline.runs import PRECISIONS
 from pipeline.setting_groups import differing_keys
+from pipeline.summary.annotations import USER_FORMATS, identity
 from pipeline.summary.load import BACKENDS, MODES
 from pipeline.summary.read import read_summary
 
@@ -62,11 +65,13 @@ class Section:
 
 def read_machines(paths: Sequence[str | Path]) -> list[Machine]:
     """The summaries in `paths` (each checked: a bad one is a ResultsFileError naming it),
-    ordered by machine name and path; two of one name are told apart by their paths."""
+    ordered by machine name and path. Machines of one name are told apart by what they are
+    (`distinguished`), and where even that is the same, by their paths."""
     summaries = [(str(path), read_summary(path)) for path in paths]
     refuse_repeated(summaries)
+    named = distinguished([summary for _, summary in summaries])
     found = sorted(
-        ((machine_name(summary), path, summary) for path, summary in summaries),
+        ((name, path, summary) for name, (path, summary) in zip(named, summaries, strict=True)),
         key=lambda item: item[:2],
     )
     names = [name for name, _, _ in found]
@@ -92,18 +97,6 @@ def refuse_repeated(summaries: list[tuple[str, dict[str, Any]]]) -> None:
                 f"{path} {why} as {earlier}: compare sets different runs side by side, so "
                 "name each summary.json once (one per machine, cluster partition or GPU model)."
             )
-
-
-def machine_name(summary: dict[str, Any]) -> str:
-    """The GPUs where the machine has any, else the CPU: what a reader knows it by."""
-    machine = summary["machine"]
-    if machine is None:
-        return "unknown machine"
-    gpus = [gpu["name"] or "GPU" for gpu in machine["gpus"]]
-    if gpus:
-        counted = [f"{gpus.count(n)}× {n}" if gpus.count(n) > 1 else n for n in dict.fromkeys(gpus)]
-        return " + ".join(counted)
-    return machine["cpu_model"] or "unknown CPU"
 
 
 def compare(machines: list[Machine]) -> list[Section]:
@@ -139,10 +132,11 @@ def cpu_text(machine: Machine, summary: dict[str, Any]) -> str:
     found = summary["machine"]
     if found is None:
         return "n/a (no env.json)"
-    threads = found["torch_threads"]
+    memory = found.get("memory_gib")  # absent in summaries made before it was recorded
     return (
         f"{found['cpu_model'] or 'n/a'}, {found['cpu_count'] or 'n/a'} cores, "
-        f"torch uses {threads or 'n/a'} thread{'' if threads == 1 else 's'}"
+        + ("" if memory is None else f"{memory_text(memory)} memory, ")
+        + threads_text(found["torch_threads"])
     )
 
 
@@ -165,10 +159,6 @@ def gpu_text(machine: Machine, summary: dict[str, Any]) -> str:
     )
 
 
-def memory_text(gib: float | None) -> str:
-    return "n/a GiB" if gib is None else f"{gib:.1f} GiB"
-
-
 def versions_text(machine: Machine, summary: dict[str, Any]) -> str:
     versions = (summary["machine"] or {}).get("versions") or {}
     return ", ".join(versions.get(key) or "none" for key in ("torch", "cuda", "cudnn"))
@@ -178,8 +168,12 @@ def commit_text(machine: Machine, summary: dict[str, Any]) -> str:
     commit = summary["commit"]
     if commit["id"] is None:
         return "unknown"
-    dirty = (commit["changed"] or 0) + (commit["untracked"] or 0)
+    dirty = changed_files(commit)
     return commit["id"][:12] + (f" ({dirty} file(s) changed or untracked)" if dirty else "")
+
+
+def changed_files(commit: dict[str, Any]) -> int:
+    return (commit["changed"] or 0) + (commit["untracked"] or 0)
 
 
 def timed_text(speed: dict[str, Any] | None) -> str:
@@ -218,6 +212,7 @@ def answers_section(machines: list[Machine]) -> Section:
             )
         ],
     )
+    section.notes += other_code(machines)
     section.notes += not_compared(machines, "speed", "timed different configurations")
     return section
 
@@ -285,9 +280,49 @@ def not_compared(machines: list[Machine], aspect: str, what: str) -> list[str]:
             verb = "records" if missing in (against, names) else "record"
             why = f"{missing} {verb} no settings to compare by (summarised without a config)"
         else:
-            why = f"they {what} ({differences(first['settings'], basis['settings'])})"
+            why = f"they {what} ({differences(compared(first), compared(basis))})"
         notes.append(f"Not compared: {against} with {names}: {why}.")
     return notes
+
+
+def compared(basis: dict[str, Any]) -> dict[str, Any]:
+    """A basis's settings as they are compared: for a user's data set recorded with its
+    annotation files' digests (shortened as hashes are shown), the digests in place of paths."""
+    digests = basis.get("annotations")
+    if digests is None:
+        return basis["settings"]
+    return identity(basis["settings"], {split: digest[:12] for split, digest in digests.items()})
+
+
+def identified_by_paths(machines: list[Machine]) -> list[str]:
+    """A note per summary of a user's data set without its annotations' digests (made before
+    summaries recorded them, or where the files could not be read): its data are told apart by
+    paths, which is wrong both ways across machines."""
+    return [
+        f"{m.name} records no digest of its annotation files (a summary made before they were "
+        "recorded, or where they could not be read): its data set is told apart by its paths "
+        "alone, so the same data at another path are not compared with it, and other data at "
+        "the same path would be. Summarize it again where its annotation files are to compare it by their content."
+        for m in machines
+        if (basis := m.summary["comparison"]["accuracy"]) is not None
+        and (basis["settings"].get("data") or {}).get("format") in USER_FORMATS
+        and "annotations" not in basis
+    ]
+
+
+def other_code(group: list[Machine]) -> list[str]:
+    """A note where machines set side by side were summarised at different commits or from a
+    checkout with changes: their figures may differ by the code, not only by the machine. Two
+    without a commit (results outside a git checkout) are not flagged: nothing tells."""
+    commits = [commit_text(m, m.summary) for m in group]
+    dirty = any(changed_files(m.summary["commit"]) for m in group)
+    if len(set(commits)) < 2 and not dirty:
+        return []
+    made = "; ".join(f"{m.name}: commit {c}" for m, c in zip(group, commits, strict=True))
+    return [
+        f"The code may differ ({made}): these figures may differ by the code, "
+        "not only by the machine."
+    ]
 
 
 def differences(first: dict[str, Any], other: dict[str, Any]) -> str:
@@ -319,6 +354,7 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
     for group in groups(machines, "speed"):
         if len(group) > 1 or len(machines) == 1:
             speed.tables.append(speed_table(group))
+            speed.notes += other_code(group)
     speed.notes += not_compared(machines, "speed", "timed different configurations")
     training = Section(
         "training",
@@ -331,7 +367,9 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
     for group in groups(machines, "accuracy"):
         if len(group) > 1 or len(machines) == 1:
             training.tables.append(training_table(group))
+            training.notes += other_code(group)
     training.notes += not_compared(machines, "accuracy", "ran different settings")
+    training.notes += identified_by_paths(machines)
     return [speed, training]
 
 

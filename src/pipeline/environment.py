@@ -110,6 +110,16 @@ def _cuda_details() -> dict[str, Any]:
     return details
 
 
+def memory_gib() -> float | None:
+    """The machine's physical memory: with its CPU model, cores and native precisions, what
+    tells two machines apart whose CPUs read the same (compare names them by it); None where
+    the OS does not say (Windows has no sysconf)."""
+    try:
+        return round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1024**3, 1)
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def collect(requested_device: str | None = None) -> dict[str, Any]:
     """Everything check-env reports; with `requested_device`, also resolve it (raises if absent)."""
     backends = {name: _backend_entry(name) for name in dev.BACKEND_PRIORITY}
@@ -129,6 +139,7 @@ def collect(requested_device: str | None = None) -> dict[str, Any]:
             "machine": platform.machine(),
             "cpu_model": cpu_model(),
             "cpu_count": os.cpu_count(),
+            "memory_gib": memory_gib(),
             "torch_threads": torch.get_num_threads(),
         },
         "backends": backends,

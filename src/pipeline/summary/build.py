@@ -23,7 +23,7 @@ from pipeline.evaluation.image_bootstrap import PairedChange
 from pipeline.report.formatting import number
 from pipeline.setting_groups import accuracy_settings
 from pipeline.stats import Speedup
-from pipeline.summary import accuracy, decisions
+from pipeline.summary import accuracy, annotations, decisions
 from pipeline.summary.load import Results, RunResults, bench_frame, git_state, load_results
 
 FORMAT = "pipeline.summary/1"
@@ -76,11 +76,20 @@ def settings_hash(settings: Any) -> str:
 
 
 def accuracy_basis(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The settings the accuracy figures depend on (setting_groups.accuracy_settings) and their hash."""
+    """The settings the accuracy figures depend on (setting_groups.accuracy_settings) and their
+    hash; for a user's data set, with its annotation files' digests, which the hash takes in
+    place of the files' paths (summary.annotations)."""
     if config is None:
         return None
     settings = accuracy_settings(config)
-    return {"hash": settings_hash(settings), "settings": settings}
+    digests = annotations.annotation_digests(config)
+    if digests is None:
+        return {"hash": settings_hash(settings), "settings": settings}
+    return {
+        "hash": settings_hash(annotations.identity(settings, digests)),
+        "settings": settings,
+        "annotations": digests,
+    }
 
 
 def speed_basis(frame: pd.DataFrame, model: str | None) -> dict[str, Any] | None:
@@ -114,6 +123,7 @@ def machine(env: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "cpu_model": platform.get("cpu_model"),
         "cpu_count": platform.get("cpu_count"),
+        "memory_gib": number(platform.get("memory_gib")),
         "torch_threads": platform.get("torch_threads"),
         "os": platform.get("os"),
         "architecture": platform.get("machine"),
