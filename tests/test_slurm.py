@@ -171,37 +171,42 @@ def planned_job_blocks(dry_run_output: str) -> list[dict[str, str]]:
     return blocks
 
 
-@pytest.fixture(scope="module")
-def cuda_site_plan(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
-    """The site template's dry run, with its placeholders, for a CUDA machine and six CPUs a
-    compute job (cluster.threads), as job blocks.
+def site_plan(folder: Path, *settings: str, cuda_env: bool = True) -> list[dict[str, str]]:
+    """The site template's dry run of the report, with its placeholders, in a copy of the
+    repository in `folder`, `settings` given to --config, as job blocks.
 
-    A made-up env.json of a CUDA machine stands in for the check_env checkpoint's output;
-    `--rerun-triggers mtime` keeps Snakemake from redoing it for want of metadata.
+    `cuda_env`: a made-up env.json of a CUDA machine stands in for the check_env checkpoint's
+    output; `--rerun-triggers mtime` keeps Snakemake from redoing it for want of metadata.
     """
     if importlib.util.find_spec(PLUGIN) is None:
         if os.environ.get(REQUIRE) == "1":
             pytest.fail(f"{REQUIRE}=1 but {NO_PLUGIN}")
         pytest.skip(NO_PLUGIN)
-    root = copy_repository(tmp_path_factory.mktemp("site"))
-    (root / "results").mkdir()
-    shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
+    root = copy_repository(folder)
+    options = []
+    if cuda_env:
+        (root / "results").mkdir()
+        shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
+        options = ["--rerun-triggers", "mtime"]
     result = snakemake(
-        root,
-        "results/report.html",
-        "-n",
-        "--profile",
-        "workflow/profiles/slurm",
-        "--rerun-triggers",
-        "mtime",
-        "--config",
+        root, "results/report.html", "-n", "--profile", "workflow/profiles/slurm", *options,
+        "--config", *settings,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return planned_job_blocks(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def cuda_site_plan(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+    """The site template's dry run for a CUDA machine and six CPUs a compute job
+    (cluster.threads), as job blocks."""
+    return site_plan(
+        tmp_path_factory.mktemp("site"),
         "device=cuda",
         "bench={backends: [cuda, cpu]}",
         "precision=auto",  # measured (the default) names its runs only after the choice job
         "cluster={threads: 6}",
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return planned_job_blocks(result.stdout)
 
 
 def test_gpu_requests_appear_only_on_cuda_jobs_in_a_site_dry_run(
@@ -244,25 +249,8 @@ def test_the_precision_choice_of_a_cuda_backend_asks_for_no_gpu_in_a_site_dry_ru
 ) -> None:
     """choose-precision reads the benchmark files and env.json, never the device: a GPU request
     would queue a job of a second for a GPU node."""
-    if importlib.util.find_spec(PLUGIN) is None:
-        pytest.skip(NO_PLUGIN)
-    root = copy_repository(tmp_path)
-    (root / "results").mkdir()
-    shutil.copy(REPO / "tests" / "config" / "env_cuda.json", root / "results" / "env.json")
-    result = snakemake(
-        root,
-        "results/report.html",
-        "-n",
-        "--profile",
-        "workflow/profiles/slurm",
-        "--rerun-triggers",
-        "mtime",
-        "--config",
-        "device=cuda",
-        "bench={backends: [cuda]}",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
+    plan = site_plan(tmp_path, "device=cuda", "bench={backends: [cuda]}")
+    jobs = {job["rule"]: job["resources"] for job in plan}
     assert re.search(r"\bgpu=1\b", jobs["bench_backend"])
     assert "gpu" not in jobs["choose_precision"]
 
@@ -272,13 +260,6 @@ def test_the_environment_check_asks_for_the_cpus_of_a_compute_job_in_a_site_dry_
 ) -> None:
     """env.json's torch threads (and the CPUs `auto` sees) name the machine in the report and in
     compare: with one CPU, a summary said "torch uses 1 thread" of jobs that used cluster.threads."""
-    if importlib.util.find_spec(PLUGIN) is None:
-        pytest.skip(NO_PLUGIN)
-    root = copy_repository(tmp_path)
-    result = snakemake(
-        root, "results/report.html", "-n", "--profile", "workflow/profiles/slurm",
-        "--config", "cluster={threads: 6}",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    jobs = {job["rule"]: job["resources"] for job in planned_job_blocks(result.stdout)}
+    plan = site_plan(tmp_path, "cluster={threads: 6}", cuda_env=False)
+    jobs = {job["rule"]: job["resources"] for job in plan}
     assert re.findall(r"\bcpus_per_task=(\d+)", jobs["check_env"]) == ["6"]
