@@ -333,11 +333,16 @@ def test_precision_from_the_command_line_is_accepted(
     assert train_dry_run.returncode == 0, train_dry_run.stderr
 
 
-def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(tmp_path: Path) -> None:
-    """The venv's snakemake called by path, the venv not activated: the `python` that PATH
-    finds (here a stand-in that fails, before the system's own) must not run the jobs."""
-    root = copy_repository(tmp_path / "repo")
-    decoys = tmp_path / "decoys"
+@pytest.fixture(scope="module")
+def checked_env(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A fresh copy whose environment check ran for real, as the test below needs it run: the
+    venv's snakemake called by path, the venv not activated, and the `python` that PATH finds
+    (here a stand-in that fails, before the system's own) a different one."""
+    folder = tmp_path_factory.mktemp("checked-env")
+    root = copy_repository(folder / "repo")
+    decoys = folder / "decoys"
     decoys.mkdir()
     for name in ("python", "python3"):
         (decoys / name).write_text("#!/bin/sh\necho 'the python on PATH ran a job' >&2\nexit 1\n")
@@ -351,6 +356,14 @@ def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(tmp_pa
         text=True,
         timeout=300,
     )
+    return root, result
+
+
+def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """The python on PATH must not run the jobs (checked_env's run)."""
+    root, result = checked_env
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     snakemakes_python = (BIN / "snakemake").read_text().splitlines()[0].removeprefix("#!")
     assert f"{snakemakes_python} -m pipeline" in result.stdout + result.stderr
@@ -761,11 +774,15 @@ def test_a_voc_split_given_as_a_folder_gives_training_its_xml_files_as_inputs(
     assert [name for name in inputs if str(export) in name] == expected
 
 
-def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
+def test_an_edited_annotation_reruns_no_benchmark(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
     """The benchmarks read the training split for its class count alone: an edited box moves
     no timing, so it does not cost the minutes of benchmarks again (training, whose inputs the
-    same files are, reruns)."""
-    root = copy_repository(tmp_path / "repo")
+    same files are, reruns). In a copy of checked_env's repository: the benchmarks' inputs
+    include the environment check's results/env.json."""
+    assert checked_env[1].returncode == 0, checked_env[1].stderr[-3000:]
+    root = shutil.copytree(checked_env[0], tmp_path / "repo", symlinks=True)
     export = tmp_path / "export"
     make_roboflow_export(export)
     config = [
@@ -776,7 +793,6 @@ def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
         f"data={{format: voc, train_annotations: '{export / 'train'}', "
         f"val_annotations: '{export / 'valid'}'}}",
     ]
-    assert snakemake(root, "--cores", "1", "results/env.json", *config).returncode == 0
     target = "results/bench/cpu-fp32-train.json"
     planned = snakemake(root, "-n", target, *config)
     bench_job = planned.stdout.split("rule bench_backend:", 1)[1]
@@ -794,36 +810,59 @@ def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
     assert planned_jobs(result) == set(), result.stdout[-3000:]
 
 
-def planned_command(
-    root: Path, target: str, command: str, *settings: str
-) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """A dry run of `target` on the CI config with a CPU fp32 run and `settings` (--config),
-    and the words of the one `python -m pipeline COMMAND --checkpoint ...` line it prints."""
+def planned_commands(
+    root: Path, targets: tuple[str, ...], *settings: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, list[str]]]:
+    """A dry run of `targets` on the CI config with a CPU fp32 run and `settings` (--config),
+    and the words of each `python -m pipeline COMMAND --checkpoint ...` line it prints, by
+    command (one line each)."""
     result = snakemake(
-        root, "-n", "-p", target, "--configfile", CI_CONFIG, "--config", "device=cpu",
+        root, "-n", "-p", *targets, "--configfile", CI_CONFIG, "--config", "device=cpu",
         "precision=fp32", *settings,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if f" {command} --checkpoint" in line]
-    return result, shlex.split(line)
+    commands: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        match = re.search(r" -m pipeline .* ([a-z-]+) --checkpoint", line)
+        if match:
+            assert match.group(1) not in commands, result.stdout
+            commands[match.group(1)] = shlex.split(line)
+    return result, commands
+
+
+@pytest.fixture(scope="module")
+def evaluation_and_prediction_commands(
+    repo_copy: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, list[str]]]:
+    """One dry run of a CPU fp32 run's evaluation and prediction, whose config names a VOC
+    export's test split, data loading settings, an evaluation batch size and images to predict
+    on: the export and the `evaluate` and `predict` commands' words (each test below reads what
+    its setting must reach)."""
+    folder = tmp_path_factory.mktemp("planned")
+    export, photos = folder / "export", folder / "photos"
+    make_roboflow_export(export)
+    photos.mkdir()
+    Image.new("RGB", (32, 32)).save(photos / "photo.png")
+    _, commands = planned_commands(
+        repo_copy,
+        ("results/eval/cpu-fp32.json", "results/predict/cpu-fp32/images.json"),
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}', test_annotations: '{export / 'test'}', "
+        "cache: false, num_workers: 0}",
+        "eval={batch_size: 3}",
+        f"predict={{images: [{photos}]}}",
+    )
+    return export, commands
 
 
 def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_its_checkpoint(
-    repo_copy: Path, tmp_path: Path
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
 ) -> None:
     """Training's checkpoint keeps no test split keys (a new test file retrains nothing), so
     the evaluation job must name them: without them it reported on validation, though the
     user's config named a test split."""
-    export = tmp_path / "export"
-    make_roboflow_export(export)
-    _, words = planned_command(
-        repo_copy,
-        "results/eval/cpu-fp32.json",
-        "evaluate",
-        f"data={{format: voc, train_annotations: '{export / 'train'}', "
-        f"val_annotations: '{export / 'valid'}', test_annotations: '{export / 'test'}'}}",
-    )
-    assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in words
+    export, commands = evaluation_and_prediction_commands
+    assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in commands["evaluate"]
     # that the test split still retrains nothing is test_runs.py's to check: in a dry run before
     # check_env has run, the training job's settings are printed as <TBD>
 
@@ -832,42 +871,31 @@ def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy:
     """Training's checkpoint keeps no data.synthetic.num_test, so its config has the default
     test split: without num_test: 0 passed, the evaluation reported on whatever test file an
     earlier run had left (or failed for want of one) though the config asks for none."""
-    result, words = planned_command(
-        repo_copy, "results/eval/cpu-fp32.json", "evaluate", "data={synthetic: {num_test: 0}}"
+    result, commands = planned_commands(
+        repo_copy, ("results/eval/cpu-fp32.json",), "data={synthetic: {num_test: 0}}"
     )
     assert "prepare_test_data" not in result.stdout
-    assert "data.synthetic.num_test=0" in words
+    assert "data.synthetic.num_test=0" in commands["evaluate"]
 
 
 def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_from_training(
-    repo_copy: Path,
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
 ) -> None:
     """The checkpoint's config keeps the data loading settings training ran with, and changing
     them reruns no training: without them passed, data.cache: false set after an evaluation
     ran out of memory left it caching again on its rerun."""
-    _, words = planned_command(
-        repo_copy,
-        "results/eval/cpu-fp32.json",
-        "evaluate",
-        "data={cache: false, num_workers: 0}",
-        "eval={batch_size: 8}",
-    )
-    assert {"data.cache=false", "data.num_workers=0", "eval.batch_size=8"} <= set(words)
+    _, commands = evaluation_and_prediction_commands
+    expected = {"data.cache=false", "data.num_workers=0", "eval.batch_size=3"}
+    assert expected <= set(commands["evaluate"])
 
 
 def test_the_prediction_job_is_told_the_configs_evaluation_batch_size(
-    repo_copy: Path, tmp_path: Path
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
 ) -> None:
     """predict batches images by eval.batch_size, which the checkpoint keeps as training ran
     with it: a smaller one set since (a GPU out of memory) must reach the prediction job."""
-    Image.new("RGB", (32, 32)).save(tmp_path / "photo.png")
-    _, words = planned_command(
-        repo_copy,
-        "results/predict/cpu-fp32/images.json",
-        "predict",
-        "eval={batch_size: 3}",
-        f"predict={{images: [{tmp_path}]}}",
-    )
+    _, commands = evaluation_and_prediction_commands
+    words = commands["predict"]
     assert words[words.index("--batch-size") + 1] == "3"
 
 
