@@ -75,6 +75,15 @@ def copy_repository(target: Path) -> Path:
     return target
 
 
+def copy_checked_env(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], target: Path
+) -> Path:
+    """A copy of checked_env's repository at `target` (its environment check must have passed)."""
+    root, result = checked_env
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return Path(shutil.copytree(root, target, symlinks=True))
+
+
 def isolation_unavailable() -> str | None:
     """Why `unshare --net` cannot run here, or None."""
     if shutil.which("unshare") is None:
@@ -333,36 +342,11 @@ def test_precision_from_the_command_line_is_accepted(
     assert train_dry_run.returncode == 0, train_dry_run.stderr
 
 
-@pytest.fixture(scope="module")
-def checked_env(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """A fresh copy whose environment check ran for real, as the test below needs it run: the
-    venv's snakemake called by path, the venv not activated, and the `python` that PATH finds
-    (here a stand-in that fails, before the system's own) a different one."""
-    folder = tmp_path_factory.mktemp("checked-env")
-    root = copy_repository(folder / "repo")
-    decoys = folder / "decoys"
-    decoys.mkdir()
-    for name in ("python", "python3"):
-        (decoys / name).write_text("#!/bin/sh\necho 'the python on PATH ran a job' >&2\nexit 1\n")
-        (decoys / name).chmod(0o755)
-    env = {**os.environ, "PATH": os.pathsep.join([str(decoys), "/usr/bin", "/bin"])}
-    result = subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "1", "results/env.json"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return root, result
-
-
 def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(
     checked_env: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
-    """The python on PATH must not run the jobs (checked_env's run)."""
+    """The venv's snakemake called by path, the venv not activated: the `python` that PATH
+    finds (conftest's checked_env puts a stand-in that fails there) must not run the jobs."""
     root, result = checked_env
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     snakemakes_python = (BIN / "snakemake").read_text().splitlines()[0].removeprefix("#!")
@@ -779,10 +763,8 @@ def test_an_edited_annotation_reruns_no_benchmark(
 ) -> None:
     """The benchmarks read the training split for its class count alone: an edited box moves
     no timing, so it does not cost the minutes of benchmarks again (training, whose inputs the
-    same files are, reruns). In a copy of checked_env's repository: the benchmarks' inputs
-    include the environment check's results/env.json."""
-    assert checked_env[1].returncode == 0, checked_env[1].stderr[-3000:]
-    root = shutil.copytree(checked_env[0], tmp_path / "repo", symlinks=True)
+    same files are, reruns)."""
+    root = copy_checked_env(checked_env, tmp_path / "repo")
     export = tmp_path / "export"
     make_roboflow_export(export)
     config = [

@@ -1,8 +1,9 @@
 """Snakemake's lock: a second run in the same directory is refused, clearly and quickly, while
 the first finishes; a run killed outright leaves a stale lock that `--unlock` removes, and the
-rerun resumes the interrupted training from its last.pth. Both run the `train` target (the
-environment check, the data and training): the lock is the workflow's, whatever the target, and
-the whole chain to the report has its own end-to-end test (tests/test_workflow.py)."""
+rerun resumes the interrupted training from its last.pth. Both run the `train` target (the data
+and training; the environment check ran once for them, in the copy they start from: conftest's
+checked_env): the lock is the workflow's, whatever the target, and the whole chain to the report
+has its own end-to-end test (tests/test_workflow.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_workflow import BIN, CI_CONFIG, copy_repository, snakemake
+from test_workflow import BIN, CI_CONFIG, copy_checked_env, snakemake
 
 from pipeline.engine import checkpoint
 
@@ -38,10 +39,12 @@ LOCKED_EPOCHS = 6
 KILLED_EPOCHS = 3
 
 
-def repository_with_longer_training(tmp_path: Path, epochs: int) -> tuple[Path, tuple[str, ...]]:
-    """A copy of the repository, and the arguments that run its `train` target with precision
-    auto and `epochs` on top of the CI config."""
-    root = copy_repository(tmp_path / "repo")
+def repository_with_longer_training(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path, epochs: int
+) -> tuple[Path, tuple[str, ...]]:
+    """A copy of the repository whose environment check has run, and the arguments that run
+    its `train` target with precision auto and `epochs` on top of the CI config."""
+    root = copy_checked_env(checked_env, tmp_path / "repo")
     extra = tmp_path / "longer-training.yaml"
     extra.write_text(f"precision: auto\ntrain:\n  epochs: {epochs}\n")
     return root, (*ARGS, str(extra))
@@ -74,9 +77,9 @@ def kill_group(process: subprocess.Popen) -> None:
 
 
 def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
-    tmp_path: Path,
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    root, args = repository_with_longer_training(tmp_path, LOCKED_EPOCHS)
+    root, args = repository_with_longer_training(checked_env, tmp_path, LOCKED_EPOCHS)
     log = tmp_path / "first.log"
     first = start(root, log, *args)
     try:
@@ -98,9 +101,9 @@ def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first
 
 
 def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
-    tmp_path: Path,
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    root, args = repository_with_longer_training(tmp_path, KILLED_EPOCHS)
+    root, args = repository_with_longer_training(checked_env, tmp_path, KILLED_EPOCHS)
     log = tmp_path / "killed.log"
     killed = start(root, log, *args)
     train_logs = root / "logs" / "train"
