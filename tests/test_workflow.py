@@ -23,6 +23,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -803,28 +804,47 @@ def test_the_same_venv_at_another_path_reruns_nothing(
 TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "summarize", "report"}
 
 
-# Before the edits below, which rerun training whatever the settings.
-@pytest.mark.parametrize(
-    ("setting", "jobs"),
-    [
-        ("eval={batch_size: 7}", {"evaluate_run", "summarize", "report"}),
-        # a larger test split, for narrower intervals: only it is made again, nothing retrains
-        (
-            "data={synthetic: {num_test: 24}}",
-            {"prepare_test_data", "evaluate_run", "summarize", "report"},
-        ),
-        ("train={weight_decay: 0.001}", TRAINING_AND_AFTER),
-        ("eval={score_threshold: 0.3}", TRAINING_AND_AFTER),  # validation picks best.pth by it
-        # the summary records the config (its comparison settings), the report shows it
-        ("data={num_workers: 1, cache: false}", {"summarize", "report"}),
-        ("train={lr: 0.01}", {"summarize", "report"}),  # every run's lr comes from the sweep
-    ],
-)
-def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(
-    finished: tuple[Path, subprocess.CompletedProcess], setting: str, jobs: set[str]
-) -> None:
+# setting -> the jobs a dry run of the report plans after it
+CHANGED_SETTINGS = {
+    "eval={batch_size: 7}": {"evaluate_run", "summarize", "report"},
+    # a larger test split, for narrower intervals: only it is made again, nothing retrains
+    "data={synthetic: {num_test: 24}}": {
+        "prepare_test_data",
+        "evaluate_run",
+        "summarize",
+        "report",
+    },
+    "train={weight_decay: 0.001}": TRAINING_AND_AFTER,
+    "eval={score_threshold: 0.3}": TRAINING_AND_AFTER,  # validation picks best.pth by it
+    # the summary records the config (its comparison settings), the report shows it
+    "data={num_workers: 1, cache: false}": {"summarize", "report"},
+    "train={lr: 0.01}": {"summarize", "report"},  # every run's lr comes from the sweep
+}
+
+
+@pytest.fixture(scope="module")
+def changed_setting_dry_runs(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """A dry run of the report after each of CHANGED_SETTINGS, two at a time: each is a
+    Snakemake start (one core's work) that writes nothing. Before the edits below, which rerun
+    training whatever the settings."""
     root, _ = finished
-    result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG, setting)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {
+            setting: pool.submit(snakemake, root, "results/report.html", "-n", *E2E_CONFIG, setting)
+            for setting in CHANGED_SETTINGS
+        }
+    return {setting: run.result() for setting, run in runs.items()}
+
+
+@pytest.mark.parametrize(("setting", "jobs"), CHANGED_SETTINGS.items())
+def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(
+    changed_setting_dry_runs: dict[str, subprocess.CompletedProcess[str]],
+    setting: str,
+    jobs: set[str],
+) -> None:
+    result = changed_setting_dry_runs[setting]
     assert result.returncode == 0, result.stderr
     assert planned_jobs(result) == jobs, result.stdout[-3000:]
 
