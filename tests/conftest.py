@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,6 +180,35 @@ def report_file(tmp_path: Path, restore_pipeline_logger: None) -> Path:
     results = write_results_tree(tmp_path)
     assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def checked_env(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A fresh copy of the repository whose environment check ran for real (results/env.json
+    decides the runs), and that run: the venv's snakemake called by path, the venv not activated,
+    a `python` that fails first on PATH (tests/test_workflow.py checks it ran no job). One
+    check for every test that needs one: take a copy (test_workflow.copy_checked_env) to run or edit in."""
+    from test_workflow import BIN, copy_repository
+
+    folder = tmp_path_factory.mktemp("checked-env")
+    root = copy_repository(folder / "repo")
+    decoys = folder / "decoys"
+    decoys.mkdir()
+    for name in ("python", "python3"):
+        (decoys / name).write_text("#!/bin/sh\necho 'the python on PATH ran a job' >&2\nexit 1\n")
+        (decoys / name).chmod(0o755)
+    env = {**os.environ, "PATH": os.pathsep.join([str(decoys), "/usr/bin", "/bin"])}
+    result = subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "1", "results/env.json"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return root, result
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ Dry runs check the main targets and the schema. One end-to-end run of the tiny t
 (`tests/config/ci.yaml`) with a sweep of two learning rates and `--cores 2`, inside a
 network namespace of its own where that is permitted (`unshare --net`: not even loopback),
 checks every output, the report's sections and its two runs side by side, that benchmark
-jobs never overlapped, that nothing needed the network, and what a code edit reruns.
+jobs never overlapped, that nothing needed the network, and what a code edit reruns; it
+starts in the background as the module does, and the dry runs run beside it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -73,6 +77,15 @@ def copy_repository(target: Path) -> Path:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name, follow_symlinks=False)
     return target
+
+
+def copy_checked_env(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], target: Path
+) -> Path:
+    """A copy of checked_env's repository at `target` (its environment check must have passed)."""
+    root, result = checked_env
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return Path(shutil.copytree(root, target, symlinks=True))
 
 
 def isolation_unavailable() -> str | None:
@@ -335,24 +348,12 @@ def test_precision_from_the_command_line_is_accepted(
     assert train_dry_run.returncode == 0, train_dry_run.stderr
 
 
-def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(tmp_path: Path) -> None:
+def test_jobs_run_with_the_python_that_runs_snakemake_not_the_one_on_path(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
     """The venv's snakemake called by path, the venv not activated: the `python` that PATH
-    finds (here a stand-in that fails, before the system's own) must not run the jobs."""
-    root = copy_repository(tmp_path / "repo")
-    decoys = tmp_path / "decoys"
-    decoys.mkdir()
-    for name in ("python", "python3"):
-        (decoys / name).write_text("#!/bin/sh\necho 'the python on PATH ran a job' >&2\nexit 1\n")
-        (decoys / name).chmod(0o755)
-    env = {**os.environ, "PATH": os.pathsep.join([str(decoys), "/usr/bin", "/bin"])}
-    result = subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "1", "results/env.json"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    finds (conftest's checked_env puts a stand-in that fails there) must not run the jobs."""
+    root, result = checked_env
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     snakemakes_python = (BIN / "snakemake").read_text().splitlines()[0].removeprefix("#!")
     assert f"{snakemakes_python} -m pipeline" in result.stdout + result.stderr
@@ -407,19 +408,211 @@ def test_a_device_in_capitals_names_its_runs_in_lower_case(
     assert "CPU-" not in result.stdout
 
 
-# ---- the real workflow ------------------------------------------------------------------
+def test_a_voc_split_given_as_a_folder_gives_training_its_xml_files_as_inputs(
+    repo_copy: Path, tmp_path: Path
+) -> None:
+    """Editing one annotation must rerun training, as the folder's own time would not say;
+    the folder's other files (a hidden `._name.xml`, the exporter's readme) are no inputs."""
+    export = tmp_path / "export"
+    make_roboflow_export(export)
+    result = snakemake(
+        repo_copy,
+        "-n",
+        "results/train/cpu-fp32/best.pth",
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        "precision=fp32",
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}'}}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    train_job = result.stdout.split("rule train_run:", 1)[1]
+    inputs = train_job.split("input: ", 1)[1].splitlines()[0].split(", ")
+    expected = [
+        str(path)
+        for folder in ("train", "valid")
+        for path in sorted((export / folder).glob("[!.]*.xml"))
+    ]
+    assert len(expected) == 12
+    assert [name for name in inputs if str(export) in name] == expected
+
+
+def test_an_edited_annotation_reruns_no_benchmark(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """The benchmarks read the training and validation splits for their class count alone: an
+    edited box moves no timing, so it does not cost the minutes of benchmarks again (training,
+    whose inputs the same files are, reruns)."""
+    root = copy_checked_env(checked_env, tmp_path / "repo")
+    export = tmp_path / "export"
+    make_roboflow_export(export)
+    config = [
+        "--configfile",
+        CI_CONFIG,
+        "--config",
+        "device=cpu",
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}'}}",
+    ]
+    target = "results/bench/cpu-fp32-train.json"
+    planned = snakemake(root, "-n", target, *config)
+    bench_job = planned.stdout.split("rule bench_backend:", 1)[1]
+    outputs = bench_job.split("output: ", 1)[1].splitlines()[0].split(", ")
+    assert target in outputs
+    for name in outputs:  # as if the benchmarks had run
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("{}")
+    xml = sorted((export / "train").glob("[!.]*.xml"))[0]
+    xml.write_text(xml.read_text() + "\n")
+    later = time.time() + 60
+    os.utime(xml, (later, later))
+    result = snakemake(root, "-n", target, *config)
+    assert result.returncode == 0, result.stderr
+    assert planned_jobs(result) == set(), result.stdout[-3000:]
+
+
+def planned_commands(
+    root: Path, targets: tuple[str, ...], *settings: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, list[str]]]:
+    """A dry run of `targets` on the CI config with a CPU fp32 run and `settings` (--config),
+    and the words of each `python -m pipeline COMMAND --checkpoint ...` line it prints, by
+    command (one line each)."""
+    result = snakemake(
+        root, "-n", "-p", *targets, "--configfile", CI_CONFIG, "--config", "device=cpu",
+        "precision=fp32", *settings,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    commands: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        match = re.search(r" -m pipeline .* ([a-z-]+) --checkpoint", line)
+        if match:
+            assert match.group(1) not in commands, result.stdout
+            commands[match.group(1)] = shlex.split(line)
+    return result, commands
 
 
 @pytest.fixture(scope="module")
-def finished(repo_copy: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """The whole workflow, offline where the machine allows it (see test_it_ran_offline)."""
-    offline = () if isolation_unavailable() else ("unshare", "--net", "--")
-    # targets first: --configfile and --config take every word after them
-    result = snakemake(
-        repo_copy, "results/report.html", "--cores", "2", *E2E_CONFIG, prefix=offline
+def evaluation_and_prediction_commands(
+    repo_copy: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, list[str]]]:
+    """One dry run of a CPU fp32 run's evaluation and prediction, whose config names a VOC
+    export's test split, data loading settings, an evaluation batch size and images to predict
+    on: the export and the `evaluate` and `predict` commands' words (each test below reads what
+    its setting must reach)."""
+    folder = tmp_path_factory.mktemp("planned")
+    export, photos = folder / "export", folder / "photos"
+    make_roboflow_export(export)
+    photos.mkdir()
+    Image.new("RGB", (32, 32)).save(photos / "photo.png")
+    _, commands = planned_commands(
+        repo_copy,
+        ("results/eval/cpu-fp32.json", "results/predict/cpu-fp32/images.json"),
+        f"data={{format: voc, train_annotations: '{export / 'train'}', "
+        f"val_annotations: '{export / 'valid'}', test_annotations: '{export / 'test'}', "
+        "cache: false, num_workers: 0}",
+        "eval={batch_size: 3}",
+        f"predict={{images: [{photos}]}}",
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return repo_copy, result
+    return export, commands
+
+
+def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_its_checkpoint(
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
+) -> None:
+    """Training's checkpoint keeps no test split keys (a new test file retrains nothing), so
+    the evaluation job must name them: without them it reported on validation, though the
+    user's config named a test split."""
+    export, commands = evaluation_and_prediction_commands
+    assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in commands["evaluate"]
+    # that the test split still retrains nothing is test_runs.py's to check: in a dry run before
+    # check_env has run, the training job's settings are printed as <TBD>
+
+
+def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy: Path) -> None:
+    """Training's checkpoint keeps no data.synthetic.num_test, so its config has the default
+    test split: without num_test: 0 passed, the evaluation reported on whatever test file an
+    earlier run had left (or failed for want of one) though the config asks for none."""
+    result, commands = planned_commands(
+        repo_copy, ("results/eval/cpu-fp32.json",), "data={synthetic: {num_test: 0}}"
+    )
+    assert "prepare_test_data" not in result.stdout
+    assert "data.synthetic.num_test=0" in commands["evaluate"]
+
+
+def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_from_training(
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
+) -> None:
+    """The checkpoint's config keeps the data loading settings training ran with, and changing
+    them reruns no training: without them passed, data.cache: false set after an evaluation
+    ran out of memory left it caching again on its rerun."""
+    _, commands = evaluation_and_prediction_commands
+    expected = {"data.cache=false", "data.num_workers=0", "eval.batch_size=3"}
+    assert expected <= set(commands["evaluate"])
+
+
+def test_the_prediction_job_is_told_the_configs_evaluation_batch_size(
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
+) -> None:
+    """predict batches images by eval.batch_size, which the checkpoint keeps as training ran
+    with it: a smaller one set since (a GPU out of memory) must reach the prediction job."""
+    _, commands = evaluation_and_prediction_commands
+    words = commands["predict"]
+    assert words[words.index("--batch-size") + 1] == "3"
+
+
+def test_the_comparison_target_without_summaries_to_compare_says_how_to_name_them(
+    repo_copy: Path,
+) -> None:
+    result = snakemake(repo_copy, "-n", "results/compare.html")
+    assert result.returncode != 0
+    assert "the config's compare list, and it is empty: set it" in result.stdout + result.stderr
+
+
+# ---- the real workflow ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def end_to_end_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, subprocess.Popen, tuple[Path, Path]]]:
+    """The whole workflow (`finished`), started in the background as the module starts, in a
+    copy of its own: the tests before the first that reads it (dry runs, a few short runs, each
+    in a copy of its own) run beside it, for its jobs leave much of a second core idle (the
+    workflow gives each training or timing job every core, one at a time, and starting a job
+    is one core's work). Stopped with its jobs at the module's end if no test waited for it."""
+    folder = tmp_path_factory.mktemp("end-to-end")
+    root = copy_repository(folder / "repo")
+    offline = () if isolation_unavailable() else ("unshare", "--net", "--")
+    output = (folder / "stdout.txt", folder / "stderr.txt")
+    # targets first: --configfile and --config take every word after them
+    command = [*offline, str(BIN / "snakemake"), "results/report.html", "--cores", "2", *E2E_CONFIG]
+    with open(output[0], "w") as stdout, open(output[1], "w") as stderr:
+        process = subprocess.Popen(
+            command, cwd=root, stdout=stdout, stderr=stderr, text=True, start_new_session=True
+        )
+    try:
+        yield root, process, output
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def finished(
+    end_to_end_run: tuple[Path, subprocess.Popen, tuple[Path, Path]],
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The whole workflow, offline where the machine allows it (see test_it_ran_offline), once
+    it has finished."""
+    root, process, (stdout, stderr) = end_to_end_run
+    returncode = process.wait(timeout=600)
+    result = subprocess.CompletedProcess(
+        process.args, returncode, stdout.read_text(), stderr.read_text()
+    )
+    assert returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return root, result
 
 
 def test_the_namespace_really_has_no_network() -> None:
@@ -613,30 +806,49 @@ def test_the_same_venv_at_another_path_reruns_nothing(
 TRAINING_AND_AFTER = {"train_run", "evaluate_run", "profile_run", "summarize", "report"}
 
 
-# Before the edits below, which rerun training whatever the settings.
-@pytest.mark.parametrize(
-    ("setting", "jobs"),
-    [
-        ("eval={batch_size: 7}", {"evaluate_run", "summarize", "report"}),
-        # a larger test split, for narrower intervals: only it is made again, nothing retrains
-        (
-            "data={synthetic: {num_test: 24}}",
-            {"prepare_test_data", "evaluate_run", "summarize", "report"},
-        ),
-        ("train={weight_decay: 0.001}", TRAINING_AND_AFTER),
-        ("eval={score_threshold: 0.3}", TRAINING_AND_AFTER),  # validation picks best.pth by it
-        # the summary records the config (its comparison settings), the report shows it
-        ("data={num_workers: 1, cache: false}", {"summarize", "report"}),
-        ("train={lr: 0.01}", {"summarize", "report"}),  # every run's lr comes from the sweep
-        # the summaries results/compare.html sets beside this run's are no part of it
-        ("compare=[elsewhere/summary.json, results/summary.json]", set()),
-    ],
-)
-def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(
-    finished: tuple[Path, subprocess.CompletedProcess], setting: str, jobs: set[str]
-) -> None:
+# setting -> the jobs a dry run of the report plans after it
+CHANGED_SETTINGS = {
+    "eval={batch_size: 7}": {"evaluate_run", "summarize", "report"},
+    # a larger test split, for narrower intervals: only it is made again, nothing retrains
+    "data={synthetic: {num_test: 24}}": {
+        "prepare_test_data",
+        "evaluate_run",
+        "summarize",
+        "report",
+    },
+    "train={weight_decay: 0.001}": TRAINING_AND_AFTER,
+    "eval={score_threshold: 0.3}": TRAINING_AND_AFTER,  # validation picks best.pth by it
+    # the summary records the config (its comparison settings), the report shows it
+    "data={num_workers: 1, cache: false}": {"summarize", "report"},
+    "train={lr: 0.01}": {"summarize", "report"},  # every run's lr comes from the sweep
+    # the summaries results/compare.html sets beside this run's are no part of it
+    "compare=[elsewhere/summary.json, results/summary.json]": set(),
+}
+
+
+@pytest.fixture(scope="module")
+def changed_setting_dry_runs(
+    finished: tuple[Path, subprocess.CompletedProcess],
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """A dry run of the report after each of CHANGED_SETTINGS, two at a time: each is a
+    Snakemake start (one core's work) that writes nothing. Before the edits below, which rerun
+    training whatever the settings."""
     root, _ = finished
-    result = snakemake(root, "results/report.html", "-n", *E2E_CONFIG, setting)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {
+            setting: pool.submit(snakemake, root, "results/report.html", "-n", *E2E_CONFIG, setting)
+            for setting in CHANGED_SETTINGS
+        }
+    return {setting: run.result() for setting, run in runs.items()}
+
+
+@pytest.mark.parametrize(("setting", "jobs"), CHANGED_SETTINGS.items())
+def test_a_changed_setting_reruns_the_jobs_whose_result_depends_on_it(
+    changed_setting_dry_runs: dict[str, subprocess.CompletedProcess[str]],
+    setting: str,
+    jobs: set[str],
+) -> None:
+    result = changed_setting_dry_runs[setting]
     assert result.returncode == 0, result.stderr
     assert planned_jobs(result) == jobs, result.stdout[-3000:]
 
@@ -734,70 +946,6 @@ def test_snakemakes_own_report_bundles_the_marked_outputs(
         assert any(name.endswith(marked) for name in names), marked
 
 
-def test_a_voc_split_given_as_a_folder_gives_training_its_xml_files_as_inputs(
-    repo_copy: Path, tmp_path: Path
-) -> None:
-    """Editing one annotation must rerun training, as the folder's own time would not say;
-    the folder's other files (a hidden `._name.xml`, the exporter's readme) are no inputs."""
-    export = tmp_path / "export"
-    make_roboflow_export(export)
-    result = snakemake(
-        repo_copy,
-        "-n",
-        "results/train/cpu-fp32/best.pth",
-        "--configfile",
-        CI_CONFIG,
-        "--config",
-        "device=cpu",
-        "precision=fp32",
-        f"data={{format: voc, train_annotations: '{export / 'train'}', "
-        f"val_annotations: '{export / 'valid'}'}}",
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    train_job = result.stdout.split("rule train_run:", 1)[1]
-    inputs = train_job.split("input: ", 1)[1].splitlines()[0].split(", ")
-    expected = [
-        str(path)
-        for folder in ("train", "valid")
-        for path in sorted((export / folder).glob("[!.]*.xml"))
-    ]
-    assert len(expected) == 12
-    assert [name for name in inputs if str(export) in name] == expected
-
-
-def test_an_edited_annotation_reruns_no_benchmark(tmp_path: Path) -> None:
-    """The benchmarks read the training and validation splits for their class count alone: an
-    edited box moves no timing, so it does not cost the minutes of benchmarks again (training,
-    whose inputs the same files are, reruns)."""
-    root = copy_repository(tmp_path / "repo")
-    export = tmp_path / "export"
-    make_roboflow_export(export)
-    config = [
-        "--configfile",
-        CI_CONFIG,
-        "--config",
-        "device=cpu",
-        f"data={{format: voc, train_annotations: '{export / 'train'}', "
-        f"val_annotations: '{export / 'valid'}'}}",
-    ]
-    assert snakemake(root, "--cores", "1", "results/env.json", *config).returncode == 0
-    target = "results/bench/cpu-fp32-train.json"
-    planned = snakemake(root, "-n", target, *config)
-    bench_job = planned.stdout.split("rule bench_backend:", 1)[1]
-    outputs = bench_job.split("output: ", 1)[1].splitlines()[0].split(", ")
-    assert target in outputs
-    for name in outputs:  # as if the benchmarks had run
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text("{}")
-    xml = sorted((export / "train").glob("[!.]*.xml"))[0]
-    xml.write_text(xml.read_text() + "\n")
-    later = time.time() + 60
-    os.utime(xml, (later, later))
-    result = snakemake(root, "-n", target, *config)
-    assert result.returncode == 0, result.stderr
-    assert planned_jobs(result) == set(), result.stdout[-3000:]
-
-
 def test_the_benchmark_job_is_told_the_training_settings_its_numerics_check_reads(
     finished: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
@@ -815,83 +963,6 @@ def test_the_benchmark_job_is_told_the_training_settings_its_numerics_check_read
     words = shlex.split(line)
     for key, value in settings.items():
         assert f"train.{key}={value}" in words
-
-
-def planned_command(
-    root: Path, target: str, command: str, *settings: str
-) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """A dry run of `target` on the CI config with a CPU fp32 run and `settings` (--config),
-    and the words of the one `python -m pipeline COMMAND --checkpoint ...` line it prints."""
-    result = snakemake(
-        root, "-n", "-p", target, "--configfile", CI_CONFIG, "--config", "device=cpu",
-        "precision=fp32", *settings,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if f" {command} --checkpoint" in line]
-    return result, shlex.split(line)
-
-
-def test_the_evaluation_job_is_told_the_test_split_that_training_leaves_out_of_its_checkpoint(
-    repo_copy: Path, tmp_path: Path
-) -> None:
-    """Training's checkpoint keeps no test split keys (a new test file retrains nothing), so
-    the evaluation job must name them: without them it reported on validation, though the
-    user's config named a test split."""
-    export = tmp_path / "export"
-    make_roboflow_export(export)
-    _, words = planned_command(
-        repo_copy,
-        "results/eval/cpu-fp32.json",
-        "evaluate",
-        f"data={{format: voc, train_annotations: '{export / 'train'}', "
-        f"val_annotations: '{export / 'valid'}', test_annotations: '{export / 'test'}'}}",
-    )
-    assert f"data.test_annotations={json.dumps(str(export / 'test'))}" in words
-    # that the test split still retrains nothing is test_runs.py's to check: in a dry run before
-    # check_env has run, the training job's settings are printed as <TBD>
-
-
-def test_the_evaluation_job_is_told_a_generated_set_has_no_test_split(repo_copy: Path) -> None:
-    """Training's checkpoint keeps no data.synthetic.num_test, so its config has the default
-    test split: without num_test: 0 passed, the evaluation reported on whatever test file an
-    earlier run had left (or failed for want of one) though the config asks for none."""
-    result, words = planned_command(
-        repo_copy, "results/eval/cpu-fp32.json", "evaluate", "data={synthetic: {num_test: 0}}"
-    )
-    assert "prepare_test_data" not in result.stdout
-    assert "data.synthetic.num_test=0" in words
-
-
-def test_the_evaluation_job_is_told_the_loading_settings_the_checkpoint_keeps_from_training(
-    repo_copy: Path,
-) -> None:
-    """The checkpoint's config keeps the data loading settings training ran with, and changing
-    them reruns no training: without them passed, data.cache: false set after an evaluation
-    ran out of memory left it caching again on its rerun."""
-    _, words = planned_command(
-        repo_copy,
-        "results/eval/cpu-fp32.json",
-        "evaluate",
-        "data={cache: false, num_workers: 0}",
-        "eval={batch_size: 8}",
-    )
-    assert {"data.cache=false", "data.num_workers=0", "eval.batch_size=8"} <= set(words)
-
-
-def test_the_prediction_job_is_told_the_configs_evaluation_batch_size(
-    repo_copy: Path, tmp_path: Path
-) -> None:
-    """predict batches images by eval.batch_size, which the checkpoint keeps as training ran
-    with it: a smaller one set since (a GPU out of memory) must reach the prediction job."""
-    Image.new("RGB", (32, 32)).save(tmp_path / "photo.png")
-    _, words = planned_command(
-        repo_copy,
-        "results/predict/cpu-fp32/images.json",
-        "predict",
-        "eval={batch_size: 3}",
-        f"predict={{images: [{tmp_path}]}}",
-    )
-    assert words[words.index("--batch-size") + 1] == "3"
 
 
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(
@@ -948,11 +1019,3 @@ def test_two_runs_of_different_settings_end_in_one_comparison_page(
         check=True,
     ).stdout
     assert "| Machine | Train with |" in markdown and "Not compared" in markdown
-
-
-def test_the_comparison_target_without_summaries_to_compare_says_how_to_name_them(
-    repo_copy: Path,
-) -> None:
-    result = snakemake(repo_copy, "-n", "results/compare.html")
-    assert result.returncode != 0
-    assert "the config's compare list, and it is empty: set it" in result.stdout + result.stderr

@@ -1,8 +1,9 @@
 """Snakemake's lock: a second run in the same directory is refused, clearly and quickly, while
 the first finishes; a run killed outright leaves a stale lock that `--unlock` removes, and the
-rerun resumes the interrupted training from its last.pth. Both run the `train` target (the
-environment check, the data and training): the lock is the workflow's, whatever the target, and
-the whole chain to the report has its own end-to-end test (tests/test_workflow.py)."""
+rerun resumes the interrupted training from its last.pth. Both run the `train` target (the data
+and training; the environment check ran once for them, in the copy they start from: conftest's
+checked_env): the lock is the workflow's, whatever the target, and the whole chain to the report
+has its own end-to-end test (tests/test_workflow.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_workflow import BIN, CI_CONFIG, copy_repository, snakemake
+from test_workflow import BIN, CI_CONFIG, copy_checked_env, snakemake
 
 from pipeline.engine import checkpoint
 
@@ -38,10 +41,12 @@ LOCKED_EPOCHS = 6
 KILLED_EPOCHS = 3
 
 
-def repository_with_longer_training(tmp_path: Path, epochs: int) -> tuple[Path, tuple[str, ...]]:
-    """A copy of the repository, and the arguments that run its `train` target with precision
-    auto and `epochs` on top of the CI config."""
-    root = copy_repository(tmp_path / "repo")
+def repository_with_longer_training(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path, epochs: int
+) -> tuple[Path, tuple[str, ...]]:
+    """A copy of the repository whose environment check has run, and the arguments that run
+    its `train` target with precision auto and `epochs` on top of the CI config."""
+    root = copy_checked_env(checked_env, tmp_path / "repo")
     extra = tmp_path / "longer-training.yaml"
     extra.write_text(f"precision: auto\ntrain:\n  epochs: {epochs}\n")
     return root, (*ARGS, str(extra))
@@ -73,10 +78,11 @@ def kill_group(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
-    tmp_path: Path,
+def second_run_refused(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    root, args = repository_with_longer_training(tmp_path, LOCKED_EPOCHS)
+    """A second run started while the first trains: refused quickly, and the first finishes."""
+    root, args = repository_with_longer_training(checked_env, tmp_path, LOCKED_EPOCHS)
     log = tmp_path / "first.log"
     first = start(root, log, *args)
     try:
@@ -97,10 +103,11 @@ def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first
     assert not locks.exists() or not any(locks.iterdir()), "the first run left its lock behind"
 
 
-def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
-    tmp_path: Path,
+def killed_run_resumed(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    root, args = repository_with_longer_training(tmp_path, KILLED_EPOCHS)
+    """A run killed in epoch 2; the run refused at its stale lock, `--unlock` and the rerun."""
+    root, args = repository_with_longer_training(checked_env, tmp_path, KILLED_EPOCHS)
     log = tmp_path / "killed.log"
     killed = start(root, log, *args)
     train_logs = root / "logs" / "train"
@@ -133,3 +140,30 @@ def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resu
     assert "IncompleteFilesException" not in rerun.stdout + rerun.stderr
     assert f"resumed from {run_dir.relative_to(root)}/last.pth after epoch" in train_log.read_text()
     assert (run_dir / "train_summary.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def lock_stories(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Future[None]]]:
+    """The two stories above at once, each in a copy of its own and a thread: each is a chain
+    of Snakemake and job starts that mostly leaves the second core of a 2-core machine idle.
+    Each test below takes its story's outcome, with the assertion that failed in it."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {
+            story.__name__: pool.submit(story, checked_env, tmp_path_factory.mktemp(story.__name__))
+            for story in (second_run_refused, killed_run_resumed)
+        }
+
+
+def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
+    lock_stories: dict[str, Future[None]],
+) -> None:
+    lock_stories["second_run_refused"].result()
+
+
+def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
+    lock_stories: dict[str, Future[None]],
+) -> None:
+    lock_stories["killed_run_resumed"].result()

@@ -17,7 +17,7 @@ from modulefinder import ModuleFinder
 from pathlib import Path
 
 import pytest
-from test_workflow import copy_repository, edit, job_counts, planned_jobs, snakemake
+from test_workflow import copy_checked_env, edit, job_counts, planned_jobs, snakemake
 
 from pipeline import cli, import_graph
 
@@ -202,12 +202,12 @@ def test_the_graph_follows_lazy_relative_and_submodule_imports_but_not_type_chec
 
 
 @pytest.fixture(scope="module")
-def checked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def checked_copy(
+    checked_env: tuple[Path, subprocess.CompletedProcess[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
     """A copy of the repository whose environment check has run (env.json decides the runs)."""
-    root = copy_repository(tmp_path_factory.mktemp("repo"))
-    made = snakemake(root, "results/env.json", "--cores", "1")
-    assert made.returncode == 0, made.stderr[-3000:]
-    return root
+    return copy_checked_env(checked_env, tmp_path_factory.mktemp("checked") / "repo")
 
 
 @pytest.mark.slow
