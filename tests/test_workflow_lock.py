@@ -12,8 +12,6 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,10 +76,9 @@ def kill_group(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def second_run_refused(
+def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
     checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    """A second run started while the first trains: refused quickly, and the first finishes."""
     root, args = repository_with_longer_training(checked_env, tmp_path, LOCKED_EPOCHS)
     log = tmp_path / "first.log"
     first = start(root, log, *args)
@@ -103,10 +100,9 @@ def second_run_refused(
     assert not locks.exists() or not any(locks.iterdir()), "the first run left its lock behind"
 
 
-def killed_run_resumed(
+def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
     checked_env: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    """A run killed in epoch 2; the run refused at its stale lock, `--unlock` and the rerun."""
     root, args = repository_with_longer_training(checked_env, tmp_path, KILLED_EPOCHS)
     log = tmp_path / "killed.log"
     killed = start(root, log, *args)
@@ -140,30 +136,3 @@ def killed_run_resumed(
     assert "IncompleteFilesException" not in rerun.stdout + rerun.stderr
     assert f"resumed from {run_dir.relative_to(root)}/last.pth after epoch" in train_log.read_text()
     assert (run_dir / "train_summary.json").is_file()
-
-
-@pytest.fixture(scope="module")
-def lock_stories(
-    checked_env: tuple[Path, subprocess.CompletedProcess[str]],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, Future[None]]]:
-    """The two stories above at once, each in a copy of its own and a thread: each is a chain
-    of Snakemake and job starts that mostly leaves the second core of a 2-core machine idle.
-    Each test below takes its story's outcome, with the assertion that failed in it."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            story.__name__: pool.submit(story, checked_env, tmp_path_factory.mktemp(story.__name__))
-            for story in (second_run_refused, killed_run_resumed)
-        }
-
-
-def test_a_second_run_in_the_same_directory_is_refused_by_the_lock_and_the_first_finishes(
-    lock_stories: dict[str, Future[None]],
-) -> None:
-    lock_stories["second_run_refused"].result()
-
-
-def test_a_killed_run_leaves_a_stale_lock_that_unlock_removes_and_the_rerun_resumes_training(
-    lock_stories: dict[str, Future[None]],
-) -> None:
-    lock_stories["killed_run_resumed"].result()
