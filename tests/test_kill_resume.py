@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,92 +116,34 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
 
 # --- SIGINT and SIGTERM --------------------------------------------------------------------------
 
-SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
-SIGNALLED_EPOCHS = 12
-
-
-@dataclass
-class Signalled:
-    """A training stopped by a signal, as it was left before its resume, and the resume."""
-
-    run: Path
-    status: int
-    stderr: str
-    log: str
-    epoch: int
-    temp_files: list[str]
-    summary_existed: bool
-    resumed: Training
-    resumed_status: int
-
-
-@pytest.fixture(scope="module")
-def signalled_runs(
-    tmp_path_factory: pytest.TempPathFactory, data_root: Path
-) -> dict[str, Signalled]:
-    """One training per signal, side by side (one CPU thread each, as the SIGKILL test runs its
-    reference), each sent its signal as soon as its log shows a step of epoch 2 (epoch 1
-    finished: its last.pth is written before epoch 2 starts); then their resumes, side by side."""
-    folder = tmp_path_factory.mktemp("signalled")
-    trainings = {name: Training(folder / name, data_root, SIGNALLED_EPOCHS) for name in SIGNALS}
-    waiting = dict(trainings)
-    deadline = time.monotonic() + TIMEOUT_S
-    while waiting:
-        for name, training in list(waiting.items()):
-            if training.epoch_seen() >= 2:
-                training.process.send_signal(SIGNALS[name])
-                del waiting[name]
-            elif training.process.poll() is not None:
-                pytest.fail(f"{name}: training ended before epoch 2:\n{training.stderr[-3000:]}")
-        if time.monotonic() > deadline:
-            for training in trainings.values():
-                training.process.kill()
-            pytest.fail(f"no step of epoch 2 within {TIMEOUT_S} s: {sorted(waiting)}")
-        time.sleep(0.01)
-    stopped = {
-        name: dict(
-            run=training.run,
-            status=training.wait(),
-            stderr=training.stderr,
-            log=training.log.read_text(),
-            epoch=checkpoint.load(training.run / "last.pth")["epoch"],
-            temp_files=temp_files(training.run),
-            summary_existed=(training.run / "train_summary.json").exists(),
-        )
-        for name, training in trainings.items()
-    }
-    resumed = {
-        name: Training(training.run, data_root, SIGNALLED_EPOCHS, "--resume")
-        for name, training in trainings.items()
-    }
-    return {
-        name: Signalled(**stopped[name], resumed=resumed[name], resumed_status=resumed[name].wait())
-        for name in trainings
-    }
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "status", "word"),
-    [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")],
+    ("signum", "status", "word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
     ids=["SIGINT", "SIGTERM"],
 )
 def test_a_signal_mid_run_exits_with_one_line_keeps_last_pth_and_resume_finishes(
-    signalled_runs: dict[str, Signalled], name: str, status: int, word: str
+    tmp_path: Path, data_root: Path, signum: int, status: int, word: str
 ) -> None:
-    stopped = signalled_runs[name]
-    run, epochs = stopped.run, SIGNALLED_EPOCHS
-    assert stopped.status == status, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr
-    assert stopped.stderr.rstrip().splitlines()[-1].endswith(f" ERROR {word}")
-    assert stopped.log.rstrip().splitlines()[-1].endswith(f" ERROR {word}")
-    assert 1 <= stopped.epoch < epochs
-    assert stopped.temp_files == []
-    assert not stopped.summary_existed
+    epochs = 12
+    run = tmp_path / "run"
+    training = Training(run, data_root, epochs)
+    training.wait_for_epoch(2)  # epoch 1 finished: its last.pth is written before epoch 2 starts
+    training.process.send_signal(signum)
+    assert training.wait() == status, training.stderr[-3000:]
+    stderr = training.stderr
+    assert "Traceback" not in stderr
+    assert stderr.rstrip().splitlines()[-1].endswith(f" ERROR {word}")
+    assert training.log.read_text().rstrip().splitlines()[-1].endswith(f" ERROR {word}")
+    state = checkpoint.load(run / "last.pth")
+    assert 1 <= state["epoch"] < epochs
+    assert temp_files(run) == []
+    assert not (run / "train_summary.json").exists()
 
-    resumed = stopped.resumed
-    assert stopped.resumed_status == 0, resumed.stderr[-3000:]
-    assert f"resumed from {run / 'last.pth'} after epoch {stopped.epoch}" in resumed.stderr
+    resumed = Training(run, data_root, epochs, "--resume")
+    assert resumed.wait() == 0, resumed.stderr[-3000:]
+    assert f"resumed from {run / 'last.pth'} after epoch {state['epoch']}" in resumed.stderr
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["epochs"] == epochs
     assert [row["epoch"] for row in rows(run) if row["type"] == "epoch"] == list(
