@@ -16,6 +16,7 @@ from pycocotools.coco import COCO
 from tiny_runs import make_data, tiny_config
 
 from pipeline import cli, prediction
+from pipeline.data.dataset import worker_count
 from pipeline.data.image_files import find_images
 from pipeline.engine import checkpoint
 from pipeline.engine.trainer import Trainer
@@ -171,6 +172,34 @@ def test_a_checkpoint_without_an_operating_point_asks_for_a_threshold(
     assert run(*argv, "--out", str(tmp_path / "out")) == 2
     assert "give --score-threshold T" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_images_are_decoded_by_the_workers_asked_for_else_by_the_checkpoints_setting(
+    trained: Trainer,
+    photos: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    restore_pipeline_logger: None,
+) -> None:
+    asked: list[int] = []
+    predict = prediction.predict
+
+    def recording(*args: Any, workers: int, **kwargs: Any) -> Any:
+        asked.append(workers)
+        return predict(*args, workers=workers, **kwargs)
+
+    monkeypatch.setattr(prediction, "predict", recording)
+    argv = ["predict", "--checkpoint", str(trained.paths["best"]), str(photos / "test")]
+    assert run(*argv, "--out", str(tmp_path / "a"), "--num-workers", "0") == 0
+    assert run(*argv, "--out", str(tmp_path / "b"), "--num-workers", "1") == 0
+    assert run(*argv, "--out", str(tmp_path / "c")) == 0
+    best = trained.paths["best"]
+    setting = checkpoint.config_of(checkpoint.load(best), best)["data"]["num_workers"]
+    assert asked == [0, 1, worker_count(setting, cached=False)]
+    assert run(*argv, "--out", str(tmp_path / "d"), "--num-workers", "two") == 2
+    assert "--num-workers two must be a whole number >= 0, or auto" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
 
 
 def test_a_long_run_logs_how_far_it_is_how_fast_and_how_long_is_left(

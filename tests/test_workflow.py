@@ -562,6 +562,16 @@ def test_the_prediction_job_is_told_the_configs_evaluation_batch_size(
     assert words[words.index("--batch-size") + 1] == "3"
 
 
+def test_the_prediction_job_is_told_the_configs_data_loading_workers(
+    evaluation_and_prediction_commands: tuple[Path, dict[str, list[str]]],
+) -> None:
+    """predict decodes images in worker processes, which a container short of shared memory
+    cannot start: a data.num_workers of 0 set since training must reach the prediction job."""
+    _, commands = evaluation_and_prediction_commands
+    words = commands["predict"]
+    assert words[words.index("--num-workers") + 1] == "0"
+
+
 def test_the_comparison_target_without_summaries_to_compare_says_how_to_name_them(
     repo_copy: Path,
 ) -> None:

@@ -358,6 +358,13 @@ def predict_batch_size(wildcards, threads):
     return config["eval"]["batch_size"]
 
 
+def predict_num_workers(wildcards, threads):
+    """data.num_workers as the config has it now: the checkpoint's is training's, and a 0 set
+    since (a container whose workers cannot start) must reach prediction. Derived (see
+    loading_settings): changing it reruns nothing."""
+    return config["data"]["num_workers"]
+
+
 def predict_options():
     settings = config["predict"]
     threshold = settings["score_threshold"]

@@ -27,9 +27,10 @@ rule predict_run:
         images=predict_items(),
         options=predict_options(),
         batch_size=predict_batch_size,
+        num_workers=predict_num_workers,
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} predict --checkpoint {input.checkpoint:q} --device {params.device}"
-        " --out {params.out:q} --batch-size {params.batch_size} {params.options:q} {params.images:q}"
+        " --out {params.out:q} --batch-size {params.batch_size} --num-workers {params.num_workers} {params.options:q} {params.images:q}"
 
 
 rule predict:

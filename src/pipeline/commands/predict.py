@@ -28,6 +28,14 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise ConfigError(f"--num-workers {text} must be a whole number >= 0, or auto.")
+    return int(text)
+
+
 def main(argv: list[str]) -> int:
     parser = command_parser("predict", __doc__)
     parser.add_argument("--checkpoint", required=True, metavar="PATH", help="best.pth of a run")
@@ -49,6 +57,14 @@ def main(argv: list[str]) -> int:
         "--batch-size", type=int, metavar="N", help="images per batch (default: eval.batch_size)"
     )
     parser.add_argument(
+        "--num-workers",
+        type=_workers,
+        metavar="N",
+        help="worker processes that decode the images, or auto (default: the checkpoint's "
+        "data.num_workers): 0 where workers cannot start, as in a container short of shared "
+        "memory",
+    )
+    parser.add_argument(
         "--draw", action="store_true", help="also write each image with its detections drawn"
     )
     args = parser.parse_args(argv)
@@ -59,7 +75,7 @@ def main(argv: list[str]) -> int:
 
     from pipeline import device as dev
     from pipeline import prediction
-    from pipeline.data.dataset import default_num_workers
+    from pipeline.data.dataset import worker_count
     from pipeline.engine import checkpoint
     from pipeline.models import memory_format
 
@@ -102,7 +118,10 @@ def main(argv: list[str]) -> int:
         score_threshold=threshold,
         batch_size=args.batch_size or config["eval"]["batch_size"],
         max_detections=config["eval"]["max_detections"],
-        workers=default_num_workers(cached=False),
+        workers=worker_count(
+            config["data"]["num_workers"] if args.num_workers is None else args.num_workers,
+            cached=False,
+        ),
         keep_images=args.draw,
         flip_test=config["eval"]["flip_test"],
     )

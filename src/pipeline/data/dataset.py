@@ -451,6 +451,11 @@ def default_num_workers(cached: bool) -> int:
     return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
+def worker_count(setting: int | str, cached: bool) -> int:
+    """data.num_workers as a number of worker processes: auto is `default_num_workers`'."""
+    return default_num_workers(cached) if setting == "auto" else int(setting)
+
+
 def make_loader(
     dataset: DetectionDataset,
     batch_size: int,
@@ -494,9 +499,7 @@ def loader_for(split: SplitAnnotations, config: dict[str, Any], *, train: bool, 
         memory,
     )
     cached = dataset.cache_decision.cache
-    workers = data["num_workers"]
-    if workers == "auto":
-        workers = default_num_workers(cached)
+    workers = worker_count(data["num_workers"], cached)
     loading = (
         f"samples come from memory, {dataset.fill_plan.reason}"
         if cached
