@@ -302,7 +302,8 @@ def identified_by_paths(machines: list[Machine]) -> list[str]:
         f"{m.name} records no digest of its annotation files (a summary made before they were "
         "recorded, or where they could not be read): its data set is told apart by its paths "
         "alone, so the same data at another path are not compared with it, and other data at "
-        "the same path would be. Summarize it again where its annotation files are to compare it by their content."
+        "the same path would be. Summarize it again where its annotation files are to compare "
+        "it by their content."
         for m in machines
         if (basis := m.summary["comparison"]["accuracy"]) is not None
         and (basis["settings"].get("data") or {}).get("format") in USER_FORMATS

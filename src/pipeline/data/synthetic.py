@@ -39,8 +39,9 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     Written here, not by Pillow, which filters every row of an RGB image with no way to ask it
     not to: undoing those filters is most of what decoding one costs, and every loader that
     reads the set pays it again. Stored, not compressed, as before: pixel noise leaves
-    filters and compression little to find, so the file is no larger. It is an ordinary 8-bit RGB PNG (filter type None, zlib's
-    stored blocks) that any reader decodes to the same pixels."""
+    filters and compression little to find, so the file is no larger. It is an ordinary 8-bit
+    RGB PNG (filter type None, zlib's stored blocks) that any reader decodes to the same
+    pixels."""
     height, width, _ = pixels.shape
     rows = np.zeros((height, 1 + 3 * width), np.uint8)  # each row: its filter type (0), its pixels
     rows[:, 1:] = pixels.reshape(height, -1)

@@ -42,9 +42,12 @@ def annotation_digests(config: dict[str, Any]) -> dict[str, str] | None:
     config = {"data": validate({"data": config["data"]})["data"]}  # defaults of a partial one
     carved = carved_splits(config)
     splits = [split for split in SPLITS if split != "test" or has_test_split(config)]
+    read: dict[Path, str] = {}  # a VOCdevkit's Annotations folder is every split's: read once
     try:
         return {
-            split: split_digest(split_file(config, "train" if split in carved else split), voc)
+            split: split_digest(
+                split_file(config, "train" if split in carved else split), voc, read
+            )
             for split in splits
         }
     except OSError as error:
@@ -56,10 +59,11 @@ def annotation_digests(config: dict[str, Any]) -> dict[str, str] | None:
         return None
 
 
-def split_digest(path: Path, voc: bool) -> str:
+def split_digest(path: Path, voc: bool, read: dict[Path, str]) -> str:
     """The sha256 of what defines a split: a COCO file's bytes; a folder of VOC XML files'
     names and bytes; a VOCdevkit listing's bytes with every XML file of its Annotations folder
-    (those of other splits too: more than the split reads, never less)."""
+    (those of other splits too: more than the split reads, never less). `read`: the files'
+    digests taken so far, by path, added to."""
     if path.is_dir():
         named = xml_files(path)
     elif voc:  # root/ImageSets/Main/<split>.txt
@@ -68,7 +72,9 @@ def split_digest(path: Path, voc: bool) -> str:
         named = [path]
     digest = hashlib.sha256()
     for file in named:
-        digest.update(f"{file.name if len(named) > 1 else ''}\0{file_digest(file)}\n".encode())
+        if file not in read:
+            read[file] = file_digest(file)
+        digest.update(f"{file.name if len(named) > 1 else ''}\0{read[file]}\n".encode())
     return digest.hexdigest()
 
 
