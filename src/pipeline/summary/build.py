@@ -278,8 +278,9 @@ def amp_policy(
 
 
 def benchmark(row: pd.Series, env: dict[str, Any] | None) -> dict[str, Any]:
-    """One benchmark record: its figures, the flags that make it less trustworthy, its numerics
-    against fp32 and its speed-ups (against the same backend's fp32 and against CPU fp32)."""
+    """One benchmark record: its figures and timed steps, the flags that make it less
+    trustworthy, its numerics against fp32 and its speed-ups (against the same backend's fp32
+    and against CPU fp32)."""
     record = row["record"]
     ok = row["status"] == "ok"
     timing = record.get("timing") or {}
@@ -297,6 +298,8 @@ def benchmark(row: pd.Series, env: dict[str, Any] | None) -> dict[str, Any]:
         "median_ms": row["median_ms"],
         "iqr_ms": row["iqr_ms"],
         "count": len(row["samples_s"]),
+        # as the record holds them: compare resamples them for speed-ups across machines
+        "samples_ms": list(timing.get("samples_ms") or []) if ok else [],
         "warmup_steps": timing.get("warmup_steps") if ok else None,
         "images_per_s": row["images_per_s"],
         "memory": record.get("memory") if ok else None,
