@@ -349,10 +349,12 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
         "Speed of every backend and precision",
         "Median milliseconds per step and the speed-up against the same machine's CPU fp32 of "
         "the same mode, with its 95% interval; side by side only where the machines timed the "
-        "same configuration. There each machine is also set against the first of them (the "
-        "first by name, the reference): its answer against the reference's answer, and each "
-        "backend and precision against the same on the reference, as a speed-up with its 95% "
-        "interval (above 1: faster than the reference).",
+        "same configuration. There each machine is also set against the reference (the first "
+        "by name): its answer against the reference's, and each backend and precision against "
+        "the same there, as a speed-up with its 95% interval (above 1: faster). That interval "
+        "resamples the steps of each summary's one benchmark run, not how much a rerun on the "
+        "same machine would differ (on a virtual or shared machine, maybe more): a verdict is "
+        "one between these runs.",
     )
     for group in groups(machines, "speed"):
         if len(group) > 1 or len(machines) == 1:
