@@ -4,11 +4,12 @@ Markdown, both from the same tables.
 
 Figures are set side by side only where they are comparable: speed where the summaries timed
 the same configuration (their speed hash: model, batch, image size, memory format; there each
-machine's speed against the first's, with its interval: machine_speed.py), training
-time and accuracy where they ran the same settings on the same data (their accuracy hash: of a
-user's data set, its annotation files' digests, not their paths); otherwise the
-comparison says what differs and keeps them apart. Machines are ordered by name, so the same
-summaries always give the same tables (docs embed the Markdown and a test regenerates it).
+machine's speed against the reference's, the first by name, with its interval:
+machine_speed.py), training time and accuracy where they ran the same settings on the same
+data (their accuracy hash: of a user's data set, its annotation files' digests, not their
+paths); otherwise the comparison says what differs and keeps them apart. Machines are ordered
+by name, so the same summaries always give the same tables (docs embed the Markdown and a test
+regenerates it).
 """
 
 from __future__ import annotations
