@@ -85,7 +85,7 @@ def test_machines_of_equal_settings_are_compared_side_by_side(
         "acceptable",
         "yes",
     ]
-    (speed,) = found["speed"].tables
+    speed, _, _ = found["speed"].tables  # then each machine against the first (below)
     assert speed.rows[1] == ["train", "CUDA", "fp16", *["4.00 ms, 25.0× (24.23–25.74)"] * 2]
     assert speed.rows[6] == ["train", "CPU", "fp32", *["100 ms, the baseline"] * 2]
     (training,) = found["training"].tables
@@ -116,7 +116,7 @@ def test_accuracy_of_other_settings_is_not_compared_and_the_page_says_what_diffe
         "Not compared: Intel Xeon (AMX) with NVIDIA Fake H100: they ran different settings "
         "(data.synthetic.num_test: 24 vs 16; train.epochs: 5 vs 2)."
     ]
-    assert len(found["speed"].tables) == 1 and not found["speed"].notes  # speed still is
+    assert len(found["speed"].tables) == 3 and not found["speed"].notes  # speed still is
 
 
 def test_speed_of_another_timed_configuration_is_not_compared(
@@ -129,6 +129,115 @@ def test_speed_of_another_timed_configuration_is_not_compared(
     assert found["speed"].notes == [f"Not compared: Intel Xeon (AMX) with NVIDIA Fake H100: {why}"]
     assert found["answers"].notes == found["speed"].notes  # the answers' speed-ups too
     assert len(found["training"].tables) == 1
+
+
+def slower(summary: dict[str, Any], factor: float) -> dict[str, Any]:
+    """`summary` as if every benchmark had stepped `factor` times as long."""
+    for entry in summary["benchmarks"]:
+        entry["samples_ms"] = [ms * factor for ms in entry["samples_ms"]]
+        entry["median_ms"] = None if entry["median_ms"] is None else entry["median_ms"] * factor
+    return summary
+
+
+def interval_of(cell: str) -> tuple[float, float, float]:
+    """'2.00× (1.95–2.05)...' as (ratio, low, high)."""
+    ratio, rest = cell.split("× (")
+    low, high = rest.split(")")[0].split("–")
+    return float(ratio), float(low), float(high)
+
+
+def test_a_machine_stepping_faster_reads_faster_than_the_reference_with_its_interval(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    reference = slower(cpu_machine(base), 2.0)  # first by name, so the reference
+    found = sections(write(tmp_path, "gpu.json", base), write(tmp_path, "cpu.json", reference))
+    _, answers, settings = found["speed"].tables
+    assert answers.title == "Each machine's answer against Intel Xeon (AMX)'s answer"
+    assert [row[:3] for row in answers.rows] == [
+        ["Intel Xeon (AMX)", "CUDA fp16", "8.00 ms"],
+        ["NVIDIA Fake H100", "CUDA fp16", "4.00 ms"],
+    ]
+    assert answers.rows[0][3] == "the reference"
+    ratio, low, high = interval_of(answers.rows[1][3])
+    assert ratio == 2.0 and 1.05 < low < ratio < high  # faster: no verdict word, as elsewhere
+    assert not answers.rows[1][3].endswith(("slower", "indistinguishable"))
+    assert settings.headers == ["Mode", "Backend", "Precision", "NVIDIA Fake H100"]
+    cpu_fp32 = next(row for row in settings.rows if row[:3] == ["train", "CPU", "fp32"])
+    assert interval_of(cpu_fp32[3])[0] == 2.0
+    assert next(row for row in settings.rows if row[1:3] == ["MPS", "bf16"])[3] == "skipped on one"
+    # the other way round, the reference is the faster one: the GPU machine reads slower
+    found = sections(
+        write(tmp_path, "gpu.json", slower(copy.deepcopy(base), 2.0)),
+        write(tmp_path, "cpu.json", cpu_machine(base)),
+    )
+    cell = found["speed"].tables[1].rows[1][3]
+    ratio, low, high = interval_of(cell)
+    assert ratio == 0.5 and low < ratio < high < 1 / 1.05 and cell.endswith(", slower")
+
+
+def test_two_machines_of_the_same_step_times_read_indistinguishable(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    found = sections(
+        write(tmp_path, "gpu.json", base), write(tmp_path, "cpu.json", cpu_machine(base))
+    )
+    _, answers, settings = found["speed"].tables
+    cells = [answers.rows[1][3], *(row[3] for row in settings.rows if row[3] != "skipped on one")]
+    assert len(cells) == len(settings.rows)  # the answer, every setting less the skipped one
+    for cell in cells:
+        ratio, low, high = interval_of(cell)
+        assert ratio == 1.0 and low < 1 < high and cell.endswith(", indistinguishable")
+
+
+def without_step_times(summary: dict[str, Any]) -> dict[str, Any]:
+    """`summary` as summaries were made before they carried each benchmark's step times."""
+    for entry in summary["benchmarks"]:
+        del entry["samples_ms"]
+    return summary
+
+
+@pytest.mark.parametrize("older_is_the_reference", [True, False])
+def test_a_summary_without_step_times_gets_no_ratio_across_machines_and_says_why(
+    tmp_path: Path, base: dict[str, Any], older_is_the_reference: bool
+) -> None:
+    older, newer = slower(cpu_machine(base), 2.0), copy.deepcopy(base)  # Intel Xeon sorts first
+    older, newer = (older, newer) if older_is_the_reference else (newer, older)
+    found = sections(
+        write(tmp_path, "a.json", without_step_times(older)), write(tmp_path, "b.json", newer)
+    )
+    speed, answers = found["speed"].tables  # and no table where every cell would be the same
+    assert speed.rows[6] == ["train", "CPU", "fp32", "200 ms, the baseline", "100 ms, the baseline"]
+    assert (
+        answers.rows[1][3] == "no interval can be given: a summary holds no step times (see below)"
+    )
+    assert "×" not in answers.rows[0][3] + answers.rows[1][3]  # never a bare ratio of medians
+    name = "Intel Xeon (AMX)" if older_is_the_reference else "NVIDIA Fake H100"
+    assert found["speed"].notes == [
+        f"No speed against another machine is given for {name}: its summary predates "
+        "summaries carrying each benchmark's step times, without which the ratio of median "
+        "step times has no interval, and a ratio without its interval is no verdict. Rerun "
+        "python -m pipeline summarize on that machine's results folder (its bench/*.json hold "
+        "the step times) to compare it."
+    ]
+
+
+def test_a_machine_without_step_times_among_others_says_so_in_each_of_its_cells(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    paths = [
+        write(tmp_path, "gpu.json", base),
+        write(tmp_path, "cpu.json", cpu_machine(base)),
+        write(tmp_path, "old.json", without_step_times(cpu_machine(base, "Xeon W-2245"))),
+    ]
+    speed = sections(*paths)["speed"]
+    _, answers, settings = speed.tables
+    assert answers.title == "Each machine's answer against Intel Xeon (AMX)'s answer"
+    assert settings.headers[3:] == ["NVIDIA Fake H100", "Xeon W-2245"]
+    none = "no interval can be given: a summary holds no step times (see below)"
+    assert answers.rows[2][3] == none and answers.rows[1][3].endswith(", indistinguishable")
+    assert {row[4] for row in settings.rows} == {none, "skipped on one"}
+    assert all(row[3].endswith(("indistinguishable", "skipped on one")) for row in settings.rows)
+    assert len(speed.notes) == 1 and "given for Xeon W-2245: its summary" in speed.notes[0]
 
 
 def test_a_summary_without_settings_is_compared_with_nothing(

@@ -6,6 +6,7 @@ The results trees are report_fixtures' (shaped like the real files each stage wr
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from report_fixtures import (
     bench_record,
     evaluation,
     native_bf16_cpu,
+    step_samples,
     write_json,
     write_results_tree,
 )
@@ -135,6 +137,29 @@ def test_every_benchmark_record_is_kept_with_its_median_iqr_and_flags(
     assert kept[("cuda", "bf16", "train")]["numerics"]["problem"] == "the loss is 5.0% off fp32's"
     skipped = kept[("mps", "bf16", "train")]
     assert skipped["status"] == "skipped" and skipped["median_ms"] is None
+
+
+def test_every_benchmark_keeps_its_step_times_for_comparing_machines(
+    summary: dict[str, Any],
+) -> None:
+    kept = {(b["backend"], b["precision"], b["mode"]): b for b in summary["benchmarks"]}
+    for record in BENCH:
+        entry = kept[(record["backend"], record["precision"], record["mode"])]
+        timed = (record.get("timing") or {}).get("samples_ms") or []
+        assert entry["samples_ms"] == timed and len(timed) == entry["count"]
+    assert kept[("cpu", "fp32", "train")]["samples_ms"] == step_samples(100.0)
+    assert kept[("mps", "bf16", "train")]["samples_ms"] == []  # skipped: none timed
+
+
+def test_a_summary_made_before_it_kept_step_times_still_reads_and_bad_ones_do_not(
+    summary: dict[str, Any],
+) -> None:
+    older = copy.deepcopy(summary)
+    for entry in older["benchmarks"]:
+        del entry["samples_ms"]
+    assert formats.problem(older, "summary") is None
+    older["benchmarks"][0]["samples_ms"] = [12.5, "slow"]
+    assert "benchmarks/0/samples_ms/1" in formats.problem(older, "summary")
 
 
 def test_a_benchmark_timed_on_another_cpu_than_env_json_describes_is_flagged(

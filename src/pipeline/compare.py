@@ -3,11 +3,13 @@ model) as one comparison, which `python -m pipeline compare` writes as an HTML p
 Markdown, both from the same tables.
 
 Figures are set side by side only where they are comparable: speed where the summaries timed
-the same configuration (their speed hash: model, batch, image size, memory format), training
-time and accuracy where they ran the same settings on the same data (their accuracy hash: of a
-user's data set, its annotation files' digests, not their paths); otherwise the
-comparison says what differs and keeps them apart. Machines are ordered by name, so the same
-summaries always give the same tables (docs embed the Markdown and a test regenerates it).
+the same configuration (their speed hash: model, batch, image size, memory format; there each
+machine's speed against the reference's, the first by name, with its interval:
+machine_speed.py), training time and accuracy where they ran the same settings on the same
+data (their accuracy hash: of a user's data set, its annotation files' digests, not their
+paths); otherwise the comparison says what differs and keeps them apart. Machines are ordered
+by name, so the same summaries always give the same tables (docs embed the Markdown and a test
+regenerates it).
 """
 
 from __future__ import annotations
@@ -19,18 +21,24 @@ from typing import Any
 
 from pipeline.errors import ResultsFileError
 from pipeline.machine_names import distinguished, memory_text, threads_text
+from pipeline.machine_speed import (
+    against,
+    answer_against,
+    answer_entry,
+    carries_step_times,
+    speed_cell,
+    speed_text,
+    timed_in,
+    without_step_times,
+)
 from pipeline.report.formatting import (
     backend_label,
-    fmt_ms,
     fmt_seconds,
-    fmt_speedup,
     fmt_with_interval,
     setting_label,
 )
-from pipeline.runs import PRECISIONS
 from pipeline.setting_groups import differing_keys
 from pipeline.summary.annotations import USER_FORMATS, identity
-from pipeline.summary.load import BACKENDS, MODES
 from pipeline.summary.read import read_summary
 
 MAX_DIFFERENCES = 6  # differing keys named before "and N more"
@@ -242,14 +250,6 @@ def answer_cells(answer: dict[str, Any]) -> list[str]:
     return [setting_label(chosen["backend"], chosen["precision"]), speed, numerics, default]
 
 
-def speed_text(speed: dict[str, Any] | None) -> str:
-    """'25.0× (24.2–25.7), faster' and the like."""
-    if speed is None:
-        return "n/a"
-    verdict = speed["verdict"]
-    return f"{fmt_speedup(speed)}{'' if verdict == 'faster' else f', {verdict}'}"
-
-
 # ---- speed, training and accuracy, each within its comparable group ----------------------------
 
 
@@ -350,12 +350,22 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
         "Speed of every backend and precision",
         "Median milliseconds per step and the speed-up against the same machine's CPU fp32 of "
         "the same mode, with its 95% interval; side by side only where the machines timed the "
-        "same configuration.",
+        "same configuration. There each machine is also set against the reference (the first "
+        "by name): its answer against the reference's, and each backend and precision against "
+        "the same there, as a speed-up with its 95% interval (above 1: faster). That interval "
+        "resamples the steps of each summary's one benchmark run, not how much a rerun on the "
+        "same machine would differ (on a virtual or shared machine, maybe more): a verdict is "
+        "one between these runs.",
     )
     for group in groups(machines, "speed"):
         if len(group) > 1 or len(machines) == 1:
             speed.tables.append(speed_table(group))
             speed.notes += other_code(group)
+        if len(group) > 1:
+            speed.tables += against_reference(group)
+            speed.notes += without_step_times(
+                m.name for m in group if not carries_step_times(m.summary)
+            )
     speed.notes += not_compared(machines, "speed", "timed different configurations")
     training = Section(
         "training",
@@ -375,41 +385,50 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
 
 
 def speed_table(group: list[Machine]) -> Table:
-    basis = group[0].summary["comparison"]["speed"]
-    model = None if basis is None else basis["settings"]["model"].get("name")
-    entries = {
-        (m.name, b["mode"], b["backend"], b["precision"]): b
-        for m in group
-        for b in m.summary["benchmarks"]
-        if b["model"] == model
-    }
-    keys = sorted(
-        {(mode, backend, precision) for _, mode, backend, precision in entries},
-        key=lambda key: (rank(MODES, key[0]), rank(BACKENDS, key[1]), rank(PRECISIONS, key[2])),
-    )
+    entries, keys = timed_in([m.summary for m in group])
     rows = [
         [mode, backend_label(backend), precision]
-        + [speed_cell(entries.get((m.name, mode, backend, precision))) for m in group]
+        + [speed_cell(found.get((mode, backend, precision))) for found in entries]
         for mode, backend, precision in keys
     ]
+    basis = group[0].summary["comparison"]["speed"]
     return Table(
         timed_text(basis), ["Mode", "Backend", "Precision", *(m.name for m in group)], rows
     )
 
 
-def rank(order: Sequence[str], value: str) -> int:
-    return order.index(value) if value in order else len(order)
-
-
-def speed_cell(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "not run"
-    if entry["status"] != "ok":
-        return "skipped"
-    if (entry["backend"], entry["precision"]) == ("cpu", "fp32"):
-        return f"{fmt_ms(entry['median_ms'])} ms, the baseline"
-    unsafe = "" if entry["safe"] else ", numerics not acceptable"
-    return f"{fmt_ms(entry['median_ms'])} ms, {speed_text(entry['vs_cpu_fp32'])}{unsafe}"
+def against_reference(group: list[Machine]) -> list[Table]:
+    """Each machine against the reference, the group's first by name (not by the order given:
+    the same summaries give the same tables): its answer against the reference's answer, then
+    each backend and precision against the same on the reference."""
+    first, answers = group[0], [answer_entry(m.summary) for m in group]
+    rows = [
+        [m.name, *answer_against(entry, answers[0], m is first)]
+        for m, entry in zip(group, answers, strict=True)
+    ]
+    answers_table = Table(
+        f"Each machine's answer against {first.name}'s answer",
+        ["Machine", "Train with", "Median per step", f"Against {first.name} (95% interval)"],
+        rows,
+    )
+    if not carries_step_times(first.summary) or not any(
+        carries_step_times(m.summary) for m in group[1:]
+    ):  # every cell would say that no interval can be given: the note says it once
+        return [answers_table]
+    entries, keys = timed_in([m.summary for m in group])
+    settings = [
+        [key[0], backend_label(key[1]), key[2]]
+        + [against(entries[0].get(key), found.get(key)) for found in entries[1:]]
+        for key in keys
+    ]
+    return [
+        answers_table,
+        Table(
+            f"Each backend and precision against the same on {first.name} (95% interval)",
+            ["Mode", "Backend", "Precision", *(m.name for m in group[1:])],
+            settings,
+        ),
+    ]
 
 
 def training_table(group: list[Machine]) -> Table:
@@ -466,7 +485,8 @@ def markdown_text(sections: list[Section]) -> str:
             lines.append("|" + " --- |" * len(table.headers))
             lines += ["| " + " | ".join(escaped(cell) for cell in row) + " |" for row in table.rows]
             lines.append("")
-        lines += [*(f"{escaped(note)}" for note in section.notes), *([""] if section.notes else [])]
+        for note in section.notes:  # a paragraph each: lines of one paragraph would run together
+            lines += [escaped(note), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,7 +1,8 @@
 """`python -m pipeline compare SUMMARY.json...`: machines side by side, from the summary.json
 files of their pipeline runs (one per machine, cluster partition or GPU model).
 
-Each machine's answer with its interval, the speed-up of every backend and precision, time per
+Each machine's answer with its interval, the speed-up of every backend and precision, each
+machine's speed against the reference machine's (the first by name) with its interval, time per
 epoch and to the end of training, and accuracy: set side by side only where the summaries timed
 (speed) or ran (accuracy) the same configuration; elsewhere the page says what differs.
 `--out` writes a self-contained HTML page, `--markdown` the same tables as Markdown (to a file,
