@@ -189,6 +189,39 @@ def test_two_machines_of_the_same_step_times_read_indistinguishable(
         assert ratio == 1.0 and low < 1 < high and cell.endswith(", indistinguishable")
 
 
+def in_instances(summary: dict[str, Any], modes: list[float]) -> dict[str, Any]:
+    """`summary` as if each benchmark had timed one model instance per mode, each stepping its
+    mode times the benchmark's median, its steps 1% apart."""
+    for entry in summary["benchmarks"]:
+        if entry["median_ms"] is not None:
+            entry["samples_ms"] = [
+                entry["median_ms"] * mode * (1 + 0.01 * step) for mode in modes for step in range(5)
+            ]
+            entry["instances"] = [k for k, _ in enumerate(modes) for _ in range(5)]
+    return summary
+
+
+def test_across_machines_each_benchmarks_model_instances_are_resampled(
+    tmp_path: Path, base: dict[str, Any]
+) -> None:
+    """Models that settled in speed modes of their own: the steps of each are no independent
+    draws, and the interval over instances, then steps, is wider than over the steps alone."""
+    modes = [0.8, 1.0, 1.25, 0.9, 1.1, 1.2]
+    gpu = in_instances(copy.deepcopy(base), modes)
+    cpu = in_instances(cpu_machine(base), modes[::-1])
+
+    def answer_interval(*summaries: dict[str, Any]) -> float:
+        paths = [write(tmp_path, f"{k}.json", summary) for k, summary in enumerate(summaries)]
+        _, low, high = interval_of(sections(*paths)["speed"].tables[1].rows[1][3])
+        return high - low
+
+    over_instances = answer_interval(gpu, cpu)
+    for summary in (gpu, cpu):
+        for entry in summary["benchmarks"]:
+            entry.pop("instances", None)
+    assert over_instances > 1.5 * answer_interval(gpu, cpu)
+
+
 def without_step_times(summary: dict[str, Any]) -> dict[str, Any]:
     """`summary` as summaries were made before they carried each benchmark's step times."""
     for entry in summary["benchmarks"]:

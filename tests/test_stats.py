@@ -305,6 +305,55 @@ def test_over_instances_in_their_own_speed_modes_the_interval_covers_the_true_ra
     assert hits[3] / runs >= 0.6
 
 
+def test_sets_of_separate_runs_are_resampled_over_their_instances_then_steps() -> None:
+    """120 simulated pairs of runs in separate processes (another machine, another backend):
+    each run's six freshly built models land in speed modes of their own (15% spread), steps
+    3% around them, and the candidate is truly 1.4x faster. Resampling the steps alone, the
+    interval says how fast these twelve models ran and often misses 1.4; resampling each
+    run's instances, then the steps within each, it holds 1.4 about as often as it says."""
+    rng = np.random.default_rng(11)
+    runs, true = 120, 1.4
+    hits = {"steps": 0, "instances": 0}
+    for trial in range(runs):
+        ones = np.ones(6)
+        ref, _, _, ref_instances = _instance_schedule(
+            0.050 * np.exp(rng.normal(0, 0.15, 6)), ones, 15, rng
+        )
+        cand, _, _, cand_instances = _instance_schedule(
+            0.050 / true * np.exp(rng.normal(0, 0.15, 6)), ones, 15, rng
+        )
+        steps = stats.speedup(ref, cand, resamples=400, seed=trial)
+        instances = stats.speedup(
+            ref, cand, instances=(ref_instances, cand_instances), resamples=400, seed=trial
+        )
+        assert instances.method == stats.INDEPENDENT_INSTANCES_METHOD
+        assert instances.paired_rounds is None and instances.paired_instances is None
+        hits["steps"] += steps.low <= true <= steps.high
+        hits["instances"] += instances.low <= true <= instances.high
+    assert hits["steps"] / runs <= 0.75
+    assert hits["instances"] / runs >= 0.85
+
+
+def test_one_instance_a_side_resamples_the_steps_as_without_instances() -> None:
+    ref, cand = [0.050, 0.052, 0.049, 0.055, 0.051, 0.050], [0.040, 0.041, 0.043, 0.039, 0.040]
+    one = stats.speedup(ref, cand, instances=([0] * 6, [3] * 5))
+    assert one == stats.speedup(ref, cand) and one.method == stats.INDEPENDENT_METHOD
+    with pytest.raises(ValueError, match="model instance"):
+        stats.speedup(ref, cand, instances=([0] * 6, [0, 1]))
+
+
+def test_records_of_separate_schedules_are_resampled_over_their_instances() -> None:
+    rng = np.random.default_rng(5)
+    modes = 0.050 * np.exp(rng.normal(0, 0.15, 3))
+    ref, cand, rounds, instances = _instance_schedule(modes, modes / 1.3, 15, rng)
+    apart = stats.speedup_between(
+        {**_timing(ref, rounds, "a"), "instances": instances},
+        {**_timing(cand, rounds, "b"), "instances": instances},
+    )
+    assert apart == stats.speedup(ref, cand, instances=(instances, instances))
+    assert apart.method == stats.INDEPENDENT_INSTANCES_METHOD
+
+
 def test_one_instance_pair_gives_the_interval_over_rounds_draw_for_draw() -> None:
     machine = [1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 1.4, 0.8, 1.2, 1.0]
     ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 10, machine)

@@ -151,6 +151,18 @@ def test_every_benchmark_keeps_its_step_times_for_comparing_machines(
     assert kept[("mps", "bf16", "train")]["samples_ms"] == []  # skipped: none timed
 
 
+def test_each_step_keeps_its_model_instance_where_the_record_names_them(tmp_path: Path) -> None:
+    results = write_results_tree(tmp_path)
+    path = results / "bench" / "cuda-fp16-train.json"
+    document = json.loads(path.read_text())
+    timing = document["records"][0]["timing"]
+    timing["instances"] = [i % 3 for i in range(len(timing["samples_ms"]))]
+    write_json(path, document)
+    kept = {(b["backend"], b["precision"], b["mode"]): b for b in summarized(results)["benchmarks"]}
+    assert kept[("cuda", "fp16", "train")]["instances"] == timing["instances"]
+    assert "instances" not in kept[("cpu", "fp32", "train")]  # its record names none
+
+
 def test_a_summary_made_before_it_kept_step_times_still_reads_and_bad_ones_do_not(
     summary: dict[str, Any],
 ) -> None:

@@ -353,9 +353,9 @@ def speed_and_training(machines: list[Machine]) -> list[Section]:
         "same configuration. There each machine is also set against the reference (the first "
         "by name): its answer against the reference's, and each backend and precision against "
         "the same there, as a speed-up with its 95% interval (above 1: faster). That interval "
-        "resamples the steps of each summary's one benchmark run, not how much a rerun on the "
-        "same machine would differ (on a virtual or shared machine, maybe more): a verdict is "
-        "one between these runs.",
+        "resamples each summary's one benchmark run (its model instances, then their steps), "
+        "not how much a rerun on the same machine would differ (on a virtual or shared "
+        "machine, maybe more): a verdict is one between these runs.",
     )
     for group in groups(machines, "speed"):
         if len(group) > 1 or len(machines) == 1:

@@ -104,16 +104,19 @@ def against(reference: dict[str, Any] | None, candidate: dict[str, Any] | None) 
     """The candidate benchmark's speed-up over the reference's (another machine's) as a cell,
     '1.40× (1.32–1.49)' above 1 where the candidate stepped faster; else why there is none.
     The two ran in different processes on different machines, so the sets are resampled
-    independently (stats.speedup without rounds)."""
+    independently (stats.speedup without rounds), each over its model instances where both
+    summaries name them: a model's steps share its speed mode."""
     if reference is None or candidate is None:
         return "not run on both"
     if "skipped" in (reference["status"], candidate["status"]):
         return "skipped on one"
     if not reference.get("samples_ms") or not candidate.get("samples_ms"):
         return NO_STEP_TIMES
+    both = "instances" in reference and "instances" in candidate
     found = speedup(
         [ms / 1000 for ms in reference["samples_ms"]],
         [ms / 1000 for ms in candidate["samples_ms"]],
+        instances=(reference["instances"], candidate["instances"]) if both else None,
     )
     return speed_text(found.as_dict())
 

@@ -127,6 +127,10 @@ INSTANCES_METHOD = (
     "process, on a CPU a process of its own): model instance pairs resampled, then rounds "
     f"within each, {BOOTSTRAP_RESAMPLES} resamples"
 )
+INDEPENDENT_INSTANCES_METHOD = (
+    "two-stage percentile bootstrap of the ratio of medians: each set's model instances "
+    f"resampled, then steps within each, {BOOTSTRAP_RESAMPLES} resamples of each set"
+)
 MIN_ROUNDS_TO_PAIR = 5  # fewer rounds in common: the sets are resampled independently (the
 # percentile bootstrap of a median over 3 or 4 rounds holds far less than its confidence)
 
@@ -237,8 +241,11 @@ def speedup(
     both sides) makes its interval one over instance pairs as well. Otherwise both sets are
     resampled independently (they come from separate runs), and the interval is the
     percentile interval of the ratio of medians: no assumption about the shape of the
-    step-time distribution, which on shared machines has long right tails. Seeded: the same
-    samples always give the same interval. The verdict rules are the same either way.
+    step-time distribution, which on shared machines has long right tails; with `instances`,
+    each set's instances first, then steps within each (`cluster_bootstrap_medians`), as a
+    model's steps share its speed mode and the steps alone would give an interval far too
+    narrow. Seeded: the same samples always give the same interval. The verdict rules are the
+    same either way.
     """
     reference = np.asarray(reference_s, dtype=np.float64)
     candidate = np.asarray(candidate_s, dtype=np.float64)
@@ -270,14 +277,29 @@ def speedup(
                 pairs,
                 instance_pairs,
             )
+    if instances is None:
+        clusters = (np.zeros(reference.size, np.int64), np.zeros(candidate.size, np.int64))
+    else:
+        clusters = (np.asarray(instances[0]), np.asarray(instances[1]))
+        if clusters[0].shape != reference.shape or clusters[1].shape != candidate.shape:
+            raise ValueError("Every timed step needs its model instance.")
     rng = np.random.default_rng(seed)
-    ref_medians = np.median(rng.choice(reference, (resamples, reference.size)), axis=1)
-    cand_medians = np.median(rng.choice(candidate, (resamples, candidate.size)), axis=1)
+    ref_medians = cluster_bootstrap_medians(reference, clusters[0], rng, resamples)
+    cand_medians = cluster_bootstrap_medians(candidate, clusters[1], rng, resamples)
     low, high = percentile_interval(ref_medians / cand_medians, confidence)
     ratio = float(np.median(reference) / np.median(candidate))
     verdict = _verdict(reference, candidate, low, high, tolerance)
+    several = max(np.unique(found).size for found in clusters) > 1
     return Speedup(
-        ratio, low, high, verdict, int(reference.size), int(candidate.size), confidence, tolerance
+        ratio,
+        low,
+        high,
+        verdict,
+        int(reference.size),
+        int(candidate.size),
+        confidence,
+        tolerance,
+        INDEPENDENT_INSTANCES_METHOD if several else INDEPENDENT_METHOD,
     )
 
 
@@ -410,7 +432,7 @@ def speedup_between(reference: Mapping[str, Any], candidate: Mapping[str, Any]) 
     `schedule_id`), and over instance pairs where the records say which model instance
     timed each step (`instances`; records written before instances timed one each), else
     the independent bootstrap (records of the old sequential format, another process,
-    another backend)."""
+    another backend), over each record's instances where both say them."""
     reference_s = [ms / 1000 for ms in reference["samples_ms"]]
     candidate_s = [ms / 1000 for ms in candidate["samples_ms"]]
     same = reference.get("schedule_id") is not None and reference.get(
@@ -418,6 +440,6 @@ def speedup_between(reference: Mapping[str, Any], candidate: Mapping[str, Any]) 
     ) == candidate.get("schedule_id")
     rounds = (reference["rounds"], candidate["rounds"]) if same else None
     instances = None
-    if same and "instances" in reference and "instances" in candidate:
+    if "instances" in reference and "instances" in candidate:
         instances = (reference["instances"], candidate["instances"])
     return speedup(reference_s, candidate_s, rounds=rounds, instances=instances)

@@ -300,6 +300,8 @@ def benchmark(row: pd.Series, env: dict[str, Any] | None) -> dict[str, Any]:
         "count": len(row["samples_s"]),
         # as the record holds them: compare resamples them for speed-ups across machines
         "samples_ms": list(timing.get("samples_ms") or []) if ok else [],
+        # each step's model instance: the independent units compare resamples
+        **({"instances": list(timing["instances"])} if ok and "instances" in timing else {}),
         "warmup_steps": timing.get("warmup_steps") if ok else None,
         "images_per_s": row["images_per_s"],
         "memory": record.get("memory") if ok else None,
