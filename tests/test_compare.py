@@ -329,6 +329,12 @@ def test_machines_of_one_cpu_model_are_named_by_what_tells_them_apart(
         f"Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory) ({paths[0]})",
         f"Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory) ({paths[2]})",
     ]
+    del twin["machine"]["memory_gib"]  # an env.json made before it was recorded
+    paths[2] = write(tmp_path, "c.json", twin)
+    assert [m.name for m in read_machines(paths)][:2] == [
+        "Intel(R) Xeon(R) Processor (native bf16, 2 cores, 7.8 GiB memory)",
+        "Intel(R) Xeon(R) Processor (native bf16, 2 cores, memory not recorded)",
+    ]
 
 
 def at_commit(summary: dict[str, Any], commit: str, changed: int = 0) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def machine_facts(summary: dict[str, Any]) -> list[str]:
     return [
         f"native {' and '.join(fast)}" if fast else "no native bf16 or fp16",
         f"{machine.get('cpu_count') or 'n/a'} cores",
-        f"{memory_text(machine.get('memory_gib'))} memory",
+        memory_fact(machine.get("memory_gib")),
         threads_text(machine.get("torch_threads")),
         "; ".join(
             f"{memory_text(gpu['memory_gib'])}, capability {gpu['capability'] or 'n/a'}"
@@ -60,6 +60,11 @@ def machine_facts(summary: dict[str, Any]) -> list[str]:
 
 def threads_text(threads: int | None) -> str:
     return f"torch uses {threads or 'n/a'} thread{'' if threads == 1 else 's'}"
+
+
+def memory_fact(gib: float | None) -> str:
+    """'23.6 GiB memory', or that a summary made before env.json recorded it has none."""
+    return "memory not recorded" if gib is None else f"{memory_text(gib)} memory"
 
 
 def memory_text(gib: float | None) -> str:
