@@ -28,7 +28,7 @@ from report_fixtures import (
 from report_golden import swept_tree
 from report_page import SECTION_IDS, Page, assert_self_contained
 
-from pipeline import cli
+from pipeline import cli, formats
 from pipeline.errors import ResultsFileError
 from pipeline.report import render
 
@@ -605,9 +605,12 @@ def test_a_class_without_objects_in_the_split_says_so_and_that_the_mean_leaves_i
     document = evaluation("cpu", "fp32", 0.9)
     empty = document["metrics"]["per_class"][-1]
     empty.update(num_gt=0, ap=None, ap50=None, ap_interval=None, ap50_interval=None)
+    empty.update(precision=None, recall=None, f1=None, tp=0, fp=0, fn=0)
+    assert formats.problem(document, "eval") is None
     text = evaluation_section(results, document)
     assert "0.305 (0.275–0.335) no objects in this split: not in the class means" in text
     assert (
-        f"{empty['name']} has no objects in this split: its AP is undefined, not zero, and the "
-        "class means (AP@.5, AP@[.5:.95]) leave it out." in text
+        f"{empty['name']} has no objects in this split: its AP and recall are undefined (null "
+        "in the evaluation JSON), not zero, and the class means (AP@.5, AP@[.5:.95]) leave it "
+        "out." in text
     )
