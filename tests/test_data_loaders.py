@@ -2197,6 +2197,23 @@ def test_a_category_no_annotation_uses_is_left_out_in_one_info_line(
     assert "['cells']" in left_out[0] and "_annotations.coco.json" in left_out[0]
 
 
+@pytest.mark.parametrize("carved", [False, True], ids=["given", "carved"])
+def test_each_split_line_counts_the_classes_training_uses_not_the_files_unused_ones(
+    export: Path, carved: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The export lists 'cells' and 'cell', and only 'cell' has objects: training uses one
+    class, and no line of counts says two (a given validation file or a carved part alike)."""
+    settings = (
+        export_settings(export, "train") if carved else export_settings(export, "train", "val")
+    )
+    config = load_config(None, [*settings, *(["data.val_fraction=0.5"] if carved else [])])
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        load_splits(config)
+    lines = [r.getMessage() for r in caplog.records if " images, " in r.getMessage()]
+    assert len(lines) == 2
+    assert all(" objects of 1 classes, " in line for line in lines)
+
+
 def test_data_classes_keeps_the_categories_it_names_even_without_objects(export: Path) -> None:
     config = load_config(
         None, [*export_settings(export, "train", "val"), "data.classes=[cells, cell]"]

@@ -160,8 +160,10 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
     )
 
 
-def report_split(split: SplitAnnotations) -> None:
-    """What a reader kept and what it dropped, in the log: no box leaves a split unsaid."""
+def report_counts(split: SplitAnnotations) -> None:
+    """The split's one line of what it holds, logged by whoever fixes its classes last
+    (pipeline.data.load_splits drops the classes no object of either split has), so that its
+    class count is the one training and metrics use."""
     objects = sum(len(record.boxes) for record in split.records)
     ignored = sum(len(record.ignore_boxes) for record in split.records)
     log.info(
@@ -173,6 +175,10 @@ def report_split(split: SplitAnnotations) -> None:
         split.negatives,
         f", {ignored} ignore region(s) (crowd or difficult)" if ignored else "",
     )
+
+
+def report_split(split: SplitAnnotations) -> None:
+    """What a reader dropped or left out, in the log: no box leaves a split unsaid."""
     if split.other_class_objects:
         log.info(
             "%s: left out %d object(s) of classes outside data.classes %s",
