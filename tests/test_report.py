@@ -285,6 +285,25 @@ def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
     assert "iou_threshold: 0.5" in page.text("provenance")  # a default the file did not set
 
 
+def test_the_resolved_config_lists_data_synthetic_only_for_the_synthetic_set(
+    tmp_path: Path,
+) -> None:
+    results = write_results_tree(tmp_path)
+    listed = {}
+    for data_format in ("synthetic", "coco"):
+        config = tmp_path / f"{data_format}.yaml"
+        config.write_text(f"data:\n  format: {data_format}\n", encoding="utf-8")
+        out = tmp_path / f"{data_format}.html"
+        argv = ["report", "--results", str(results), "--configfile", str(config), "--out"]
+        assert cli.main([*argv, str(out)]) == 0
+        page = Page()
+        page.feed(out.read_text(encoding="utf-8"))
+        listed[data_format] = page.text("provenance")
+    assert "synthetic:" in listed["synthetic"] and "num_train:" in listed["synthetic"]
+    assert "synthetic:" not in listed["coco"] and "num_train:" not in listed["coco"]
+    assert "format: coco" in listed["coco"] and "val_fraction:" in listed["coco"]
+
+
 def test_report_and_summary_modules_do_not_import_torch() -> None:
     """The summary and the report run after every heavy step and on machines without an
     accelerator: they must start fast."""
