@@ -345,6 +345,30 @@ def test_coco_an_image_entry_without_a_size_takes_the_image_files_size(
     np.testing.assert_array_equal(record.boxes, [[70, 5, 80, 15]])
 
 
+def test_coco_an_image_without_a_size_has_its_header_read_once_while_loading_checks_images(
+    coco_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sized from its header, it has no annotated size for the image check to hold against
+    the file: the check does not open it again. One with one side given is still checked."""
+    document = _coco_document(_write_images(coco_root), GOOD)
+    document["images"][0].update(width=0, height=0)
+    document["images"][1].update(height=0)
+    path = _write_coco(coco_root, "sizeless.json", document)
+    opened: list[str] = []
+    real_open = Image.open
+
+    def counted_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted_open)
+    split = load_coco(path, coco_root)
+    names = [record.path.name for record in split.records]
+    assert opened.count(names[0]) == 1
+    assert opened.count(names[1]) == 2  # its given width is held against the file
+    assert all(opened.count(name) == 1 for name in names[2:])
+
+
 def test_coco_images_without_a_size_are_counted_in_one_info_line_per_split(
     coco_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
