@@ -196,7 +196,10 @@ def test_coco_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses
     np.testing.assert_allclose(by_name["rgba.png"].boxes, [hull], atol=1e-4)
     np.testing.assert_array_equal(by_name["wide.png"].boxes, [[10, 5, 30, 25]])
     lines = [r.getMessage() for r in caplog.records if "attributes.rotation" in r.getMessage()]
-    assert len(lines) == 1 and f"{source}: 2 box(es) turned" in lines[0]
+    assert lines == [
+        f"{source}: 2 box(es) turned in the annotation tool (the angle in attributes.rotation, "
+        "as CVAT exports them): each taken as the upright box that encloses it"
+    ]
 
 
 def test_coco_a_rotation_that_is_no_number_is_named_with_its_annotation(tmp_path: Path) -> None:
@@ -1232,8 +1235,8 @@ def test_voc_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses_
     said = [r.getMessage() for r in caplog.records if "turned" in r.getMessage()]
     assert said == [
         f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'}: 1 box(es) turned in the annotation tool "
-        "(a rotation attribute, as CVAT exports them): each taken as the upright box that "
-        "encloses it"
+        "(the angle in an <attribute> named rotation, as CVAT exports them): each taken as the "
+        "upright box that encloses it"
     ]
 
 

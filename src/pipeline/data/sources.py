@@ -55,6 +55,19 @@ def upright_hull(box: list[float], degrees: float) -> list[float]:
     return [cx - half_w, cy - half_h, cx + half_w, cy + half_h]
 
 
+def report_turned(source: Path | str, turned: int, angle_in: str) -> None:
+    """The one info line of a split's boxes turned in the annotation tool (`upright_hull`),
+    for COCO's and Pascal VOC's readers alike; `angle_in` says where the file keeps the angle."""
+    if turned:
+        log.info(
+            "%s: %d box(es) turned in the annotation tool (the angle in %s, as CVAT exports "
+            "them): each taken as the upright box that encloses it",
+            source,
+            turned,
+            angle_in,
+        )
+
+
 def no_boxes() -> np.ndarray:
     return np.zeros((0, 4), np.float32)
 
