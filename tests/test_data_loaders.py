@@ -196,7 +196,10 @@ def test_coco_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses
     np.testing.assert_allclose(by_name["rgba.png"].boxes, [hull], atol=1e-4)
     np.testing.assert_array_equal(by_name["wide.png"].boxes, [[10, 5, 30, 25]])
     lines = [r.getMessage() for r in caplog.records if "attributes.rotation" in r.getMessage()]
-    assert len(lines) == 1 and f"{source}: 2 box(es) turned" in lines[0]
+    assert lines == [
+        f"{source}: 2 box(es) turned in the annotation tool (the angle in attributes.rotation, "
+        "as CVAT exports them): each taken as the upright box that encloses it"
+    ]
 
 
 def test_coco_a_rotation_that_is_no_number_is_named_with_its_annotation(tmp_path: Path) -> None:
@@ -343,6 +346,30 @@ def test_coco_an_image_entry_without_a_size_takes_the_image_files_size(
     record = split.records[0]
     assert (record.width, record.height) == (80, 40)
     np.testing.assert_array_equal(record.boxes, [[70, 5, 80, 15]])
+
+
+def test_coco_an_image_without_a_size_has_its_header_read_once_while_loading_checks_images(
+    coco_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sized from its header, it has no annotated size for the image check to hold against
+    the file: the check does not open it again. One with one side given is still checked."""
+    document = _coco_document(_write_images(coco_root), GOOD)
+    document["images"][0].update(width=0, height=0)
+    document["images"][1].update(height=0)
+    path = _write_coco(coco_root, "sizeless.json", document)
+    opened: list[str] = []
+    real_open = Image.open
+
+    def counted_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted_open)
+    split = load_coco(path, coco_root)
+    names = [record.path.name for record in split.records]
+    assert opened.count(names[0]) == 1
+    assert opened.count(names[1]) == 2  # its given width is held against the file
+    assert all(opened.count(name) == 1 for name in names[2:])
 
 
 def test_coco_images_without_a_size_are_counted_in_one_info_line_per_split(
@@ -1208,8 +1235,8 @@ def test_voc_a_box_cvat_exports_turned_is_read_as_the_upright_box_that_encloses_
     said = [r.getMessage() for r in caplog.records if "turned" in r.getMessage()]
     assert said == [
         f"{voc_root / 'ImageSets' / 'Main' / 'val.txt'}: 1 box(es) turned in the annotation tool "
-        "(a rotation attribute, as CVAT exports them): each taken as the upright box that "
-        "encloses it"
+        "(the angle in an <attribute> named rotation, as CVAT exports them): each taken as the "
+        "upright box that encloses it"
     ]
 
 
@@ -2195,6 +2222,23 @@ def test_a_category_no_annotation_uses_is_left_out_in_one_info_line(
     # the benchmarks time the model training builds, with as many classes
     assert class_count(config) == 1
     assert "['cells']" in left_out[0] and "_annotations.coco.json" in left_out[0]
+
+
+@pytest.mark.parametrize("carved", [False, True], ids=["given", "carved"])
+def test_each_split_line_counts_the_classes_training_uses_not_the_files_unused_ones(
+    export: Path, carved: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The export lists 'cells' and 'cell', and only 'cell' has objects: training uses one
+    class, and no line of counts says two (a given validation file or a carved part alike)."""
+    settings = (
+        export_settings(export, "train") if carved else export_settings(export, "train", "val")
+    )
+    config = load_config(None, [*settings, *(["data.val_fraction=0.5"] if carved else [])])
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        load_splits(config)
+    lines = [r.getMessage() for r in caplog.records if " images, " in r.getMessage()]
+    assert len(lines) == 2
+    assert all(" objects of 1 classes, " in line for line in lines)
 
 
 def test_data_classes_keeps_the_categories_it_names_even_without_objects(export: Path) -> None:

@@ -148,6 +148,7 @@ def test_hand_built_precision_recall_f1_micro_macro_and_per_class() -> None:
     assert (class1["num_gt"], class1["tp"], class1["fp"], class1["fn"]) == (2, 0, 2, 2)
     assert class1["f1"] == 0.0
     assert (class2["num_gt"], class2["tp"], class2["fp"]) == (0, 0, 0)
+    assert (class2["precision"], class2["recall"], class2["f1"]) == (None, None, None)
     # Class 2 has neither ground truth nor detections: left out of the macro mean.
     macro = result["macro"]
     assert macro["num_classes"] == 2
@@ -330,6 +331,27 @@ def test_per_class_ap_is_none_for_a_class_without_ground_truth(scene: list[dict[
     assert rows[3]["name"] == "d" and rows[3]["num_gt"] == 0
     # A class with ground truth it never detects scores 0, not None: class 2 misses image 4.
     assert rows[2]["ap50"] == pytest.approx(np.mean(RECALL_THRESHOLDS <= 0.5), abs=1e-9)
+
+
+def test_per_class_recall_is_none_without_objects_and_precision_and_f1_without_detections_too(
+    scene: list[dict[str, Any]],
+) -> None:
+    """A class absent from the split has no recall to measure: None, never a 0.0 that reads
+    as a model finding none of it. Class 3 has no objects but one false detection (precision
+    and F1 0, measured), class 4 neither objects nor detections, class 2 objects it misses in
+    image 4 (recall measured, below 1); the macro mean keeps its figures."""
+    dets = [*perfect(scene[:3]), det(4, [[0, 0, 64, 64], [30, 30, 40, 40]], [0.8, 0.7], [1, 3])]
+    counts = precision_recall_f1(scene, dets, 5, score_threshold=0.5)
+    rows = counts["per_class"]
+    assert (rows[3]["num_gt"], rows[3]["tp"], rows[3]["fp"], rows[3]["fn"]) == (0, 0, 1, 0)
+    assert (rows[3]["precision"], rows[3]["recall"], rows[3]["f1"]) == (0.0, None, 0.0)
+    assert (rows[4]["num_gt"], rows[4]["tp"], rows[4]["fp"], rows[4]["fn"]) == (0, 0, 0, 0)
+    assert (rows[4]["precision"], rows[4]["recall"], rows[4]["f1"]) == (None, None, None)
+    assert rows[2]["recall"] == 0.5 and rows[2]["precision"] == 1.0
+    # classes 0 to 3 count in the macro mean, class 3's recall as 0 (sklearn's rule)
+    assert counts["macro"]["num_classes"] == 4
+    assert counts["macro"]["recall"] == pytest.approx((1 + 1 + 0.5 + 0) / 4)
+    assert counts["macro"]["f1"] == pytest.approx((1 + 1 + 2 / 3 + 0) / 4)
 
 
 def _iou(a: list[float], b: list[float]) -> float:

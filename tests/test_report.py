@@ -28,7 +28,7 @@ from report_fixtures import (
 from report_golden import swept_tree
 from report_page import SECTION_IDS, Page, assert_self_contained
 
-from pipeline import cli
+from pipeline import cli, formats
 from pipeline.errors import ResultsFileError
 from pipeline.report import render
 
@@ -283,6 +283,25 @@ def test_config_file_is_resolved_with_defaults(tmp_path: Path) -> None:
     page = Page()
     page.feed((results / "report.html").read_text(encoding="utf-8"))
     assert "iou_threshold: 0.5" in page.text("provenance")  # a default the file did not set
+
+
+def test_the_resolved_config_lists_data_synthetic_only_for_the_synthetic_set(
+    tmp_path: Path,
+) -> None:
+    results = write_results_tree(tmp_path)
+    listed = {}
+    for data_format in ("synthetic", "coco"):
+        config = tmp_path / f"{data_format}.yaml"
+        config.write_text(f"data:\n  format: {data_format}\n", encoding="utf-8")
+        out = tmp_path / f"{data_format}.html"
+        argv = ["report", "--results", str(results), "--configfile", str(config), "--out"]
+        assert cli.main([*argv, str(out)]) == 0
+        page = Page()
+        page.feed(out.read_text(encoding="utf-8"))
+        listed[data_format] = page.text("provenance")
+    assert "synthetic:" in listed["synthetic"] and "num_train:" in listed["synthetic"]
+    assert "synthetic:" not in listed["coco"] and "num_train:" not in listed["coco"]
+    assert "format: coco" in listed["coco"] and "val_fraction:" in listed["coco"]
 
 
 def test_report_and_summary_modules_do_not_import_torch() -> None:
@@ -605,9 +624,12 @@ def test_a_class_without_objects_in_the_split_says_so_and_that_the_mean_leaves_i
     document = evaluation("cpu", "fp32", 0.9)
     empty = document["metrics"]["per_class"][-1]
     empty.update(num_gt=0, ap=None, ap50=None, ap_interval=None, ap50_interval=None)
+    empty.update(precision=None, recall=None, f1=None, tp=0, fp=0, fn=0)
+    assert formats.problem(document, "eval") is None
     text = evaluation_section(results, document)
     assert "0.305 (0.275–0.335) no objects in this split: not in the class means" in text
     assert (
-        f"{empty['name']} has no objects in this split: its AP is undefined, not zero, and the "
-        "class means (AP@.5, AP@[.5:.95]) leave it out." in text
+        f"{empty['name']} has no objects in this split: its AP and recall are undefined (null "
+        "in the evaluation JSON), not zero, and the class means (AP@.5, AP@[.5:.95]) leave it "
+        "out." in text
     )

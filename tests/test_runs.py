@@ -14,6 +14,7 @@ from pipeline.errors import ConfigError
 from pipeline.runs import (
     DeviceUnavailableInEnv,
     Run,
+    bench_data_settings,
     bench_matrix,
     bench_settings,
     device_part,
@@ -448,6 +449,39 @@ def test_bench_settings_are_what_a_benchmark_reads_and_not_what_it_ignores() -> 
     changed = _config("train.epochs=30", "eval.batch_size=7", "data.cache=false")
     assert bench_settings(changed) == bench_settings(_config())
     assert bench_settings(_config("data.cache_budget=0.1")) == bench_settings(_config())
+
+
+@pytest.mark.parametrize("data_format", ["synthetic", "coco"])
+def test_bench_settings_take_the_data_keys_that_change_the_timed_step_and_no_others(
+    data_format: str,
+) -> None:
+    """Input size and class count change the step; where images lie, what validation and
+    test take, and how images are fitted to the input do not: a change of those reruns
+    training, not the benchmarks, which are still told them (bench_data_settings) to count
+    the classes as training does."""
+    base = [f"data.format={data_format}"]
+    plain = bench_settings(_config(*base))
+    own = data_format != "synthetic"  # only a data set of the user's is carved
+    for same in (
+        "data.resize=stretch",
+        "data.test_split=null",
+        "data.images_dir=/elsewhere",
+        "data.val_images_dir=/elsewhere",
+        *(["data.val_fraction=0.2"] if own else []),
+    ):
+        assert bench_settings(_config(*base, same)) == plain, same
+    counted = (
+        ["data.train_annotations=x.json", "data.test_fraction=0.2"]
+        if own
+        else ["data.synthetic.classes=[circle, ring]"]
+    )
+    for different in ("data.image_size=96", "data.classes=[a, b]", *counted):
+        assert bench_settings(_config(*base, different)) != plain, different
+    config = _config(*base)
+    told = {**bench_settings(config)["data"], **bench_data_settings(config)["data"]}
+    loading = {"augment", "cache", "cache_budget", "num_workers", "synthetic"}
+    # every data key the benchmark was told before, no more: of data.synthetic, its classes
+    assert set(told) == set(config["data"]) - loading | ({"synthetic"} if not own else set())
 
 
 def test_run_config_is_the_workflow_config_with_the_runs_device_precision_and_sweep() -> None:

@@ -827,6 +827,8 @@ CHANGED_SETTINGS = {
         "report",
     },
     "train={weight_decay: 0.001}": TRAINING_AND_AFTER,
+    # how images are fitted to the input changes what trains, not the step the benchmarks time
+    "data={resize: stretch}": TRAINING_AND_AFTER,
     "eval={score_threshold: 0.3}": TRAINING_AND_AFTER,  # validation picks best.pth by it
     # the summary records the config (its comparison settings), the report shows it
     "data={num_workers: 1, cache: false}": {"summarize", "report"},
@@ -973,6 +975,8 @@ def test_the_benchmark_job_is_told_the_training_settings_its_numerics_check_read
     words = shlex.split(line)
     for key, value in settings.items():
         assert f"train.{key}={value}" in words
+    # and the data keys it times nothing of, which it reads to count the classes as training does
+    assert 'data.resize="letterbox"' in words and 'data.root="resources/data/ci"' in words
 
 
 def test_missing_coco_annotations_stop_the_run_instead_of_being_generated(

@@ -230,15 +230,33 @@ BENCH_TRAIN_KEYS = ("batch_size", "channels_last", "grad_clip", "optimizer")
 BENCH_NUMERICS_KEYS = ("box_weight", "lr", "momentum", "weight_decay")
 # Data keys that only change how fast images load or how they are augmented, not the step.
 DATA_LOADING_KEYS = ("augment", "cache", "cache_budget", "num_workers", "synthetic")
+# Data keys that change the step the benchmark times: the input size, and the class count (the
+# head's channels), which data.classes gives, or the generated set's classes, or else the
+# classes with objects in a data set's training and validation splits (pipeline.data.class_count):
+# the files those come from (CLASS_FILE_KEYS; data.test_fraction takes images out of training,
+# data.val_fraction only moves them to validation, which the count reads as well).
+BENCH_DATA_KEYS = ("format", "image_size", "classes")
+CLASS_FILE_KEYS = (
+    "root",
+    "train_split",
+    "val_split",
+    "train_annotations",
+    "val_annotations",
+    "test_fraction",
+)
 
 
 def bench_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The settings a benchmark depends on (the workflow's rerun trigger for bench jobs)."""
-    data = {key: value for key, value in config["data"].items() if key not in DATA_LOADING_KEYS}
-    data["synthetic"] = {"classes": config["data"]["synthetic"]["classes"]}
+    data = config["data"]
+    timed = {key: data[key] for key in BENCH_DATA_KEYS}
+    if data["format"] == "synthetic":
+        timed["synthetic"] = {"classes": data["synthetic"]["classes"]}
+    elif not data["classes"]:
+        timed.update({key: data[key] for key in CLASS_FILE_KEYS})
     return {
         "deterministic": config["deterministic"],
-        "data": data,
+        "data": timed,
         "model": config["model"],
         "train": {key: config["train"][key] for key in BENCH_TRAIN_KEYS},
         "bench": {**config["bench"], "models": benchmarked_models(config)},
@@ -250,6 +268,21 @@ def bench_numerics_settings(config: dict[str, Any]) -> dict[str, Any]:
     workflow passes them so that the check runs at the config's values, not at the defaults,
     without making them a rerun trigger."""
     return {"train": {key: config["train"][key] for key in BENCH_NUMERICS_KEYS}}
+
+
+def bench_data_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The data keys the benchmark reads besides `bench_settings`' (where the images are, what
+    validation and test take): class_count loads the splits as training does, and needs them
+    to find the same files; none changes the step it times, so the workflow passes them without
+    making them a rerun trigger."""
+    timed = bench_settings(config)["data"]
+    return {
+        "data": {
+            key: value
+            for key, value in config["data"].items()
+            if key not in DATA_LOADING_KEYS and key not in timed
+        }
+    }
 
 
 def flatten(settings: dict[str, Any]) -> list[str]:

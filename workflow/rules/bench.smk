@@ -27,9 +27,11 @@ rule bench_backend:
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         settings=runs.flatten(runs.bench_settings(config)),
         numerics=bench_numerics_settings,
+        data=bench_data_settings,
     shell:
         "{params.python:q} -m pipeline --log {log} --cpu-threads {params.cpu_threads} bench --device {wildcards.backend}"
         " --precision {params.precisions} --mode {params.modes} --out-dir {params.out_dir:q} {params.settings:q} {params.numerics:q}"
+        " {params.data:q}"
 
 
 checkpoint choose_precision:

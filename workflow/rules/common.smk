@@ -319,6 +319,13 @@ def bench_numerics_settings(wildcards, threads):
     return runs.flatten(runs.bench_numerics_settings(config))
 
 
+def bench_data_settings(wildcards, threads):
+    """The data keys the benchmark reads that change nothing it times (runs.bench_data_settings):
+    derived (see train_other_settings), so that a new data.val_fraction, say, reruns training,
+    not the benchmarks."""
+    return runs.flatten(runs.bench_data_settings(config))
+
+
 def loading_settings(wildcards, threads):
     """How fast data load (pipeline.setting_groups.loading_settings), for the evaluation: the
     checkpoint's config keeps the values training ran with, and a change since (data.cache:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.data import holdout
 from pipeline.data.coco_source import load_coco
-from pipeline.data.sources import SplitAnnotations, report_split, with_classes
+from pipeline.data.sources import SplitAnnotations, report_counts, with_classes
 from pipeline.data.voc_source import load_voc, load_voc_folder, xml_files
 from pipeline.errors import ConfigError, DataError
 
@@ -214,11 +214,23 @@ def load_split(
 
     A split carved out of the training split (data.val_fraction, data.test_fraction), and the
     training split those leave, are cut out of the training split's file as it loads."""
+    split = _read_split(config, which, classes, classes_from, check_images)
+    report_counts(split)
+    return split
+
+
+def _read_split(
+    config: dict[str, Any],
+    which: str,
+    classes: list[str] | None,
+    classes_from: str | None,
+    check_images: bool = True,
+) -> SplitAnnotations:
+    """`load_split` without the split's line of counts, which `load_splits` logs once the
+    classes no object has are dropped."""
     carved = carved_splits(config)
     if carved and (which == "train" or which in carved):
-        part = _carve_training(config, carved, classes, classes_from, check_images)[which]
-        report_split(part)
-        return part
+        return _carve_training(config, carved, classes, classes_from, check_images)[which]
     data = config["data"]
     if data["format"] == "voc":
         strict = classes_from if classes and not data["classes"] else None
@@ -261,7 +273,7 @@ def _carve_training(
     each image by its path relative to the training split's images folder."""
     data = config["data"]
     whole_config = {**config, "data": {**data, **dict.fromkeys(holdout.FRACTION_KEYS.values())}}
-    whole = load_split(whole_config, "train", classes, classes_from, check_images=check_images)
+    whole = _read_split(whole_config, "train", classes, classes_from, check_images)
     return holdout.carve(whole, images_dir(config, "train"), carved)
 
 
@@ -318,23 +330,30 @@ def load_splits(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotati
     number the same categories differently); different sets of names are an error.
 
     Unless data.classes names them, classes that no object of either split has (an export's
-    unused super-category, say) are left out of training and metrics, in one info line.
+    unused super-category, say) are left out of training and metrics, in one info line; each
+    split's line of counts follows, with the classes training uses.
     """
+    train, val = _splits_for_training(config)
+    for split in (train, val):
+        report_counts(split)
+    return train, val
+
+
+def _splits_for_training(config: dict[str, Any]) -> tuple[SplitAnnotations, SplitAnnotations]:
+    """`load_splits` before its lines of counts."""
     carved = carved_splits(config)
     if "val" in carved:
         # one file, one class list: loaded once, both splits cut out of it
         parts = _carve_training(config, carved)
-        for part in (parts["train"], parts["val"]):
-            report_split(part)
         return _without_unused_classes(
             config, require_objects(parts["train"], "training"), parts["val"]
         )
-    train = require_objects(load_split(config, "train"), "training")
+    train = require_objects(_read_split(config, "train", None, None), "training")
     if config["data"]["format"] == "voc":
         return train, require_objects(
-            load_split(config, "val", train.class_names, f"the training split {train.source}")
+            _read_split(config, "val", train.class_names, f"the training split {train.source}")
         )
-    val = load_split(config, "val")
+    val = _read_split(config, "val", None, None)
     if train.class_names != val.class_names and set(train.class_names) == set(val.class_names):
         # per-split exports may number the same categories differently: names decide
         val = with_classes(val, train.class_names)

@@ -26,6 +26,7 @@ from pipeline.data.sources import (
     no_labels,
     read_missing_sizes,
     report_split,
+    report_turned,
     upright_hull,
     written_base_name,
 )
@@ -404,13 +405,7 @@ def load_coco(
     split = SplitAnnotations(
         list(records.values()), class_names, source, other_class_objects=other_class_objects
     )
-    if rotated:
-        log.info(
-            "%s: %d box(es) turned in the annotation tool (attributes.rotation, as CVAT exports "
-            "them): each taken as the upright box that encloses it",
-            source,
-            rotated,
-        )
+    report_turned(source, rotated, "attributes.rotation")
     where = (
         f"the images folder {images_dir} (by default the annotation file's folder), where a "
         "file_name that names no file as written is looked up by its base name: set "

@@ -45,8 +45,8 @@ def carve(
     """The training annotations cut in two or three: each split of `carved` ('val', 'test')
     takes the images whose carve key falls in its stretch of [0, 1), 'train' the rest.
 
-    What loading dropped or left out is counted on the whole file's own log line, not again on
-    each part's."""
+    What loading dropped or left out is counted in the whole file's own log lines, not again
+    for each part."""
     stretches, start = {}, 0.0
     for split in FRACTION_KEYS:
         if split in carved:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PureWindowsPath
 
 import numpy as np
@@ -55,6 +55,19 @@ def upright_hull(box: list[float], degrees: float) -> list[float]:
     return [cx - half_w, cy - half_h, cx + half_w, cy + half_h]
 
 
+def report_turned(source: Path | str, turned: int, angle_in: str) -> None:
+    """The one info line of a split's boxes turned in the annotation tool (`upright_hull`),
+    for COCO's and Pascal VOC's readers alike; `angle_in` says where the file keeps the angle."""
+    if turned:
+        log.info(
+            "%s: %d box(es) turned in the annotation tool (the angle in %s, as CVAT exports "
+            "them): each taken as the upright box that encloses it",
+            source,
+            turned,
+            angle_in,
+        )
+
+
 def no_boxes() -> np.ndarray:
     return np.zeros((0, 4), np.float32)
 
@@ -80,6 +93,9 @@ class ImageRecord:
     labels: np.ndarray = field(default_factory=no_labels)
     ignore_boxes: np.ndarray = field(default_factory=no_boxes)
     ignore_labels: np.ndarray = field(default_factory=no_labels)
+    # both sides read from the file's header (`read_missing_sizes`): the image check has no
+    # annotated size to hold against the file, which that read found and opened already
+    sized_from_header: bool = False
 
 
 @dataclass
@@ -137,15 +153,12 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
         labels, ignore_labels = new_label[record.labels], new_label[record.ignore_labels]
         removed += int((labels < 0).sum())
         records.append(
-            ImageRecord(
-                record.image_id,
-                record.path,
-                record.width,
-                record.height,
-                record.boxes[labels >= 0],
-                labels[labels >= 0],
-                record.ignore_boxes[ignore_labels >= 0],
-                ignore_labels[ignore_labels >= 0],
+            replace(
+                record,
+                boxes=record.boxes[labels >= 0],
+                labels=labels[labels >= 0],
+                ignore_boxes=record.ignore_boxes[ignore_labels >= 0],
+                ignore_labels=ignore_labels[ignore_labels >= 0],
             )
         )
     return SplitAnnotations(
@@ -160,8 +173,10 @@ def with_classes(split: SplitAnnotations, class_names: list[str]) -> SplitAnnota
     )
 
 
-def report_split(split: SplitAnnotations) -> None:
-    """What a reader kept and what it dropped, in the log: no box leaves a split unsaid."""
+def report_counts(split: SplitAnnotations) -> None:
+    """The split's one line of what it holds, logged by whoever fixes its classes last
+    (pipeline.data.load_splits drops the classes no object of either split has), so that its
+    class count is the one training and metrics use."""
     objects = sum(len(record.boxes) for record in split.records)
     ignored = sum(len(record.ignore_boxes) for record in split.records)
     log.info(
@@ -173,6 +188,10 @@ def report_split(split: SplitAnnotations) -> None:
         split.negatives,
         f", {ignored} ignore region(s) (crowd or difficult)" if ignored else "",
     )
+
+
+def report_split(split: SplitAnnotations) -> None:
+    """What a reader dropped or left out, in the log: no box leaves a split unsaid."""
     if split.other_class_objects:
         log.info(
             "%s: left out %d object(s) of classes outside data.classes %s",
@@ -261,14 +280,16 @@ def read_missing_sizes(split: SplitAnnotations, where: str) -> None:
     """The width or height that an annotation leaves out (0: not given), read from the image
     file's header, as exports and annotation tools that could not read an image write none or
     0; needed before boxes are clipped to their image (`attach_objects`). A size that is
-    given stays as written, for the image check to hold against the file. `where`: where to
-    look for a missing file, as the image check's error says."""
+    given stays as written, for the image check to hold against the file; an image with
+    neither side given is not read again by that check. `where`: where to look for a missing
+    file, as the image check's error says."""
     unsized = [record for record in split.records if not (record.width and record.height)]
     if not unsized:
         return
     for record, (width, height) in zip(
         unsized, _header_sizes(unsized, split.source, where), strict=True
     ):
+        record.sized_from_header = not (record.width or record.height)
         record.width, record.height = record.width or width, record.height or height
     log.info(
         "%s: %d image(s) have no width/height in the annotations: read from the image files",
@@ -287,7 +308,8 @@ def check_image_files(split: SplitAnnotations) -> None:
     training goes needs it before the first image, as loading did.
     """
     if split.unchecked_images is not None:
-        _check_images(split.records, split.source, split.unchecked_images)
+        unread = [record for record in split.records if not record.sized_from_header]
+        _check_images(unread, split.source, split.unchecked_images)
         split.unchecked_images = None
 
 

@@ -23,6 +23,7 @@ from pipeline.data.sources import (
     check_image_files,
     read_missing_sizes,
     report_split,
+    report_turned,
     upright_hull,
     written_base_name,
 )
@@ -300,13 +301,7 @@ def _read_split(
             found += [
                 (owner, ignored, class_names.index(n), box) for n, box in named if n in class_names
             ]
-    if rotated:
-        log.info(
-            "%s: %d box(es) turned in the annotation tool (a rotation attribute, as CVAT exports "
-            "them): each taken as the upright box that encloses it",
-            listing,
-            rotated,
-        )
+    report_turned(listing, rotated, "an <attribute> named rotation")
     read_missing_sizes(split, images_where)
     attach_objects(split, found)
     report_split(split)

@@ -77,6 +77,21 @@ def count_figures(tp: int, fp: int, fn: int) -> dict[str, float | int]:
     }
 
 
+def measured_class_figures(counts: Mapping[str, Any], num_gt: int) -> dict[str, Any]:
+    """One class's `count_figures` with None where its counts measure nothing: a class with no
+    objects in the split has no recall (0/0, not a miss), and without kept detections either
+    no precision or F1 (the classes the macro mean leaves out); its detections, all false,
+    still give precision and F1 0."""
+    if num_gt:
+        return dict(counts)
+    detected = counts["tp"] + counts["fp"]
+    return {
+        **counts,
+        "recall": None,
+        **({} if detected else {"precision": None, "f1": None}),
+    }
+
+
 def macro_figures(rows: Sequence[Mapping[str, Any]], active: np.ndarray) -> dict[str, float | int]:
     """Unweighted mean over the active classes; F1 is the mean of per-class F1s (as sklearn's)."""
     chosen = [row for row, keep in zip(rows, active, strict=True) if keep]
@@ -428,8 +443,11 @@ def precision_recall_f1(
     Macro is the unweighted mean over classes that have ground truth or kept detections: a
     class absent from both has no defined P/R and would only drag the mean to 0, while a
     class with detections but no ground truth is all false positives and must count.
-    0/0 is 0. With no ground truth at all, recall is 0/0 and precision is 0 (or 0/0), so every
-    figure is 0 even for a model that rightly predicts nothing: check `num_ground_truth`.
+    0/0 is 0, except in `per_class`, where what a class's counts cannot measure is None
+    (`measured_class_figures`); the macro mean still counts recall 0 for a class with
+    detections but no objects, as sklearn's does. With no ground truth at all, recall is 0/0
+    and precision is 0 (or 0/0), so every figure is 0 even for a model that rightly predicts
+    nothing: check `num_ground_truth`.
     Detections on ignore regions count nowhere (`num_ignored_detections`).
     `chosen_threshold` adds the micro figures at that threshold too (`chosen_threshold`),
     from the same matching. `per_image` holds each image's TP/FP/FN at `score_threshold`, and
@@ -447,16 +465,17 @@ def precision_recall_f1(
     fn = pooled.gt_per_class - tp
     per_image = pooled.per_image(score_threshold)
     intervals = micro_intervals(per_image)
-    per_class = [
-        {"label": c, "num_gt": int(pooled.gt_per_class[c]), **count_figures(tp[c], fp[c], fn[c])}
-        for c in range(num_classes)
-    ]
+    counts = [count_figures(tp[c], fp[c], fn[c]) for c in range(num_classes)]
+    num_gt = pooled.gt_per_class.tolist()
     return {
         "score_threshold": float(score_threshold),
         "iou_threshold": float(iou_threshold),
         "micro": count_figures(tp.sum(), fp.sum(), fn.sum()),
-        "macro": macro_figures(per_class, (pooled.gt_per_class > 0) | (detected > 0)),
-        "per_class": per_class,
+        "macro": macro_figures(counts, (pooled.gt_per_class > 0) | (detected > 0)),
+        "per_class": [
+            {"label": c, "num_gt": num_gt[c], **measured_class_figures(counts[c], num_gt[c])}
+            for c in range(num_classes)
+        ],
         "best": _best_f1(pooled, score_threshold),
         # at the score threshold itself (evaluate's test split, at the operating point picked
         # on validation, is the usual case), its intervals are those just resampled

@@ -187,7 +187,7 @@ def provenance_view(
         "rebuild_report": workflow_command([], invocation, start="snakemake report -R report"),
         "facts": commit_facts(summary["commit"]),
         "config_yaml": yaml.safe_dump(
-            config, sort_keys=False, allow_unicode=True, default_flow_style=False
+            shown_config(config), sort_keys=False, allow_unicode=True, default_flow_style=False
         )
         if config
         else None,
@@ -201,6 +201,15 @@ def provenance_view(
         ],
         "job_stats": None if stats is None else stats.to_dict("records"),
     }
+
+
+def shown_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config as the report lists it: data.synthetic's keys shape only the
+    generated set, so beside a data set of the user's they would be settings that did nothing."""
+    data = config.get("data")
+    if not isinstance(data, dict) or data.get("format", "synthetic") == "synthetic":
+        return config
+    return {**config, "data": {key: value for key, value in data.items() if key != "synthetic"}}
 
 
 def commit_facts(commit: dict[str, Any]) -> list[tuple[str, str]]:
