@@ -324,6 +324,11 @@ def measure(
 
 
 # ---- table -----------------------------------------------------------------------------
+def _class_ap50(row: dict[str, Any]) -> str:
+    """A class's AP@.5, or why it has none: no object of it in the evaluated split."""
+    return "n/a (no objects)" if row["ap50"] is None else f"{row['ap50']:.3f}"
+
+
 def _with_interval(value: float, found: dict[str, Any] | None) -> str:
     return f"{value:.3f} ({found['low']:.3f}-{found['high']:.3f})" if found else f"{value:.3f}"
 
@@ -355,7 +360,7 @@ def table(records: list[dict[str, Any]]) -> str:
                 f"{record['precision']}, {record['epochs']} epochs, {record['image_size']} px"
                 f"{overrides}",
                 _with_interval(found["ap50"], found["ap50_interval"]),
-                " / ".join(f"{c['name']} {c['ap50']:.3f}" for c in found["per_class"]),
+                " / ".join(f"{c['name']} {_class_ap50(c)}" for c in found["per_class"]),
                 _with_interval(found["ap"], found["ap_interval"]),
                 f"{_with_interval(fixed['f1'], fixed['f1_interval'])} at {fixed['threshold']:.2f}",
                 f"{_with_interval(chosen['f1'], chosen['f1_interval'])} at {chosen['threshold']:.2f}",

@@ -387,9 +387,9 @@ def test_the_record_keeps_the_settings_given_so_the_run_is_repeated_from_it(
     assert "| eggs | fp32, 3 epochs, 64 px, seed=1, data.augment.scale_min=0.6667 |" in row
 
 
-def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
-    interval = {"low": 0.5, "high": 0.75}
-    record = {
+def table_record(per_class: list[dict], interval: dict | None = None) -> dict:
+    """A record of real_sets' format with the given per-class AP@.5 rows."""
+    return {
         "set": "eggs",
         "precision": "fp32",
         "epochs": 15,
@@ -400,7 +400,7 @@ def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
             "ap50_interval": interval,
             "ap": 0.25,
             "ap_interval": None,
-            "per_class": [{"name": "fertile", "ap50": 0.5}, {"name": "infertile", "ap50": 0.75}],
+            "per_class": per_class,
             "at_score_threshold": {"threshold": 0.4, "f1": 0.375, "f1_interval": interval},
             "at_operating_point": {"threshold": 0.3125, "f1": 0.5, "f1_interval": None},
         },
@@ -409,8 +409,19 @@ def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
         "created": "2026-12-05T00:00:00+00:00",
         "commit": "0123456789abcdef",
     }
+
+
+def test_the_table_shows_each_records_figures_with_their_intervals() -> None:
+    per_class = [{"name": "fertile", "ap50": 0.5}, {"name": "infertile", "ap50": 0.75}]
+    record = table_record(per_class, {"low": 0.5, "high": 0.75})
     row = real_sets.table([record]).splitlines()[2]
     assert row == (
         "| eggs | fp32, 15 epochs, 64 px | 0.625 (0.500-0.750) | fertile 0.500 / infertile 0.750 "
         "| 0.250 | 0.375 (0.500-0.750) at 0.40 | 0.500 at 0.31 | 10 min (Some CPU, 0123456) |"
     )
+
+
+def test_the_table_names_a_class_without_objects_in_the_split_instead_of_an_ap() -> None:
+    record = table_record([{"name": "fertile", "ap50": 0.5}, {"name": "infertile", "ap50": None}])
+    row = real_sets.table([record]).splitlines()[2]
+    assert "| fertile 0.500 / infertile n/a (no objects) |" in row
