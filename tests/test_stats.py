@@ -342,18 +342,6 @@ def test_one_instance_a_side_resamples_the_steps_as_without_instances() -> None:
         stats.speedup(ref, cand, instances=([0] * 6, [0, 1]))
 
 
-def test_records_of_separate_schedules_are_resampled_over_their_instances() -> None:
-    rng = np.random.default_rng(5)
-    modes = 0.050 * np.exp(rng.normal(0, 0.15, 3))
-    ref, cand, rounds, instances = _instance_schedule(modes, modes / 1.3, 15, rng)
-    apart = stats.speedup_between(
-        {**_timing(ref, rounds, "a"), "instances": instances},
-        {**_timing(cand, rounds, "b"), "instances": instances},
-    )
-    assert apart == stats.speedup(ref, cand, instances=(instances, instances))
-    assert apart.method == stats.INDEPENDENT_INSTANCES_METHOD
-
-
 def test_one_instance_pair_gives_the_interval_over_rounds_draw_for_draw() -> None:
     machine = [1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 1.4, 0.8, 1.2, 1.0]
     ref, cand, ref_rounds, cand_rounds = _interleaved(1.5, 10, machine)
@@ -383,7 +371,7 @@ def test_rounds_are_clustered_by_the_pair_of_instances_they_timed() -> None:
         stats.speedup(ref, cand, rounds=(rounds, rounds), instances=(fp32_instances, [0, 1]))
 
 
-def test_records_that_name_their_instances_are_resampled_over_instance_pairs() -> None:
+def test_records_that_name_their_instances_are_resampled_over_them() -> None:
     rng = np.random.default_rng(3)
     modes = 0.050 * np.exp(rng.normal(0, 0.15, 3))
     ref, cand, rounds, instances = _instance_schedule(modes, modes / 1.3, 15, rng)
@@ -399,6 +387,13 @@ def test_records_that_name_their_instances_are_resampled_over_instance_pairs() -
     before = stats.speedup_between(_timing(ref, rounds, "a"), _timing(cand, rounds, "a"))
     assert before.paired_instances == 1
     assert before == stats.speedup(ref, cand, rounds=(rounds, rounds))
+    # records of separate schedules (another process): each over its own instances
+    apart = stats.speedup_between(
+        {**_timing(ref, rounds, "a"), "instances": instances},
+        {**_timing(cand, rounds, "b"), "instances": instances},
+    )
+    assert apart == stats.speedup(ref, cand, instances=(instances, instances))
+    assert apart.method == stats.INDEPENDENT_INSTANCES_METHOD
 
 
 def _timing(samples_s: list[float], rounds: list[int] | None, schedule: str | None) -> dict:

@@ -251,6 +251,7 @@ def speedup(
     candidate = np.asarray(candidate_s, dtype=np.float64)
     if reference.size == 0 or candidate.size == 0:
         raise ValueError("A speed-up needs at least one timed step on each side.")
+    paired = None
     if rounds is not None:
         paired = paired_speedup(
             reference,
@@ -261,22 +262,40 @@ def speedup(
             resamples=resamples,
             seed=seed,
         )
-        if paired is not None:
-            ratio, low, high, pairs, instance_pairs = paired
-            verdict = _verdict(reference, candidate, low, high, tolerance)
-            return Speedup(
-                ratio,
-                low,
-                high,
-                verdict,
-                int(reference.size),
-                int(candidate.size),
-                confidence,
-                tolerance,
-                INSTANCES_METHOD if instance_pairs > 1 else PAIRED_METHOD,
-                pairs,
-                instance_pairs,
-            )
+    if paired is not None:
+        ratio, low, high, pairs, instance_pairs = paired
+        method = INSTANCES_METHOD if instance_pairs > 1 else PAIRED_METHOD
+        counts: tuple[int | None, int | None] = (pairs, instance_pairs)
+    else:
+        ratio, low, high, several = _independent_speedup(
+            reference, candidate, instances, confidence, resamples, seed
+        )
+        method = INDEPENDENT_INSTANCES_METHOD if several else INDEPENDENT_METHOD
+        counts = (None, None)
+    return Speedup(
+        ratio,
+        low,
+        high,
+        _verdict(reference, candidate, low, high, tolerance),
+        int(reference.size),
+        int(candidate.size),
+        confidence,
+        tolerance,
+        method,
+        *counts,
+    )
+
+
+def _independent_speedup(
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    instances: tuple[Sequence[int], Sequence[int]] | None,
+    confidence: float,
+    resamples: int,
+    seed: int,
+) -> tuple[float, float, float, bool]:
+    """(ratio of medians, low, high, whether a side ran on several instances): each set
+    resampled on its own, over its instances first where they are given."""
     if instances is None:
         clusters = (np.zeros(reference.size, np.int64), np.zeros(candidate.size, np.int64))
     else:
@@ -287,20 +306,8 @@ def speedup(
     ref_medians = cluster_bootstrap_medians(reference, clusters[0], rng, resamples)
     cand_medians = cluster_bootstrap_medians(candidate, clusters[1], rng, resamples)
     low, high = percentile_interval(ref_medians / cand_medians, confidence)
-    ratio = float(np.median(reference) / np.median(candidate))
-    verdict = _verdict(reference, candidate, low, high, tolerance)
     several = max(np.unique(found).size for found in clusters) > 1
-    return Speedup(
-        ratio,
-        low,
-        high,
-        verdict,
-        int(reference.size),
-        int(candidate.size),
-        confidence,
-        tolerance,
-        INDEPENDENT_INSTANCES_METHOD if several else INDEPENDENT_METHOD,
-    )
+    return float(np.median(reference) / np.median(candidate)), low, high, several
 
 
 def _common_rounds(
