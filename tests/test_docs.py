@@ -1,6 +1,6 @@
 """The README and docs/ stay usable: short README, every relative link resolves, every
-`python -m pipeline` command shown exists with the options it is shown with, machines named by
-what they are."""
+`python -m pipeline` command shown exists with the options it is shown with, every test a page
+names (`tests/FILE.py::NAME`) exists, machines named by what they are."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ PIPELINE_COMMAND = re.compile(
 )
 OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*")
 SPAN = re.compile(r"`([^`]+)`")
+# `tests/test_x.py::test_name`, as failure-modes.md names the test behind each row
+TEST_REFERENCE = re.compile(r"\btests/([\w/]+\.py)::(\w+)")
 NICKNAME = re.compile(r"\b(Zen \d|AMX( fp16)?|AVX2|AVX-512|Intel|AMD) machine\b")
 
 
@@ -104,6 +106,20 @@ def unknown_commands_and_options(page: Path) -> list[str]:
     return unknown
 
 
+def missing_tests(page: Path, tests: Path = REPO / "tests") -> list[str]:
+    """`tests/FILE.py::NAME` references of a page whose file or test function does not exist
+    (a test renamed or removed, its reference left behind)."""
+    missing = []
+    for module, name in TEST_REFERENCE.findall(page.read_text(encoding="utf-8")):
+        path = tests / module
+        found = path.is_file() and re.search(
+            rf"^\s*def {name}\(", path.read_text(encoding="utf-8"), re.MULTILINE
+        )
+        if not found:
+            missing.append(f"tests/{module}::{name}")
+    return missing
+
+
 def test_the_readme_is_short_enough_for_a_newcomer() -> None:
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES
@@ -145,6 +161,26 @@ def test_the_command_check_finds_an_unknown_command_and_option(tmp_path: Path) -
         "python -m pipeline train --out x --epochs 3 train.lr=0.1 (train takes no --epochs)",
         "python -m pipeline trian --out x (no command trian)",
         "python -m pipeline eval --checkpoint b.pth --outfile e.json (evaluate takes no --outfile)",
+    ]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_test_a_page_names_exists(page: Path) -> None:
+    assert missing_tests(page) == []
+
+
+def test_the_test_check_finds_a_missing_file_and_a_missing_test(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_kept() -> None:\n    pass\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- tests/test_a.py::test_kept; tests/test_a.py::test_renamed -->\n"
+        "`tests/test_gone.py::test_kept` and tests/test_a.py::test_kept_longer\n"
+    )
+    assert missing_tests(page, tmp_path / "tests") == [
+        "tests/test_a.py::test_renamed",
+        "tests/test_gone.py::test_kept",
+        "tests/test_a.py::test_kept_longer",
     ]
 
 
