@@ -34,7 +34,14 @@ RECORDS_DIR = REPO / "benchmarks" / "records"
 MACHINES_DIR = REPO / "benchmarks" / "machines"
 MACHINES = "machines"
 # helpers, not benchmark scripts
-NOT_SCRIPTS = {"harness", "doc_tables", "real_layouts", "repeated_runs", "detection_workload"}
+NOT_SCRIPTS = {
+    "harness",
+    "doc_tables",
+    "real_layouts",
+    "repeated_runs",
+    "detection_workload",
+    "config_ab",
+}
 OWN_TABLE = "real_sets"  # its records and its table are its own (real_sets.table)
 # A marker is a line of its own: one quoted in prose (`<!-- generated:NAME:start -->`) is not.
 BLOCK = re.compile(

@@ -5,7 +5,7 @@
       JPEGImages/, ImageSets/Main/{train,val,test}.txt; COCO: one folder per split with its
       _annotations.coco.json), reading a bare git mirror at HEAD or an ordinary folder, then
       loads it through pipeline.data as a user's data set is loaded and prints its object sizes.
-  measure NAME --data DIR [--epochs N] [--precision fp32|bf16] [--image-size PX] --record PATH
+  measure NAME [--data DIR] [--epochs N] [--precision fp32|bf16] [--image-size PX] --record PATH
           [key=value ...]
       trains as the README's "Your own data" says (a user file with format, paths and
       image_size, layered over config/presets/photographs.yaml and five-minutes-cpu.yaml) but
