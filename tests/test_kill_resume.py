@@ -126,7 +126,9 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
 def test_a_signal_mid_run_exits_with_one_line_keeps_last_pth_and_resume_finishes(
     tmp_path: Path, data_root: Path, signum: int, status: int, word: str
 ) -> None:
-    epochs = 12
+    # signalled at the first step of epoch 2, two epochs before the end: still training when
+    # the signal lands, and the resume trains what is left (epochs 2 to 4, or 3 and 4)
+    epochs = 4
     run = tmp_path / "run"
     training = Training(run, data_root, epochs)
     training.wait_for_epoch(2)  # epoch 1 finished: its last.pth is written before epoch 2 starts

@@ -524,25 +524,39 @@ def test_beside_each_run_are_the_flip_test_the_score_floor_and_where_the_thresho
 ) -> None:
     """The evaluation settings that shaped a run's figures: eval.flip_test, eval.min_score
     (detections below it dropped before any figure), and whether the score threshold is the
-    checkpoint's, eval.score_threshold's or picked on validation."""
+    checkpoint's, eval.score_threshold's or picked on validation. Five runs of one report, each
+    evaluated with other settings: each is labelled by its own file."""
     results = write_results_tree(tmp_path)
-    document = evaluation("cpu", "fp32", 0.42)
-    document["metrics"].update(flip_test=True, min_score=0.05)
-    sources = {
-        "checkpoint": "score threshold saved in the checkpoint",
-        "eval.score_threshold": "score threshold set by eval.score_threshold",
-        "validation": "score threshold picked on validation",
+    floor, words = {"flip_test": True, "min_score": 0.05}, "flip test; score floor 0.05; "
+    no_floor = {"flip_test": False, "min_score": 0.0}
+    old = {"flip_test": False}  # an eval file from before eval.min_score
+    variants = {  # run: its evaluation's settings and threshold source, and its label
+        "cpu-fp32": (floor, "checkpoint", words + "score threshold saved in the checkpoint"),
+        "cpu-fp16": (
+            floor,
+            "eval.score_threshold",
+            words + "score threshold set by eval.score_threshold",
+        ),
+        "cpu-bf16": (floor, "validation", words + "score threshold picked on validation"),
+        "mps-fp32": (
+            no_floor,
+            "validation",
+            "no score floor; score threshold picked on validation",
+        ),
+        "mps-fp16": (old, "validation", "score threshold picked on validation"),
     }
-    for source, words in sources.items():
+    for run, (settings, source, _) in variants.items():
+        backend, precision = run.split("-")
+        document = evaluation(backend, precision, 0.42)
+        document["metrics"].update(settings)
         document["score_threshold_source"] = source
-        text = evaluation_section(results, document)
-        assert f"cpu-fp32 (flip test; score floor 0.05; {words}) val " in text
-    document["metrics"].update(flip_test=False, min_score=0.0)
-    text = evaluation_section(results, document)
-    assert "cpu-fp32 (no score floor; score threshold picked on validation) val " in text
-    del document["metrics"]["min_score"]  # an eval file from before eval.min_score
-    text = evaluation_section(results, document)
-    assert "cpu-fp32 (score threshold picked on validation) val " in text
+        write_json(results / "eval" / f"{run}.json", document)
+    render.build(results, results.parent / "report.html")
+    page = Page()
+    page.feed((results.parent / "report.html").read_text(encoding="utf-8"))
+    text = page.text("evaluation")
+    for run, (_, _, label) in variants.items():
+        assert f"{run} ({label}) val " in text
 
 
 def test_each_run_leads_with_its_held_out_f1_and_the_optimistic_ones_say_so(

@@ -201,6 +201,73 @@ def test_the_graph_follows_lazy_relative_and_submodule_imports_but_not_type_chec
     assert files == {"__init__.py", "leaf.py", "layout.css"}
 
 
+def test_a_cached_graph_of_the_package_is_the_graph_read_from_its_source_without_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache" / "import-graph.json"
+    fresh = import_graph.Graph(SOURCES)
+    import_graph.Graph(SOURCES, cache)  # fills the cache
+    assert cache.is_file()
+
+    def no_parsing(*args: object) -> None:
+        raise AssertionError("parsed a module whose syntax the cache holds")
+
+    monkeypatch.setattr(import_graph, "read_syntax", no_parsing)
+    cached = import_graph.Graph(SOURCES, cache)
+    for command, (module, _) in cli.COMMANDS.items():
+        entry = [import_graph.ENTRY_POINT, module]
+        assert cached.closure(entry) == fresh.closure(entry), command
+        assert cached.sources(entry) == fresh.sources(entry), command
+
+
+def test_an_edit_that_keeps_a_modules_size_and_time_is_read_again_past_the_cache(
+    tmp_path: Path,
+) -> None:
+    """What Snakemake reruns after an edit follows the graph: an entry is the file's bytes'."""
+    package = write_package(
+        tmp_path,
+        {"__init__.py": "", "run.py": "import pipeline.aaaa\n", "aaaa.py": "", "bbbb.py": ""},
+    )
+    cache = tmp_path / "import-graph.json"
+    assert import_graph.Graph(package, cache).closure(["pipeline.run"]) == {
+        "pipeline",
+        "pipeline.run",
+        "pipeline.aaaa",
+    }
+    run = package / "run.py"
+    before = run.stat()
+    run.write_text("import pipeline.bbbb\n")
+    os.utime(run, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert run.stat().st_size == before.st_size and run.stat().st_mtime_ns == before.st_mtime_ns
+    assert import_graph.Graph(package, cache).closure(["pipeline.run"]) == {
+        "pipeline",
+        "pipeline.run",
+        "pipeline.bbbb",
+    }
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"version": 1}', "[]", "folder"])
+def test_a_damaged_or_unwritable_cache_is_read_past_and_the_graph_read_from_source(
+    tmp_path: Path, damage: str
+) -> None:
+    package = write_package(tmp_path, {"__init__.py": "", "run.py": "from . import leaf\n"})
+    (package / "leaf.py").write_text("")
+    cache = tmp_path / "cache" / "import-graph.json"
+    if damage == "folder":  # a file where the cache's folder should be: nothing can be written
+        cache.parent.write_text("")
+    else:
+        cache.parent.mkdir()
+        cache.write_text(damage)
+    graph = import_graph.Graph(package, cache)
+    assert graph.closure(["pipeline.run"]) == {"pipeline", "pipeline.run", "pipeline.leaf"}
+    if damage != "folder":
+        assert import_graph.Graph(package, cache).imports("pipeline.run") == {
+            "pipeline",
+            "pipeline.leaf",
+        }
+        assert json.loads(cache.read_text())["entries"]  # rewritten whole
+
+
 @pytest.fixture(scope="module")
 def checked_copy(
     checked_env: tuple[Path, subprocess.CompletedProcess[str]],

@@ -4,31 +4,59 @@ them as its rules' inputs, so editing a module reruns exactly the stages that im
 Read with `ast` from the files themselves (nothing is imported, no torch): every `import` and
 `from ... import` in a module counts, at top level or inside a function (the commands import
 their heavy modules lazily), except those under `if TYPE_CHECKING:`, which never run.
+
+Parsing the package takes most of a second, and Snakemake reads the workflow at every start
+(each dry run, each cluster job): what each file's syntax says is cached in the user's cache
+folder, keyed by the file's path in the package and its exact bytes, so an edited file is
+parsed again however its modification time or size came out, and the rest are not.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import hashlib
+import json
+import os
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from pipeline import atomic
+from pipeline.errors import OutputError
 
 PACKAGE = "pipeline"
 # `python -m pipeline COMMAND` runs __main__ (and through it cli), then the command's module
 ENTRY_POINT = f"{PACKAGE}.__main__"
 
 
-class Graph:
-    """The modules of one source tree of the package (`root` is the package's folder)."""
+@dataclass(frozen=True)
+class Syntax:
+    """What one module's source says, all the graph needs of it: the absolute names its
+    runtime imports name (a module, or a name within one), and its string constants that
+    could be a file's name (no `/`, at most 255 characters)."""
 
-    def __init__(self, root: Path | str) -> None:
+    imported: tuple[str, ...]
+    names: tuple[str, ...]
+
+
+class Graph:
+    """The modules of one source tree of the package (`root` is the package's folder);
+    `cache`: the file that keeps each module's Syntax between processes, or None."""
+
+    def __init__(self, root: Path | str, cache: Path | None = None) -> None:
         self.root = Path(root)
         self.files = self._module_files()
-        self._trees = {
-            module: ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            for module, path in self.files.items()
+        syntax = _cached_syntax(self.root, self.files, cache)
+        self._imports = {
+            module: frozenset(
+                found for name in syntax[module].imported for found in self._with_parents(name)
+            )
+            for module in self.files
         }
-        self._imports = {module: self._read_imports(module) for module in self.files}
+        self._names = {module: syntax[module].names for module in self.files}
         self._data_files: dict[str, list[Path]] = {}
 
     def _module_files(self) -> dict[str, Path]:
@@ -55,21 +83,6 @@ class Graph:
     def imports(self, module: str) -> frozenset[str]:
         """The package's modules `module` imports directly, with the packages they sit in."""
         return self._imports[module]
-
-    def _read_imports(self, module: str) -> frozenset[str]:
-        tree = self._trees[module]
-        package = module if self.is_package(module) else module.rpartition(".")[0]
-        found: set[str] = set()
-        for node in _runtime_nodes(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    found.update(self._with_parents(alias.name))
-            elif isinstance(node, ast.ImportFrom):
-                base = _absolute(node.module, node.level, package)
-                found.update(self._with_parents(base))
-                for alias in node.names:  # `from pipeline import device`: a module, not a name
-                    found.update(self._with_parents(f"{base}.{alias.name}"))
-        return frozenset(found)
 
     def _with_parents(self, name: str) -> list[str]:
         """`name` and the packages above it that are modules of this package (importing
@@ -102,15 +115,12 @@ class Graph:
         folder = self.files[module].parent
         beside = {path.name: path for path in folder.iterdir() if _is_data(path)}
         found: set[Path] = set()
-        for node in ast.walk(self._trees[module]):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                path = beside.get(node.value)
-                if path is not None and path.is_file():
-                    found.add(path)
-                elif path is not None:
-                    found.update(
-                        item for item in path.rglob("*") if item.is_file() and _is_data(item)
-                    )
+        for name in self._names[module]:
+            path = beside.get(name)
+            if path is not None and path.is_file():
+                found.add(path)
+            elif path is not None:
+                found.update(item for item in path.rglob("*") if item.is_file() and _is_data(item))
         return sorted(found)
 
     def sources(self, modules: Iterable[str]) -> list[Path]:
@@ -120,6 +130,82 @@ class Graph:
         for module in closure:
             files.update(self.data_files(module))
         return sorted(files)
+
+
+def read_syntax(source: bytes, module: str, is_package: bool, filename: str) -> Syntax:
+    """A module's Syntax from its source (`module`'s package resolves its relative imports)."""
+    tree = ast.parse(source, filename=filename)
+    package = module if is_package else module.rpartition(".")[0]
+    imported: set[str] = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module, node.level, package)
+            imported.add(base)
+            # `from pipeline import device`: a module, not a name
+            imported.update(f"{base}.{alias.name}" for alias in node.names)
+    names = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and 0 < len(node.value) <= 255
+        and "/" not in node.value
+        and "\0" not in node.value
+    }
+    return Syntax(tuple(sorted(imported)), tuple(sorted(names)))
+
+
+def user_cache() -> Path | None:
+    """Where the graph keeps what it read: the user's cache folder ($XDG_CACHE_HOME, else
+    ~/.cache), shared by every checkout, as each entry is keyed by the bytes it was read from;
+    None where there is no home folder."""
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # neither $HOME nor a password entry
+        return None
+    return Path(base) / PACKAGE / "import-graph.json"
+
+
+def _cache_version() -> str:
+    """Entries made by another version of this reader or of Python's parser are not used."""
+    reader = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return f"{reader}:{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _cached_syntax(root: Path, files: dict[str, Path], cache: Path | None) -> dict[str, Syntax]:
+    """Each module's Syntax, read from `cache` where its key is there, else parsed; `cache` is
+    rewritten with this tree's entries when any was missing. The cache only saves time: an
+    unreadable, damaged or unwritable one is read past, never an error."""
+    version = _cache_version()
+    stored: dict = {}
+    if cache is not None:
+        try:
+            loaded = json.loads(cache.read_bytes())
+        except (OSError, ValueError):
+            loaded = None
+        if isinstance(loaded, dict) and loaded.get("version") == version:
+            stored = loaded.get("entries")
+    if not isinstance(stored, dict):
+        stored = {}
+    syntax, entries, parsed = {}, {}, False
+    for module, path in files.items():
+        source = path.read_bytes()
+        where = path.relative_to(root).as_posix()
+        key = hashlib.sha256(where.encode() + b"\0" + source).hexdigest()
+        entry = stored.get(key)
+        try:
+            syntax[module] = Syntax(tuple(entry["imported"]), tuple(entry["names"]))
+        except (TypeError, KeyError):
+            syntax[module] = read_syntax(source, module, path.name == "__init__.py", str(path))
+            parsed = True
+        entries[key] = {"imported": syntax[module].imported, "names": syntax[module].names}
+    if cache is not None and parsed:
+        text = json.dumps({"version": version, "entries": entries})
+        with contextlib.suppress(OutputError):
+            atomic.write_with(cache, lambda tmp: tmp.write_text(text, "utf-8"), durable=False)
+    return syntax
 
 
 def _is_data(path: Path) -> bool:
@@ -166,7 +252,7 @@ def command_module(command: str) -> str:
 @cache
 def graph_of(root: str) -> Graph:
     """One tree's graph, read once per process (the workflow asks for it rule by rule)."""
-    return Graph(root)
+    return Graph(root, user_cache())
 
 
 def command_sources(command: str, root: Path | str) -> list[str]:
