@@ -31,7 +31,7 @@ lint: $(DEV_INSTALLED)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/snakefmt --check workflow/
-	$(BIN)/snakemake --lint
+	PIPELINE_CACHE_DIR=$(CURDIR)/$(VENV)/cache $(BIN)/snakemake --lint
 
 test: lint
 	$(BIN)/pytest

@@ -222,6 +222,21 @@ def torch_flags_threads_and_logger() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def import_graph_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The import graph's cache (pipeline.import_graph.user_cache) in a folder of the session,
+    for every Snakemake the tests start: the suite leaves the user's cache folder as it was."""
+    from pipeline.import_graph import CACHE_DIR_ENV
+
+    before = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("pipeline-cache"))
+    yield
+    if before is None:
+        del os.environ[CACHE_DIR_ENV]
+    else:
+        os.environ[CACHE_DIR_ENV] = before
+
+
 @pytest.fixture(autouse=True)
 def written_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every JSON document with a format tag that code under test writes (atomic.write_json)

@@ -326,3 +326,13 @@ def test_editing_the_weight_average_puts_training_out_of_date_and_a_chart_does_n
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result) == {"train_run"}
     assert "Updated input files: src/pipeline/engine/ema.py" in result.stdout
+
+
+def test_the_cache_lies_in_pipeline_cache_dir_where_set_else_in_the_users_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(import_graph.CACHE_DIR_ENV, str(tmp_path / "own"))
+    assert import_graph.user_cache() == tmp_path / "own" / "import-graph.json"
+    monkeypatch.delenv(import_graph.CACHE_DIR_ENV)
+    assert import_graph.user_cache() == tmp_path / "xdg" / "pipeline" / "import-graph.json"

@@ -157,10 +157,16 @@ def read_syntax(source: bytes, module: str, is_package: bool, filename: str) -> 
     return Syntax(tuple(sorted(imported)), tuple(sorted(names)))
 
 
+CACHE_DIR_ENV = "PIPELINE_CACHE_DIR"  # a folder of its own for the cache (the test suite's)
+
+
 def user_cache() -> Path | None:
-    """Where the graph keeps what it read: the user's cache folder ($XDG_CACHE_HOME, else
-    ~/.cache), shared by every checkout, as each entry is keyed by the bytes it was read from;
-    None where there is no home folder."""
+    """Where the graph keeps what it read: $PIPELINE_CACHE_DIR where set, else the user's
+    cache folder ($XDG_CACHE_HOME, else ~/.cache) under pipeline/, shared by every checkout,
+    as each entry is keyed by the bytes it was read from; None where there is no home folder."""
+    own = os.environ.get(CACHE_DIR_ENV)
+    if own:
+        return Path(own) / "import-graph.json"
     try:
         base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     except RuntimeError:  # neither $HOME nor a password entry
