@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,21 +224,6 @@ def torch_flags_threads_and_logger() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session", autouse=True)
-def import_graph_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The import graph's cache (pipeline.import_graph.user_cache) in a folder of the session,
-    for every Snakemake the tests start: the suite leaves the user's cache folder as it was."""
-    from pipeline.import_graph import CACHE_DIR_ENV
-
-    before = os.environ.get(CACHE_DIR_ENV)
-    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("pipeline-cache"))
-    yield
-    if before is None:
-        del os.environ[CACHE_DIR_ENV]
-    else:
-        os.environ[CACHE_DIR_ENV] = before
-
-
 @pytest.fixture(autouse=True)
 def written_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every JSON document with a format tag that code under test writes (atomic.write_json)
@@ -254,6 +241,30 @@ def written_documents_match_their_schemas(monkeypatch: pytest.MonkeyPatch) -> No
         return write_json(path, data, **options)
 
     monkeypatch.setattr(atomic, "write_json", checked)
+
+
+_CACHE_DIR_BEFORE = pytest.StashKey[str | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The import graph's cache (pipeline.import_graph.user_cache) in a folder of this run for
+    every Snakemake the tests start, set before collection (modules copy os.environ into the
+    environments they start Snakemake with): the suite leaves the user's cache as it was."""
+    from pipeline.import_graph import CACHE_DIR_ENV
+
+    config.stash[_CACHE_DIR_BEFORE] = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = tempfile.mkdtemp(prefix="pipeline-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from pipeline.import_graph import CACHE_DIR_ENV
+
+    shutil.rmtree(os.environ[CACHE_DIR_ENV], ignore_errors=True)
+    before = config.stash[_CACHE_DIR_BEFORE]
+    if before is None:
+        del os.environ[CACHE_DIR_ENV]
+    else:
+        os.environ[CACHE_DIR_ENV] = before
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
