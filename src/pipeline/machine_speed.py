@@ -1,7 +1,7 @@
 """Speed as `compare` shows it: each benchmark's median and speed-up against its own machine's
 CPU fp32, and one machine's speed against another's: the ratio of their median step times with
 its 95% interval and verdict, from the function that gives each machine's own speed-ups
-(stats.speedup), resampling the step times each summary carries.
+(stats.speedup_between), resampling the step times each summary carries.
 
 A summary made before summaries carried step times gives no figure across machines: a ratio of
 medians without its interval is no verdict, so the cell says why none is given instead.
@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.report.formatting import fmt_ms, fmt_speedup, setting_label
 from pipeline.runs import PRECISIONS
-from pipeline.stats import speedup
+from pipeline.stats import speedup_between
 from pipeline.summary.load import BACKENDS, MODES
 
 Setting = tuple[str, str, str]  # mode, backend, precision
@@ -103,22 +103,16 @@ def carries_step_times(summary: dict[str, Any]) -> bool:
 def against(reference: dict[str, Any] | None, candidate: dict[str, Any] | None) -> str:
     """The candidate benchmark's speed-up over the reference's (another machine's) as a cell,
     '1.40× (1.32–1.49)' above 1 where the candidate stepped faster; else why there is none.
-    The two ran in different processes on different machines, so the sets are resampled
-    independently (stats.speedup without rounds), each over its model instances where both
-    summaries name them: a model's steps share its speed mode."""
+    The two ran in different processes on different machines (no schedule in common), so
+    `stats.speedup_between` resamples the sets independently, each over its model instances
+    where both summaries name them: a model's steps share its speed mode."""
     if reference is None or candidate is None:
         return "not run on both"
     if "skipped" in (reference["status"], candidate["status"]):
         return "skipped on one"
     if not reference.get("samples_ms") or not candidate.get("samples_ms"):
         return NO_STEP_TIMES
-    both = "instances" in reference and "instances" in candidate
-    found = speedup(
-        [ms / 1000 for ms in reference["samples_ms"]],
-        [ms / 1000 for ms in candidate["samples_ms"]],
-        instances=(reference["instances"], candidate["instances"]) if both else None,
-    )
-    return speed_text(found.as_dict())
+    return speed_text(speedup_between(reference, candidate).as_dict())
 
 
 def without_step_times(names: Iterable[str]) -> list[str]:
